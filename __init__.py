@@ -1,0 +1,1 @@
+"""dynarl: a Ray-free, asyncio-native runtime for RL post-training of LLMs."""

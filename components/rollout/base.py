@@ -1,0 +1,138 @@
+"""What every rollout engine (native, emulated, sglang) takes and returns.
+
+Plain data, no torch: the runtime moves these between processes (msgpack) and the
+scheduler reads them. `to_wire()` / `from_wire()` give msgpack-safe dicts.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    """Per-request seed. The token at output position i is drawn from a generator
+    seeded by (seed, i), so a request continued on another engine (Workload
+    migration) draws the same tokens as an uninterrupted run."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tool_count: int = 0
+    """Tool calls made so far by the episode this turn belongs to (priority key)."""
+    arrival_time: float = 0.0
+    """Loop time when the request reached the engine (for FIFO and age bounds)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sampling"]["stop_token_ids"] = list(self.sampling.stop_token_ids)
+        return d
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> "GenerationRequest":
+        d = dict(d)
+        d["sampling"] = SamplingParams(**d["sampling"])
+        return cls(**d)
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str
+    """'stop' (a stop token), 'length' (max_new_tokens), or 'abort'."""
+    weight_version: int
+    """Weight version that generated the last token."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache when the request was (last) admitted."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> "GenerationResult":
+        return cls(**d)
+
+
+@dataclass(slots=True)
+class InflightRequest:
+    """A request taken out of an engine mid-generation (Workload migration)."""
+    request: GenerationRequest
+    output_token_ids: list[int]
+    output_logprobs: list[float]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"request": self.request.to_wire(),
+                "output_token_ids": list(self.output_token_ids),
+                "output_logprobs": list(self.output_logprobs)}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> "InflightRequest":
+        return cls(GenerationRequest.from_wire(d["request"]),
+                   list(d["output_token_ids"]), list(d["output_logprobs"]))
+
+
+@dataclass(slots=True)
+class EngineLoad:
+    active_kv_tokens: int
+    kv_capacity_tokens: int
+    num_running: int
+    num_waiting: int
+    cache_hit_tokens: int
+    """Prompt tokens served from the prefix cache since the engine started."""
+
+    @property
+    def utilization(self) -> float:
+        """The DynaRL utilization signal: active KV tokens / capacity."""
+        return self.active_kv_tokens / self.kv_capacity_tokens if self.kv_capacity_tokens else 0.0
+
+
+QueueKey = Callable[[GenerationRequest, int], Any]
+"""Orders an engine's waiting queue: smaller keys go first. Called with the request
+and the number of its prompt tokens already in the prefix cache. The default is
+FIFO: (arrival_time, admission sequence)."""
+
+
+class RolloutEngine(Protocol):
+    """The contract every rollout backend meets. `step()` runs one scheduler
+    iteration (a prefill or a decode batch) and returns requests that finished."""
+
+    weight_version: int
+
+    def add_request(self, request: GenerationRequest) -> None: ...
+    async def step(self) -> list[GenerationResult]: ...
+    def has_work(self) -> bool: ...
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+    def load(self) -> EngineLoad: ...
+    def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def export_inflight(self) -> list[InflightRequest]: ...
+    def import_inflight(self, items: Sequence[InflightRequest]) -> None: ...
+    def update_weights(self, named_tensors: Any, version: int) -> None: ...
+    def release_memory(self) -> None: ...
+    def resume_memory(self) -> None: ...
+    def set_queue_key(self, key: QueueKey | None) -> None: ...
