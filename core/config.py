@@ -1,0 +1,60 @@
+"""The runtime's own configuration: cluster shape, launcher, liveness bounds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    num_nodes: int = 1
+    """Nodes in the job; under `agent` this must equal the number of agents."""
+    devices_per_node: int = 2
+    """Accelerators per node, or logical CPU devices when device_kind is cpu."""
+    device_kind: Literal["cpu", "cuda"] = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
+        if self.devices_per_node < 1:
+            raise ValueError(f"devices_per_node must be >= 1, got {self.devices_per_node}")
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+
+@dataclass(kw_only=True, slots=True)
+class RuntimeConfig:
+    launcher: Literal["local", "inproc", "agent"] = "local"
+    """local: subprocesses on this host; inproc: workers as objects in the
+    controller's loop (tests, simulation); agent: node agents started by torchrun/srun."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    bind_host: str = "127.0.0.1"
+    """Address the controller's socket binds to. Loopback unless workers run on other nodes."""
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 5.0
+    """A worker silent for this long is reported as WorkerLost."""
+    hang_timeout_s: float = 300.0
+    """A worker whose event loop has not ticked for this long is reported as WorkerLost.
+    Generous by default: a long synchronous compute step blocks the loop legitimately."""
+    spawn_timeout_s: float = 60.0
+    shutdown_grace_s: float = 3.0
+    """How long a stopping worker may take before it is terminated, then killed."""
+    max_message_bytes: int = 4 << 30
+    trace_path: str | None = None
+    """Where to write the Chrome/Perfetto trace when the controller closes."""
+    worker_threads: int = 1
+    """torch intra-op threads per worker process (CPU runs share few cores)."""
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "hang_timeout_s",
+                     "spawn_timeout_s", "shutdown_grace_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError("heartbeat_timeout_s must exceed heartbeat_interval_s")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be >= 1024")
+        if self.worker_threads < 1:
+            raise ValueError("worker_threads must be >= 1")

@@ -1,0 +1,286 @@
+"""The controller: one event loop that spawns worker groups, serves channels,
+builds process groups at runtime and shuts everything down in order.
+
+    async with Controller(RuntimeConfig(launcher="local")) as ctl:
+        group = await ctl.spawn(MyWorker, num_ranks=2)
+        print(await group.call("hello"))
+
+Every long-running task (socket receive loop, liveness monitor, served calls,
+process watchers) is owned by the controller's TaskGroup. Shutdown is ordered
+and best-effort: close channels, stop groups (newest first), reap processes,
+stop tasks, close sockets, write the trace. Each step logs its failure and the
+next one still runs, so no process is left behind, also on Ctrl-C or when user
+code raises.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+from typing import Any, Sequence
+
+from dynarl.core.config import RuntimeConfig
+from dynarl.core.devices import DevicePool
+from dynarl.core.device_lock import LockManager
+from dynarl.core.launcher import Launcher, make_launcher
+from dynarl.core.process_groups import ProcessGroups, RuntimeProcessGroup
+from dynarl.core.tracing import Tracer
+from dynarl.core.worker import Worker, WorkerSpec
+from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+from dynarl.core.worker_handle import WorkerHandle
+from dynarl.transport.channel import Channel, WouldBlock
+from dynarl.transport.errors import SpawnError
+from dynarl.transport.rpc import RpcEndpoint
+from dynarl.transport.sockets import RouterServer
+from dynarl.transport.wire import Codec
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    def __init__(self, config: RuntimeConfig | None = None, *, launcher: Launcher | None = None) -> None:
+        self.config = config or RuntimeConfig()
+        self.secret = secrets.token_bytes(32)
+        self.codec = Codec(self.secret, max_message_bytes=self.config.max_message_bytes)
+        self.pool = DevicePool(self.config.cluster)
+        self.locks = LockManager()
+        self.tracer = Tracer()
+        self.launcher = launcher or make_launcher(self.config.launcher)
+        self.groups: dict[str, WorkerGroup] = {}
+        self.channels: dict[str, Channel] = {}
+        self.process_groups = ProcessGroups(self)
+        self.router: RouterServer | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._background: list[asyncio.Task] = []
+        self._closed = False
+
+    # --- lifecycle ---------------------------------------------------------------
+    async def __aenter__(self) -> "Controller":
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        try:
+            if getattr(self.launcher, "uses_sockets", True):
+                host = self.config.bind_host
+                self.router = RouterServer(self.codec, f"tcp://{host}:0")
+                self._background.append(self._tg.create_task(self.router.serve(), name="router"))
+                self._background.append(self._tg.create_task(self._monitor(), name="liveness"))
+            await self.launcher.start(self)
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        await self.shutdown()
+        for task in self._background:
+            task.cancel()
+        try:
+            await self._tg.__aexit__(None, None, None)
+        except BaseException as group_exc:  # a background task failed
+            if exc is None:
+                raise
+            log.error("background failure during shutdown: %r", group_exc)
+        finally:
+            if self.router is not None:
+                self.router.close()
+            if self.config.trace_path:
+                self.tracer.write(self.config.trace_path)
+        return False
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for channel in self.channels.values():
+            channel.close()
+        for group in reversed(list(self.groups.values())):
+            await _best_effort(f"stop group {group.name}", self.stop_group(group))
+        await _best_effort("close launcher", self.launcher.close())
+
+    def spawn_task(self, coro: Any, name: str | None = None) -> asyncio.Task:
+        """Starts a task owned by the controller's TaskGroup."""
+        return self._tg.create_task(coro, name=name)
+
+    # --- groups -----------------------------------------------------------------
+    async def spawn(self, cls: type[Worker], *, name: str | None = None, num_ranks: int | None = None,
+                    devices: list[int] | None = None, init: dict[str, Any] | None = None) -> WorkerGroup:
+        """Starts `cls` on `num_ranks` devices (least loaded first) or on the given
+        device ids (one rank each; groups may share devices). Waits until every
+        rank has run `__init__` and `setup()`."""
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(f"{cls!r} is not a Worker subclass")
+        if self._closed:
+            raise RuntimeError("controller is shut down")
+        name = name or _unique(cls.__name__.lower(), self.groups)
+        if name in self.groups:
+            raise ValueError(f"a group named {name!r} already exists")
+        device_ids = self.pool.place(name, num_ranks, devices)
+        try:
+            specs = await self._make_specs(name, cls, device_ids, init or {})
+        except BaseException:
+            self.pool.release(name)
+            raise
+        handles = [WorkerHandle(spec, self.tracer) for spec in specs]
+        for h in handles:
+            h.cls = cls
+        group = WorkerGroup(self, name, cls, handles)
+        self.groups[name] = group
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(self.config.spawn_timeout_s):
+                await gather_or_cancel([self.launcher.spawn(h) for h in handles])
+                await gather_or_cancel([_connected(h) for h in handles])
+            await gather_or_cancel([h.call("__start__") for h in handles])
+        except BaseException as exc:
+            await _best_effort(f"clean up group {name}", self.stop_group(group))
+            if isinstance(exc, TimeoutError):
+                raise SpawnError(f"group {name!r} did not come up within {self.config.spawn_timeout_s} s") from None
+            raise
+        self.tracer.complete("spawn", "lifecycle", name, 0, started, loop.time(), {"ranks": len(handles)})
+        return group
+
+    async def stop_group(self, group: WorkerGroup) -> None:
+        """Asks each rank to tear down, then has the launcher reap it (terminate,
+        then kill, after the grace period)."""
+        if group.stopped:
+            return
+        group.stopped = True
+        grace = self.config.shutdown_grace_s
+        live = [h for h in group.handles if h.alive and h.endpoint is not None]
+        for h in live:
+            h.stopping = True
+        if live:
+            await _best_effort(f"stop {group.name}", asyncio.wait_for(
+                asyncio.gather(*(h.call("__stop__") for h in live), return_exceptions=True), grace))
+        await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(h, grace))
+                               for h in group.handles))
+        for h in group.handles:
+            h.mark_stopped()
+            if self.router is not None:
+                self.router.routes.pop(h.spec.worker_id.encode(), None)
+        self.pool.release(group.name)
+        self.groups.pop(group.name, None)
+        self.tracer.instant("stopped", "lifecycle", group.name, asyncio.get_running_loop().time())
+
+    async def _make_specs(self, name: str, cls: type, device_ids: list[int], init: dict) -> list[WorkerSpec]:
+        module = cls.__module__
+        if "<locals>" in cls.__qualname__ and getattr(self.launcher, "needs_importable_classes", True):
+            raise TypeError(f"{cls.__qualname__} is defined inside a function; worker processes import "
+                            "classes by name, so define it at module level")
+        main_file = None
+        if module == "__main__":
+            import __main__
+            main_file = getattr(__main__, "__file__", None)
+        node0 = self.pool.devices[device_ids[0]].node
+        port = await self.launcher.free_port(node0)
+        per_node: dict[int, int] = {}
+        specs = []
+        for rank, device_id in enumerate(device_ids):
+            device = self.pool.devices[device_id]
+            local_rank = per_node.get(device.node, 0)
+            per_node[device.node] = local_rank + 1
+            specs.append(WorkerSpec(
+                worker_id=f"{name}/{rank}/{secrets.token_hex(4)}", group=name, rank=rank,
+                world_size=len(device_ids), local_rank=local_rank, node=device.node, devices=[device_id],
+                local_devices=[device.local_index], device_kind=device.kind,
+                cls_path=f"{module}:{cls.__qualname__}", main_file=main_file, init_kwargs=init,
+                master_addr=self.launcher.node_address(node0), master_port=port,
+                threads=self.config.worker_threads))
+        return specs
+
+    # --- wiring workers that connect over the router --------------------------------
+    def expect(self, handle: WorkerHandle) -> None:
+        """Routes messages from `handle`'s identity; its hello attaches an endpoint."""
+        identity = handle.spec.worker_id.encode()
+
+        def on_message(body: Any) -> None:
+            if handle.endpoint is not None:
+                handle.endpoint.handle(body)
+            elif isinstance(body, dict) and body.get("k") == "event" and body.get("e") == "hello":
+                endpoint = RpcEndpoint(handle.name, lambda b: self.router.send(identity, b),
+                                       serve=lambda m, a, kw: self.serve_worker_call(handle, m, a, kw),
+                                       on_event=handle.on_event, spawn=self.spawn_task)
+                handle.attach(endpoint, int((body.get("d") or {}).get("pid", 0)) or None)
+        self.router.routes[identity] = on_message
+
+    async def _monitor(self) -> None:
+        """Reports silent or hung workers as lost. Consumes: router.last_seen and
+        heartbeat lag. Unblocked by: cancellation at shutdown."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(cfg.heartbeat_interval_s)
+            now = loop.time()
+            for group in list(self.groups.values()):
+                for h in group.handles:
+                    if not h.alive or h.endpoint is None:
+                        continue
+                    seen = self.router.last_seen.get(h.spec.worker_id.encode(), now)
+                    if now - seen > cfg.heartbeat_timeout_s:
+                        h.mark_lost(f"no heartbeat for {now - seen:.1f} s")
+                    elif h.loop_lag_s > cfg.hang_timeout_s:
+                        h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s")
+
+    # --- channels -----------------------------------------------------------------
+    def channel(self, name: str, capacity: int = 1024) -> Channel:
+        """The channel `name`, created on first use."""
+        channel = self.channels.get(name)
+        if channel is None:
+            channel = self.channels[name] = Channel(name, capacity)
+        return channel
+
+    async def serve_worker_call(self, handle: WorkerHandle, method: str, args: list, kwargs: dict) -> Any:
+        """Calls workers make to the controller: channel operations."""
+        if method != "__channel__" or len(args) < 2:
+            raise PermissionError(f"workers may not call {method!r} on the controller")
+        op, name, *rest = args
+        channel = self.channel(name)
+        consumer = handle.spec.worker_id
+        if op == "put_many":
+            for blob, key, weight, affinity in rest[0]:
+                await channel.put(blob, key, weight, affinity)
+            return None
+        if op == "get_many":
+            key, max_items = rest
+            items = [await channel.get_raw(key, consumer)]
+            while len(items) < max_items:
+                try:
+                    items.append(channel.get_raw_nowait(key, consumer))
+                except WouldBlock:
+                    break
+            return items
+        if op == "get_batch":
+            target, key = rest
+            return await channel.get_batch_raw(target, key, consumer)
+        if op == "statistics":
+            return dataclasses.asdict(channel.statistics())
+        raise ValueError(f"unknown channel operation {op!r}")
+
+    # --- process groups --------------------------------------------------------------
+    async def process_group(self, name: str, members: Sequence[WorkerGroup | tuple[WorkerGroup, int]],
+                            *, backend: str | None = None, timeout_s: float = 60.0) -> RuntimeProcessGroup:
+        """Builds (or rebuilds, with a new member set) the torch.distributed group
+        `name` over the given ranks, in that order."""
+        return await self.process_groups.create(name, members, backend=backend, timeout_s=timeout_s)
+
+
+async def _connected(handle: WorkerHandle) -> None:
+    await handle.connected
+
+
+async def _best_effort(what: str, aw: Any) -> None:
+    try:
+        await aw
+    except Exception as exc:
+        log.warning("shutdown step %r failed: %r", what, exc)
+
+
+def _unique(base: str, taken: dict) -> str:
+    if base not in taken:
+        return base
+    i = 1
+    while f"{base}{i}" in taken:
+        i += 1
+    return f"{base}{i}"

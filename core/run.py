@@ -1,0 +1,31 @@
+"""`dynarl.run(workflow, config)`: run a workflow coroutine under a fresh controller.
+
+Real launchers run on uvloop in real time. The inproc launcher can run in
+virtual time (`virtual_time=True`): timers jump ahead when nothing is runnable,
+which is sound only because every actor then lives in the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+from dynarl.core.config import RuntimeConfig
+from dynarl.core.controller import Controller
+
+Workflow = Callable[[Controller], Awaitable[Any]]
+
+
+def run(workflow: Workflow, config: RuntimeConfig | None = None, *, virtual_time: bool = False) -> Any:
+    config = config or RuntimeConfig()
+
+    async def main() -> Any:
+        async with Controller(config) as ctl:
+            return await workflow(ctl)
+
+    if virtual_time:
+        if config.launcher != "inproc":
+            raise ValueError("virtual time needs launcher='inproc' (real processes and sockets run in real time)")
+        from dynarl.core.virtual_time import run_virtual
+        return run_virtual(main())
+    import uvloop
+    return uvloop.run(main())

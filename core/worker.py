@@ -1,0 +1,114 @@
+"""The base class of everything that runs on a device.
+
+Subclass `Worker` and write async (or plain) methods; the controller calls them
+on every rank of a WorkerGroup (SPMD) or on chosen ranks. Public methods (no
+leading underscore) are callable remotely; arguments and results must be plain
+data, numpy arrays or torch tensors (msgpack, never pickle).
+
+The runtime fills in rank, world_size, devices and friends *before* `__init__`
+runs, so a constructor may use them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dynarl.core.worker_runtime import WorkerRuntime
+
+
+@dataclass(slots=True)
+class WorkerSpec:
+    """Everything a launcher needs to start one rank."""
+    worker_id: str
+    group: str
+    rank: int
+    world_size: int
+    local_rank: int
+    node: int
+    devices: list[int]
+    """Global device id of this rank's device(s)."""
+    device_kind: str
+    cls_path: str
+    """"module:QualName" of the Worker subclass."""
+    main_file: str | None = None
+    """Path of the user's script when the class lives in __main__."""
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    """torchrun-compatible rendezvous address reserved for this group."""
+    threads: int = 1
+    local_devices: list[int] = field(default_factory=list)
+    """The same devices as indices on their node (what CUDA_VISIBLE_DEVICES takes)."""
+
+    def env(self) -> dict[str, str]:
+        """torchrun-compatible environment for the rank's process."""
+        env = {
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.world_size),
+            "GROUP_RANK": str(self.node),
+            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+            "DYNARL_DEVICES": ",".join(map(str, self.devices)),
+            "DYNARL_DEVICE_KIND": self.device_kind,
+            "OMP_NUM_THREADS": str(self.threads),
+        }
+        if self.device_kind == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.local_devices))
+        return env
+
+    def to_wire(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Worker:
+    rank: int
+    world_size: int
+    group_name: str
+    devices: list[int]
+    device_kind: str
+    node: int
+    _runtime: "WorkerRuntime"
+
+    def _bind(self, runtime: "WorkerRuntime") -> None:
+        spec = runtime.spec
+        self._runtime = runtime
+        self.rank = spec.rank
+        self.world_size = spec.world_size
+        self.group_name = spec.group
+        self.devices = list(spec.devices)
+        self.device_kind = spec.device_kind
+        self.node = spec.node
+
+    # --- hooks the runtime calls ------------------------------------------------
+    async def setup(self) -> None:
+        """Runs once after __init__, inside the worker's event loop."""
+
+    async def onload(self) -> None:
+        """device_lock acquired: move state onto the device."""
+
+    async def offload(self) -> None:
+        """device_lock about to be released: move state off the device."""
+
+    async def teardown(self) -> None:
+        """Runs once before the worker stops."""
+
+    # --- services the runtime offers ----------------------------------------------
+    def channel(self, name: str, *, prefetch: int = 1, window: int = 64) -> Any:
+        """A handle on the controller's channel `name`. `prefetch` > 1 lets get()
+        fetch several items per round trip (throughput) at the cost of coarser load
+        balancing; `window` bounds puts in flight before put() waits."""
+        return self._runtime.channel(name, prefetch=prefetch, window=window)
+
+    def process_group(self, name: str) -> Any:
+        """The torch.distributed ProcessGroup named `name` that includes this rank."""
+        return self._runtime.process_group(name)
+
+    def process_group_rank(self, name: str) -> int:
+        return self._runtime.process_group(name).rank()
+
+    @property
+    def device(self) -> str:
+        """torch device string for this rank's first device."""
+        if self.device_kind == "cuda":
+            return "cuda:0"  # CUDA_VISIBLE_DEVICES narrows to this rank's devices
+        return "cpu"

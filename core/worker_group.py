@@ -1,0 +1,106 @@
+"""WorkerGroup: the controller's handle on the ranks of one component.
+
+    results = await group.call("generate", prompts)        # every rank, rank order
+    first = await group.call("state", ranks=[0])           # chosen ranks
+    per_rank = await group.scatter("train", [b0, b1])      # one argument list per rank
+    results = await group.generate(prompts)                # sugar for call()
+    async with group.device_lock(): ...                    # time-share devices
+"""
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Sequence
+
+from dynarl.core.worker_handle import WorkerHandle
+
+if TYPE_CHECKING:
+    from dynarl.core.controller import Controller
+
+
+class WorkerGroup:
+    def __init__(self, ctl: "Controller", name: str, cls: type, handles: list[WorkerHandle]) -> None:
+        self._ctl = ctl
+        self.name = name
+        self.cls = cls
+        self.handles = handles
+        self.stopped = False
+
+    @property
+    def world_size(self) -> int:
+        return len(self.handles)
+
+    @property
+    def devices(self) -> list[int]:
+        return [d for h in self.handles for d in h.spec.devices]
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [h.pid for h in self.handles]
+
+    async def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> list[Any]:
+        """Calls `method` with the same arguments on `ranks` (default: all);
+        results in rank order. If one rank fails, the others' calls are cancelled
+        and that first error is raised."""
+        chosen = range(self.world_size) if ranks is None else ranks
+        return await gather_or_cancel([self.handles[r].call(method, args, kwargs) for r in chosen])
+
+    async def scatter(self, method: str, per_rank_args: Sequence[Sequence[Any]],
+                      ranks: Sequence[int] | None = None) -> list[Any]:
+        """Calls `method` on each rank with its own positional arguments."""
+        chosen = list(range(self.world_size) if ranks is None else ranks)
+        if len(per_rank_args) != len(chosen):
+            raise ValueError(f"{len(per_rank_args)} argument lists for {len(chosen)} ranks")
+        return await gather_or_cancel([self.handles[r].call(method, list(a), {})
+                                       for r, a in zip(chosen, per_rank_args)])
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        async def call_all(*args: Any, **kwargs: Any) -> list[Any]:
+            return await self.call(method, *args, **kwargs)
+        return call_all
+
+    @asynccontextmanager
+    async def device_lock(self) -> AsyncIterator[None]:
+        """Holds this group's devices: onload on entry, offload on exit."""
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        async with self._ctl.locks.hold(self.name, self.devices):
+            got = loop.time()
+            self._ctl.tracer.complete("lock_wait", "device_lock", self.name, 0, asked, got)
+            await self.call("onload")
+            try:
+                yield
+            finally:
+                await self.call("offload")
+                self._ctl.tracer.complete("device_held", "device_lock", self.name, 0, got, loop.time())
+
+    async def stop(self) -> None:
+        await self._ctl.stop_group(self)
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.name!r}, {self.cls.__name__}, ranks={self.world_size})"
+
+
+async def gather_or_cancel(calls: Sequence[Awaitable[Any]]) -> list[Any]:
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if pending:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for t in tasks:  # the first failure in rank order
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            for other in tasks:  # retrieve the rest so asyncio does not warn
+                if other is not t and other.done() and not other.cancelled():
+                    other.exception()
+            raise t.exception()
+    return [t.result() for t in tasks]

@@ -1,0 +1,73 @@
+"""The controller's view of one rank: its RPC endpoint, liveness and process."""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from dynarl.core.worker import WorkerSpec
+from dynarl.transport.errors import WorkerLost
+from dynarl.transport.rpc import RpcEndpoint
+
+if TYPE_CHECKING:
+    from dynarl.core.tracing import Tracer
+
+
+class WorkerHandle:
+    def __init__(self, spec: WorkerSpec, tracer: "Tracer") -> None:
+        self.spec = spec
+        self.name = f"{spec.group}[{spec.rank}]"
+        self.endpoint: RpcEndpoint | None = None
+        self.pid: int | None = None
+        self.process: Any = None
+        """Launcher-specific process object."""
+        self.cls: type | None = None
+        """The Worker class itself (the inproc launcher needs no import by name)."""
+        self.lost: WorkerLost | None = None
+        self.stopping = False
+        """A graceful stop is under way: an exit is expected, not a loss."""
+        self.stopped = False
+        self.loop_lag_s = 0.0
+        self.connected: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._tracer = tracer
+
+    @property
+    def alive(self) -> bool:
+        return self.lost is None and not self.stopped
+
+    def attach(self, endpoint: RpcEndpoint, pid: int | None) -> None:
+        """The worker is reachable: its hello arrived (or, inproc, it was built)."""
+        self.endpoint = endpoint
+        self.pid = pid
+        if not self.connected.done():
+            self.connected.set_result(None)
+
+    def on_event(self, name: str, data: Any) -> None:
+        if name == "heartbeat" and isinstance(data, dict):
+            self.loop_lag_s = float(data.get("lag", 0.0))
+
+    async def call(self, method: str, args: list | tuple = (), kwargs: dict | None = None) -> Any:
+        if self.lost is not None:
+            raise self.lost
+        if self.endpoint is None:
+            raise WorkerLost(self.name, "not connected")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            return await self.endpoint.call(method, args, kwargs)
+        finally:
+            self._tracer.complete(method, "rpc", self.spec.group, self.spec.rank, start, loop.time())
+
+    def mark_lost(self, reason: str) -> None:
+        if self.lost is not None or self.stopped or self.stopping:
+            return
+        self.lost = WorkerLost(self.name, reason)
+        if self.endpoint is not None:
+            self.endpoint.fail(self.lost)
+        if not self.connected.done():
+            self.connected.set_exception(self.lost)
+            self.connected.exception()  # mark retrieved: spawn may already have given up
+
+    def mark_stopped(self) -> None:
+        self.stopped = True
+        if self.endpoint is not None:
+            self.endpoint.fail(WorkerLost(self.name, "stopped"))

@@ -1,0 +1,135 @@
+"""Serves one Worker instance: the worker-process side of the RPC.
+
+The same class runs inside a worker process (local and agent launchers) and
+inside the controller's loop (inproc launcher), which is what gives the two the
+same call semantics.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, Awaitable, Callable
+
+from dynarl.core.worker import Worker, WorkerSpec
+from dynarl.transport.channel_client import ChannelClient
+from dynarl.transport.process_group import GroupMembership, host_store, join_group, leave_group
+
+Call = Callable[[str, list, dict], Awaitable[Any]]
+
+
+class WorkerRuntime:
+    def __init__(self, spec: WorkerSpec, call_controller: Call,
+                 spawn: Callable[[Awaitable[Any]], asyncio.Task], cls: type[Worker] | None = None) -> None:
+        self.spec = spec
+        self._cls = cls
+        self.worker: Worker | None = None
+        self.stopped = asyncio.Event()
+        self._call_controller = call_controller
+        self._spawn = spawn
+        self._channels: dict[str, ChannelClient] = {}
+        self._groups: dict[str, GroupMembership] = {}
+        self._hosted_stores: dict[str, Any] = {}
+        self._builtins: dict[str, Callable[..., Awaitable[Any]]] = {
+            "__start__": self._start, "__stop__": self._stop, "__ping__": self._ping,
+            "__pg_listen__": self._pg_listen, "__pg_join__": self._pg_join, "__pg_leave__": self._pg_leave,
+        }
+
+    async def serve(self, method: str, args: list, kwargs: dict) -> Any:
+        builtin = self._builtins.get(method)
+        if builtin is not None:
+            return await builtin(*args, **kwargs)
+        if self.worker is None:
+            raise RuntimeError("worker not started")
+        if method.startswith("_"):
+            raise AttributeError(f"{method!r} is private and cannot be called remotely")
+        fn = getattr(self.worker, method, None)
+        if fn is None or not callable(fn):
+            raise AttributeError(f"{type(self.worker).__name__} has no method {method!r}")
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    # --- services for the Worker ----------------------------------------------
+    def channel(self, name: str, *, prefetch: int, window: int) -> ChannelClient:
+        client = self._channels.get(name)
+        if client is None:
+            client = ChannelClient(name, self._call_controller,
+                                   prefetch=prefetch, window=window, spawn=self._spawn)
+            self._channels[name] = client
+        return client
+
+    def process_group(self, name: str) -> Any:
+        membership = self._groups.get(name)
+        if membership is None:
+            raise KeyError(f"this rank is not in a process group named {name!r}")
+        return membership.group
+
+    # --- built-in methods ----------------------------------------------------------
+    async def _start(self) -> dict:
+        cls = self._cls or import_worker_class(self.spec.cls_path, self.spec.main_file)
+        worker = cls.__new__(cls)
+        worker._bind(self)
+        worker.__init__(**self.spec.init_kwargs)
+        self.worker = worker
+        await worker.setup()
+        return {"pid": os.getpid()}
+
+    async def _stop(self) -> None:
+        try:
+            for client in self._channels.values():
+                await client.flush()
+            if self.worker is not None:
+                await self.worker.teardown()
+        finally:
+            for name in list(self._groups):
+                await self._pg_leave(name)
+            self._hosted_stores.clear()
+            self.stopped.set()
+
+    async def _ping(self) -> int:
+        return os.getpid()
+
+    async def _pg_listen(self, name: str, host: str) -> int:
+        store = await asyncio.to_thread(host_store, host)
+        self._hosted_stores[name] = store
+        return store.port
+
+    async def _pg_join(self, name: str, generation: int, rank: int, size: int, host: str, port: int,
+                       backend: str, timeout_s: float) -> None:
+        if name in self._groups:
+            await self._pg_leave(name)
+        store = self._hosted_stores.get(name) if rank == 0 else None
+        self._groups[name] = await asyncio.to_thread(
+            join_group, name, generation, rank, size, host, port, backend, timeout_s, store)
+
+    async def _pg_leave(self, name: str) -> None:
+        membership = self._groups.pop(name, None)
+        if membership is not None:
+            await asyncio.to_thread(leave_group, membership)
+        self._hosted_stores.pop(name, None)
+
+
+def import_worker_class(cls_path: str, main_file: str | None) -> type[Worker]:
+    module_name, _, qualname = cls_path.partition(":")
+    if module_name == "__main__" and main_file:
+        # The user's script, loaded under another name so its `if __name__ ==
+        # "__main__"` block does not run again in the worker.
+        module = sys.modules.get("__dynarl_main__")
+        if module is None:
+            spec = importlib.util.spec_from_file_location("__dynarl_main__", main_file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["__dynarl_main__"] = module
+            spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Worker)):
+        raise TypeError(f"{cls_path} is not a Worker subclass")
+    return obj

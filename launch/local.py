@@ -1,0 +1,122 @@
+"""The `local` launcher: each rank is a subprocess of the controller on this host.
+
+The job secret and bootstrap data go to the child on its stdin (not argv or the
+environment, which other local users can read from /proc). Children start in
+their own session, so a kill takes their whole process group down with them,
+and they die with the controller (PR_SET_PDEATHSIG, set in worker_main).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+from dynarl.core.launcher import Launcher, register_launcher
+
+if TYPE_CHECKING:
+    from dynarl.core.controller import Controller
+    from dynarl.core.worker_handle import WorkerHandle
+
+
+def worker_environment(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    # Same import path as the controller, so classes in tests and user scripts resolve.
+    paths = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def bootstrap_line(ctl_address: str, secret: bytes, handle: "WorkerHandle", heartbeat_interval_s: float,
+                   max_message_bytes: int) -> bytes:
+    return (json.dumps({"address": ctl_address, "secret": secret.hex(), "spec": handle.spec.to_wire(),
+                        "heartbeat_interval_s": heartbeat_interval_s,
+                        "max_message_bytes": max_message_bytes}) + "\n").encode()
+
+
+async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dynarl.launch.worker_main", stdin=asyncio.subprocess.PIPE,
+        env=env, start_new_session=True)
+    proc.stdin.write(bootstrap)
+    await proc.stdin.drain()
+    proc.stdin.close()
+    return proc
+
+
+async def reap(proc: asyncio.subprocess.Process, grace_s: float) -> int:
+    """Waits for exit; then SIGTERM to the process group; then SIGKILL. Returns the code."""
+    for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
+        if sig is not None:
+            _signal_group(proc.pid, sig)
+        try:
+            return await asyncio.wait_for(proc.wait(), wait_s)
+        except TimeoutError:
+            continue
+    raise AssertionError("unreachable")
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def free_local_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LocalLauncher(Launcher):
+    name = "local"
+    uses_sockets = True
+
+    def __init__(self) -> None:
+        self._ctl: "Controller | None" = None
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+
+    async def start(self, ctl: "Controller") -> None:
+        self._ctl = ctl
+
+    async def spawn(self, handle: "WorkerHandle") -> None:
+        ctl = self._ctl
+        ctl.expect(handle)
+        line = bootstrap_line(ctl.router.address, ctl.secret, handle, ctl.config.heartbeat_interval_s,
+                              ctl.config.max_message_bytes)
+        proc = await start_worker_process(line, worker_environment(handle.spec.env()))
+        handle.process = proc
+        handle.pid = proc.pid
+        self._procs[handle.spec.worker_id] = proc
+        ctl.spawn_task(self._watch(handle, proc), name=f"watch {handle.name}")
+
+    async def _watch(self, handle: "WorkerHandle", proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        self._procs.pop(handle.spec.worker_id, None)
+        handle.mark_lost(f"process {proc.pid} exited with code {code}")
+
+    async def free_port(self, node: int) -> int:
+        return free_local_port()
+
+    async def stop(self, handle: "WorkerHandle", grace_s: float) -> None:
+        if handle.process is not None:
+            await reap(handle.process, grace_s)
+
+    def kill(self, handle: "WorkerHandle") -> None:
+        if handle.process is not None and handle.process.returncode is None:
+            _signal_group(handle.process.pid, signal.SIGKILL)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(reap(p, 0.0) for p in list(self._procs.values())), return_exceptions=True)
+
+
+register_launcher("local", LocalLauncher)

@@ -1,0 +1,74 @@
+"""Entry point of a worker process: `python -m dynarl.launch.worker_main`.
+
+Reads its bootstrap (controller address, job secret, WorkerSpec) as one JSON line
+on stdin, connects to the controller, says hello and serves calls until stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import signal
+import sys
+
+import uvloop
+
+from dynarl.core.worker import WorkerSpec
+from dynarl.core.worker_runtime import WorkerRuntime
+from dynarl.transport.rpc import RpcEndpoint
+from dynarl.transport.sockets import DealerClient, HeartbeatThread, LoopTicker
+from dynarl.transport.wire import Codec
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, so a killed controller
+    (or node agent) never leaves workers behind."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+async def serve(boot: dict) -> None:
+    secret = bytes.fromhex(boot["secret"])
+    codec = Codec(secret, max_message_bytes=boot["max_message_bytes"])
+    spec = WorkerSpec(**boot["spec"])
+    identity = spec.worker_id.encode()
+    dealer = DealerClient(codec, boot["address"], identity)
+    interval = boot["heartbeat_interval_s"]
+    ticker = LoopTicker(interval)
+    heartbeat = HeartbeatThread(secret, boot["address"], identity, interval, ticker.lag)
+    heartbeat.start()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            endpoint: RpcEndpoint
+            runtime = WorkerRuntime(spec, lambda m, a, kw: endpoint.call(m, a, kw), tg.create_task)
+            endpoint = RpcEndpoint("controller", dealer.send, serve=runtime.serve, spawn=tg.create_task)
+            background = [tg.create_task(dealer.serve(endpoint.handle)), tg.create_task(ticker.run())]
+            await endpoint.event("hello", {"pid": os.getpid()})
+            await runtime.stopped.wait()
+            for _ in range(1000):  # let the __stop__ reply go out
+                if endpoint.num_serving == 0:
+                    break
+                await asyncio.sleep(0.001)
+            for task in background:
+                task.cancel()
+    finally:
+        heartbeat.stop()
+        dealer.close(linger_ms=1000)
+
+
+def main() -> None:
+    die_with_parent()
+    boot = json.loads(sys.stdin.readline())
+    uvloop.run(serve(boot))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""RPC between two peers: call / reply / error / event / cancel.
+
+`RpcEndpoint` is one side of a conversation with one peer. It knows nothing about
+sockets: it is given an async `send(body)` and fed received bodies through
+`handle(body)`, so ZMQ, the in-process launcher and tests all share this code.
+
+Message bodies (msgpack maps):
+    {"k": "call",   "id": n, "m": method, "a": [args], "kw": {kwargs}}
+    {"k": "reply",  "id": n, "v": value}
+    {"k": "error",  "id": n, "type": name, "msg": text, "tb": traceback text}
+    {"k": "event",  "e": name, "d": data}
+    {"k": "cancel", "id": n}
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import traceback
+from typing import Any, Awaitable, Callable
+
+from dynarl.transport.errors import RemoteError
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[dict], Awaitable[None]]
+Serve = Callable[[str, list, dict], Awaitable[Any]]
+OnEvent = Callable[[str, Any], None]
+
+
+class RpcEndpoint:
+    def __init__(self, peer_name: str, send: Send, *, serve: Serve | None = None,
+                 on_event: OnEvent | None = None,
+                 spawn: Callable[[Awaitable[Any]], asyncio.Task] | None = None) -> None:
+        self.peer_name = peer_name
+        self._send = send
+        self._serve = serve
+        self._on_event = on_event
+        # Served calls are owned by the caller's TaskGroup when one is given.
+        self._spawn = spawn or asyncio.ensure_future
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future, str]] = {}
+        self._serving: dict[int, asyncio.Task] = {}
+        self.failure: BaseException | None = None
+        self.calls_sent = 0
+        self.calls_served = 0
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def num_serving(self) -> int:
+        return len(self._serving)
+
+    async def call(self, method: str, args: list | tuple = (), kwargs: dict | None = None) -> Any:
+        if self.failure is not None:
+            raise self.failure
+        call_id = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = (fut, method)
+        try:
+            await self._send({"k": "call", "id": call_id, "m": method, "a": list(args), "kw": kwargs or {}})
+            self.calls_sent += 1
+            return await fut
+        except asyncio.CancelledError:
+            if call_id in self._pending and self.failure is None:
+                self._spawn(self._send_quietly({"k": "cancel", "id": call_id}))
+            raise
+        finally:
+            self._pending.pop(call_id, None)
+
+    async def event(self, name: str, data: Any = None) -> None:
+        await self._send({"k": "event", "e": name, "d": data})
+
+    def handle(self, body: Any) -> None:
+        """Dispatches one received body. A body of the wrong shape is logged and
+        dropped; it never breaks the endpoint."""
+        kind = body.get("k") if isinstance(body, dict) else None
+        if kind in ("reply", "error"):
+            entry = self._pending.get(body.get("id"))
+            if entry is None:
+                return  # the caller gave up (cancelled); nothing to deliver
+            fut, method = entry
+            if fut.done():
+                return
+            if kind == "reply":
+                fut.set_result(body.get("v"))
+            else:
+                fut.set_exception(RemoteError(self.peer_name, method, str(body.get("type")),
+                                              str(body.get("msg")), str(body.get("tb"))))
+        elif kind == "call" and isinstance(body.get("m"), str) and isinstance(body.get("id"), int):
+            if self._serve is None:
+                self._spawn(self._send_quietly(_error_body(body["id"], PermissionError("this peer serves no calls"))))
+                return
+            self._serving[body["id"]] = self._spawn(self._run(body))
+        elif kind == "cancel":
+            task = self._serving.get(body.get("id"))
+            if task is not None:
+                task.cancel()
+        elif kind == "event" and isinstance(body.get("e"), str):
+            if self._on_event is not None:
+                self._on_event(body["e"], body.get("d"))
+        else:
+            log.warning("dropping a message of unknown shape from %s", self.peer_name)
+
+    def fail(self, exc: BaseException) -> None:
+        """The peer is gone: every pending and future call raises `exc`."""
+        if self.failure is None:
+            self.failure = exc
+        for fut, _ in list(self._pending.values()):
+            if not fut.done():
+                fut.set_exception(exc)
+        for task in list(self._serving.values()):
+            task.cancel()
+
+    async def _run(self, body: dict) -> None:
+        call_id = body["id"]
+        try:
+            args = body.get("a") or []
+            kwargs = body.get("kw") or {}
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise TypeError("malformed call arguments")
+            value = await self._serve(body["m"], args, kwargs)
+            reply = {"k": "reply", "id": call_id, "v": value}
+        except asyncio.CancelledError:
+            self._serving.pop(call_id, None)
+            return  # the caller cancelled (or we are shutting down): no reply
+        except Exception as exc:
+            reply = _error_body(call_id, exc)
+        try:
+            await self._send(reply)
+        except TypeError as exc:  # the return value can't go on the wire
+            await self._send_quietly(_error_body(call_id, exc))
+        finally:
+            # Popped only once the reply is handed to the transport, so a worker
+            # that waits for `num_serving == 0` before exiting delivers it.
+            self._serving.pop(call_id, None)
+            self.calls_served += 1
+
+    async def _send_quietly(self, body: dict) -> None:
+        try:
+            await self._send(body)
+        except Exception as exc:
+            log.debug("send to %s failed: %s", self.peer_name, exc)
+
+
+def _error_body(call_id: int, exc: BaseException) -> dict:
+    return {"k": "error", "id": call_id, "type": type(exc).__name__, "msg": str(exc),
+            "tb": "".join(traceback.format_exception(exc))}
+

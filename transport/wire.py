@@ -1,0 +1,231 @@
+"""The wire format: authenticated msgpack headers plus raw binary frames.
+
+A message is a list of ZMQ frames:
+
+    frame 0  preamble: MAGIC (3 bytes) | version (1 byte) | nonce (16) | tag (16)
+    frame 1  msgpack body
+    frame 2+ raw buffers of tensors, arrays and blobs, referenced from the body
+
+Never pickle: msgpack can only produce plain data, and tensors are rebuilt from
+(dtype, shape, frame index), so a received message can't execute code.
+
+Authentication: tag = Poly1305 over the version, body and every payload frame
+(each prefixed with its length), keyed with HMAC-SHA256(secret, nonce). The
+one-time Poly1305 key is why each message carries a fresh nonce. Poly1305 runs at
+~10 GB/s here versus ~1.7 GB/s for HMAC-SHA256 over the payload, which matters for
+100 MB tensors crossing channels.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import os
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+MAGIC = b"DRL"
+PROTOCOL_VERSION = 1
+NONCE_BYTES = 16
+TAG_BYTES = 16
+PREAMBLE_BYTES = len(MAGIC) + 1 + NONCE_BYTES + TAG_BYTES
+DEFAULT_MAX_MESSAGE_BYTES = 4 << 30
+
+EXT_TENSOR = 1
+EXT_NDARRAY = 2
+EXT_BLOB = 3
+
+
+class WireError(Exception):
+    """A message was rejected. `reason` is one of REJECT_REASONS."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+REJECT_REASONS = ("truncated", "oversized", "bad_magic", "wrong_version", "unauthenticated", "malformed")
+
+
+@dataclass(slots=True)
+class Blob:
+    """An already-encoded value carried without decoding it (a channel item passing
+    through the controller). `decode_blob` turns it back into the value."""
+    body: bytes
+    frames: list[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.body) + sum(memoryview(f).nbytes for f in self.frames)
+
+
+@dataclass(slots=True)
+class RejectCounter:
+    """How many messages a receiver dropped, by reason. Receivers keep serving."""
+    counts: Counter = field(default_factory=Counter)
+
+    def add(self, reason: str) -> None:
+        self.counts[reason] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class Codec:
+    """Encodes and decodes messages for one job secret."""
+
+    def __init__(self, secret: bytes, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        if len(secret) < 16:
+            raise ValueError("the job secret must be at least 16 bytes")
+        self._secret = secret
+        self.max_message_bytes = max_message_bytes
+        self._nonce_prefix = os.urandom(8)
+        self._counter = itertools.count()
+
+    # --- encode -------------------------------------------------------------
+    def encode(self, body: Any) -> list[Any]:
+        frames: list[Any] = []
+        packed = msgpack.packb(body, default=lambda obj: _to_ext(obj, frames), use_bin_type=True)
+        nonce = self._nonce_prefix + struct.pack("<Q", next(self._counter))
+        tag = self._tag(nonce, packed, frames)
+        preamble = MAGIC + bytes([PROTOCOL_VERSION]) + nonce + tag
+        return [preamble, packed, *frames]
+
+    # --- decode -------------------------------------------------------------
+    def decode(self, frames: Sequence[Any]) -> Any:
+        """Checks and decodes `frames` (bytes, memoryviews or zmq.Frame). Raises
+        WireError with the reason; the caller counts it and keeps serving."""
+        views = [_view(f) for f in frames]
+        if len(views) < 2 or views[0].nbytes < PREAMBLE_BYTES:
+            raise WireError("truncated", f"{len(views)} frames")
+        total = sum(v.nbytes for v in views)
+        if total > self.max_message_bytes:
+            raise WireError("oversized", f"{total} > {self.max_message_bytes} bytes")
+        pre = bytes(views[0][:PREAMBLE_BYTES])
+        if pre[:3] != MAGIC:
+            raise WireError("bad_magic")
+        if pre[3] != PROTOCOL_VERSION:
+            raise WireError("wrong_version", f"got {pre[3]}, speak {PROTOCOL_VERSION}")
+        nonce, tag = pre[4:4 + NONCE_BYTES], pre[4 + NONCE_BYTES:PREAMBLE_BYTES]
+        payload = views[2:]
+        if not hmac.compare_digest(tag, self._tag(nonce, views[1], payload)):
+            raise WireError("unauthenticated")
+        try:
+            return msgpack.unpackb(views[1], ext_hook=lambda code, data: _from_ext(code, data, payload),
+                                   raw=False, strict_map_key=False)
+        except WireError:
+            raise
+        except Exception as exc:  # msgpack raises many types on garbage; all mean the same
+            raise WireError("malformed", f"{type(exc).__name__}: {exc}") from None
+
+    def _tag(self, nonce: bytes, body: Any, frames: Sequence[Any]) -> bytes:
+        key = hmac.new(self._secret, nonce, hashlib.sha256).digest()
+        mac = Poly1305(key)
+        mac.update(bytes([PROTOCOL_VERSION]))
+        for part in (body, *frames):
+            view = _view(part)
+            mac.update(struct.pack("<Q", view.nbytes))
+            mac.update(view.cast("B") if view.ndim != 1 or view.format != "B" else view)
+        return mac.finalize()
+
+
+def encode_blob(value: Any) -> Blob:
+    """Packs a value once so it can pass through intermediaries undecoded."""
+    frames: list[Any] = []
+    body = msgpack.packb(value, default=lambda obj: _to_ext(obj, frames), use_bin_type=True)
+    return Blob(body, frames)
+
+
+def decode_blob(blob: Blob) -> Any:
+    payload = [_view(f) for f in blob.frames]
+    return msgpack.unpackb(blob.body, ext_hook=lambda code, data: _from_ext(code, data, payload),
+                           raw=False, strict_map_key=False)
+
+
+# --- tensors and arrays as frames ---------------------------------------------
+
+def _to_ext(obj: Any, frames: list[Any]) -> msgpack.ExtType:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        frames.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+        meta = [len(frames) - 1, arr.dtype.str, list(arr.shape)]
+        return msgpack.ExtType(EXT_NDARRAY, msgpack.packb(meta))
+    if isinstance(obj, Blob):
+        first = len(frames)
+        frames.extend(obj.frames)
+        return msgpack.ExtType(EXT_BLOB, msgpack.packb([obj.body, first, len(obj.frames)], use_bin_type=True))
+    if type(obj).__module__ == "torch" and type(obj).__name__ in ("Tensor", "Parameter"):
+        return _tensor_to_ext(obj, frames)
+    raise TypeError(f"cannot send a {type(obj).__module__}.{type(obj).__name__} over the wire "
+                    "(send plain data, numpy arrays or torch tensors)")
+
+
+def _tensor_to_ext(t: Any, frames: list[Any]) -> msgpack.ExtType:
+    import torch
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    dtype = str(t.dtype).removeprefix("torch.")
+    # A uint8 view keeps bfloat16 (which numpy lacks) zero-copy.
+    frames.append(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
+    return msgpack.ExtType(EXT_TENSOR, msgpack.packb([len(frames) - 1, dtype, list(t.shape)]))
+
+
+def _from_ext(code: int, data: bytes, frames: Sequence[memoryview]) -> Any:
+    meta = msgpack.unpackb(data, raw=False)
+    if code == EXT_BLOB:
+        body, first, count = meta
+        if first < 0 or first + count > len(frames):
+            raise WireError("malformed", "blob frame index out of range")
+        return Blob(body, list(frames[first:first + count]))
+    index, dtype, shape = meta
+    if not 0 <= index < len(frames):
+        raise WireError("malformed", f"frame index {index} out of range")
+    buf = frames[index]
+    if code == EXT_NDARRAY:
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise WireError("malformed", "object arrays are not accepted")
+        arr = np.frombuffer(buf, dtype=dt) if buf.nbytes else np.empty(0, dt)
+        _check_size(arr.size, shape)
+        return arr.reshape(shape)
+    if code == EXT_TENSOR:
+        import torch
+        tdtype = getattr(torch, dtype, None)
+        if not isinstance(tdtype, torch.dtype):
+            raise WireError("malformed", f"unknown tensor dtype {dtype!r}")
+        if buf.nbytes == 0:
+            _check_size(0, shape)
+            return torch.empty(shape, dtype=tdtype)
+        # Received ZMQ frames are writable, so the tensor can alias the frame memory.
+        flat = torch.frombuffer(buf, dtype=torch.uint8)
+        if flat.numel() % tdtype.itemsize:
+            raise WireError("malformed", "tensor bytes not a multiple of the item size")
+        t = flat.view(tdtype)
+        _check_size(t.numel(), shape)
+        return t.reshape(shape)
+    raise WireError("malformed", f"unknown ext type {code}")
+
+
+def _check_size(n: int, shape: Any) -> None:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise WireError("malformed", f"bad shape {shape!r}")
+    if int(np.prod(shape, dtype=np.int64)) != n:
+        raise WireError("malformed", f"shape {shape} does not match {n} elements")
+
+
+def _view(frame: Any) -> memoryview:
+    if isinstance(frame, memoryview):
+        return frame
+    buffer = getattr(frame, "buffer", None)  # zmq.Frame
+    if buffer is not None:
+        return buffer
+    return memoryview(frame)
