@@ -154,7 +154,8 @@ class Controller:
         if live:
             await _best_effort(f"stop {group.name}", asyncio.wait_for(
                 asyncio.gather(*(h.call("__stop__") for h in live), return_exceptions=True), grace))
-        await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(h, grace))
+        # A rank that was lost or never connected gets no grace: it won't exit by itself.
+        await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(h, grace if h in live else 0.0))
                                for h in group.handles))
         for h in group.handles:
             h.mark_stopped()

@@ -1,10 +1,16 @@
 """torch.distributed process groups created and destroyed while the job runs.
 
 Each group gets its own TCPStore (hosted by its rank 0) and key prefix, and is
-built directly as a ProcessGroupGloo/NCCL object rather than through
-init_process_group: a process can then belong to many groups at once and leave
-and rejoin with a different member set, which trainer resharding needs. Plain
-`dist.all_reduce(t, group=pg)` works on such groups (checked on torch 2.13).
+built directly rather than through init_process_group (which allows one default
+group per process): a process can then belong to many groups at once and leave
+and rejoin with a different member set, which trainer resharding needs.
+
+The backend is wrapped in a ProcessGroup and its rank map registered with c10d,
+as `new_group` does internally, so the standard calls work with group-relative
+ranks: `dist.send(t, group_dst=1, group=pg)`, `dist.broadcast(t, group_src=0,
+group=pg)`, `all_reduce`, `all_gather_into_tensor`, `reduce_scatter_tensor`,
+`barrier` (checked on torch 2.13). There is no default group, so pass `group=`
+and `group_src`/`group_dst`, never global ranks.
 
 These calls block (rendezvous), so callers run them in a thread.
 """
@@ -39,17 +45,29 @@ def join_group(name: str, generation: int, rank: int, size: int, host: str, port
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
     # A fresh prefix per generation keeps a rebuilt group's keys apart from the old one's.
     prefixed = dist.PrefixStore(f"dynarl/{name}/{generation}/", store)
+    import torch
+    kind = dist.ProcessGroup.BackendType
     if backend == "gloo":
-        group = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+        impl, backend_type, device = dist.ProcessGroupGloo(prefixed, rank, size, timeout), kind.GLOO, "cpu"
     elif backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
-        group = dist.ProcessGroupNCCL(prefixed, rank, size, options)
+        impl, backend_type, device = dist.ProcessGroupNCCL(prefixed, rank, size, options), kind.NCCL, "cuda"
     else:
         raise ValueError(f"unknown backend {backend!r}; choose gloo or nccl")
+    group = dist.ProcessGroup(prefixed, rank, size)
+    group._set_default_backend(backend_type)
+    group._register_backend(torch.device(device), backend_type, impl)
+    c10d = dist.distributed_c10d
+    c10d._world.pg_group_ranks[group] = {r: r for r in range(size)}
+    c10d._world.pg_map[group] = (backend, prefixed)
     return GroupMembership(name, rank, size, group, store)
 
 
 def leave_group(membership: GroupMembership) -> None:
+    import torch.distributed as dist
+    c10d = dist.distributed_c10d
+    c10d._world.pg_group_ranks.pop(membership.group, None)
+    c10d._world.pg_map.pop(membership.group, None)
     shutdown = getattr(membership.group, "shutdown", None)
     if shutdown is not None:
         try:

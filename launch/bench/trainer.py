@@ -1,0 +1,170 @@
+"""Trainer benchmark: GRPO step throughput at DP=1 and DP=2 (gloo, same global
+batch), and the time to export then import the full sharded state.
+
+    dynarl bench trainer [--json] [--model tiny-0.5m] [--steps 6] [--batch 32]
+
+Every rank runs one torch thread, so DP=1 and DP=2 are compared on equal
+per-rank compute; on a 2-core machine DP=2 uses both cores. The DP=2 ranks are
+subprocesses of this command (`--worker-rank`), joined over a TCPStore hosted
+here on a free port, and always reaped before it returns. Results travel back as
+JSON files, never pickle.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+WORLD = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynarl bench trainer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--model", default="tiny-0.5m", help="a key of TINY_CONFIGS")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (after one warm-up step)")
+    parser.add_argument("--batch", type=int, default=32, help="global batch, samples (groups of 4)")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--response-len", type=int, default=48)
+    parser.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def _batch(args: argparse.Namespace, step: int, vocab: int):
+    from dynarl.components.trainer.base import TrainBatch
+    rng = random.Random(step)
+    ids, rewards, groups = [], [], []
+    for i in range(args.batch):
+        if i % 4 == 0:
+            prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_len)]
+        ids.append(prompt + [rng.randrange(3, vocab) for _ in range(args.response_len)])
+        rewards.append(float(rng.random() < 0.5))
+        groups.append(i // 4)
+    return TrainBatch(input_ids=ids, prompt_lens=[args.prompt_len] * args.batch, rewards=rewards, group_ids=groups)
+
+
+def _trainer(args: argparse.Namespace, group=None, seed: int = 0):
+    import torch
+    from dynarl.components.model.config import TINY_CONFIGS
+    from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+    from dynarl.components.trainer.base import TrainerConfig
+    from dynarl.components.trainer.native.trainer import NativeTrainer
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(TINY_CONFIGS[args.model])
+    config = TrainerConfig(lr=1e-4, micro_batch_size=8, entropy_coef=0.01)
+    return NativeTrainer(model, config, group)
+
+
+def _timed_steps(args: argparse.Namespace, trainer, rank: int, world: int, barrier) -> tuple[float, int]:
+    """(seconds for args.steps steps after a warm-up, response tokens trained)."""
+    vocab = trainer.model.config.vocab_size
+    trainer.train_step(_batch(args, 0, vocab).shard(rank, world))
+    barrier()
+    start, tokens = time.perf_counter(), 0
+    for step in range(1, args.steps + 1):
+        tokens += int(trainer.train_step(_batch(args, step, vocab).shard(rank, world))["tokens"])
+    barrier()
+    return time.perf_counter() - start, tokens
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One DP rank: timed steps, then a full sharded export -> import on fresh ranks."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timeout)
+    group = dist.ProcessGroupGloo(store, args.worker_rank, WORLD, timeout)
+    barrier = lambda: dist.all_reduce(torch.zeros(1), group=group)  # noqa: E731
+    trainer = _trainer(args, group)
+    seconds, tokens = _timed_steps(args, trainer, args.worker_rank, WORLD, barrier)
+    fresh = _trainer(args, group, seed=1)
+    barrier()
+    start = time.perf_counter()
+    shard = {k: v.clone() for k, v in trainer.export_state_shard().items()}
+    fresh.import_state_shard(shard)  # collective: all-gathers the new full weights
+    barrier()
+    export_import_s = time.perf_counter() - start
+    shard_bytes = sum(t.numel() * t.element_size() for t in shard.values())
+    with open(args.out, "w") as f:
+        json.dump({"seconds": seconds, "tokens": tokens, "export_import_s": export_import_s,
+                   "shard_bytes": shard_bytes}, f)
+    return 0
+
+
+def _run_dp2(args: argparse.Namespace, workdir: str) -> list[dict]:
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    forwarded = ["--model", args.model, "--steps", str(args.steps), "--batch", str(args.batch),
+                 "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len)]
+    outs = [os.path.join(workdir, f"rank{r}.json") for r in range(WORLD)]
+    procs = []
+    try:
+        for rank in range(WORLD):
+            cmd = [sys.executable, "-m", "dynarl.launch.bench.trainer", *forwarded,
+                   "--worker-rank", str(rank), "--port", str(store.port), "--out", outs[rank]]
+            procs.append(subprocess.Popen(cmd))
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:  # reap on every path, including a timeout or Ctrl-C
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        raise RuntimeError(f"DP=2 ranks exited with codes {codes}")
+    results = []
+    for out in outs:
+        with open(out) as f:
+            results.append(json.load(f))
+    return results
+
+
+def _run(args: argparse.Namespace) -> dict:
+    import torch
+    torch.set_num_threads(1)
+    single = _trainer(args)
+    dp1_s, dp1_tokens = _timed_steps(args, single, 0, 1, lambda: None)
+    numel = single.layout().total_numel
+    del single
+    with tempfile.TemporaryDirectory(prefix="dynarl-bench-trainer-") as workdir:
+        ranks = _run_dp2(args, workdir)
+    dp2_s = max(r["seconds"] for r in ranks)
+    dp2_tokens = sum(r["tokens"] for r in ranks) // WORLD  # each rank reports the global count
+    tokens_per_s_dp1 = dp1_tokens / dp1_s
+    tokens_per_s_dp2 = dp2_tokens / dp2_s
+    return {
+        "model": args.model, "params": numel, "global_batch": args.batch,
+        "sequence_len": args.prompt_len + args.response_len, "steps": args.steps, "threads_per_rank": 1,
+        "cpu_count": os.cpu_count(),
+        "tokens_per_s_dp1": round(tokens_per_s_dp1, 1),
+        "tokens_per_s_dp2": round(tokens_per_s_dp2, 1),
+        "dp2_over_dp1": round(tokens_per_s_dp2 / tokens_per_s_dp1, 3),
+        "state_export_import_s": round(max(r["export_import_s"] for r in ranks), 4),
+        "state_shard_bytes_per_rank": max(r["shard_bytes"] for r in ranks),
+        "note": "tokens = response tokens in the loss; DP=2 ranks are 2 processes over gloo on this host",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker_rank is not None:
+        return _worker(args)
+    result = _run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>28}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+NUM_GPUS = 0
+
+import asyncio
+
+import pytest
+
+import dynarl
+from dynarl import RuntimeConfig
+from dynarl.transport.channel import Channel, WouldBlock
+from workers import Consumer, Producer
+
+
+async def test_backpressure_blocks_put_until_get():
+    ch = Channel("c", capacity=2)
+    await ch.put(1)
+    await ch.put(2)
+    blocked = asyncio.ensure_future(ch.put(3))
+    await asyncio.sleep(0)
+    assert not blocked.done() and ch.statistics().waiting_putters == 1
+    assert await ch.get() == 1
+    await asyncio.sleep(0)
+    assert blocked.done()
+    assert [await ch.get(), await ch.get()] == [2, 3]
+
+
+async def test_keys_are_separate_queues():
+    ch = Channel("c")
+    await ch.put("a1", key="a")
+    await ch.put("b1", key="b")
+    with pytest.raises(WouldBlock):
+        ch.get_nowait()
+    assert await ch.get("b") == "b1" and await ch.get("a") == "a1"
+
+
+async def test_waiting_consumers_balanced_by_weight():
+    ch = Channel("c")
+    got: dict[str, list] = {"x": [], "y": []}
+
+    async def consume(name, n):
+        for _ in range(n):
+            got[name].append(await ch.get(consumer=name))
+
+    tasks = [asyncio.ensure_future(consume("x", 3)), asyncio.ensure_future(consume("y", 3))]
+    await asyncio.sleep(0)
+    for item, weight in [("heavy", 10), ("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1)]:
+        await ch.put(item, weight=weight)
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    # "heavy" went to x; the light ones then went to y until y caught up or ran out.
+    assert got["x"][0] == "heavy" and got["y"] == ["a", "b", "c"]
+    stats = ch.statistics()
+    assert stats.served_weight == {"x": 12.0, "y": 3.0}
+
+
+async def test_affinity_prefers_the_named_consumer():
+    ch = Channel("c")
+    waiting_x = asyncio.ensure_future(ch.get(consumer="x"))
+    waiting_y = asyncio.ensure_future(ch.get(consumer="y"))
+    await asyncio.sleep(0)
+    await ch.put("for-y", affinity="y")
+    await asyncio.sleep(0)
+    assert waiting_y.done() and waiting_y.result() == "for-y" and not waiting_x.done()
+    await ch.put("any")
+    assert await waiting_x == "any"
+    # Queued items: a consumer takes what it prefers first, else the oldest.
+    await ch.put("for-x", affinity="x")
+    await ch.put("plain")
+    assert await ch.get(consumer="z") == "plain"
+
+
+@pytest.mark.parametrize("target,weights,expected", [
+    pytest.param(3, [1, 1, 1, 1], 3, id="exact"),
+    pytest.param(2.5, [2, 2, 2], 2, id="overshoot"),
+    pytest.param(1, [5], 1, id="single-heavy"),
+])
+async def test_get_batch_by_weight(target, weights, expected):
+    ch = Channel("c")
+    for i, w in enumerate(weights):
+        await ch.put(i, weight=w)
+    assert len(await ch.get_batch(target)) == expected
+
+
+async def test_close_drains_then_raises():
+    ch = Channel("c")
+    await ch.put(1)
+    waiter_later = None
+    ch.close()
+    with pytest.raises(dynarl.ChannelClosed):
+        await ch.put(2)
+    assert await ch.get() == 1
+    with pytest.raises(dynarl.ChannelClosed):
+        await ch.get()
+    ch2 = Channel("c2")
+    waiter_later = asyncio.ensure_future(ch2.get())
+    await asyncio.sleep(0)
+    ch2.close()
+    with pytest.raises(dynarl.ChannelClosed):
+        await waiter_later
+    ch3 = Channel("c3")
+    await ch3.put(1)
+    ch3.close()
+    assert await ch3.get_batch(5) == [1]  # a short last batch
+
+
+@pytest.mark.parametrize("launcher", ["local", "inproc"])
+async def test_worker_to_worker_through_channel(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        producer = await ctl.spawn(Producer, num_ranks=1)
+        consumers = await ctl.spawn(Consumer, num_ranks=2)
+        items = [{"i": i, "text": "x" * i} for i in range(40)]
+        consumed, produced = await asyncio.gather(consumers.call("consume", "work", 20, prefetch=4),
+                                                  producer.call("produce", "work", items))
+        assert produced == [40]
+        got = sorted((x["i"] for part in consumed for x in part))
+        assert got == list(range(40))
+        assert ctl.channel("work").statistics().gets == 40
+
+
+async def test_controller_side_get_decodes_worker_items():
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        producer = await ctl.spawn(Producer, num_ranks=1)
+        await producer.call("produce", "out", [{"a": [1, 2]}, "two"])
+        ch = ctl.channel("out")
+        assert [await ch.get(), await ch.get()] == [{"a": [1, 2]}, "two"]
+
+
+async def test_100mb_tensor_crosses_a_channel_intact():
+    numel = 100 * (1 << 20) // 4
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        producer = await ctl.spawn(Producer, num_ranks=1)
+        consumer = await ctl.spawn(Consumer, num_ranks=1)
+        received, sent = await asyncio.gather(consumer.call("consume_tensor", "big"),
+                                              producer.call("produce_tensor", "big", numel, 7))
+        assert received[0]["numel"] == numel
+        assert received[0]["sum"] == received[0]["expected"] == sent[0]

@@ -1,0 +1,122 @@
+NUM_GPUS = 0
+
+import asyncio
+import os
+
+import pytest
+
+import dynarl
+from dynarl import RuntimeConfig
+from conftest import assert_reaped
+from workers import Echo
+
+LAUNCHERS = ["local", "inproc"]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_spawn_call_shutdown_leaves_no_process(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=2, init={"tag": "abc"})
+        results = await group.call("hello", 7)
+        assert [r["rank"] for r in results] == [0, 1]
+        assert all(r["x"] == 7 and r["tag"] == "abc" and r["world"] == 2 for r in results)
+        assert await group.hello(8) == await group.call("hello", 8)
+        assert [r["rank"] for r in await group.call("hello", 1, ranks=[1])] == [1]
+        assert [r["x"] for r in await group.scatter("hello", [[10], [11]])] == [10, 11]
+        pids = [r["pid"] for r in results]
+    if launcher == "local":
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        assert_reaped(pids)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_remote_exception_carries_traceback(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        with pytest.raises(dynarl.RemoteError) as info:
+            await group.call("boom")
+        assert info.value.type_name == "ValueError"
+        assert "bad things happened here" in str(info.value)
+        assert "in boom" in info.value.remote_traceback
+        with pytest.raises(dynarl.RemoteError, match="no method"):
+            await group.call("missing")
+        with pytest.raises(dynarl.RemoteError, match="private"):
+            await group.call("_bind")
+        assert (await group.call("hello", 1))[0]["x"] == 1  # still serving
+
+
+async def test_exception_in_user_code_still_reaps_everything():
+    pids = []
+    with pytest.raises(RuntimeError, match="user bug"):
+        async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+            group = await ctl.spawn(Echo, num_ranks=2)
+            pids = [r["pid"] for r in await group.call("hello", 0)]
+            raise RuntimeError("user bug")
+    assert len(pids) == 2
+    assert_reaped(pids)
+
+
+async def test_cancelled_workflow_still_reaps_everything():
+    """What Ctrl-C does under asyncio.run: the main task is cancelled."""
+    pids: list[int] = []
+    started = asyncio.Event()
+
+    async def workflow():
+        async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+            group = await ctl.spawn(Echo, num_ranks=2)
+            pids.extend(r["pid"] for r in await group.call("hello", 0))
+            started.set()
+            await group.call("sleep", 60)
+
+    task = asyncio.create_task(workflow())
+    await started.wait()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert_reaped(pids)
+
+
+async def test_concurrent_calls_overlap():
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.gather(*(group.call("sleep", 0.3) for _ in range(5)))
+        assert loop.time() - start < 1.2  # five 0.3 s calls ran concurrently, not in series
+
+
+async def test_torchrun_environment_and_placement():
+    config = RuntimeConfig(launcher="local", cluster=dynarl.ClusterConfig(devices_per_node=4))
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, devices=[2, 3])
+        assert await group.call("env", "RANK") == ["0", "1"]
+        assert await group.call("env", "WORLD_SIZE") == ["2", "2"]
+        assert await group.call("env", "LOCAL_RANK") == ["0", "1"]
+        assert await group.call("env", "DYNARL_DEVICES") == ["2", "3"]
+        ports = await group.call("env", "MASTER_PORT")
+        assert ports[0] == ports[1] and int(ports[0]) > 0
+        assert await group.call("env", "MASTER_ADDR") == ["127.0.0.1"] * 2
+
+
+async def test_locally_defined_worker_class_is_rejected_clearly():
+    class Local(dynarl.Worker):
+        pass
+
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        with pytest.raises(TypeError, match="module level"):
+            await ctl.spawn(Local, num_ranks=1)
+        assert ctl.pool.load() == {0: 0, 1: 0}  # the failed spawn released its devices
+
+
+async def test_trace_written(tmp_path):
+    import json
+    path = tmp_path / "trace.json"
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc", trace_path=str(path))) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=2)
+        await group.call("hello", 1)
+        async with group.device_lock():
+            pass
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["name"] for e in events}
+    assert {"hello", "spawn", "lock_wait", "onload", "offload", "stopped"} <= names

@@ -1,0 +1,53 @@
+NUM_GPUS = 0
+
+import asyncio
+
+import dynarl
+from dynarl import RuntimeConfig
+from workers import Echo
+
+
+async def test_device_lock_serialises_two_groups_on_the_same_devices():
+    log: list[tuple[str, str]] = []
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        rollout = await ctl.spawn(Echo, name="rollout", devices=[0, 1])
+        trainer = await ctl.spawn(Echo, name="trainer", devices=[0, 1])
+
+        async def use(group, rounds):
+            for i in range(rounds):
+                async with group.device_lock():
+                    log.append((group.name, "in"))
+                    await group.call("record", f"work{i}")
+                    await asyncio.sleep(0.01)
+                    log.append((group.name, "out"))
+
+        await asyncio.gather(use(rollout, 3), use(trainer, 3))
+        events = {g.name: (await g.call("get_events"))[0] for g in (rollout, trainer)}
+        stats = ctl.locks.statistics()
+    # Never both inside at once: every "in" is followed by the same group's "out".
+    for (g1, e1), (g2, e2) in zip(log[::2], log[1::2]):
+        assert (e1, e2) == ("in", "out") and g1 == g2
+    # Turns alternate in request order (FIFO locks), and each turn onloads then offloads.
+    assert [g for g, e in log if e == "in"] == ["rollout", "trainer"] * 3
+    for name in ("rollout", "trainer"):
+        assert events[name] == [x for i in range(3) for x in ("onload", f"work{i}", "offload")]
+    assert all(not s["locked"] for s in stats.values())
+
+
+async def test_groups_on_disjoint_devices_do_not_wait_for_each_other():
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        a = await ctl.spawn(Echo, devices=[0])
+        b = await ctl.spawn(Echo, devices=[1])
+        inside = asyncio.Event()
+
+        async def hold_a():
+            async with a.device_lock():
+                inside.set()
+                await asyncio.sleep(0.2)
+
+        task = asyncio.ensure_future(hold_a())
+        await inside.wait()
+        async with asyncio.timeout(0.1):
+            async with b.device_lock():
+                pass
+        await task

@@ -1,0 +1,143 @@
+NUM_GPUS = 0
+
+import asyncio
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+import zmq
+import zmq.asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dynarl
+from dynarl import RuntimeConfig
+from dynarl.transport.wire import PROTOCOL_VERSION, Codec, WireError, decode_blob, encode_blob
+from workers import Echo
+
+SECRET = b"s" * 32
+codec = Codec(SECRET, max_message_bytes=1 << 20)
+
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=20) | st.binary(max_size=40),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12)
+
+
+@given(plain)
+def test_plain_values_round_trip(value):
+    assert codec.decode(codec.encode(value)) == value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.float16])
+def test_tensors_round_trip_bitwise(dtype):
+    t = (torch.arange(24, dtype=torch.float32) * 0.37).reshape(2, 3, 4).to(dtype)
+    out = codec.decode(codec.encode({"t": t, "empty": torch.empty(0, 5, dtype=dtype)}))
+    assert out["t"].dtype == dtype and torch.equal(out["t"], t)
+    assert out["empty"].shape == (0, 5)
+
+
+def test_ndarray_and_blob_round_trip():
+    arr = np.arange(10, dtype=np.float64).reshape(2, 5)
+    blob = encode_blob({"a": arr, "t": torch.ones(3)})
+    out = codec.decode(codec.encode({"blob": blob}))
+    inner = decode_blob(out["blob"])
+    assert np.array_equal(inner["a"], arr) and torch.equal(inner["t"], torch.ones(3))
+
+
+def test_non_wire_types_are_refused_at_the_sender():
+    with pytest.raises(TypeError, match="cannot send"):
+        codec.encode({"x": object()})
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.binary(max_size=80), max_size=5))
+def test_random_frames_are_rejected_never_crash(frames):
+    with pytest.raises(WireError):
+        codec.decode(frames)
+
+
+@settings(max_examples=300)
+@given(plain, st.data())
+def test_any_flipped_byte_is_rejected(value, data):
+    frames = [bytes(f) for f in codec.encode(value)]
+    i = data.draw(st.integers(0, len(frames) - 1))
+    if not frames[i]:
+        return
+    j = data.draw(st.integers(0, len(frames[i]) - 1))
+    bit = data.draw(st.integers(0, 7))
+    frame = bytearray(frames[i])
+    frame[j] ^= 1 << bit
+    frames[i] = bytes(frame)
+    with pytest.raises(WireError):
+        codec.decode(frames)
+
+
+@settings(max_examples=100)
+@given(plain, st.integers(1, 200))
+def test_truncated_messages_are_rejected(value, cut):
+    frames = [bytes(f) for f in codec.encode(value)]
+    joined = frames[1]
+    frames[1] = joined[:max(0, len(joined) - cut)]
+    with pytest.raises(WireError):
+        codec.decode(frames)
+
+
+def test_reject_reasons():
+    good = codec.encode({"k": "event", "e": "x"})
+    cases = {
+        "truncated": [good[0][:10], good[1]],
+        "bad_magic": [b"XXX" + bytes(good[0][3:]), good[1]],
+        "wrong_version": [bytes(good[0][:3]) + bytes([PROTOCOL_VERSION + 1]) + bytes(good[0][4:]), good[1]],
+        "unauthenticated": Codec(b"other-secret-0123456789").encode({"k": "event", "e": "x"}),
+        "oversized": Codec(SECRET).encode({"blob": b"x" * (2 << 20)}),
+    }
+    for reason, frames in cases.items():
+        with pytest.raises(WireError) as info:
+            codec.decode(frames)
+        assert info.value.reason == reason
+
+
+def test_malformed_body_with_valid_mac_is_rejected():
+    """An authenticated peer with a bug: a tensor ext pointing at a missing frame."""
+    ext = msgpack.ExtType(1, msgpack.packb([5, "float32", [2]]))
+    frames = codec.encode({"t": 0})
+    body = msgpack.packb({"t": ext})
+    nonce = bytes(frames[0][4:20])
+    frames = [bytes(frames[0][:20]) + codec._tag(nonce, body, []), body]
+    with pytest.raises(WireError) as info:
+        codec.decode(frames)
+    assert info.value.reason == "malformed"
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(garbage=st.lists(st.lists(st.binary(max_size=64), min_size=1, max_size=4), min_size=1, max_size=10))
+def test_controller_keeps_serving_through_garbage(garbage):
+    asyncio.run(_garbage_then_call(garbage))
+
+
+async def _garbage_then_call(garbage):
+    config = RuntimeConfig(launcher="local", max_message_bytes=1 << 20)
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        identity = group.handles[0].spec.worker_id.encode()
+        ctx = zmq.asyncio.Context()
+        intruder = ctx.socket(zmq.DEALER)
+        intruder.setsockopt(zmq.IDENTITY, identity + b"-intruder")
+        intruder.connect(ctl.router.address)
+        oversized = Codec(SECRET, max_message_bytes=1 << 30).encode({"b": b"x" * (2 << 20)})
+        for frames in [*garbage, oversized, Codec(b"wrong-secret-0123456789").encode({"k": "call"})]:
+            await intruder.send_multipart(frames)
+        expected = len(garbage) + 2
+        for _ in range(200):
+            if ctl.router.rejects.total >= expected:
+                break
+            await asyncio.sleep(0.01)
+        assert ctl.router.rejects.total == expected
+        assert ctl.router.rejects.counts["oversized"] == 1
+        assert ctl.router.rejects.counts["unauthenticated"] >= 1
+        assert (await group.call("hello", 3))[0]["x"] == 3  # still serving
+        intruder.close(linger=0)
+        ctx.term()

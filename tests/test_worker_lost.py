@@ -1,0 +1,82 @@
+NUM_GPUS = 0
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+import dynarl
+from dynarl import RuntimeConfig
+from conftest import assert_reaped
+from workers import Echo
+
+BOUND_S = 5.0  # the default heartbeat bound the issue asks for
+
+
+async def test_sigkilled_worker_surfaces_as_worker_lost_within_bound():
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=2)
+        pids = [r["pid"] for r in await group.call("hello", 0)]
+        loop = asyncio.get_running_loop()
+        pending = asyncio.ensure_future(group.call("sleep", 60))
+        await asyncio.sleep(0.1)
+        killed_at = loop.time()
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(dynarl.WorkerLost) as info:
+            await pending
+        assert loop.time() - killed_at < BOUND_S
+        assert "exited with code -9" in str(info.value)
+        with pytest.raises(dynarl.WorkerLost):  # later calls fail at once too
+            await group.call("hello", 1, ranks=[1])
+        assert (await group.call("hello", 2, ranks=[0]))[0]["x"] == 2  # rank 0 unaffected
+    assert_reaped(pids)
+
+
+async def test_hung_worker_is_reported_by_heartbeat_silence():
+    """SIGSTOP freezes every thread, the heartbeat thread included; the process
+    does not exit, so only the heartbeat bound can catch it."""
+    config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        pid = (await group.call("hello", 0))[0]["pid"]
+        loop = asyncio.get_running_loop()
+        pending = asyncio.ensure_future(group.call("sleep", 60))
+        await asyncio.sleep(0.1)
+        stopped_at = loop.time()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(dynarl.WorkerLost, match="no heartbeat"):
+                await pending
+            assert loop.time() - stopped_at < 1.0 + 2 * 0.2 + 0.5
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert_reaped([pid])
+
+
+async def test_busy_worker_is_not_declared_lost():
+    """A long synchronous step blocks the worker's loop, but the heartbeat thread
+    keeps beating: busy is not lost (until hang_timeout_s)."""
+    config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=0.8)
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        assert await group.call("block", 1.5) == [0]
+
+
+async def test_loop_blocked_past_hang_bound_is_lost():
+    config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=0.8,
+                           hang_timeout_s=0.6)
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        with pytest.raises(dynarl.WorkerLost, match="event loop blocked"):
+            await group.call("block", 5)
+
+
+async def test_inproc_kill_surfaces_as_worker_lost():
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=2)
+        pending = asyncio.ensure_future(group.call("sleep", 60))
+        await asyncio.sleep(0)
+        ctl.launcher.kill(group.handles[0])
+        with pytest.raises(dynarl.WorkerLost):
+            await pending

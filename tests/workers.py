@@ -1,0 +1,98 @@
+"""Worker classes used by the runtime tests (importable by worker processes)."""
+import asyncio
+import os
+
+import dynarl
+
+
+class Echo(dynarl.Worker):
+    def __init__(self, tag: str = "t") -> None:
+        self.tag = tag
+        self.events: list[str] = []
+
+    async def hello(self, x):
+        return {"rank": self.rank, "world": self.world_size, "pid": os.getpid(), "x": x, "tag": self.tag}
+
+    def env(self, name):
+        return os.environ.get(name)
+
+    async def boom(self):
+        raise ValueError("bad things happened here")
+
+    async def sleep(self, seconds):
+        await asyncio.sleep(seconds)
+        return self.rank
+
+    async def block(self, seconds):
+        import time
+        time.sleep(seconds)  # blocks the worker's loop on purpose
+        return self.rank
+
+    async def onload(self):
+        self.events.append("onload")
+
+    async def offload(self):
+        self.events.append("offload")
+
+    async def record(self, label):
+        self.events.append(label)
+
+    def get_events(self):
+        return self.events
+
+
+class Producer(dynarl.Worker):
+    async def produce(self, channel, items, key=None):
+        ch = self.channel(channel)
+        for item in items:
+            await ch.put(item, key=key)
+        await ch.flush()
+        return len(items)
+
+    async def produce_tensor(self, channel, numel, seed):
+        import torch
+        g = torch.Generator().manual_seed(seed)
+        t = torch.randn(numel, generator=g)
+        ch = self.channel(channel)
+        await ch.put({"tensor": t, "sum": float(t.double().sum())})
+        await ch.flush()
+        return float(t.double().sum())
+
+
+class Consumer(dynarl.Worker):
+    async def consume(self, channel, n, key=None, prefetch=1):
+        ch = self.channel(channel, prefetch=prefetch)
+        return [await ch.get(key) for _ in range(n)]
+
+    async def consume_tensor(self, channel):
+        item = await self.channel(channel).get()
+        t = item["tensor"]
+        return {"numel": t.numel(), "sum": float(t.double().sum()), "expected": item["sum"]}
+
+
+class Collective(dynarl.Worker):
+    """Tensor traffic over runtime process groups."""
+
+    async def all_reduce(self, group, value):
+        import torch
+        import torch.distributed as dist
+        t = torch.full((4,), float(value))
+        await asyncio.to_thread(dist.all_reduce, t, group=self.process_group(group))
+        return t.tolist()
+
+    async def group_rank(self, group):
+        return [self.process_group(group).rank(), self.process_group(group).size()]
+
+    async def send_big(self, group, dst, numel, seed):
+        import torch
+        import torch.distributed as dist
+        t = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+        await asyncio.to_thread(dist.send, t, group_dst=dst, group=self.process_group(group))
+        return float(t.double().sum())
+
+    async def recv_big(self, group, src, numel):
+        import torch
+        import torch.distributed as dist
+        t = torch.empty(numel)
+        await asyncio.to_thread(dist.recv, t, group_src=src, group=self.process_group(group))
+        return float(t.double().sum())
