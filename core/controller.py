@@ -30,18 +30,21 @@ from dynarl.core.worker import Worker, WorkerSpec
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 from dynarl.core.worker_handle import WorkerHandle
 from dynarl.transport.channel import Channel, WouldBlock
+from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
 from dynarl.transport.errors import SpawnError
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import RouterServer
-from dynarl.transport.wire import Codec
+from dynarl.transport.wire import Blob, Codec, RemoteRef, decode_blob
 
 log = logging.getLogger(__name__)
 
 
 class Controller:
-    def __init__(self, config: RuntimeConfig | None = None, *, launcher: Launcher | None = None) -> None:
+    def __init__(self, config: RuntimeConfig | None = None, *, launcher: Launcher | None = None,
+                 secret: bytes | None = None) -> None:
         self.config = config or RuntimeConfig()
-        self.secret = secrets.token_bytes(32)
+        # Per-job secret: generated here, or handed in out-of-band (node agents).
+        self.secret = secret or secrets.token_bytes(32)
         self.codec = Codec(self.secret, max_message_bytes=self.config.max_message_bytes)
         self.pool = DevicePool(self.config.cluster)
         self.locks = LockManager()
@@ -51,6 +54,9 @@ class Controller:
         self.channels: dict[str, Channel] = {}
         self.process_groups = ProcessGroups(self)
         self.router: RouterServer | None = None
+        self.fetcher: PayloadFetcher | None = None
+        self.rehomed: dict[tuple[str, int], Blob] = {}
+        """Peer-to-peer payloads whose producer stopped before they were fetched."""
         self._tg: asyncio.TaskGroup | None = None
         self._background: list[asyncio.Task] = []
         self._closed = False
@@ -65,6 +71,7 @@ class Controller:
                 self.router = RouterServer(self.codec, f"tcp://{host}:0")
                 self._background.append(self._tg.create_task(self.router.serve(), name="router"))
                 self._background.append(self._tg.create_task(self._monitor(), name="liveness"))
+                self.fetcher = PayloadFetcher(self.codec, self.spawn_task)
             await self.launcher.start(self)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
@@ -75,6 +82,8 @@ class Controller:
         await self.shutdown()
         for task in self._background:
             task.cancel()
+        if self.fetcher is not None:
+            self.fetcher.stop()
         try:
             await self._tg.__aexit__(None, None, None)
         except BaseException as group_exc:  # a background task failed
@@ -82,6 +91,8 @@ class Controller:
                 raise
             log.error("background failure during shutdown: %r", group_exc)
         finally:
+            if self.fetcher is not None:
+                self.fetcher.close()
             if self.router is not None:
                 self.router.close()
             if self.config.trace_path:
@@ -229,11 +240,19 @@ class Controller:
         """The channel `name`, created on first use."""
         channel = self.channels.get(name)
         if channel is None:
-            channel = self.channels[name] = Channel(name, capacity)
+            channel = self.channels[name] = Channel(name, capacity, resolve=self._resolve_item)
         return channel
 
+    async def _resolve_item(self, item: Any) -> Any:
+        if isinstance(item, RemoteRef):
+            blob = self.rehomed.pop((item.address, item.id), None)
+            item = blob if blob is not None else await self.fetcher.fetch(item)
+        return decode_blob(item) if isinstance(item, Blob) else item
+
     async def serve_worker_call(self, handle: WorkerHandle, method: str, args: list, kwargs: dict) -> Any:
-        """Calls workers make to the controller: channel operations."""
+        """Calls workers make to the controller: channel and payload operations."""
+        if method == "__payload__":
+            return self._serve_payload(*args)
         if method != "__channel__" or len(args) < 2:
             raise PermissionError(f"workers may not call {method!r} on the controller")
         op, name, *rest = args
@@ -258,6 +277,19 @@ class Controller:
         if op == "statistics":
             return dataclasses.asdict(channel.statistics())
         raise ValueError(f"unknown channel operation {op!r}")
+
+    def _serve_payload(self, op: str, address: str, ref_id: int, blob: Blob | None = None) -> Any:
+        if op == "rehome":
+            ref = RemoteRef(address, ref_id, blob.nbytes)
+            if not any(ch.replace_item(ref, blob) for ch in self.channels.values()):
+                self.rehomed[(address, ref_id)] = blob  # a consumer already holds the ref
+            return None
+        if op == "fetch":
+            blob = self.rehomed.pop((address, ref_id), None)
+            if blob is None:
+                raise PayloadLost(f"payload {ref_id} of {address} is gone")
+            return blob
+        raise ValueError(f"unknown payload operation {op!r}")
 
     # --- process groups --------------------------------------------------------------
     async def process_group(self, name: str, members: Sequence[WorkerGroup | tuple[WorkerGroup, int]],

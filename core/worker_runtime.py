@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from dynarl.core.worker import Worker, WorkerSpec
 from dynarl.transport.channel_client import ChannelClient
+from dynarl.transport.data_plane import PayloadFetcher, PayloadServer
 from dynarl.transport.process_group import GroupMembership, host_store, join_group, leave_group
 
 Call = Callable[[str, list, dict], Awaitable[Any]]
@@ -23,9 +24,12 @@ Call = Callable[[str, list, dict], Awaitable[Any]]
 
 class WorkerRuntime:
     def __init__(self, spec: WorkerSpec, call_controller: Call,
-                 spawn: Callable[[Awaitable[Any]], asyncio.Task], cls: type[Worker] | None = None) -> None:
+                 spawn: Callable[[Awaitable[Any]], asyncio.Task], cls: type[Worker] | None = None,
+                 payloads: PayloadServer | None = None, fetcher: PayloadFetcher | None = None) -> None:
         self.spec = spec
         self._cls = cls
+        self._payloads = payloads
+        self._fetcher = fetcher
         self.worker: Worker | None = None
         self.stopped = asyncio.Event()
         self._call_controller = call_controller
@@ -58,8 +62,8 @@ class WorkerRuntime:
     def channel(self, name: str, *, prefetch: int, window: int) -> ChannelClient:
         client = self._channels.get(name)
         if client is None:
-            client = ChannelClient(name, self._call_controller,
-                                   prefetch=prefetch, window=window, spawn=self._spawn)
+            client = ChannelClient(name, self._call_controller, prefetch=prefetch, window=window,
+                                   spawn=self._spawn, payloads=self._payloads, fetcher=self._fetcher)
             self._channels[name] = client
         return client
 
@@ -85,11 +89,20 @@ class WorkerRuntime:
                 await client.flush()
             if self.worker is not None:
                 await self.worker.teardown()
+            await self._rehome_payloads()
         finally:
             for name in list(self._groups):
                 await self._pg_leave(name)
             self._hosted_stores.clear()
             self.stopped.set()
+
+    async def _rehome_payloads(self) -> None:
+        """Payloads offered peer-to-peer but not fetched yet would die with this
+        process: hand them to the controller, which keeps them for their consumer."""
+        if self._payloads is None:
+            return
+        for ref, blob in self._payloads.take_all():
+            await self._call_controller("__payload__", ["rehome", ref.address, ref.id, blob], {})
 
     async def _ping(self) -> int:
         return os.getpid()

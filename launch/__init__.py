@@ -1,2 +1,2 @@
 """Launchers, the CLI and benchmarks. Importing this registers the launchers."""
-from dynarl.launch import inproc, local  # noqa: F401
+from dynarl.launch import agent_launcher, inproc, local  # noqa: F401

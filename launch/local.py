@@ -19,6 +19,7 @@ from dynarl.core.launcher import Launcher, register_launcher
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
+    from dynarl.core.worker import WorkerSpec
     from dynarl.core.worker_handle import WorkerHandle
 
 
@@ -32,11 +33,12 @@ def worker_environment(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def bootstrap_line(ctl_address: str, secret: bytes, handle: "WorkerHandle", heartbeat_interval_s: float,
-                   max_message_bytes: int) -> bytes:
-    return (json.dumps({"address": ctl_address, "secret": secret.hex(), "spec": handle.spec.to_wire(),
-                        "heartbeat_interval_s": heartbeat_interval_s,
-                        "max_message_bytes": max_message_bytes}) + "\n").encode()
+def bootstrap_line_for(ctl_address: str, secret: bytes, spec: "WorkerSpec", heartbeat_interval_s: float,
+                       max_message_bytes: int, data_host: str = "127.0.0.1") -> bytes:
+    """`data_host`: where the worker's peer-to-peer payload server binds."""
+    return (json.dumps({"address": ctl_address, "secret": secret.hex(), "spec": spec.to_wire(),
+                        "heartbeat_interval_s": heartbeat_interval_s, "max_message_bytes": max_message_bytes,
+                        "data_host": data_host}) + "\n").encode()
 
 
 async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio.subprocess.Process:
@@ -91,8 +93,8 @@ class LocalLauncher(Launcher):
     async def spawn(self, handle: "WorkerHandle") -> None:
         ctl = self._ctl
         ctl.expect(handle)
-        line = bootstrap_line(ctl.router.address, ctl.secret, handle, ctl.config.heartbeat_interval_s,
-                              ctl.config.max_message_bytes)
+        line = bootstrap_line_for(ctl.router.local_address, ctl.secret, handle.spec, ctl.config.heartbeat_interval_s,
+                                  ctl.config.max_message_bytes, ctl.launcher.node_address(handle.spec.node))
         proc = await start_worker_process(line, worker_environment(handle.spec.env()))
         handle.process = proc
         handle.pid = proc.pid

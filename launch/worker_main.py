@@ -16,6 +16,7 @@ import uvloop
 
 from dynarl.core.worker import WorkerSpec
 from dynarl.core.worker_runtime import WorkerRuntime
+from dynarl.transport.data_plane import PayloadFetcher, PayloadServer
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import DealerClient, HeartbeatThread, LoopTicker
 from dynarl.transport.wire import Codec
@@ -45,12 +46,17 @@ async def serve(boot: dict) -> None:
     ticker = LoopTicker(interval)
     heartbeat = HeartbeatThread(secret, boot["address"], identity, interval, ticker.lag)
     heartbeat.start()
+    payloads = PayloadServer(codec, boot.get("data_host", "127.0.0.1"))
+    fetcher: PayloadFetcher | None = None
     try:
         async with asyncio.TaskGroup() as tg:
             endpoint: RpcEndpoint
-            runtime = WorkerRuntime(spec, lambda m, a, kw: endpoint.call(m, a, kw), tg.create_task)
+            fetcher = PayloadFetcher(codec, tg.create_task)
+            runtime = WorkerRuntime(spec, lambda m, a, kw: endpoint.call(m, a, kw), tg.create_task,
+                                    payloads=payloads, fetcher=fetcher)
             endpoint = RpcEndpoint("controller", dealer.send, serve=runtime.serve, spawn=tg.create_task)
-            background = [tg.create_task(dealer.serve(endpoint.handle)), tg.create_task(ticker.run())]
+            background = [tg.create_task(dealer.serve(endpoint.handle)), tg.create_task(ticker.run()),
+                          tg.create_task(payloads.serve())]
             await endpoint.event("hello", {"pid": os.getpid()})
             await runtime.stopped.wait()
             for _ in range(1000):  # let the __stop__ reply go out
@@ -59,8 +65,12 @@ async def serve(boot: dict) -> None:
                 await asyncio.sleep(0.001)
             for task in background:
                 task.cancel()
+            fetcher.stop()
     finally:
         heartbeat.stop()
+        payloads.close()
+        if fetcher is not None:
+            fetcher.close()
         dealer.close(linger_ms=1000)
 
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import dynarl
 from dynarl import RuntimeConfig
-from dynarl.transport.wire import PROTOCOL_VERSION, Codec, WireError, decode_blob, encode_blob
+from dynarl.transport.wire import (MAC_HMAC, MAC_POLY1305, MAGIC, PROTOCOL_VERSION, Codec, WireError,
+                                   decode_blob, encode_blob)
 from workers import Echo
 
 SECRET = b"s" * 32
@@ -79,18 +80,22 @@ def test_any_flipped_byte_is_rejected(value, data):
 @given(plain, st.integers(1, 200))
 def test_truncated_messages_are_rejected(value, cut):
     frames = [bytes(f) for f in codec.encode(value)]
-    joined = frames[1]
-    frames[1] = joined[:max(0, len(joined) - cut)]
+    frames[0] = frames[0][:max(0, len(frames[0]) - cut)]
     with pytest.raises(WireError):
         codec.decode(frames)
+
+
+def _with_header(frames, start, replacement):
+    header = bytes(frames[0])
+    return [header[:start] + replacement + header[start + len(replacement):], *frames[1:]]
 
 
 def test_reject_reasons():
     good = codec.encode({"k": "event", "e": "x"})
     cases = {
-        "truncated": [good[0][:10], good[1]],
-        "bad_magic": [b"XXX" + bytes(good[0][3:]), good[1]],
-        "wrong_version": [bytes(good[0][:3]) + bytes([PROTOCOL_VERSION + 1]) + bytes(good[0][4:]), good[1]],
+        "truncated": [bytes(good[0][:10])],
+        "bad_magic": _with_header(good, 0, b"XXX"),
+        "wrong_version": _with_header(good, 3, bytes([PROTOCOL_VERSION + 1])),
         "unauthenticated": Codec(b"other-secret-0123456789").encode({"k": "event", "e": "x"}),
         "oversized": Codec(SECRET).encode({"blob": b"x" * (2 << 20)}),
     }
@@ -98,17 +103,27 @@ def test_reject_reasons():
         with pytest.raises(WireError) as info:
             codec.decode(frames)
         assert info.value.reason == reason
+    switched = _with_header(good, 4, bytes([MAC_POLY1305]))  # flip the mac kind
+    with pytest.raises(WireError, match="unauthenticated"):
+        codec.decode(switched)
+
+
+def test_large_payloads_use_poly1305_and_small_ones_hmac():
+    assert bytes(codec.encode({"t": torch.zeros(100)})[0])[4] == MAC_HMAC
+    roomy = Codec(SECRET)
+    big = roomy.encode({"t": torch.zeros(1 << 18)})
+    assert bytes(big[0])[4] == MAC_POLY1305
+    assert torch.equal(roomy.decode(big)["t"], torch.zeros(1 << 18))
 
 
 def test_malformed_body_with_valid_mac_is_rejected():
     """An authenticated peer with a bug: a tensor ext pointing at a missing frame."""
     ext = msgpack.ExtType(1, msgpack.packb([5, "float32", [2]]))
-    frames = codec.encode({"t": 0})
     body = msgpack.packb({"t": ext})
-    nonce = bytes(frames[0][4:20])
-    frames = [bytes(frames[0][:20]) + codec._tag(nonce, body, []), body]
+    nonce = b"n" * 16
+    header = MAGIC + bytes([PROTOCOL_VERSION, MAC_HMAC]) + nonce + codec._tag(MAC_HMAC, nonce, body, []) + body
     with pytest.raises(WireError) as info:
-        codec.decode(frames)
+        codec.decode([header])
     assert info.value.reason == "malformed"
 
 

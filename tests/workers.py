@@ -13,6 +13,9 @@ class Echo(dynarl.Worker):
     async def hello(self, x):
         return {"rank": self.rank, "world": self.world_size, "pid": os.getpid(), "x": x, "tag": self.tag}
 
+    def parent(self):
+        return os.getppid()
+
     def env(self, name):
         return os.environ.get(name)
 
@@ -96,3 +99,15 @@ class Collective(dynarl.Worker):
         t = torch.empty(numel)
         await asyncio.to_thread(dist.recv, t, group_src=src, group=self.process_group(group))
         return float(t.double().sum())
+
+
+class Hoarder(dynarl.Worker):
+    """Puts large items, then can be stopped before anyone fetches them."""
+
+    async def put_large(self, channel, count, numel):
+        import torch
+        ch = self.channel(channel)
+        for i in range(count):
+            await ch.put({"i": i, "t": torch.full((numel,), float(i))})
+        await ch.flush()
+        return count

@@ -14,10 +14,10 @@ import asyncio
 import itertools
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Awaitable, Callable, Hashable
 
 from dynarl.transport.errors import ChannelClosed
-from dynarl.transport.wire import Blob, decode_blob
+from dynarl.transport.wire import Blob, RemoteRef, decode_blob
 
 
 class WouldBlock(Exception):
@@ -56,11 +56,15 @@ class ChannelStatistics:
 
 
 class Channel:
-    def __init__(self, name: str, capacity: int = 1024) -> None:
+    def __init__(self, name: str, capacity: int = 1024,
+                 resolve: Callable[[Any], Awaitable[Any]] | None = None) -> None:
+        """`resolve` turns a stored item into the value a controller-side getter
+        sees (decoding Blobs, fetching peer-to-peer payloads)."""
         if capacity < 1:
             raise ValueError(f"channel capacity must be >= 1, got {capacity}")
         self.name = name
         self.capacity = capacity
+        self._resolve = resolve or _decode_local
         self._queues: dict[Hashable, deque[Entry]] = defaultdict(deque)
         self._getters: dict[Hashable, list[_Getter]] = defaultdict(list)
         self._putters: deque[asyncio.Future] = deque()
@@ -109,15 +113,18 @@ class Channel:
 
     # --- get ------------------------------------------------------------------
     async def get(self, key: Hashable = None, consumer: str | None = None) -> Any:
-        return _decoded(await self.get_raw(key, consumer))
+        return await self._resolve(await self.get_raw(key, consumer))
 
     def get_nowait(self, key: Hashable = None, consumer: str | None = None) -> Any:
-        return _decoded(self.get_raw_nowait(key, consumer))
+        queue = self._queues.get(key)
+        if queue and isinstance(queue[_preferred_index(queue, consumer)].item, RemoteRef):
+            raise WouldBlock("the next item is a peer-to-peer payload: use `await get()`")
+        return _decode_local_now(self.get_raw_nowait(key, consumer))
 
     async def get_batch(self, target_weight: float, key: Hashable = None, consumer: str | None = None) -> list[Any]:
         """Items until their weights sum to at least `target_weight`. After close,
         returns what is left (a short batch); raises ChannelClosed when nothing is."""
-        return [_decoded(item) for item in await self.get_batch_raw(target_weight, key, consumer)]
+        return [await self._resolve(item) for item in await self.get_batch_raw(target_weight, key, consumer)]
 
     # The *_raw forms hand out items as stored: Blobs from workers stay encoded
     # when the controller forwards them to another worker.
@@ -185,6 +192,15 @@ class Channel:
             if not fut.done():
                 fut.set_result(None)  # they wake, see `closed` and raise
 
+    def replace_item(self, old: Any, new: Any) -> bool:
+        """Swaps a queued item in place (a peer-to-peer ref whose payload moved)."""
+        for queue in self._queues.values():
+            for entry in queue:
+                if entry.item == old:
+                    entry.item = new
+                    return True
+        return False
+
     def statistics(self) -> ChannelStatistics:
         return ChannelStatistics(
             name=self.name, size=self._size, capacity=self.capacity, weight=self._weight,
@@ -231,5 +247,9 @@ def _preferred_index(queue: deque[Entry], consumer: str | None) -> int:
     return 0
 
 
-def _decoded(item: Any) -> Any:
+def _decode_local_now(item: Any) -> Any:
     return decode_blob(item) if isinstance(item, Blob) else item
+
+
+async def _decode_local(item: Any) -> Any:
+    return _decode_local_now(item)

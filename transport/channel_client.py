@@ -6,7 +6,11 @@ in flight. put() waits only when `window` items are unacknowledged, which keeps
 backpressure from the controller's bounded channel while a sequential producer
 still sends many items per round trip. `flush()` waits until all are accepted.
 
-Gets fetch up to `prefetch` immediately-available items per round trip.
+Large items (over P2P_ABOVE_BYTES) stay with the producer and travel as a
+RemoteRef; the consumer fetches the bytes peer-to-peer (data_plane.py).
+
+Gets fetch up to `prefetch` immediately-available items per round trip and
+start fetching their peer-to-peer payloads at once, so transfers overlap.
 """
 from __future__ import annotations
 
@@ -14,15 +18,17 @@ import asyncio
 from collections import defaultdict, deque
 from typing import Any, Awaitable, Callable, Hashable
 
+from dynarl.transport.data_plane import P2P_ABOVE_BYTES, PayloadFetcher, PayloadLost, PayloadServer
 from dynarl.transport.errors import ChannelClosed, RemoteError
-from dynarl.transport.wire import Blob, decode_blob, encode_blob
+from dynarl.transport.wire import Blob, RemoteRef, decode_blob, encode_blob
 
 Call = Callable[[str, list, dict], Awaitable[Any]]
 
 
 class ChannelClient:
     def __init__(self, name: str, call: Call, *, prefetch: int = 1, window: int = 64,
-                 spawn: Callable[[Awaitable[Any]], asyncio.Task]) -> None:
+                 spawn: Callable[[Awaitable[Any]], asyncio.Task],
+                 payloads: PayloadServer | None = None, fetcher: PayloadFetcher | None = None) -> None:
         if prefetch < 1 or window < 1:
             raise ValueError("prefetch and window must be >= 1")
         self.name = name
@@ -30,12 +36,14 @@ class ChannelClient:
         self._prefetch = prefetch
         self._window = window
         self._spawn = spawn
+        self._payloads = payloads
+        self._fetcher = fetcher
         self._outbox: list[list[Any]] = []
         self._unacked = 0
         self._changed = asyncio.Event()
         self._flusher: asyncio.Task | None = None
         self._error: BaseException | None = None
-        self._buffers: dict[Hashable, deque[Any]] = defaultdict(deque)
+        self._buffers: dict[Hashable, deque[asyncio.Future]] = defaultdict(deque)
 
     async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None) -> None:
         self._raise_if_failed()
@@ -43,7 +51,11 @@ class ChannelClient:
             self._changed.clear()
             await self._changed.wait()
             self._raise_if_failed()
-        self._outbox.append([encode_blob(item), key, weight, affinity])
+        blob = encode_blob(item)
+        wire_item: Any = blob
+        if self._payloads is not None and blob.nbytes > P2P_ABOVE_BYTES:
+            wire_item = self._payloads.offer(blob)
+        self._outbox.append([wire_item, key, weight, affinity])
         self._unacked += 1
         if self._flusher is None or self._flusher.done():
             self._flusher = self._spawn(self._flush_outbox())
@@ -58,15 +70,26 @@ class ChannelClient:
         buffer = self._buffers[key]
         if not buffer:
             items = await self._op("get_many", key, self._prefetch)
-            buffer.extend(items)
-        return _decode(buffer.popleft())
+            buffer.extend(self._spawn(self._resolve(item)) for item in items)
+        return await buffer.popleft()
 
     async def get_batch(self, target_weight: float, key: Hashable = None) -> list[Any]:
         items = await self._op("get_batch", target_weight, key)
-        return [_decode(item) for item in items]
+        return list(await asyncio.gather(*(self._resolve(item) for item in items)))
 
     async def statistics(self) -> dict:
         return await self._op("statistics")
+
+    async def _resolve(self, item: Any) -> Any:
+        if isinstance(item, RemoteRef):
+            try:
+                if self._fetcher is None:
+                    raise PayloadLost("this worker has no data plane")
+                item = await self._fetcher.fetch(item)
+            except PayloadLost:
+                # The producer may have stopped and handed the payload to the controller.
+                item = await self._call("__payload__", ["fetch", item.address, item.id], {})
+        return decode_blob(item) if isinstance(item, Blob) else item
 
     async def _flush_outbox(self) -> None:
         while self._outbox:
@@ -89,12 +112,10 @@ class ChannelClient:
         except RemoteError as exc:
             if exc.type_name == "ChannelClosed":
                 raise ChannelClosed(exc.remote_message) from None
+            if exc.type_name == "PayloadLost":
+                raise PayloadLost(exc.remote_message) from None
             raise
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
-
-
-def _decode(item: Any) -> Any:
-    return decode_blob(item) if isinstance(item, Blob) else item

@@ -5,17 +5,24 @@ The ROUTER sets ROUTER_MANDATORY: a message to a vanished peer raises instead of
 being dropped silently, and high-water marks are raised because ROUTER drops
 messages past its HWM (MEASURED.md); our own flow control (bounded channels,
 bounded call windows) keeps memory in check.
+
+Sockets are plain (not zmq.asyncio) and driven from the loop: non-blocking
+sends, and receives that drain whatever is queued and otherwise wait for the
+socket's file descriptor. zmq.asyncio's per-call futures cost more than the
+round trip itself on a 2-core machine (profiled: ~2/3 of the controller's time).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from typing import Any, Callable
 
 import zmq
-import zmq.asyncio
 
 from dynarl.transport.wire import Codec, RejectCounter, WireError
 
@@ -25,24 +32,88 @@ HWM = 100_000
 HEARTBEAT_SUFFIX = b"#hb"
 
 
+COPY_ABOVE_BYTES = 64 << 10
+
+
 def _configure(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.RCVHWM, HWM)
 
 
+class LoopSocket:
+    """A plain zmq socket used from one asyncio loop.
+
+    Receiving is callback-driven: when the socket's FD signals, `on_frames` runs
+    for every queued message right there in the reader callback, which saves a
+    task wake-up per message compared with awaiting a receive."""
+
+    def __init__(self, ctx: zmq.Context, kind: int) -> None:
+        self.sock = ctx.socket(kind)
+        _configure(self.sock)
+        self._fd = self.sock.getsockopt(zmq.FD)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_frames: Callable[[list[zmq.Frame]], None] | None = None
+
+    async def receive_forever(self, on_frames: Callable[[list[zmq.Frame]], None]) -> None:
+        """Delivers messages to `on_frames` until cancelled."""
+        self._loop = asyncio.get_running_loop()
+        self._on_frames = on_frames
+        self._loop.add_reader(self._fd, self._drain)
+        self._drain()  # anything that arrived before we started listening
+        try:
+            await self._loop.create_future()  # runs until cancelled
+        finally:
+            self._on_frames = None
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+
+    def _drain(self) -> None:
+        # The FD is edge-triggered: read until empty, or a message could sit unseen.
+        while self._on_frames is not None:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_frames(frames)
+
+    async def send_multipart(self, frames: list) -> None:
+        large = any(memoryview(f).nbytes > COPY_ABOVE_BYTES for f in frames if not isinstance(f, bytes))
+        while True:
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=not large)
+                break
+            except zmq.Again:
+                await asyncio.sleep(0.001)  # peer past its high-water mark: back off
+        # A send can consume the FD's edge for messages that arrived meanwhile.
+        if self._on_frames is not None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop.call_soon(self._drain)
+
+    def close(self, linger_ms: int = 0) -> None:
+        self._on_frames = None
+        self.sock.close(linger=linger_ms)
+
+
 class RouterServer:
     """The controller's socket. Routes each received body to the handler
     registered for the sender's identity; unknown senders go to `on_unknown`."""
 
-    def __init__(self, codec: Codec, bind: str = "tcp://127.0.0.1:0") -> None:
+    def __init__(self, codec: Codec, bind: str = "tcp://127.0.0.1:0", *, local_ipc: bool = True) -> None:
+        """Binds `bind` (TCP, for peers on other nodes) and, with `local_ipc`, a
+        Unix socket in a fresh 0700 directory for peers on this host: ~10% faster
+        round trips here, and only this user can connect to it."""
         self.codec = codec
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        _configure(self._sock)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.bind(bind)
-        self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._ctx = zmq.Context()
+        self._sock = LoopSocket(self._ctx, zmq.ROUTER)
+        self._sock.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.sock.bind(bind)
+        self.address: str = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._ipc_dir: str | None = None
+        self.local_address = self.address
+        if local_ipc:
+            self._ipc_dir = tempfile.mkdtemp(prefix="dynarl-")  # mkdtemp makes it 0700
+            self.local_address = f"ipc://{os.path.join(self._ipc_dir, 'controller')}"
+            self._sock.sock.bind(self.local_address)
         self.rejects = RejectCounter()
         self.routes: dict[bytes, Callable[[Any], None]] = {}
         self.last_seen: dict[bytes, float] = {}
@@ -50,14 +121,14 @@ class RouterServer:
 
     async def send(self, identity: bytes, body: Any) -> None:
         frames = self.codec.encode(body)
-        await self._sock.send_multipart([identity, *frames], copy=False)
+        await self._sock.send_multipart([identity, *frames])
 
     async def serve(self) -> None:
         """Receives forever. Consumes: messages from any peer. Unblocked by:
         cancellation (shutdown). A rejected message is counted and dropped."""
         loop = asyncio.get_running_loop()
-        while True:
-            frames = await self._sock.recv_multipart(copy=False)
+
+        def on_frames(frames: list[zmq.Frame]) -> None:
             identity = frames[0].bytes
             peer = identity.removesuffix(HEARTBEAT_SUFFIX)
             try:
@@ -65,13 +136,13 @@ class RouterServer:
             except WireError as exc:
                 self.rejects.add(exc.reason)
                 log.warning("rejected a message from %r: %s", peer, exc)
-                continue
+                return
             self.last_seen[peer] = loop.time()
             if identity.endswith(HEARTBEAT_SUFFIX):
                 handler = self.routes.get(peer)
                 if handler is not None and isinstance(body, dict):
                     handler(body)
-                continue
+                return
             handler = self.routes.get(identity)
             if handler is not None:
                 handler(body)
@@ -80,9 +151,13 @@ class RouterServer:
             else:
                 self.rejects.add("unknown_peer")
 
+        await self._sock.receive_forever(on_frames)
+
     def close(self) -> None:
-        self._sock.close(linger=0)
+        self._sock.close()
         self._ctx.term()
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
 class DealerClient:
@@ -90,30 +165,30 @@ class DealerClient:
 
     def __init__(self, codec: Codec, address: str, identity: bytes) -> None:
         self.codec = codec
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock)
-        self._sock.setsockopt(zmq.IDENTITY, identity)
-        self._sock.connect(address)
+        self._ctx = zmq.Context()
+        self._sock = LoopSocket(self._ctx, zmq.DEALER)
+        self._sock.sock.setsockopt(zmq.IDENTITY, identity)
+        self._sock.sock.connect(address)
         self.rejects = RejectCounter()
 
     async def send(self, body: Any) -> None:
-        await self._sock.send_multipart(self.codec.encode(body), copy=False)
+        await self._sock.send_multipart(self.codec.encode(body))
 
     async def serve(self, handler: Callable[[Any], None]) -> None:
-        while True:
-            frames = await self._sock.recv_multipart(copy=False)
+        def on_frames(frames: list[zmq.Frame]) -> None:
             try:
                 body = self.codec.decode(frames)
             except WireError as exc:
                 self.rejects.add(exc.reason)
                 log.warning("rejected a message from the controller side: %s", exc)
-                continue
+                return
             handler(body)
+
+        await self._sock.receive_forever(on_frames)
 
     def close(self, linger_ms: int = 0) -> None:
         """`linger_ms` > 0 lets queued messages (a last reply) go out first."""
-        self._sock.close(linger=linger_ms)
+        self._sock.close(linger_ms)
         self._ctx.term()
 
 

@@ -1,0 +1,194 @@
+"""The node agent: one per node, started by torchrun or srun.
+
+    torchrun --nnodes=1 --nproc-per-node=2 -m dynarl.launch.agent CONFIG
+
+Each agent process stands for one node (its RANK is the node index). The agent
+of node 0 also hosts the controller and runs the workflow named in CONFIG; the
+others connect to it and start worker processes when asked. Worker processes
+connect to the controller directly.
+
+CONFIG (YAML):
+    runtime: {launcher: agent, cluster: {num_nodes: 2, devices_per_node: 1}}
+    workflow: package.module:function     # async def function(ctl, **workflow_kwargs)
+    workflow_kwargs: {}
+
+The job secret is handed to every agent out-of-band: DYNARL_SECRET_FILE (a file
+readable only by the job's user on every node; the slurm template makes one) or
+DYNARL_SECRET (hex). When every agent runs on one host and neither is set, agent 0
+writes a private file under the run's temporary directory for the others.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import os
+import secrets
+import socket
+import sys
+import tempfile
+from datetime import timedelta
+from typing import Any
+
+import uvloop
+import yaml
+
+from dynarl.core.config import RuntimeConfig
+from dynarl.core.config_tree import build
+from dynarl.core.controller import Controller
+from dynarl.core.worker import WorkerSpec
+from dynarl.launch.agent_launcher import AgentLauncher
+from dynarl.launch.worker_main import die_with_parent
+from dynarl.launch.local import bootstrap_line_for, free_local_port, reap, start_worker_process, worker_environment
+from dynarl.transport.errors import ConfigError
+from dynarl.transport.rpc import RpcEndpoint
+from dynarl.transport.sockets import DealerClient
+from dynarl.transport.wire import Codec
+
+STORE_KEY = "dynarl/controller_address"
+
+
+def load_config(path: str) -> tuple[RuntimeConfig, str, dict]:
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    unknown = set(data) - {"runtime", "workflow", "workflow_kwargs"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown key; allowed: runtime, workflow, workflow_kwargs")
+    runtime = build(RuntimeConfig, data.get("runtime"), "runtime")
+    if runtime.launcher != "agent":
+        raise ConfigError("runtime.launcher", "must be 'agent' under torchrun/srun")
+    if not isinstance(data.get("workflow"), str) or ":" not in data["workflow"]:
+        raise ConfigError("workflow", "give the workflow as 'module:function' or 'path/file.py:function'")
+    return runtime, data["workflow"], dict(data.get("workflow_kwargs") or {})
+
+
+def load_workflow(ref: str) -> Any:
+    target, _, name = ref.rpartition(":")
+    if target.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("__dynarl_workflow__", target)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, name)
+
+
+def job_secret(store: Any, node: int, single_host: bool) -> bytes:
+    if os.environ.get("DYNARL_SECRET_FILE"):
+        with open(os.environ["DYNARL_SECRET_FILE"], "rb") as f:
+            return bytes.fromhex(f.read().decode().strip())
+    if os.environ.get("DYNARL_SECRET"):
+        return bytes.fromhex(os.environ["DYNARL_SECRET"])
+    if not single_host:
+        raise ConfigError("DYNARL_SECRET_FILE", "agents on several hosts need a shared secret file "
+                          "readable only by the job's user (launch/slurm/dynarl.sbatch creates one)")
+    # One host: only the path travels through the (unauthenticated) store, never the secret.
+    if node == 0:
+        folder = tempfile.mkdtemp(prefix="dynarl-")
+        path = os.path.join(folder, "secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        secret = secrets.token_bytes(32)
+        os.write(fd, secret.hex().encode())
+        os.close(fd)
+        store.set("dynarl/secret_path", path)
+        return secret
+    path = store.get("dynarl/secret_path").decode()
+    with open(path, "rb") as f:
+        return bytes.fromhex(f.read().decode().strip())
+
+
+def rendezvous_store(node: int, num_agents: int) -> Any:
+    import torch.distributed as dist
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if port == 0:
+        raise ConfigError("MASTER_PORT", "is 0: give torchrun a real --master-port (it does not report a chosen one)")
+    # torchrun hosts the store itself when it says so; otherwise agent 0 does.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.TCPStore(host, port, num_agents, is_master=(node == 0 and not agent_store),
+                         timeout=timedelta(seconds=120))
+
+
+async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, store: Any, secret: bytes) -> Any:
+    launcher = AgentLauncher(node_host=runtime.bind_host)
+    async with Controller(runtime, launcher=launcher, secret=secret) as ctl:
+        store.set(STORE_KEY, ctl.router.address)
+        await launcher.wait_for_agents(runtime.cluster.num_nodes - 1, runtime.spawn_timeout_s)
+        return await workflow(ctl, **kwargs)
+
+
+async def serve_node(node: int, address: str, secret: bytes, host: str) -> None:
+    """An agent of node > 0: starts, stops and kills workers when the controller asks."""
+    dealer = DealerClient(Codec(secret), address, f"agent/{node}".encode())
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    done = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        endpoint: RpcEndpoint
+
+        async def watch(worker_id: str, proc: asyncio.subprocess.Process) -> None:
+            code = await proc.wait()
+            procs.pop(worker_id, None)
+            await endpoint.event("worker_exit", {"worker_id": worker_id, "code": code})
+
+        async def serve(method: str, args: list, kwargs: dict) -> Any:
+            if method == "spawn_worker":
+                spec = WorkerSpec(**args[0])
+                line = bootstrap_line_for(address, secret, spec, args[1], args[2], host)
+                proc = await start_worker_process(line, worker_environment(spec.env()))
+                procs[spec.worker_id] = proc
+                tg.create_task(watch(spec.worker_id, proc))
+                return proc.pid
+            if method == "stop_worker":
+                proc = procs.get(args[0])
+                return None if proc is None else await reap(proc, args[1])
+            if method == "free_port":
+                return free_local_port(host)
+            if method == "shutdown":
+                await asyncio.gather(*(reap(p, 0.0) for p in list(procs.values())), return_exceptions=True)
+                done.set()
+                return None
+            raise ValueError(f"unknown agent call {method!r}")
+
+        endpoint = RpcEndpoint("controller", dealer.send, serve=serve, spawn=tg.create_task)
+        receiver = tg.create_task(dealer.serve(endpoint.handle))
+        await endpoint.event("hello", {"node": node, "pid": os.getpid(), "host": host})
+        await done.wait()
+        await asyncio.sleep(0.05)  # let the shutdown reply go out
+        receiver.cancel()
+    dealer.close(linger_ms=1000)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    die_with_parent()  # torchrun/srun going away takes the agent (and so its workers) along
+    if len(argv) != 1:
+        print("usage: torchrun ... -m dynarl.launch.agent CONFIG", file=sys.stderr)
+        return 2
+    try:
+        runtime, workflow_ref, kwargs = load_config(argv[0])
+    except (ConfigError, OSError) as exc:
+        print(f"dynarl agent: {exc}", file=sys.stderr)
+        return 2
+    node, num_agents = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if num_agents != runtime.cluster.num_nodes:
+        print(f"dynarl agent: {num_agents} agents started but runtime.cluster.num_nodes is "
+              f"{runtime.cluster.num_nodes}", file=sys.stderr)
+        return 2
+    try:
+        store = rendezvous_store(node, num_agents)
+    except ConfigError as exc:
+        print(f"dynarl agent: {exc}", file=sys.stderr)
+        return 2
+    single_host = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+    secret = job_secret(store, node, single_host)
+    host = runtime.bind_host if runtime.bind_host != "0.0.0.0" else socket.gethostname()
+    if node == 0:
+        result = uvloop.run(run_controller(runtime, load_workflow(workflow_ref), kwargs, store, secret))
+        print(f"dynarl agent: workflow finished: {result!r}")
+        return 0
+    address = store.get(STORE_KEY).decode()
+    uvloop.run(serve_node(node, address, secret, host))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

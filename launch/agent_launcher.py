@@ -1,0 +1,113 @@
+"""The `agent` launcher: ranks on node 0 start locally; ranks on other nodes are
+started by that node's agent (launch/agent.py), which reports their exits."""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from dynarl.core.launcher import Launcher, register_launcher
+from dynarl.launch.local import LocalLauncher
+from dynarl.transport.errors import SpawnError
+from dynarl.transport.rpc import RpcEndpoint
+
+if TYPE_CHECKING:
+    from dynarl.core.controller import Controller
+    from dynarl.core.worker_handle import WorkerHandle
+
+
+class RemoteWorker:
+    def __init__(self, node: int, worker_id: str) -> None:
+        self.node = node
+        self.worker_id = worker_id
+
+
+class AgentLauncher(Launcher):
+    name = "agent"
+    uses_sockets = True
+
+    def __init__(self, node_host: str = "127.0.0.1") -> None:
+        self._local = LocalLauncher()
+        self._ctl: "Controller | None" = None
+        self._node_host = node_host
+        self.agents: dict[int, RpcEndpoint] = {}
+        self._hosts: dict[int, str] = {0: node_host}
+        self._arrived = asyncio.Event()
+        self._handles: dict[str, "WorkerHandle"] = {}
+
+    async def start(self, ctl: "Controller") -> None:
+        self._ctl = ctl
+        await self._local.start(ctl)
+        ctl.router.on_unknown = self._on_unknown
+
+    def _on_unknown(self, identity: bytes, body: Any) -> None:
+        if not identity.startswith(b"agent/") or not isinstance(body, dict) or body.get("e") != "hello":
+            return
+        data = body.get("d") or {}
+        node = int(data["node"])
+        endpoint = RpcEndpoint(f"agent{node}", lambda b: self._ctl.router.send(identity, b),
+                               on_event=self._on_agent_event, spawn=self._ctl.spawn_task)
+        self._ctl.router.routes[identity] = endpoint.handle
+        self.agents[node] = endpoint
+        self._hosts[node] = str(data.get("host", "127.0.0.1"))
+        self._arrived.set()
+
+    def _on_agent_event(self, name: str, data: Any) -> None:
+        if name == "worker_exit":
+            handle = self._handles.pop(data["worker_id"], None)
+            if handle is not None:
+                handle.mark_lost(f"process exited with code {data['code']}")
+
+    async def wait_for_agents(self, count: int, timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                while len(self.agents) < count:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+        except TimeoutError:
+            raise SpawnError(f"only {len(self.agents)} of {count} node agents connected "
+                             f"within {timeout_s} s") from None
+
+    def node_address(self, node: int) -> str:
+        return self._hosts.get(node, "127.0.0.1")
+
+    async def free_port(self, node: int) -> int:
+        if node == 0:
+            return await self._local.free_port(0)
+        return await self._agent(node).call("free_port")
+
+    async def spawn(self, handle: "WorkerHandle") -> None:
+        node = handle.spec.node
+        if node == 0:
+            return await self._local.spawn(handle)
+        ctl = self._ctl
+        ctl.expect(handle)
+        self._handles[handle.spec.worker_id] = handle
+        handle.process = RemoteWorker(node, handle.spec.worker_id)
+        handle.pid = await self._agent(node).call(
+            "spawn_worker", [handle.spec.to_wire(), ctl.config.heartbeat_interval_s, ctl.config.max_message_bytes])
+
+    async def stop(self, handle: "WorkerHandle", grace_s: float) -> None:
+        if isinstance(handle.process, RemoteWorker):
+            self._handles.pop(handle.spec.worker_id, None)
+            await self._agent(handle.process.node).call("stop_worker", [handle.spec.worker_id, grace_s])
+        else:
+            await self._local.stop(handle, grace_s)
+
+    def kill(self, handle: "WorkerHandle") -> None:
+        if isinstance(handle.process, RemoteWorker):
+            self._ctl.spawn_task(self._agent(handle.process.node).call("stop_worker", [handle.spec.worker_id, 0.0]))
+        else:
+            self._local.kill(handle)
+
+    async def close(self) -> None:
+        await self._local.close()
+        await asyncio.gather(*(agent.call("shutdown") for agent in self.agents.values()), return_exceptions=True)
+
+    def _agent(self, node: int) -> RpcEndpoint:
+        agent = self.agents.get(node)
+        if agent is None:
+            raise SpawnError(f"no agent connected for node {node}")
+        return agent
+
+
+register_launcher("agent", AgentLauncher)

@@ -1,0 +1,112 @@
+"""`dynarl bench transport`: RPC round trip, channel throughput, runtime-group
+tensor bandwidth, and Ray's actor round trip side by side when Ray is importable.
+
+All figures come from one run on this machine, so ratios are like for like.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+from dynarl.core.config import RuntimeConfig
+from dynarl.core.controller import Controller
+from dynarl.launch.bench.transport_workers import BenchWorker
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(args: argparse.Namespace) -> dict:
+    out: dict = {}
+    async with Controller(RuntimeConfig(launcher="local")) as ctl:
+        workers = await ctl.spawn(BenchWorker, num_ranks=2)
+        one = workers.handles[0]
+        for _ in range(200):  # warm up
+            await one.call("noop")
+        rtts = []
+        for _ in range(args.rpc_calls):
+            start = time.perf_counter()
+            await one.call("noop")
+            rtts.append((time.perf_counter() - start) * 1e6)
+        out["rpc_rtt_us_p50"] = round(percentile(rtts, 0.50), 1)
+        out["rpc_rtt_us_p99"] = round(percentile(rtts, 0.99), 1)
+        _progress(f"rpc: p50 {out['rpc_rtt_us_p50']} us over {args.rpc_calls} calls")
+
+        n = args.small_items
+        consumed, _ = await asyncio.gather(workers.call("consume", "small", n, 64, ranks=[1]),
+                                           workers.call("produce", "small", n, 8, ranks=[0]))
+        out["channel_items_per_s"] = round(consumed[0]["items"] / consumed[0]["seconds"])
+        _progress(f"channel: {out['channel_items_per_s']} small items/s")
+
+        n = args.mb_items
+        consumed, _ = await asyncio.gather(workers.call("consume", "large", n, 8, ranks=[1]),
+                                           workers.call("produce", "large", n, 1 << 20, ranks=[0]))
+        out["channel_mb_per_s"] = round(consumed[0]["bytes"] / (1 << 20) / consumed[0]["seconds"])
+        _progress(f"channel: {out['channel_mb_per_s']} MB/s with 1 MB items")
+
+        await ctl.process_group("bench", [workers])
+        numel = 100 * (1 << 20) // 4
+        times, _ = await asyncio.gather(workers.call("p2p_recv", "bench", numel, args.p2p_repeats, ranks=[1]),
+                                        workers.call("p2p_send", "bench", numel, args.p2p_repeats, ranks=[0]))
+        out["p2p_tensor_mb_per_s"] = round(100 / statistics.median(times[0]))
+        _progress(f"p2p: {out['p2p_tensor_mb_per_s']} MB/s for 100 MB over gloo")
+    ray_p50 = measure_ray(args.rpc_calls)
+    if ray_p50 is not None:
+        out["ray_rtt_us_p50"] = round(ray_p50, 1)
+        out["rtt_speedup_vs_ray"] = round(ray_p50 / out["rpc_rtt_us_p50"], 2)
+    return out
+
+
+def measure_ray(calls: int) -> float | None:
+    try:
+        import ray
+    except ImportError:
+        return None
+    _progress("ray: starting a local cluster for the side-by-side round trip")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        @ray.remote
+        class Noop:
+            def noop(self) -> None:
+                return None
+
+        actor = Noop.remote()
+        for _ in range(200):
+            ray.get(actor.noop.remote())
+        rtts = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            ray.get(actor.noop.remote())
+            rtts.append((time.perf_counter() - start) * 1e6)
+        return percentile(rtts, 0.50)
+    finally:
+        ray.shutdown()
+
+
+def _progress(message: str) -> None:
+    print(f"[bench transport] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dynarl bench transport")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--rpc-calls", type=int, default=3000)
+    parser.add_argument("--small-items", type=int, default=50_000)
+    parser.add_argument("--mb-items", type=int, default=300)
+    parser.add_argument("--p2p-repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    import uvloop
+    result = uvloop.run(measure(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        width = max(map(len, result))
+        for key, value in result.items():
+            print(f"{key:<{width}}  {value}")
+    return 0

@@ -1,0 +1,133 @@
+"""Peer-to-peer payloads: large channel items skip the controller.
+
+A producer keeps a large item in its PayloadServer and puts only a RemoteRef
+(address, id, size) into the channel; the consumer that gets the ref fetches the
+bytes straight from the producer, once, and the producer then drops them. The
+controller routes refs like any item, so ordering, weights, affinity and
+backpressure are unchanged, while the bytes cross one hop instead of two.
+
+If the producer is gone before the fetch, the fetch fails with PayloadLost.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import zmq
+
+from dynarl.transport.errors import DynarlError
+from dynarl.transport.sockets import LoopSocket
+from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
+
+P2P_ABOVE_BYTES = 256 << 10
+
+
+class PayloadLost(DynarlError):
+    """The payload behind a RemoteRef can no longer be fetched."""
+
+
+class PayloadServer:
+    """Holds offered payloads until their single fetch."""
+
+    def __init__(self, codec: Codec, host: str = "127.0.0.1") -> None:
+        self._codec = codec
+        self._ctx = zmq.Context()
+        self._sock = LoopSocket(self._ctx, zmq.ROUTER)
+        self._sock.sock.bind(f"tcp://{host}:0")
+        self.address = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._store: dict[int, Blob] = {}
+        self._ids = itertools.count(1)
+        self.rejected = 0
+
+    def offer(self, blob: Blob) -> RemoteRef:
+        ref_id = next(self._ids)
+        self._store[ref_id] = blob
+        return RemoteRef(self.address, ref_id, blob.nbytes)
+
+    def take_all(self) -> list[tuple[RemoteRef, Blob]]:
+        held = [(RemoteRef(self.address, ref_id, blob.nbytes), blob) for ref_id, blob in self._store.items()]
+        self._store.clear()
+        return held
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(b.nbytes for b in self._store.values())
+
+    async def serve(self) -> None:
+        """Answers fetches forever. Unblocked by: cancellation."""
+        loop = asyncio.get_running_loop()
+
+        def on_frames(frames: list) -> None:
+            identity = frames[0].bytes
+            try:
+                request = self._codec.decode(frames[1:])
+                ref_id = int(request["fetch"])
+            except (WireError, KeyError, TypeError, ValueError):
+                self.rejected += 1
+                return
+            blob = self._store.pop(ref_id, None)
+            reply = {"id": ref_id, "blob": blob} if blob is not None else {"id": ref_id, "missing": True}
+            loop.create_task(self._sock.send_multipart([identity, *self._codec.encode(reply)]))
+
+        await self._sock.receive_forever(on_frames)
+
+    def close(self) -> None:
+        self._sock.close()
+        self._ctx.term()
+
+
+class PayloadFetcher:
+    """Fetches RemoteRefs; one connection per producer, replies matched by id."""
+
+    def __init__(self, codec: Codec, spawn: Any) -> None:
+        self._codec = codec
+        self._spawn = spawn
+        self._ctx = zmq.Context()
+        self._peers: dict[str, LoopSocket] = {}
+        self._receivers: list[asyncio.Task] = []
+        self._waiting: dict[tuple[str, int], asyncio.Future] = {}
+
+    async def fetch(self, ref: RemoteRef, timeout_s: float = 60.0) -> Blob:
+        sock = self._peers.get(ref.address)
+        if sock is None:
+            sock = self._peers[ref.address] = LoopSocket(self._ctx, zmq.DEALER)
+            sock.sock.connect(ref.address)
+            self._receivers.append(self._spawn(self._receive(ref.address, sock)))
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[(ref.address, ref.id)] = future
+        try:
+            await sock.send_multipart(self._codec.encode({"fetch": ref.id}))
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            raise PayloadLost(f"no answer from {ref.address} for payload {ref.id} within {timeout_s} s") from None
+        finally:
+            self._waiting.pop((ref.address, ref.id), None)
+
+    async def _receive(self, address: str, sock: LoopSocket) -> None:
+        def on_frames(frames: list) -> None:
+            try:
+                reply = self._codec.decode(frames)
+            except WireError:
+                return
+            future = self._waiting.get((address, reply.get("id")))
+            if future is None or future.done():
+                return
+            if reply.get("missing"):
+                future.set_exception(PayloadLost(f"payload {reply['id']} at {address} was already taken or dropped"))
+            else:
+                future.set_result(reply["blob"])
+
+        await sock.receive_forever(on_frames)
+
+    def stop(self) -> None:
+        """Cancels the receive loops (they run until cancelled)."""
+        for task in self._receivers:
+            task.cancel()
+
+    def close(self) -> None:
+        self.stop()
+        for sock in self._peers.values():
+            sock.close()
+        self._ctx.term()
