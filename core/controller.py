@@ -200,6 +200,8 @@ class Controller:
                 cls_path=f"{module}:{cls.__qualname__}", main_file=main_file, init_kwargs=init,
                 master_addr=self.launcher.node_address(node0), master_port=port,
                 threads=self.config.worker_threads))
+        for spec in specs:
+            spec.local_world_size = per_node[spec.node]
         return specs
 
     # --- wiring workers that connect over the router --------------------------------

@@ -6,6 +6,7 @@ core never imports launch (dependency direction: launch -> core).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -13,32 +14,32 @@ if TYPE_CHECKING:
     from dynarl.core.worker_handle import WorkerHandle
 
 
-class Launcher:
+class Launcher(ABC):
     name = "base"
 
     async def start(self, ctl: "Controller") -> None:
         """Called once when the controller opens."""
 
+    @abstractmethod
     async def spawn(self, handle: "WorkerHandle") -> None:
         """Starts the rank's process (or object). Returns once started; the
         handle becomes `connected` when the worker says hello."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def free_port(self, node: int) -> int:
         """A free TCP port on `node` for a group's torchrun-style MASTER_PORT."""
-        raise NotImplementedError
 
     def node_address(self, node: int) -> str:
         return "127.0.0.1"
 
+    @abstractmethod
     async def stop(self, handle: "WorkerHandle", grace_s: float) -> None:
         """Waits up to `grace_s` for the rank to exit after its __stop__ call,
         then terminates, then kills it. Always reaps."""
-        raise NotImplementedError
 
+    @abstractmethod
     def kill(self, handle: "WorkerHandle") -> None:
         """SIGKILL now (failure injection, last-resort cleanup)."""
-        raise NotImplementedError
 
     async def close(self) -> None:
         """Called last at shutdown: anything still running is killed and reaped."""

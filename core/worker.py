@@ -38,6 +38,8 @@ class WorkerSpec:
     master_port: int = 0
     """torchrun-compatible rendezvous address reserved for this group."""
     threads: int = 1
+    local_world_size: int = 1
+    """Ranks of this group on this rank's node."""
     local_devices: list[int] = field(default_factory=list)
     """The same devices as indices on their node (what CUDA_VISIBLE_DEVICES takes)."""
 
@@ -45,7 +47,7 @@ class WorkerSpec:
         """torchrun-compatible environment for the rank's process."""
         env = {
             "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
-            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.local_world_size),
             "GROUP_RANK": str(self.node),
             "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
             "DYNARL_DEVICES": ",".join(map(str, self.devices)),

@@ -93,6 +93,7 @@ async def test_torchrun_environment_and_placement():
         assert await group.call("env", "RANK") == ["0", "1"]
         assert await group.call("env", "WORLD_SIZE") == ["2", "2"]
         assert await group.call("env", "LOCAL_RANK") == ["0", "1"]
+        assert await group.call("env", "LOCAL_WORLD_SIZE") == ["2", "2"]
         assert await group.call("env", "DYNARL_DEVICES") == ["2", "3"]
         ports = await group.call("env", "MASTER_PORT")
         assert ports[0] == ports[1] and int(ports[0]) > 0
