@@ -272,13 +272,19 @@ class Controller:
                     items.append(channel.get_raw_nowait(key, consumer))
                 except WouldBlock:
                     break
-            return items
+            return [self._rehomed_or(item) for item in items]
         if op == "get_batch":
             target, key = rest
-            return await channel.get_batch_raw(target, key, consumer)
+            return [self._rehomed_or(item) for item in await channel.get_batch_raw(target, key, consumer)]
         if op == "statistics":
             return dataclasses.asdict(channel.statistics())
         raise ValueError(f"unknown channel operation {op!r}")
+
+    def _rehomed_or(self, item: Any) -> Any:
+        """A ref whose producer stopped travels as its bytes instead."""
+        if isinstance(item, RemoteRef):
+            return self.rehomed.pop((item.address, item.id), item)
+        return item
 
     def _serve_payload(self, op: str, address: str, ref_id: int, blob: Blob | None = None) -> Any:
         if op == "rehome":

@@ -41,3 +41,24 @@ async def test_payloads_survive_their_producer_stopping():
         got = (await consumer.call("consume", "big", 2))[0]
         assert sorted(g["i"] for g in got) == [0, 1]
         assert not ctl.rehomed
+
+
+async def test_consumer_holding_a_ref_of_a_stopped_producer_gets_the_bytes_from_the_controller():
+    """The race the re-homing exists for: the consumer already has the ref when the
+    producer stops, so only the controller can still serve the bytes."""
+    from dynarl.transport import channel_client
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        producer = await ctl.spawn(Hoarder, num_ranks=1)
+        consumer = await ctl.spawn(Consumer, num_ranks=1)
+        await producer.call("put_large", "big", 1, NUMEL)
+        ref = ctl.channel("big").get_raw_nowait()
+        await producer.stop()
+        assert (ref.address, ref.id) in ctl.rehomed
+        client = channel_client.ChannelClient(
+            "big", lambda m, a, kw: ctl.serve_worker_call(consumer.handles[0], m, a, kw),
+            spawn=asyncio.ensure_future)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        value = await client._resolve(ref)  # no fetcher: straight to the controller
+        assert value["i"] == 0 and float(value["t"][0]) == 0.0
+        assert loop.time() - start < 1.0

@@ -23,6 +23,8 @@ from dynarl.transport.errors import ChannelClosed, RemoteError
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob, encode_blob
 
 Call = Callable[[str, list, dict], Awaitable[Any]]
+FETCH_ATTEMPT_S = 5.0
+FETCH_TIMEOUT_S = 120.0
 
 
 class ChannelClient:
@@ -82,14 +84,26 @@ class ChannelClient:
 
     async def _resolve(self, item: Any) -> Any:
         if isinstance(item, RemoteRef):
+            item = await self._fetch(item)
+        return decode_blob(item) if isinstance(item, Blob) else item
+
+    async def _fetch(self, ref: RemoteRef) -> Blob:
+        """From the producer; if it does not answer in FETCH_ATTEMPT_S, or no longer
+        has the payload, from the controller, where a stopping producer re-homes it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FETCH_TIMEOUT_S
+        while True:
             try:
                 if self._fetcher is None:
                     raise PayloadLost("this worker has no data plane")
-                item = await self._fetcher.fetch(item)
+                return await self._fetcher.fetch(ref, timeout_s=FETCH_ATTEMPT_S)
             except PayloadLost:
-                # The producer may have stopped and handed the payload to the controller.
-                item = await self._call("__payload__", ["fetch", item.address, item.id], {})
-        return decode_blob(item) if isinstance(item, Blob) else item
+                pass
+            try:
+                return await self._call("__payload__", ["fetch", ref.address, ref.id], {})
+            except RemoteError as exc:
+                if exc.type_name != "PayloadLost" or loop.time() > deadline:
+                    raise PayloadLost(f"payload {ref.id} of {ref.address}: {exc.remote_message}") from None
 
     async def _flush_outbox(self) -> None:
         while self._outbox:

@@ -1,0 +1,88 @@
+"""EmulatedInference: log-probs of the old/reference policy, timed by the cost model.
+
+A forward-only pass over prompt + response tokens costs logprob_time(): one third
+of a training step over the same tokens. The values are synthetic but
+deterministic: a hash of (sequence tokens, weight version), one per response token,
+aligned with TrainBatch.old_logprobs / ref_logprobs.
+"""
+from __future__ import annotations
+
+import asyncio
+import zlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from dynarl.components import costmodel
+from dynarl.components.rollout.emulated.engine import payload_bytes
+from dynarl.components.rollout.emulated.tokens import response_logprobs
+
+
+@dataclass(kw_only=True, slots=True)
+class EmulatedInferenceConfig:
+    model: str = "qwen2.5-7b"
+    """A key of costmodel.MODELS."""
+    device: str = "h100-80gb"
+    """A key of costmodel.DEVICES."""
+    num_devices: int = 1
+    """Devices this instance spreads a batch over."""
+    mfu: float = costmodel.DEFAULT_MFU
+    time_scale: float = 1.0
+    """Real sleeps are cost-model seconds times this."""
+
+    def __post_init__(self) -> None:
+        costmodel.get_model(self.model)
+        costmodel.get_device(self.device)
+        if self.num_devices < 1:
+            raise ValueError(f"num_devices must be >= 1, got {self.num_devices}")
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"mfu must be in (0, 1], got {self.mfu}")
+        if self.time_scale < 0:
+            raise ValueError(f"time_scale must be >= 0, got {self.time_scale}")
+
+
+class EmulatedInference:
+    def __init__(self, config: EmulatedInferenceConfig | None = None):
+        self.config = config or EmulatedInferenceConfig()
+        self.model = costmodel.get_model(self.config.model)
+        self.device = costmodel.get_device(self.config.device)
+        self.weight_version = 0
+        self.busy_time = 0.0
+        self._pending_delay = 0.0
+
+    def forward_time(self, seq_lens: Sequence[int]) -> float:
+        """Cost-model seconds for one pass over sequences of these lengths; attention uses
+        the token-weighted mean length (each token attends over its own sequence)."""
+        tokens = sum(seq_lens)
+        if not tokens:
+            return 0.0
+        mean_len = sum(n * n for n in seq_lens) / tokens
+        c = self.config
+        return costmodel.logprob_time(self.model, self.device, tokens, mean_len, c.num_devices, c.mfu)
+
+    async def compute_logprobs(self, input_ids: Sequence[Sequence[int]],
+                               prompt_lens: Sequence[int]) -> list[list[float]]:
+        """One log-prob per response token of each sequence (input_ids[i][prompt_lens[i]:])."""
+        if len(input_ids) != len(prompt_lens):
+            raise ValueError(f"{len(input_ids)} sequences but {len(prompt_lens)} prompt lengths")
+        for i, (ids, plen) in enumerate(zip(input_ids, prompt_lens)):
+            if not 1 <= plen <= len(ids):
+                raise ValueError(f"prompt_lens[{i}]={plen} must be in [1, len(input_ids[{i}])={len(ids)}]")
+        dt = self.forward_time([len(ids) for ids in input_ids]) + self._pending_delay
+        self._pending_delay = 0.0
+        self.busy_time += dt
+        await asyncio.sleep(dt * self.config.time_scale)
+        return [response_logprobs(self._seed(ids), 0, len(ids) - plen) for ids, plen in zip(input_ids, prompt_lens)]
+
+    def _seed(self, ids: Sequence[int]) -> int:
+        return zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()) ^ (self.weight_version << 32)
+
+    def update_weights(self, named_tensors: Any, version: int) -> None:
+        """New policy weights (a byte count, (name, bytes) pairs, or anything = the full
+        model); the transfer, split over the instance's devices at the link bandwidth,
+        is charged to the next compute_logprobs, as in EmulatedRolloutEngine."""
+        self.weight_version = version
+        self._pending_delay += costmodel.weight_sync_time(
+            payload_bytes(named_tensors, self.model.weight_bytes), self.device.link_bandwidth,
+            self.config.num_devices)

@@ -1,0 +1,173 @@
+"""Qwen2 decoder-only transformer with HF's parameter names (GQA, RoPE, RMSNorm, SwiGLU).
+
+Two ways to run it:
+- `forward(input_ids, attention_mask)`: the whole sequence at once (training, log-probs).
+- `forward_paged(input_ids, cache, ctx)`: only the new tokens of each sequence, reading
+  and writing a block KV cache (the rollout engine's prefill and batched decode).
+Both share every layer; they differ only in how attention finds its keys.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .paged_attention import KVCache, PagedContext, paged_attention
+
+# attend(layer_index, q [..., H, D], k [..., Hkv, D], v [..., Hkv, D]) -> [..., H, D]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op: decode is op-bound
+        # lower precision: normalise in fp32 and scale after casting back, as HF does
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin of shape [*positions.shape, 1, head_dim] (the 1 broadcasts over heads);
+    computed in fp32 from the positions each call (cheap) so no buffer can be silently
+    down-cast by `model.to(bfloat16)`."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = positions[..., None].float() * inv_freq.to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(-2)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., heads, D] rotated by HF's rotate_half convention."""
+    half = x.shape[-1] // 2
+    return torch.addcmul(x * cos, torch.cat((-x[..., half:], x[..., :half]), dim=-1), sin)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        h, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
+        self.q_proj = nn.Linear(h, config.num_attention_heads * config.head_dim, bias=True)
+        self.k_proj = nn.Linear(h, kv, bias=True)
+        self.v_proj = nn.Linear(h, kv, bias=True)
+        self.o_proj = nn.Linear(config.num_attention_heads * config.head_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        # one rotation for q and k together: half the small ops, which dominate decode time
+        qk = apply_rope(torch.cat((q, k), dim=-2), cos, sin)
+        q, k = qk[..., :self.num_heads, :], qk[..., self.num_heads:, :]
+        out = attend(self.layer_index, q, k, v)
+        return self.o_proj(out.reshape(*lead, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.self_attn = Attention(config, layer_index)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2Model(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend, config: ModelConfig):
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attend)
+        return self.norm(x)
+
+
+class Qwen2ForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, init_std: float = 0.02):
+        super().__init__()
+        self.config = config
+        self.model = Qwen2Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.reset_parameters(init_std)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """HF's initialisation: normal(0, std) matrices, zero biases, unit norms."""
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    module.weight.normal_(0.0, std)
+                    if getattr(module, "bias", None) is not None:
+                        module.bias.zero_()
+                elif isinstance(module, RMSNorm):
+                    module.weight.fill_(1.0)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [B, T] -> logits [B, T, V]. attention_mask [B, T] (1 = token, 0 = pad)
+        works with left or right padding; positions then count real tokens only. Logits at
+        pad positions are meaningless."""
+        batch, length = input_ids.shape
+        device = input_ids.device
+        if attention_mask is None:
+            mask = None
+            positions = torch.arange(length, device=device).expand(batch, length)
+        else:
+            keep = attention_mask.bool()
+            causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+            # a pad query still attends to itself, so no softmax row is empty (no NaN)
+            mask = (causal & keep[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
+            mask = mask[:, None]
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
+        if position_ids is not None:
+            positions = position_ids.expand(batch, length)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2])
+            return out.transpose(1, 2)
+
+        return self.lm_head(self.model(input_ids, positions, attend, self.config))
+
+    def forward_paged(self, input_ids: torch.Tensor, cache: KVCache, ctx: PagedContext) -> torch.Tensor:
+        """input_ids [N] packed new tokens -> logits [B, V] at each sequence's last new token."""
+        scale = self.config.head_dim ** -0.5
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return paged_attention(layer, q, k, v, cache, ctx, scale)
+
+        hidden = self.model(input_ids, ctx.positions, attend, self.config)
+        return self.lm_head(hidden if ctx.is_decode else hidden[ctx.last_index])

@@ -1,0 +1,106 @@
+"""Two tokenizers with one small interface: `encode`, `decode`, `pad_id`, `bos_id`,
+`eos_id`, `vocab_size`.
+
+- CharTokenizer: one id per character, for the built-in tasks and the tiny models
+  (ids 0/1/2 are pad/bos/eos, then the alphabet).
+- HFTokenizer: wraps the `tokenizers` library when a model folder has tokenizer.json.
+"""
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+CHAR_TOKENIZER_FILE = "char_tokenizer.json"
+DEFAULT_ALPHABET = string.printable  # 100 characters; with 3 specials it fits vocab 128
+
+
+class CharTokenizer:
+    pad_id, bos_id, eos_id = 0, 1, 2
+    num_special = 3
+
+    def __init__(self, alphabet: str = DEFAULT_ALPHABET):
+        if len(set(alphabet)) != len(alphabet):
+            raise ValueError("alphabet must not repeat a character")
+        if not alphabet:
+            raise ValueError("alphabet must not be empty")
+        self.alphabet = alphabet
+        self._ids = {ch: i + self.num_special for i, ch in enumerate(alphabet)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.alphabet) + self.num_special
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        try:
+            ids = [self._ids[ch] for ch in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the tokenizer's alphabet") from None
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        out = []
+        for i in ids:
+            if i >= self.num_special:
+                out.append(self.alphabet[i - self.num_special])
+            elif not skip_special:
+                out.append(("<pad>", "<bos>", "<eos>")[i])
+        return "".join(out)
+
+    def save(self, folder: str | Path) -> None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / CHAR_TOKENIZER_FILE).write_text(json.dumps({"alphabet": self.alphabet}))
+
+
+class HFTokenizer:
+    """tokenizer.json through `tokenizers`; special ids from tokenizer_config.json when
+    present, else from the usual special token strings."""
+
+    _candidates = {"bos": ("<|im_start|>", "<s>", "<bos>", "<|begin_of_text|>"),
+                   "eos": ("<|im_end|>", "<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>"),
+                   "pad": ("<|endoftext|>", "<pad>", "[PAD]")}
+
+    def __init__(self, folder: str | Path):
+        from tokenizers import Tokenizer  # optional dependency: only needed for HF folders
+
+        folder = Path(folder)
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        named: dict[str, str | None] = {}
+        config_path = folder / "tokenizer_config.json"
+        if config_path.is_file():
+            config = json.loads(config_path.read_text())
+            for kind in ("bos", "eos", "pad"):
+                value = config.get(f"{kind}_token")
+                named[kind] = value.get("content") if isinstance(value, dict) else value
+        self.bos_id = self._find("bos", named.get("bos"))
+        self.eos_id = self._find("eos", named.get("eos"))
+        pad = self._find("pad", named.get("pad"))
+        self.pad_id = pad if pad is not None else self.eos_id
+
+    def _find(self, kind: str, name: str | None) -> int | None:
+        for token in ((name,) if name else self._candidates[kind]):
+            token_id = self._tok.token_to_id(token)
+            if token_id is not None:
+                return token_id
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+
+def load_tokenizer(folder: str | Path) -> CharTokenizer | HFTokenizer:
+    """tokenizer.json -> HFTokenizer; char_tokenizer.json -> its CharTokenizer."""
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return HFTokenizer(folder)
+    if (folder / CHAR_TOKENIZER_FILE).is_file():
+        return CharTokenizer(json.loads((folder / CHAR_TOKENIZER_FILE).read_text())["alphabet"])
+    raise FileNotFoundError(f"no tokenizer.json or {CHAR_TOKENIZER_FILE} in {folder}")

@@ -1,0 +1,272 @@
+"""What every trainer engine (native, megatron, emulated) takes and returns.
+
+Plain data, no torch: the runtime moves these between processes (msgpack), the
+emulated twin uses them without tensors, and the P2P reshard planner reads a
+`StateLayout` to decide which bytes move from which old rank to which new one.
+`to_wire()` / `from_wire()` give msgpack-safe dicts.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterator, Mapping, Protocol, Sequence
+
+STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
+"""The sharded per-element state of a ZeRO-1 rank: fp32 master copy of the
+parameters, AdamW's two moments, and the reduced gradient of the last step."""
+
+
+@dataclass(slots=True)
+class TrainBatch:
+    """A batch of finished rollouts, one entry per sample.
+
+    Sample i is `input_ids[i]` = prompt + response; its response is the tokens from
+    `prompt_lens[i]` on. Every per-token list below has one entry per *response*
+    token (len(input_ids[i]) - prompt_lens[i] entries), aligned with the rollout's
+    output_token_ids / output_logprobs.
+    """
+    input_ids: list[list[int]]
+    prompt_lens: list[int]
+    response_mask: list[list[int]] | None = None
+    """1 = token is in the loss; 0 = not (padding, tool observations). None = all 1."""
+    old_logprobs: list[list[float]] | None = None
+    """Log-probs of the policy that sampled. None = on-policy (ratio 1)."""
+    ref_logprobs: list[list[float]] | None = None
+    """Log-probs of the reference policy, needed when kl_coef > 0."""
+    rewards: list[float] | None = None
+    """Per-sample rewards; turned into GRPO advantages within `group_ids`."""
+    advantages: list[float] | list[list[float]] | None = None
+    """Precomputed advantages, per sample or per response token (PPO/GAE). Wins over rewards."""
+    group_ids: list[int] | None = None
+    """Samples drawn from the same prompt share a group id (GRPO)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if len(self.prompt_lens) != n:
+            raise ValueError(f"prompt_lens has {len(self.prompt_lens)} entries, input_ids has {n}")
+        for i, (ids, plen) in enumerate(zip(self.input_ids, self.prompt_lens)):
+            if not 1 <= plen <= len(ids):
+                raise ValueError(f"prompt_lens[{i}]={plen} must be in [1, len(input_ids[{i}])={len(ids)}]")
+        for name in ("response_mask", "old_logprobs", "ref_logprobs"):
+            self._check_per_token(name, getattr(self, name))
+        for name in ("rewards", "group_ids"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f"{name} has {len(value)} entries, input_ids has {n}")
+        if self.advantages is not None:
+            if len(self.advantages) != n:
+                raise ValueError(f"advantages has {len(self.advantages)} entries, input_ids has {n}")
+            if n and isinstance(self.advantages[0], (list, tuple)):
+                self._check_per_token("advantages", self.advantages)
+        elif self.rewards is None:
+            raise ValueError("one of advantages or rewards is required")
+        elif self.group_ids is None:
+            raise ValueError("group_ids is required to turn rewards into GRPO advantages")
+
+    def _check_per_token(self, name: str, value: Sequence[Sequence[Any]] | None) -> None:
+        if value is None:
+            return
+        if len(value) != len(self.input_ids):
+            raise ValueError(f"{name} has {len(value)} entries, input_ids has {len(self.input_ids)}")
+        for i, row in enumerate(value):
+            expected = len(self.input_ids[i]) - self.prompt_lens[i]
+            if len(row) != expected:
+                raise ValueError(f"{name}[{i}] has {len(row)} entries, sample {i} has {expected} response tokens")
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def num_loss_tokens(self) -> int:
+        """Response tokens with mask 1: the denominator of the token-mean loss."""
+        if self.response_mask is None:
+            return sum(len(ids) - p for ids, p in zip(self.input_ids, self.prompt_lens))
+        return sum(sum(1 for m in row if m) for row in self.response_mask)
+
+    def select(self, indices: Sequence[int]) -> "TrainBatch":
+        """A batch of the samples at `indices`, in that order."""
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            picked[f.name] = None if value is None else [value[i] for i in indices]
+        return TrainBatch(**picked)
+
+    def shard(self, rank: int, world_size: int) -> "TrainBatch":
+        """This data-parallel rank's part: contiguous whole groups (so GRPO advantages
+        computed on a rank equal those of the full batch), balanced by group count;
+        without group ids, contiguous samples balanced by count."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        keys = self.group_ids if self.group_ids is not None else list(range(len(self)))
+        order = list(dict.fromkeys(keys))  # groups by first appearance
+        start, end = shard_ranges(len(order), world_size)[rank]
+        mine = set(order[start:end])
+        return self.select([i for i, k in enumerate(keys) if k in mine])
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "TrainBatch":
+        return cls(**d)
+
+
+def shard_ranges(total: int, world_size: int) -> list[tuple[int, int]]:
+    """ZeRO-1 ownership of a flat space of `total` elements: rank r owns a contiguous
+    [start, end) of total // W elements, plus one if r < total % W. Plain Python, so
+    the emulated trainer and the reshard planner share it without torch."""
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    base, extra = divmod(total, world_size)
+    ranges, start = [], 0
+    for rank in range(world_size):
+        size = base + (1 if rank < extra else 0)
+        ranges.append((start, start + size))
+        start += size
+    return ranges
+
+
+@dataclass(slots=True, frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """Model dtype, e.g. "float32", "bfloat16" (the master copy is always fp32)."""
+    offset: int
+    """Start of this parameter in the flat space."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(slots=True)
+class StateLayout:
+    """ZeRO-1 sharding of a trainer's state over a data-parallel group.
+
+    `params` tile the flat space [0, total_numel) in order. `shards[state][r]` is the
+    contiguous [start, end) of that flat space whose `state` (one of STATE_NAMES)
+    rank r owns. The optimizer step count is a replicated scalar, not sharded.
+    """
+    params: tuple[ParamSpec, ...]
+    total_numel: int
+    world_size: int
+    shards: dict[str, tuple[tuple[int, int], ...]]
+    master_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        self.params = tuple(self.params)
+        self.shards = {k: tuple(tuple(r) for r in v) for k, v in self.shards.items()}
+        offset = 0
+        for p in self.params:
+            if p.offset != offset:
+                raise ValueError(f"param {p.name} starts at {p.offset}, expected {offset}")
+            offset += p.numel
+        if offset != self.total_numel:
+            raise ValueError(f"params cover {offset} elements, total_numel is {self.total_numel}")
+        for state, ranges in self.shards.items():
+            if len(ranges) != self.world_size:
+                raise ValueError(f"shards[{state}] has {len(ranges)} ranges for world_size {self.world_size}")
+            cursor = 0
+            for rank, (start, end) in enumerate(ranges):
+                if start != cursor or end < start:
+                    raise ValueError(f"shards[{state}][{rank}]=({start}, {end}) does not continue at {cursor}")
+                cursor = end
+            if cursor != self.total_numel:
+                raise ValueError(f"shards[{state}] end at {cursor}, total_numel is {self.total_numel}")
+
+    def owned(self, state: str, rank: int) -> tuple[int, int]:
+        return self.shards[state][rank]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"params": [[p.name, list(p.shape), p.dtype, p.offset] for p in self.params],
+                "total_numel": self.total_numel, "world_size": self.world_size,
+                "shards": {k: [list(r) for r in v] for k, v in self.shards.items()},
+                "master_dtype": self.master_dtype}
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "StateLayout":
+        params = tuple(ParamSpec(name, tuple(shape), dtype, offset) for name, shape, dtype, offset in d["params"])
+        return cls(params=params, total_numel=d["total_numel"], world_size=d["world_size"],
+                   shards=d["shards"], master_dtype=d.get("master_dtype", "float32"))
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    """AdamW denominator epsilon."""
+    weight_decay: float = 0.0
+    """Decoupled (AdamW) decay; applied to parameters with 2+ dims only (not biases, norms)."""
+    grad_clip: float = 1.0
+    """Max global L2 norm of the gradient; 0 disables clipping."""
+    micro_batch_size: int = 8
+    """Samples per forward/backward; gradients accumulate over a step's micro-batches."""
+    clip_eps_low: float = 0.2
+    """PPO ratio clip below: ratio >= 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """PPO ratio clip above: ratio <= 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the reference policy; > 0 needs ref_logprobs."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (MEASURED.md: 0.05 kept tiny GRPO runs from collapsing)."""
+    adv_eps: float = 1e-6
+    """GRPO advantage denominator epsilon: (r - mean) / (std + adv_eps)."""
+    seed: int = 0
+    """Seeds the trainer's own RNG stream (dropout), offset by the DP rank."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.lr < 0:
+            raise ValueError(f"lr must be >= 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two values in [0, 1), got {self.betas}")
+        for name in ("eps", "adv_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "grad_clip", "kl_coef", "entropy_coef", "clip_eps_high"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.clip_eps_low < 1:
+            raise ValueError(f"clip_eps_low must be in [0, 1), got {self.clip_eps_low}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "TrainerConfig":
+        return cls(**d)
+
+
+class TrainerEngine(Protocol):
+    """The contract every trainer backend meets (one instance per data-parallel rank).
+    Methods marked collective must be called on every rank of the group."""
+
+    rank: int
+    world_size: int
+    global_step: int
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Collective. One optimizer step on this rank's part of the global batch.
+        Returns global metrics: loss, pg_loss, kl, entropy, grad_norm, tokens, clip_frac."""
+    def layout(self) -> StateLayout: ...
+    def export_state_shard(self) -> dict[str, Any]:
+        """This rank's owned ranges of STATE_NAMES, plus 'step'."""
+    def import_state_shard(self, shard: Mapping[str, Any]) -> None:
+        """Collective. Install an exported shard for this rank's range, rebuild full weights."""
+    def save_checkpoint(self, path: str) -> None:
+        """Collective. Each rank writes its shard; rank 0 the metadata."""
+    def load_checkpoint(self, path: str) -> None:
+        """Collective. Works across world sizes (re-slices the shards)."""
+    def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+        """Full weights for the rollout engine, in buckets of at most bucket_bytes."""
+    def onload(self) -> None: ...
+    def offload(self) -> None: ...

@@ -1,0 +1,44 @@
+"""The emulated trainer's StateLayout: Qwen2's parameters by name and shape, no tensors.
+
+Names, shapes and order are those of `named_parameters()` of the native model
+(components/model/qwen2.py, HF naming), so a reshard plan or a weight-sync
+bucket list made from an emulated trainer reads like one from a real trainer.
+"""
+from __future__ import annotations
+
+from dynarl.components.costmodel import ModelShape
+from dynarl.components.trainer.base import STATE_NAMES, ParamSpec, StateLayout, shard_ranges
+
+
+def qwen2_param_shapes(model: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
+    h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
+    q = model.num_attention_heads * model.head_dim
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (model.vocab_size, h))]
+    for i in range(model.num_layers):
+        p = f"model.layers.{i}."
+        shapes += [
+            (p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.q_proj.bias", (q,)),
+            (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.k_proj.bias", (kv,)),
+            (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.v_proj.bias", (kv,)),
+            (p + "self_attn.o_proj.weight", (h, q)),
+            (p + "mlp.gate_proj.weight", (model.intermediate_size, h)),
+            (p + "mlp.up_proj.weight", (model.intermediate_size, h)),
+            (p + "mlp.down_proj.weight", (h, model.intermediate_size)),
+            (p + "input_layernorm.weight", (h,)),
+            (p + "post_attention_layernorm.weight", (h,)),
+        ]
+    shapes.append(("model.norm.weight", (h,)))
+    if not model.tie_word_embeddings:  # a tied lm_head is the embedding, listed once
+        shapes.append(("lm_head.weight", (model.vocab_size, h)))
+    return shapes
+
+
+def build_layout(model: ModelShape, world_size: int, dtype: str = "bfloat16") -> StateLayout:
+    specs, offset = [], 0
+    for name, shape in qwen2_param_shapes(model):
+        spec = ParamSpec(name, shape, dtype, offset)
+        specs.append(spec)
+        offset += spec.numel
+    ranges = tuple(shard_ranges(offset, world_size))
+    return StateLayout(params=tuple(specs), total_numel=offset, world_size=world_size,
+                       shards={state: ranges for state in STATE_NAMES})

@@ -1,0 +1,304 @@
+NUM_GPUS = 0
+
+import asyncio
+import dataclasses
+import inspect
+
+import msgpack
+import pytest
+import torch
+
+from dynarl.components.model.config import TINY_CONFIGS
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.rollout.base import GenerationRequest, InflightRequest, RolloutEngine, SamplingParams
+from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.sampling import sample
+
+torch.set_num_threads(1)
+CONFIG = TINY_CONFIGS["tiny-0.5m"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(CONFIG, init_std=0.1).eval()  # peaked enough that greedy/top-k matter
+
+
+def engine(model, **kwargs) -> NativeRolloutEngine:
+    return NativeRolloutEngine(model, NativeEngineConfig(**{"block_size": 4, "num_blocks": 256, **kwargs}))
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, CONFIG.vocab_size, (length,), generator=g).tolist()
+
+
+SHARED = prompt(99, 13)
+REQUESTS = [
+    GenerationRequest("greedy", SHARED + prompt(1, 5), SamplingParams(temperature=0.0, max_new_tokens=12)),
+    GenerationRequest("t1", SHARED + prompt(2, 9), SamplingParams(temperature=1.0, max_new_tokens=15, seed=7)),
+    GenerationRequest("topk", prompt(3, 6), SamplingParams(temperature=0.8, top_k=5, max_new_tokens=10, seed=8)),
+    GenerationRequest("topp", SHARED + prompt(4, 2), SamplingParams(temperature=1.2, top_p=0.7, max_new_tokens=11, seed=9)),
+    GenerationRequest("both", prompt(5, 17), SamplingParams(top_k=20, top_p=0.9, max_new_tokens=9, seed=10)),
+]
+
+
+def reference(model, request: GenerationRequest) -> tuple[list[int], list[float]]:
+    """Naive generation: a full forward over the whole sequence for every token, no cache,
+    batch of one; the same sampling function with the same (seed, position) draws."""
+    tokens, out, logprobs = list(request.prompt_token_ids), [], []
+    for i in range(request.sampling.max_new_tokens):
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens]))[:, -1]
+        (token,), (logprob,) = sample(logits, [request.sampling], [i], torch.Generator())
+        tokens.append(token), out.append(token), logprobs.append(logprob)
+        if token in request.sampling.stop_token_ids:
+            break
+    return out, logprobs
+
+
+@pytest.fixture(scope="module")
+def expected(model):
+    return {r.request_id: reference(model, r) for r in REQUESTS}
+
+
+def check(results, expected, atol=1e-5):
+    for r in results:
+        tokens, logprobs = expected[r.request_id]
+        assert r.output_token_ids == tokens, r.request_id
+        torch.testing.assert_close(torch.tensor(r.output_logprobs), torch.tensor(logprobs), atol=atol, rtol=0)
+
+
+def test_engine_meets_protocol(model):
+    """RolloutEngine is not runtime-checkable: compare members and their async-ness."""
+    e = engine(model)
+    members = [n for n in vars(RolloutEngine) if not n.startswith("_")]
+    assert len(members) >= 13 and hasattr(e, "weight_version")
+    for name in members:
+        assert inspect.iscoroutinefunction(getattr(RolloutEngine, name)) == \
+            inspect.iscoroutinefunction(getattr(e, name)), name
+        assert list(inspect.signature(getattr(RolloutEngine, name)).parameters)[1:] == \
+            list(inspect.signature(getattr(e, name)).parameters), name
+
+
+@pytest.mark.parametrize("settings", [
+    pytest.param(dict(), id="all-at-once-prefix-cache"),
+    pytest.param(dict(enable_prefix_cache=False), id="no-prefix-cache"),
+    pytest.param(dict(max_num_seqs=2), id="two-at-a-time"),
+    pytest.param(dict(max_prefill_tokens=8, block_size=16), id="one-prefill-per-step-big-blocks"),
+    pytest.param(dict(num_blocks=14), id="tiny-kv-forces-preemption"),
+])
+async def test_same_tokens_whatever_the_batch(model, expected, settings):
+    """Each request's tokens equal a naive batch-of-one full-forward generation with the
+    same seed, whatever else runs beside it, with or without the prefix cache, with
+    preemption and recompute. Logits are not bitwise equal across these runs: a batched
+    matmul over a different number of rows, attention over a differently padded key
+    length, or KV computed in a different prefill can round differently in float32
+    (~1e-7). Sampling reads logits only through one row's CDF, so a token could change
+    only if its uniform draw fell within ~1e-7 of a CDF boundary; for these fixed seeds
+    it does not, so tokens must be identical and logprobs equal within 1e-5."""
+    e = engine(model, **settings)
+    warm = GenerationRequest("warm", SHARED + prompt(6, 3), SamplingParams(max_new_tokens=3, seed=1))
+    await e.generate([warm])  # puts SHARED in the prefix cache, when there is one
+    extra = [GenerationRequest(f"x{i}", prompt(20 + i, 4 + 3 * i), SamplingParams(max_new_tokens=6, seed=i))
+             for i in range(3)]
+    results = await e.generate(extra[:1] + REQUESTS + extra[1:])
+    check([r for r in results if not r.request_id.startswith("x")], expected)
+    assert all(r.finish_reason == "length" for r in results)
+    if settings.get("num_blocks") == 14:
+        assert e.stats()["preemptions"] > 0
+    if settings == {}:
+        assert {r.request_id: r.cached_tokens for r in results if r.request_id in ("t1", "topp")} == {"t1": 12, "topp": 12}
+
+
+async def test_stop_token_ends_the_request(model, expected):
+    tokens, _ = expected["greedy"]
+    stop = tokens[4]
+    request = dataclasses.replace(REQUESTS[0], sampling=SamplingParams(temperature=0.0, max_new_tokens=12,
+                                                                       stop_token_ids=(stop,)))
+    (result,) = await engine(model).generate([request])
+    assert result.finish_reason == "stop"
+    assert result.output_token_ids == tokens[:tokens.index(stop) + 1]
+
+
+async def test_multiturn_conversation_reuses_its_prefix(model):
+    cached, outputs = [], {}
+    for use_cache in (True, False):
+        e = engine(model, enable_prefix_cache=use_cache)
+        history = prompt(30, 10)
+        for turn in range(4):
+            history = history + prompt(40 + turn, 5)
+            (result,) = await e.generate([GenerationRequest(f"turn{turn}", history, SamplingParams(max_new_tokens=6, seed=turn))])
+            history = history + result.output_token_ids
+            if use_cache:
+                cached.append(result.cached_tokens)
+        outputs[use_cache] = history
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:]) and cached == sorted(cached)
+    # everything but the newest user message and the last generated token was cached
+    assert cached[1] == (10 + 5 + 6 - 1) // 4 * 4
+    assert outputs[True] == outputs[False]
+
+
+async def test_capacity_never_exceeded_under_a_flood(model):
+    e = engine(model, num_blocks=20)  # 80 tokens of KV for ~1000 tokens of requests
+    requests = [GenerationRequest(f"r{i}", prompt(50 + i, 20 + i % 7 * 3), SamplingParams(max_new_tokens=25 + i % 5, seed=i))
+                for i in range(24)]
+    for r in requests:
+        e.add_request(r)
+    results = []
+    while e.has_work():
+        results += await e.step()
+        load = e.load()
+        assert load.active_kv_tokens <= load.kv_capacity_tokens == 80
+        assert e.stats()["used_blocks"] <= 20
+        assert 0.0 <= load.utilization <= 1.0
+    assert e.stats()["preemptions"] > 0
+    roomy = await engine(model).generate(requests)
+    assert sorted((r.request_id, r.output_token_ids) for r in results) == \
+        sorted((r.request_id, r.output_token_ids) for r in roomy)
+
+
+async def test_export_then_import_finishes_like_an_uninterrupted_run(model, expected):
+    first = engine(model, max_num_seqs=3)
+    for r in REQUESTS:
+        first.add_request(r)
+    for _ in range(6):
+        await first.step()
+    first.pause()
+    assert first.load().num_running == 3 and first.load().num_waiting == 2
+    exported = first.export_inflight()
+    assert not first.has_work() and first.load().active_kv_tokens == 0 and first.load().num_running == 0
+    assert any(item.output_token_ids for item in exported) and any(not item.output_token_ids for item in exported)
+    wire = msgpack.unpackb(msgpack.packb([item.to_wire() for item in exported]))
+    second = engine(model, block_size=8, enable_prefix_cache=False)  # a different engine layout
+    second.import_inflight([InflightRequest.from_wire(d) for d in wire])
+    results = []
+    while second.has_work():
+        results += await second.step()
+    assert sorted(r.request_id for r in results) == sorted(r.request_id for r in REQUESTS)
+    check(results, expected)
+
+
+async def test_import_of_a_finished_request_returns_it(model):
+    request = GenerationRequest("done", prompt(7, 5), SamplingParams(max_new_tokens=2))
+    e = engine(model)
+    e.import_inflight([InflightRequest(request, [5, 6], [-1.0, -2.0])])
+    assert e.has_work()
+    (result,) = await e.step()
+    assert (result.output_token_ids, result.finish_reason) == ([5, 6], "length")
+
+
+async def test_update_weights_sets_version_and_is_used(model):
+    own = Qwen2ForCausalLM(CONFIG).eval()
+    own.load_state_dict(model.state_dict())
+    e = NativeRolloutEngine(own, NativeEngineConfig(block_size=4, num_blocks=64), weight_version=0)
+    request = REQUESTS[0]  # greedy
+    before = await e.generate([request])
+    assert before[0].weight_version == 0
+    again = await e.generate([dataclasses.replace(request, request_id="again")])
+    assert again[0].cached_tokens > 0
+    torch.manual_seed(1)
+    new = Qwen2ForCausalLM(CONFIG, init_std=0.1).eval()
+    e.update_weights(((name, t.clone()) for name, t in new.state_dict().items()), version=3)
+    (after,) = await e.generate([dataclasses.replace(request, request_id="after")])
+    assert after.weight_version == 3 and e.weight_version == 3
+    assert after.cached_tokens == 0  # the cache held KV of the old weights
+    assert after.output_token_ids == reference(new, request)[0] != before[0].output_token_ids
+    with pytest.raises(ValueError, match="model.nope"):
+        e.update_weights({"model.nope": torch.zeros(1)}, version=4)
+
+
+async def test_weight_update_mid_request_reports_the_last_version(model):
+    own = Qwen2ForCausalLM(CONFIG).eval()
+    own.load_state_dict(model.state_dict())
+    e = NativeRolloutEngine(own, NativeEngineConfig(block_size=4, num_blocks=64))
+    e.add_request(REQUESTS[1])
+    for _ in range(3):
+        await e.step()
+    e.update_weights({"model.norm.weight": own.model.norm.weight.detach() * 1.5}, version=1)
+    results = []
+    while e.has_work():
+        results += await e.step()
+    assert results[0].weight_version == 1 and len(results[0].output_token_ids) == 15
+
+
+async def test_pause_abort_and_generate(model):
+    e = engine(model)
+    e.pause()
+    task = asyncio.create_task(e.generate(REQUESTS[:3]))
+    await asyncio.sleep(0.01)
+    assert not task.done() and not e.has_work() and await e.step() == []
+    assert e.load().num_waiting == 3
+    aborted = e.abort(["topk", "missing"])
+    assert [(r.request_id, r.finish_reason, r.output_token_ids) for r in aborted] == [("topk", "abort", [])]
+    e.resume()
+    for _ in range(2000):  # generate() steps the engine in between our awaits
+        await asyncio.sleep(0.001)
+        if e.load().num_running and all(s.num_output_tokens >= 2 for s in e.scheduler.running):
+            break
+    (mid,) = e.abort(["t1"])
+    assert mid.finish_reason == "abort" and len(mid.output_token_ids) >= 2
+    results = await task
+    assert [r.finish_reason for r in results] == ["length", "abort", "abort"]
+    assert e.load().active_kv_tokens == 0 and not e.has_work()
+
+
+async def test_export_while_generate_waits(model):
+    e = engine(model)
+    e.pause()
+    task = asyncio.create_task(e.generate(REQUESTS[:2]))
+    await asyncio.sleep(0.01)
+    exported = e.export_inflight()
+    results = await asyncio.wait_for(task, 5)
+    assert [r.finish_reason for r in results] == ["abort", "abort"] and len(exported) == 2
+
+
+async def test_release_and_resume_memory(model, expected):
+    e = engine(model)
+    for r in REQUESTS:
+        e.add_request(r)
+    for _ in range(4):
+        await e.step()
+    with pytest.raises(RuntimeError, match="running"):
+        e.release_memory()
+    e.pause()
+    inflight = e.export_inflight()
+    e.release_memory()
+    assert e.runner.cache is None and e.load().active_kv_tokens == 0 and e.scheduler.cache.num_blocks == 0
+    e.import_inflight(inflight)  # queued while released
+    e.resume()
+    assert not e.has_work() and await e.step() == [] and e.load().num_waiting == len(REQUESTS)
+    e.resume_memory()
+    results = []
+    while e.has_work():
+        results += await e.step()
+    check(results, expected)
+
+
+async def test_queue_key_orders_the_waiting_requests(model):
+    e = engine(model, max_num_seqs=1)
+    e.set_queue_key(lambda request, cached: -request.tool_count)
+    requests = [GenerationRequest(f"q{i}", prompt(60 + i, 5), SamplingParams(max_new_tokens=2), tool_count=t)
+                for i, t in enumerate([0, 3, 1])]
+    for r in requests:
+        e.add_request(r)
+    order = []
+    while e.has_work():
+        order += [r.request_id for r in await e.step()]
+    assert order == ["q1", "q2", "q0"]
+    e.set_queue_key(None)
+    assert e.scheduler.queue_key.__name__ == "fifo_key"
+
+
+@pytest.mark.parametrize("request_, error", [
+    pytest.param(GenerationRequest("big", [CONFIG.vocab_size], SamplingParams()), "token ids", id="token-out-of-vocab"),
+    pytest.param(GenerationRequest("long", [3] * 60, SamplingParams(max_new_tokens=10)), "capacity", id="never-fits"),
+    pytest.param(GenerationRequest("empty", [], SamplingParams()), "empty", id="empty-prompt"),
+])
+def test_rejects_bad_requests(model, request_, error):
+    e = engine(model, num_blocks=16)
+    with pytest.raises(ValueError, match=error):
+        e.add_request(request_)
+    e.add_request(GenerationRequest("dup", [3], SamplingParams(max_new_tokens=4)))
+    with pytest.raises(ValueError, match="already"):
+        e.add_request(GenerationRequest("dup", [4], SamplingParams(max_new_tokens=4)))
