@@ -77,6 +77,22 @@ async def test_cancelled_workflow_still_reaps_everything():
     assert_reaped(pids)
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_cancelling_a_call_cancels_the_remote_task(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        pending = asyncio.ensure_future(group.call("sleep", 60))
+        await asyncio.sleep(0.2)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        for _ in range(100):
+            if (await group.call("get_events"))[0] == ["cancelled"]:
+                break
+            await asyncio.sleep(0.01)
+        assert (await group.call("get_events"))[0] == ["cancelled"]
+
+
 async def test_concurrent_calls_overlap():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)

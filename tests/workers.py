@@ -23,7 +23,11 @@ class Echo(dynarl.Worker):
         raise ValueError("bad things happened here")
 
     async def sleep(self, seconds):
-        await asyncio.sleep(seconds)
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            self.events.append("cancelled")
+            raise
         return self.rank
 
     async def block(self, seconds):
