@@ -1,0 +1,79 @@
+NUM_GPUS = 0
+
+import random
+
+import pytest
+
+from dynarl.core.priority import PriorityConfig, bonus_fraction, fifo_key, priority_key
+
+CFG = PriorityConfig(max_bonus_s=10.0, max_tool_count=4, prefix_scale_tokens=100)
+
+
+@pytest.mark.parametrize("a,b", [
+    pytest.param((1, 0), (0, 10_000), id="one-tool-call-beats-any-prefix"),
+    pytest.param((2, 50), (2, 10), id="same-tools-longer-prefix-first"),
+    pytest.param((4, 0), (3, 999_999), id="max-tools-beats-long-prefix"),
+    pytest.param((9, 0), (4, 0), id="tool-count-capped-equal") ,
+])
+def test_order_of_simultaneous_arrivals(a, b):
+    ka = priority_key(0.0, *a, CFG)
+    kb = priority_key(0.0, *b, CFG)
+    if a[0] > CFG.max_tool_count and b[0] >= CFG.max_tool_count and a[1] == b[1]:
+        assert ka == kb
+    else:
+        assert ka < kb
+
+
+@pytest.mark.parametrize("tools,prefix", [(0, 0), (4, 0), (4, 10**9), (100, 10**9)])
+def test_bonus_stays_below_the_window(tools, prefix):
+    assert 0.0 <= bonus_fraction(tools, prefix, CFG) < 1.0
+
+
+def test_zero_window_is_fifo():
+    cfg = PriorityConfig(max_bonus_s=0.0)
+    assert priority_key(5.0, 3, 500, cfg) == fifo_key(5.0, 3, 500) == 5.0
+
+
+def serve(requests, key, per_tick=1):
+    """A queue served `per_tick` items each second; returns {id: (arrival, served_at)}."""
+    pending, served, t = [], {}, 0.0
+    arrivals = sorted(requests, key=lambda r: r[1])
+    i = 0
+    while i < len(arrivals) or pending:
+        while i < len(arrivals) and arrivals[i][1] <= t:
+            pending.append(arrivals[i])
+            i += 1
+        pending.sort(key=lambda r: key(r[1], r[2], r[3], CFG))
+        for r in pending[:per_tick]:
+            served[r[0]] = (r[1], t)
+        pending = pending[per_tick:]
+        t += 1.0
+    return served
+
+
+def starving_workload():
+    """One plain request at t=0, then a steady stream of high-priority follow-up turns
+    (2 per second, served 1 per second) for 200 s."""
+    reqs = [("plain", 0.0, 0, 0)]
+    reqs += [(f"hot{i}", 0.5 * i, 4, 10_000) for i in range(400)]
+    return reqs
+
+
+def test_pure_priority_starves_but_the_age_term_bounds_the_wait():
+    unbounded = PriorityConfig(max_bonus_s=1e9, max_tool_count=4, prefix_scale_tokens=100)
+    served = serve(starving_workload(), lambda a, t, p, _: priority_key(a, t, p, unbounded))
+    assert served["plain"][1] >= 200  # waited until the stream ended
+    served = serve(starving_workload(), priority_key)
+    assert served["plain"][1] <= 25  # the window is 10 s: overtaken only by the first ~20 arrivals
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_only_requests_arriving_within_the_window_overtake(seed):
+    rng = random.Random(seed)
+    reqs = [(f"r{i}", rng.uniform(0, 100), rng.randint(0, 6), rng.randint(0, 5000)) for i in range(300)]
+    served = serve(reqs, priority_key)  # one per tick: the serving order is unambiguous
+    for r in reqs:
+        for s in reqs:
+            overtook = served[s[0]][1] < served[r[0]][1] and s[1] > r[1]
+            if overtook:
+                assert s[1] - r[1] < CFG.max_bonus_s
