@@ -1,0 +1,155 @@
+"""Scheduling policies: pure functions of a snapshot.
+
+`static` never moves devices. `dynarl` (the paper's Algorithm 1):
+1. A dynamic component is a donor when more than `theta` of its engines have
+   stayed below `u_low` utilization for at least `window_s` seconds.
+2. Candidates shrink the donor by 1..k engines (3-10 of them, spread evenly,
+   never below the engines its running requests need) and hand the freed
+   devices, one receiver unit at a time, to whichever receiver is then the
+   bottleneck.
+3. Each candidate's iteration time is predicted as the slowest stage's
+   remaining work over its predicted rate (end-to-end throughput = the minimum
+   stage throughput); the best is committed only if strictly faster than now.
+Only components at an interruptible point take part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from dynarl.core.scheduler.predictor import Predictor
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentView:
+    name: str
+    kind: Literal["dynamic", "static"]
+    devices: int
+    remaining_work: float
+    """Work units this component still has to do in the iteration."""
+    devices_per_engine: int = 1
+    """Devices move in whole engines (rollout TP, trainer DP unit)."""
+    min_devices: int = 1
+    interruptible: bool = True
+    active_requests: int | None = None
+    """Dynamic components: requests still running (caps useful engines)."""
+    engine_low_since: tuple[float | None, ...] = ()
+    """Per engine: since when its utilization has stayed below u_low (None: not low)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    components: tuple[ComponentView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DynarlConfig:
+    theta: float = 0.8
+    u_low: float = 0.2
+    window_s: float = 4.0
+    max_candidates: int = 8
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.theta < 1:
+            raise ValueError(f"theta must be in [0, 1), got {self.theta}")
+        if not 0 < self.u_low < 1:
+            raise ValueError(f"u_low must be in (0, 1), got {self.u_low}")
+        if self.window_s < 0:
+            raise ValueError(f"window_s must be >= 0, got {self.window_s}")
+        if not 3 <= self.max_candidates <= 10:
+            raise ValueError(f"max_candidates must be in [3, 10], got {self.max_candidates}")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    allocation: dict[str, int]
+    """Devices per component after the move."""
+    moves: tuple[tuple[str, str, int], ...]
+    """(donor, receiver, devices)."""
+    predicted_time_s: float
+    current_time_s: float
+    candidates: int
+
+
+def is_donor(c: ComponentView, now: float, config: DynarlConfig) -> bool:
+    if c.kind != "dynamic" or not c.interruptible or not c.engine_low_since:
+        return False
+    low = sum(1 for since in c.engine_low_since if since is not None and now - since >= config.window_s)
+    return low > config.theta * len(c.engine_low_since)
+
+
+def predicted_time(components: tuple[ComponentView, ...], allocation: dict[str, int], predictor: Predictor) -> float:
+    """Remaining iteration time: the slowest stage's remaining work over its rate."""
+    worst = 0.0
+    for c in components:
+        if c.remaining_work <= 0:
+            continue
+        rate = predictor.rate(c.name, allocation[c.name], c.devices_per_engine,
+                              c.active_requests if c.kind == "dynamic" else None)
+        worst = max(worst, float("inf") if rate <= 0 else c.remaining_work / rate)
+    return worst
+
+
+def decide_static(snapshot: Snapshot, predictor: Predictor, config: DynarlConfig | None = None) -> Plan | None:
+    return None
+
+
+def decide_dynarl(snapshot: Snapshot, predictor: Predictor, config: DynarlConfig) -> Plan | None:
+    comps = snapshot.components
+    current = {c.name: c.devices for c in comps}
+    now_time = predicted_time(comps, current, predictor)
+    best: Plan | None = None
+    count = 0
+    for donor in (c for c in comps if is_donor(c, snapshot.now, config)):
+        receivers = [c for c in comps if c.name != donor.name and c.interruptible and c.remaining_work > 0]
+        if not receivers:
+            continue
+        for release in _release_options(donor, config.max_candidates):
+            allocation, moves = _give_to_bottlenecks(comps, current, donor, release, receivers, predictor)
+            count += 1
+            t = predicted_time(comps, allocation, predictor)
+            if t < now_time and (best is None or t < best.predicted_time_s):
+                best = Plan(allocation, moves, t, now_time, 0)
+    return None if best is None else replace(best, candidates=count)
+
+
+def _release_options(donor: ComponentView, max_candidates: int) -> list[int]:
+    """Devices the donor may give up: whole engines, keeping the engines its running
+    requests occupy and its minimum; at most `max_candidates` options, evenly spread."""
+    unit = donor.devices_per_engine
+    engines = donor.devices // unit
+    keep = max(donor.min_devices // unit + (donor.min_devices % unit > 0), 1, donor.active_requests or 0)
+    spare = engines - min(keep, engines)
+    if spare <= 0:
+        return []
+    if spare <= max_candidates:
+        steps = list(range(1, spare + 1))
+    else:
+        steps = sorted({max(1, round(spare * (i + 1) / max_candidates)) for i in range(max_candidates)})
+    return [s * unit for s in steps]
+
+
+def _give_to_bottlenecks(comps: tuple[ComponentView, ...], current: dict[str, int], donor: ComponentView,
+                         release: int, receivers: list[ComponentView],
+                         predictor: Predictor) -> tuple[dict[str, int], tuple[tuple[str, str, int], ...]]:
+    allocation = dict(current)
+    allocation[donor.name] -= release
+    pool = release
+    given: dict[str, int] = {}
+    while True:
+        fitting = [r for r in receivers if r.devices_per_engine <= pool]
+        if not fitting:
+            break
+        # The receiver that would finish last gets the next unit.
+        def remaining(r: ComponentView) -> float:
+            rate = predictor.rate(r.name, allocation[r.name], r.devices_per_engine,
+                                  r.active_requests if r.kind == "dynamic" else None)
+            return float("inf") if rate <= 0 else r.remaining_work / rate
+        target = max(fitting, key=lambda r: (remaining(r), r.name))
+        allocation[target.name] += target.devices_per_engine
+        given[target.name] = given.get(target.name, 0) + target.devices_per_engine
+        pool -= target.devices_per_engine
+    allocation[donor.name] += pool  # units no receiver can use stay with the donor
+    moves = tuple((donor.name, r, n) for r, n in sorted(given.items()))
+    return allocation, moves

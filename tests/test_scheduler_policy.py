@@ -1,0 +1,105 @@
+NUM_GPUS = 0
+
+import pytest
+
+from dynarl.core.scheduler.policy import (ComponentView, DynarlConfig, Snapshot, decide_dynarl, decide_static,
+                                          is_donor, predicted_time)
+from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
+
+CFG = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8)
+
+
+def predictor():
+    return Predictor({
+        "rollout": ThroughputModel([(1, 100.0), (8, 800.0)]),     # tokens/s, per engine of 1 device
+        "trainer": ThroughputModel([(1, 50.0), (8, 400.0)]),      # samples/s, linear
+        "inference": ThroughputModel([(1, 200.0), (8, 1600.0)]),
+    })
+
+
+def rollout(low=7, since=0.0, active=1, devices=8, per_engine=1, interruptible=True, work=50.0):
+    engines = devices // per_engine
+    lows = tuple([since] * low + [None] * (engines - low))
+    return ComponentView("rollout", "dynamic", devices, work, devices_per_engine=per_engine,
+                         active_requests=active, engine_low_since=lows, interruptible=interruptible)
+
+
+def trainer(devices=8, work=1000.0, interruptible=True, per_engine=1):
+    return ComponentView("trainer", "static", devices, work, devices_per_engine=per_engine,
+                         interruptible=interruptible)
+
+
+@pytest.mark.parametrize("component,now,expected", [
+    pytest.param(rollout(low=7), 10.0, True, id="7-of-8-low-long-enough"),
+    pytest.param(rollout(low=7), 3.0, False, id="low-but-window-not-reached"),
+    pytest.param(rollout(low=6), 10.0, False, id="exactly-theta-is-not-more"),
+    pytest.param(rollout(low=0), 10.0, False, id="busy"),
+    pytest.param(rollout(low=8, interruptible=False), 10.0, False, id="not-at-interruptible-point"),
+    pytest.param(trainer(), 10.0, False, id="static-never-donates"),
+])
+def test_donor_detection(component, now, expected):
+    assert is_donor(component, now, CFG) is expected
+
+
+def test_long_tail_moves_idle_rollout_devices_to_the_trainer():
+    snap = Snapshot(now=10.0, components=(rollout(low=7, active=1), trainer()))
+    plan = decide_dynarl(snap, predictor(), CFG)
+    assert plan is not None
+    assert plan.allocation["rollout"] == 1 and plan.allocation["trainer"] == 15
+    assert plan.moves == (("rollout", "trainer", 7),)
+    assert plan.predicted_time_s < plan.current_time_s
+    assert 3 <= plan.candidates <= 10
+    assert sum(plan.allocation.values()) == 16
+
+
+@pytest.mark.parametrize("snapshot", [
+    pytest.param(Snapshot(10.0, (rollout(low=0, active=8), trainer())), id="rollout-busy"),
+    pytest.param(Snapshot(10.0, (rollout(low=7), trainer(work=0.0))), id="nothing-to-speed-up"),
+    pytest.param(Snapshot(10.0, (rollout(low=7), trainer(interruptible=False))), id="receiver-busy"),
+    pytest.param(Snapshot(10.0, (rollout(low=8, active=8), trainer())), id="every-engine-still-has-a-request"),
+])
+def test_no_plan(snapshot):
+    assert decide_dynarl(snapshot, predictor(), CFG) is None
+
+
+def test_rollout_tp2_moves_whole_engines_and_keeps_those_with_requests():
+    snap = Snapshot(10.0, (rollout(low=4, active=1, devices=8, per_engine=2), trainer()))
+    plan = decide_dynarl(snap, predictor(), CFG)
+    assert plan is not None and plan.allocation["rollout"] % 2 == 0 and plan.allocation["rollout"] >= 2
+
+
+def test_freed_devices_go_to_the_bottleneck_first():
+    inference = ComponentView("inference", "static", 2, 2000.0)  # 2000/(2*200)=5 s left
+    snap = Snapshot(10.0, (rollout(low=7, active=1), trainer(devices=8, work=100.0), inference))
+    plan = decide_dynarl(snap, predictor(), CFG)
+    assert plan is not None
+    assert dict((r, n) for _, r, n in plan.moves).get("inference", 0) > 0
+
+
+def test_static_policy_never_moves():
+    snap = Snapshot(10.0, (rollout(low=8, active=0), trainer()))
+    assert decide_static(snap, predictor()) is None
+
+
+def test_predicted_time_is_the_slowest_stage():
+    comps = (rollout(work=800.0, active=8), trainer(work=400.0))
+    assert predicted_time(comps, {"rollout": 8, "trainer": 8}, predictor()) == pytest.approx(1.0)
+    assert predicted_time(comps, {"rollout": 8, "trainer": 4}, predictor()) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("devices,expected", [(1, 100.0), (4, 400.0), (8, 800.0), (16, 1600.0)])
+def test_model_interpolates_and_extrapolates(devices, expected):
+    assert ThroughputModel([(1, 100.0), (8, 800.0)]).rate(devices) == pytest.approx(expected)
+
+
+def test_online_correction_follows_measurements():
+    model = ThroughputModel([(1, 100.0), (8, 800.0)], smoothing=0.5)
+    model.observe(4, 200.0)  # half of what was profiled
+    assert model.rate(4) == pytest.approx(200.0)
+    model.observe(4, 400.0)
+    assert model.rate(4) == pytest.approx(0.5 * 200.0 + 0.5 * 400.0)
+
+
+def test_demand_cap_makes_rollout_concave():
+    p = predictor()
+    assert p.rate("rollout", 8, 1, demand_cap=2) == p.rate("rollout", 2, 1) == pytest.approx(200.0)
