@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.devices import DevicePool
 from dynarl.core.device_lock import LockManager
+from dynarl.core.hypergraph import Hypergraph
 from dynarl.core.launcher import Launcher, make_launcher
 from dynarl.core.process_groups import ProcessGroups, RuntimeProcessGroup
 from dynarl.core.tracing import Tracer
@@ -53,6 +54,8 @@ class Controller:
         self.groups: dict[str, WorkerGroup] = {}
         self.channels: dict[str, Channel] = {}
         self.process_groups = ProcessGroups(self)
+        self.graph = Hypergraph()
+        """Runtime half of the hypergraph; `refresh_graph()` folds in channel traffic."""
         self.router: RouterServer | None = None
         self.fetcher: PayloadFetcher | None = None
         self.rehomed: dict[tuple[str, int], Blob] = {}
@@ -150,6 +153,7 @@ class Controller:
                 raise SpawnError(f"group {name!r} did not come up within {self.config.spawn_timeout_s} s") from None
             raise
         self.tracer.complete("spawn", "lifecycle", name, 0, started, loop.time(), {"ranks": len(handles)})
+        self.graph.observe_spawn(name, cls.__name__, [h.spec.worker_id for h in handles], device_ids)
         return group
 
     async def stop_group(self, group: WorkerGroup) -> None:
@@ -174,6 +178,7 @@ class Controller:
                 self.router.routes.pop(h.spec.worker_id.encode(), None)
         self.pool.release(group.name)
         self.groups.pop(group.name, None)
+        self.graph.observe_stop(group.name)
         self.tracer.instant("stopped", "lifecycle", group.name, asyncio.get_running_loop().time())
 
     async def _make_specs(self, name: str, cls: type, device_ids: list[int], init: dict) -> list[WorkerSpec]:
@@ -245,6 +250,13 @@ class Controller:
             channel = self.channels[name] = Channel(name, capacity, resolve=self._resolve_item)
         return channel
 
+    def refresh_graph(self) -> Hypergraph:
+        """Folds every channel's producers and consumers into the hypergraph."""
+        for channel in self.channels.values():
+            stats = channel.statistics()
+            self.graph.observe_channel(channel.name, stats.producers, stats.served_weight, stats.puts, stats.gets)
+        return self.graph
+
     async def _resolve_item(self, item: Any) -> Any:
         if isinstance(item, RemoteRef):
             blob = self.rehomed.pop((item.address, item.id), None)
@@ -262,7 +274,7 @@ class Controller:
         consumer = handle.spec.worker_id
         if op == "put_many":
             for blob, key, weight, affinity in rest[0]:
-                await channel.put(blob, key, weight, affinity)
+                await channel.put(blob, key, weight, affinity, producer=consumer)
             return None
         if op == "get_many":
             key, max_items = rest

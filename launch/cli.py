@@ -26,6 +26,7 @@ def _bench(argv: list[str]) -> int:
 
 COMMANDS = {
     "bench": _bench,
+    "graph": lambda argv: importlib.import_module("dynarl.launch.graph").main(argv),
 }
 
 

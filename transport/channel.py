@@ -52,6 +52,8 @@ class ChannelStatistics:
     waiting_putters: int
     waiting_getters: int
     served_weight: dict[str, float] = field(default_factory=dict)
+    producers: dict[str, int] = field(default_factory=dict)
+    """Items put, by producer ("" for the controller's own code)."""
     closed: bool = False
 
 
@@ -69,6 +71,7 @@ class Channel:
         self._getters: dict[Hashable, list[_Getter]] = defaultdict(list)
         self._putters: deque[asyncio.Future] = deque()
         self._served: dict[str, float] = defaultdict(float)
+        self._producers: dict[str, int] = defaultdict(int)
         self._seq = itertools.count()
         self._size = 0
         self._weight = 0.0
@@ -80,7 +83,8 @@ class Channel:
         return self._size
 
     # --- put ------------------------------------------------------------------
-    async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None) -> None:
+    async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
+                  producer: str | None = None) -> None:
         """Waits while the channel is full (backpressure)."""
         while True:
             if self.closed:
@@ -94,14 +98,16 @@ class Channel:
             finally:
                 if fut in self._putters:
                     self._putters.remove(fut)
-        self.put_nowait(item, key, weight, affinity)
+        self.put_nowait(item, key, weight, affinity, producer)
 
-    def put_nowait(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None) -> None:
+    def put_nowait(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
+                   producer: str | None = None) -> None:
         if self.closed:
             raise ChannelClosed(f"channel {self.name!r} is closed")
         if weight < 0:
             raise ValueError(f"weight must be >= 0, got {weight}")
         self.puts += 1
+        self._producers[producer or ""] += 1
         entry = Entry(item, float(weight), affinity)
         getter = self._pick_getter(key, affinity)
         if getter is not None:
@@ -207,7 +213,7 @@ class Channel:
             per_key={str(k): len(q) for k, q in self._queues.items() if q},
             puts=self.puts, gets=self.gets, waiting_putters=len(self._putters),
             waiting_getters=sum(len(g) for g in self._getters.values()),
-            served_weight=dict(self._served), closed=self.closed)
+            served_weight=dict(self._served), producers=dict(self._producers), closed=self.closed)
 
     # --- internals -------------------------------------------------------------
     def _pick_getter(self, key: Hashable, affinity: str | None) -> _Getter | None:

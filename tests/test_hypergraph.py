@@ -1,0 +1,98 @@
+NUM_GPUS = 0
+
+import os
+import subprocess
+import sys
+
+import dynarl
+from dynarl import RuntimeConfig
+from dynarl.core.hypergraph import Hypergraph
+from dynarl.core.hypergraph_extract import extract
+from workers import Consumer, Producer
+
+WORKFLOW = '''
+import dynarl
+
+class Base(dynarl.Worker):
+    pass
+
+class Generator(Base):
+    async def run(self):
+        out = self.channel("samples")
+        await out.put(1)
+
+class Scorer(dynarl.Worker):
+    def __init__(self):
+        self.results = self.channel("scores")
+
+    async def run(self):
+        item = await self.channel("samples").get()
+        await self.results.put(item)
+
+class Learner(dynarl.Worker):
+    async def learn(self, batch):
+        return batch
+
+async def workflow(ctl, name):
+    gen = await ctl.spawn(Generator, name="gen", num_ranks=2)
+    scorer = await ctl.spawn(Scorer, name="scorer", num_ranks=1)
+    learner = await ctl.spawn(Learner, name="learner", num_ranks=1)
+    await ctl.channel("prompts").put("p")
+    await stage(learner, get="scores", put="updates")
+    await stage(other, get="x")
+    await ctl.channel(name).put(3)
+'''
+
+
+def test_extract_nodes_edges_and_warnings():
+    graph = extract({"wf.py": WORKFLOW})
+    assert graph.nodes == {"gen": "Generator", "scorer": "Scorer", "learner": "Learner"}
+    assert graph.edges() == [
+        ("driver", "prompts", "?"),
+        ("gen", "samples", "scorer"),
+        ("scorer", "scores", "learner"),
+        ("learner", "updates", "?"),
+    ]
+    lines = WORKFLOW.splitlines()
+    stage_line = lines.index('    await stage(other, get="x")') + 1
+    dynamic_line = lines.index("    await ctl.channel(name).put(3)") + 1
+    assert len(graph.warnings) == 2
+    assert any(f"wf.py:{stage_line}:" in w and "group can't be told" in w for w in graph.warnings)
+    assert any(f"wf.py:{dynamic_line}:" in w and "not a literal (name)" in w for w in graph.warnings)
+
+
+def test_hypergraph_queries_and_dot():
+    graph = Hypergraph(extract({"wf.py": WORKFLOW}))
+    assert graph.successors("gen") == {"scorer"} and graph.predecessors("learner") == {"scorer"}
+    dot = graph.to_dot()
+    assert '"gen" -> "scorer" [label="samples"]' in dot and dot.startswith("digraph")
+
+
+async def test_runtime_half_completes_what_the_source_hides():
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        producer = await ctl.spawn(Producer, name="producer", num_ranks=1)
+        consumer = await ctl.spawn(Consumer, name="consumer", num_ranks=1)
+        await producer.call("produce", "hidden", [1, 2, 3])  # channel name passed as data
+        await consumer.call("consume", "hidden", 3)
+        await ctl.channel("hidden").put("from-driver")
+        graph = ctl.refresh_graph()
+        edge = graph.edges["hidden"]
+        assert edge.producers == {"producer", "driver"} and edge.consumers == {"consumer"}
+        assert not edge.static and edge.progress == 1
+        assert graph.nodes["producer"].cls == "Producer" and graph.nodes["producer"].devices == [0]
+    assert graph.nodes["producer"].workers == []  # stopped at shutdown
+
+
+def test_cli_lists_and_draws_a_workflow_file(tmp_path):
+    path = tmp_path / "wf.py"
+    path.write_text(WORKFLOW)
+    out = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "gen --[samples]--> scorer" in out.stdout and "warning:" in out.stdout
+    dot = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", str(path), "--dot"],
+                         capture_output=True, text=True, timeout=60)
+    assert dot.stdout.startswith("digraph")
+    missing = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", str(tmp_path / "nope.py")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
