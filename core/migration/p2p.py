@@ -1,0 +1,140 @@
+"""P2P migration of a sharded trainer: create before destroy.
+
+1. spawn the new ranks on the destination devices and build their DP group;
+2. plan the reshard from the old layout to the new (core/reshard_plan.py);
+3. build a transfer group (old ranks, then new ranks) and move every slice of
+   params, optimizer moments and grad buffers peer-to-peer;
+4. the new ranks install their shards (a collective in their DP group) and
+   confirm; the controller checks their ranges tile the state and the step;
+5. only then stop the old ranks. On any failure before the switch, the new ranks
+   are stopped and their groups destroyed: the old trainer never stopped, so
+   training continues there with nothing lost.
+
+The trainer workers implement the reshard protocol (components/trainer/reshard.py):
+reshard_layout, reshard_send, reshard_recv, reshard_install, state_digest, and
+start(dp_group) to build a fresh trainer in the new group.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dynarl.core.reshard_plan import flat_layout, plan_reshard
+from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+from dynarl.transport.errors import DynarlError
+
+if TYPE_CHECKING:
+    from dynarl.core.controller import Controller
+
+log = logging.getLogger(__name__)
+_generations = itertools.count(1)
+
+
+class MigrationFailed(DynarlError):
+    """A migration was rolled back; the component keeps running where it was."""
+
+
+@dataclass(slots=True)
+class P2PResult:
+    group: WorkerGroup
+    dp_group: str | None
+    elements_moved: int
+    transfers: int
+    seconds: float
+    phases: dict[str, float]
+    """Seconds per phase: create, plan, transfer, install, destroy."""
+
+
+async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], init: dict[str, Any], *,
+                      dp_group_prefix: str = "trainer_dp", timeout_s: float = 120.0) -> P2PResult:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    gen = next(_generations)
+    name = f"{old.name.split('@')[0]}@{gen}"
+    new_dp = f"{dp_group_prefix}@{gen}" if len(devices) > 1 else None
+    transfer_group = f"reshard@{gen}"
+    layouts = await old.call("reshard_layout")
+    digests = await old.call("state_digest")
+    total = layouts[0]["total_numel"]
+    old_shards = flat_layout({k: [r["ranges"][k][i] for i, r in enumerate(layouts)]
+                              for k in layouts[0]["ranges"]})
+    new: WorkerGroup | None = None
+    phases: dict[str, float] = {}
+    mark = loop.time()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = loop.time()
+        phases[name] = now - mark
+        mark = now
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            new = await ctl.spawn(old.cls, name=name, devices=devices, init=init)
+            if new_dp is not None:
+                await ctl.process_group(new_dp, [new])
+            await new.call("start", new_dp)
+            phase("create")
+            new_layouts = await new.call("reshard_layout")
+            new_shards = flat_layout({k: [r["ranges"][k][i] for i, r in enumerate(new_layouts)]
+                                      for k in new_layouts[0]["ranges"]})
+            extents = {k: (total,) for k in layouts[0]["ranges"]}
+            plan = plan_reshard(old_shards, new_shards, extents)
+            await ctl.process_group(transfer_group, [old, new])
+            phase("plan")
+            offset = old.world_size  # new rank r is rank offset + r of the transfer group
+            wire = [[t.key, t.src, offset + t.dst, t.offset[0], t.shape[0], tag] for tag, t in enumerate(plan)]
+            sends = [[transfer_group, [w for w in wire if w[1] == r]] for r in range(old.world_size)]
+            recvs = [[transfer_group, [w for w in wire if w[2] == offset + r], *new_layouts[r]["ranges"]["master"][r]]
+                     for r in range(new.world_size)]
+            sent, received = await gather_or_cancel([old.scatter("reshard_send", sends),
+                                                     new.scatter("reshard_recv", recvs)])
+            if sum(sent) != sum(received):
+                raise MigrationFailed(f"sent {sum(sent)} elements but received {sum(received)}")
+            phase("transfer")
+            step = digests[0]["step"]
+            confirmed = await new.call("reshard_install", step)
+            _check_confirmations(confirmed, total, step)
+            phase("install")
+    except BaseException as exc:
+        await _roll_back(ctl, new, [new_dp, transfer_group])
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise MigrationFailed(f"P2P migration of {old.name!r} to devices {devices} rolled back: {exc!r}") from exc
+    await ctl.process_groups.destroy(transfer_group)
+    await ctl.stop_group(old)  # the switch: only now do the old ranks go
+    phase("destroy")
+    seconds = loop.time() - started
+    ctl.tracer.complete("p2p migration", "migration", "migrations", 0, started, loop.time(),
+                        {"from": old.name, "to": name, "devices": devices, "elements": sum(sent)})
+    return P2PResult(new, new_dp, sum(sent), len(plan), seconds, phases)
+
+
+def _check_confirmations(confirmed: list[dict], total: int, step: int) -> None:
+    ranges = sorted(tuple(c["range"]) for c in confirmed)
+    position = 0
+    for start, end in ranges:
+        if start != position:
+            raise MigrationFailed(f"new ranks' ranges leave a gap or overlap at {position}")
+        position = end
+    if position != total:
+        raise MigrationFailed(f"new ranks cover {position} of {total} elements")
+    if any(c["step"] != step for c in confirmed):
+        raise MigrationFailed("a new rank installed a different optimizer step")
+
+
+async def _roll_back(ctl: "Controller", new: WorkerGroup | None, groups: list[str | None]) -> None:
+    for group in groups:
+        if group is not None:
+            try:
+                await ctl.process_groups.destroy(group)
+            except Exception as exc:  # best effort: the members may be dead
+                log.warning("rollback: destroying %s failed: %r", group, exc)
+    if new is not None:
+        try:
+            await ctl.stop_group(new)
+        except Exception as exc:
+            log.warning("rollback: stopping %s failed: %r", new.name, exc)

@@ -1,0 +1,78 @@
+NUM_GPUS = 0
+
+import asyncio
+
+import pytest
+import torch
+
+import dynarl
+from dynarl import ClusterConfig, RuntimeConfig
+from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
+from conftest import assert_reaped
+from reshard_workers import ReshardTrainer, make_batch
+
+STATES = ("master", "exp_avg", "exp_avg_sq", "grad")
+
+
+async def trained(ctl, ranks, steps=2):
+    group = await ctl.spawn(ReshardTrainer, name="trainer", num_ranks=ranks)
+    dp = "trainer_dp" if ranks > 1 else None
+    if dp:
+        await ctl.process_group(dp, [group])
+    await group.call("start", dp)
+    for step in range(steps):
+        shards = [[make_batch(step)]] * ranks  # each rank's part: here every rank gets the same rows
+        await group.scatter("train", shards)
+    return group
+
+
+async def gathered(group):
+    """The full state, assembled from every rank's range, and rank 0's weights."""
+    parts = sorted(await group.call("full_state"), key=lambda p: p["range"][0])
+    state = {k: torch.cat([p[k] for p in parts]) for k in STATES}
+    return state, parts[0]["params"], {p["step"] for p in parts}
+
+
+def assert_bitwise_equal(a, b):
+    (sa, pa, steps_a), (sb, pb, steps_b) = a, b
+    assert steps_a == steps_b
+    for k in STATES:
+        assert torch.equal(sa[k], sb[k]), k
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), name
+
+
+async def test_dp2_to_1_to_2_and_uneven_2_to_3_keep_state_bitwise():
+    config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=3))
+    async with dynarl.Controller(config) as ctl:
+        group = await trained(ctl, 2)
+        before = await gathered(group)
+        old_pids = group.pids
+        result = await p2p_migrate(ctl, group, [2], {})
+        assert result.group.world_size == 1 and result.elements_moved == 4 * before[0]["master"].numel()
+        assert set(result.phases) == {"create", "plan", "transfer", "install", "destroy"}
+        assert_bitwise_equal(before, await gathered(result.group))
+        assert_reaped(old_pids)  # destroyed only after the switch
+        back = await p2p_migrate(ctl, result.group, [0, 1], {})
+        assert_bitwise_equal(before, await gathered(back.group))
+        three = await p2p_migrate(ctl, back.group, [0, 1, 2], {})
+        assert_bitwise_equal(before, await gathered(three.group))
+        # and it trains on: the next step runs in the 3-rank DP group
+        await three.group.scatter("train", [[make_batch(9)]] * 3)
+
+
+@pytest.mark.parametrize("fault", ["create", "transfer", "confirm"])
+async def test_a_fault_in_any_phase_rolls_back_and_training_continues(fault):
+    config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=4))
+    async with dynarl.Controller(config) as ctl:
+        group = await trained(ctl, 2)
+        before = await gathered(group)
+        import dynarl.core.migration.p2p as p2p
+        timeout = 4.0 if fault == "confirm" else 60.0
+        with pytest.raises(MigrationFailed, match="rolled back"):
+            await p2p.p2p_migrate(ctl, group, [2, 3], {"fail": fault}, timeout_s=timeout)
+        assert set(ctl.groups) == {"trainer"}  # the new ranks are gone
+        assert_bitwise_equal(before, await gathered(group))  # nothing lost
+        await group.scatter("train", [[make_batch(7)]] * 2)  # training continues on the old ranks
+        after = await gathered(group)
+        assert after[2] == {before[2].pop() + 1}
