@@ -13,6 +13,7 @@ BENCHES = {
     "transport": "dynarl.launch.bench.transport",
     "rollout": "dynarl.launch.bench.rollout",
     "trainer": "dynarl.launch.bench.trainer",
+    "scheduler": "dynarl.launch.bench.scheduler",
 }
 
 
