@@ -130,16 +130,50 @@ class Controller:
         if name in self.groups:
             raise ValueError(f"a group named {name!r} already exists")
         device_ids = self.pool.place(name, num_ranks, devices)
+        group = WorkerGroup(self, name, cls, [])
+        self.groups[name] = group
         try:
-            specs = await self._make_specs(name, cls, device_ids, init or {})
+            group.handles = await self._start_ranks(name, cls, device_ids, init or {}, first_rank=0)
         except BaseException:
+            self.groups.pop(name, None)
             self.pool.release(name)
             raise
+        self.graph.observe_spawn(name, cls.__name__, [h.spec.worker_id for h in group.handles], device_ids)
+        return group
+
+    async def grow_group(self, group: WorkerGroup, devices: list[int], init: dict[str, Any] | None = None) -> None:
+        """Adds ranks of the group's class on `devices` (a Workload migration's
+        receiving side). New ranks continue the rank numbering."""
+        ids = self.pool.extend(group.name, devices)
+        first = 1 + max((h.spec.rank for h in group.handles), default=-1)
+        try:
+            group.handles.extend(await self._start_ranks(group.name, group.cls, ids, init or {}, first_rank=first))
+        except BaseException:
+            self.pool.shrink(group.name, ids)
+            raise
+        self.graph.observe_spawn(group.name, group.cls.__name__, [h.spec.worker_id for h in group.handles],
+                                 group.devices)
+
+    async def shrink_group(self, group: WorkerGroup, positions: Sequence[int]) -> list[int]:
+        """Stops the ranks at `positions` (indexes into group.handles) and frees their
+        devices; the group goes on with the rest. Returns the freed device ids."""
+        chosen = [group.handles[p] for p in sorted(set(positions))]
+        if len(chosen) >= len(group.handles):
+            raise ValueError("shrink_group would leave the group empty; use stop_group")
+        await self._stop_handles(chosen)
+        group.handles = [h for h in group.handles if h not in chosen]
+        freed = [d for h in chosen for d in h.spec.devices]
+        self.pool.shrink(group.name, freed)
+        self.graph.observe_spawn(group.name, group.cls.__name__, [h.spec.worker_id for h in group.handles],
+                                 group.devices)
+        return freed
+
+    async def _start_ranks(self, name: str, cls: type, device_ids: list[int], init: dict,
+                           first_rank: int) -> list[WorkerHandle]:
+        specs = await self._make_specs(name, cls, device_ids, init, first_rank)
         handles = [WorkerHandle(spec, self.tracer) for spec in specs]
         for h in handles:
             h.cls = cls
-        group = WorkerGroup(self, name, cls, handles)
-        self.groups[name] = group
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -148,13 +182,12 @@ class Controller:
                 await gather_or_cancel([_connected(h) for h in handles])
             await gather_or_cancel([h.call("__start__") for h in handles])
         except BaseException as exc:
-            await _best_effort(f"clean up group {name}", self.stop_group(group))
+            await _best_effort(f"clean up ranks of {name}", self._stop_handles(handles))
             if isinstance(exc, TimeoutError):
                 raise SpawnError(f"group {name!r} did not come up within {self.config.spawn_timeout_s} s") from None
             raise
         self.tracer.complete("spawn", "lifecycle", name, 0, started, loop.time(), {"ranks": len(handles)})
-        self.graph.observe_spawn(name, cls.__name__, [h.spec.worker_id for h in handles], device_ids)
-        return group
+        return handles
 
     async def stop_group(self, group: WorkerGroup) -> None:
         """Asks each rank to tear down, then has the launcher reap it (terminate,
@@ -162,26 +195,30 @@ class Controller:
         if group.stopped:
             return
         group.stopped = True
-        grace = self.config.shutdown_grace_s
-        live = [h for h in group.handles if h.alive and h.endpoint is not None]
-        for h in live:
-            h.stopping = True
-        if live:
-            await _best_effort(f"stop {group.name}", asyncio.wait_for(
-                asyncio.gather(*(h.call("__stop__") for h in live), return_exceptions=True), grace))
-        # A rank that was lost or never connected gets no grace: it won't exit by itself.
-        await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(h, grace if h in live else 0.0))
-                               for h in group.handles))
-        for h in group.handles:
-            h.mark_stopped()
-            if self.router is not None:
-                self.router.routes.pop(h.spec.worker_id.encode(), None)
+        await self._stop_handles(group.handles)
         self.pool.release(group.name)
         self.groups.pop(group.name, None)
         self.graph.observe_stop(group.name)
         self.tracer.instant("stopped", "lifecycle", group.name, asyncio.get_running_loop().time())
 
-    async def _make_specs(self, name: str, cls: type, device_ids: list[int], init: dict) -> list[WorkerSpec]:
+    async def _stop_handles(self, handles: Sequence[WorkerHandle]) -> None:
+        grace = self.config.shutdown_grace_s
+        live = [h for h in handles if h.alive and h.endpoint is not None]
+        for h in live:
+            h.stopping = True
+        if live:
+            await _best_effort("stop ranks", asyncio.wait_for(
+                asyncio.gather(*(h.call("__stop__") for h in live), return_exceptions=True), grace))
+        # A rank that was lost or never connected gets no grace: it won't exit by itself.
+        await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(h, grace if h in live else 0.0))
+                               for h in handles))
+        for h in handles:
+            h.mark_stopped()
+            if self.router is not None:
+                self.router.routes.pop(h.spec.worker_id.encode(), None)
+
+    async def _make_specs(self, name: str, cls: type, device_ids: list[int], init: dict,
+                          first_rank: int = 0) -> list[WorkerSpec]:
         module = cls.__module__
         if "<locals>" in cls.__qualname__ and getattr(self.launcher, "needs_importable_classes", True):
             raise TypeError(f"{cls.__qualname__} is defined inside a function; worker processes import "
@@ -194,13 +231,13 @@ class Controller:
         port = await self.launcher.free_port(node0)
         per_node: dict[int, int] = {}
         specs = []
-        for rank, device_id in enumerate(device_ids):
+        for rank, device_id in enumerate(device_ids, start=first_rank):
             device = self.pool.devices[device_id]
             local_rank = per_node.get(device.node, 0)
             per_node[device.node] = local_rank + 1
             specs.append(WorkerSpec(
                 worker_id=f"{name}/{rank}/{secrets.token_hex(4)}", group=name, rank=rank,
-                world_size=len(device_ids), local_rank=local_rank, node=device.node, devices=[device_id],
+                world_size=first_rank + len(device_ids), local_rank=local_rank, node=device.node, devices=[device_id],
                 local_devices=[device.local_index], device_kind=device.kind,
                 cls_path=f"{module}:{cls.__qualname__}", main_file=main_file, init_kwargs=init,
                 master_addr=self.launcher.node_address(node0), master_port=port,

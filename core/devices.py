@@ -46,6 +46,18 @@ class DevicePool:
     def release(self, group: str) -> None:
         self.placed.pop(group, None)
 
+    def extend(self, group: str, devices: list[int]) -> list[int]:
+        """More ranks for an existing group, on explicit devices."""
+        ids = resolve_placement(len(self.devices), self.load(), None, devices)
+        self.placed.setdefault(group, []).extend(ids)
+        return ids
+
+    def shrink(self, group: str, devices: list[int]) -> None:
+        """Frees one placement per listed device id (the ranks that stopped)."""
+        placed = self.placed.get(group, [])
+        for device in devices:
+            placed.remove(device)
+
 
 def resolve_placement(num_devices: int, load: dict[int, int], num_ranks: int | None,
                       devices: list[int] | None) -> list[int]:

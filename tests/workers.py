@@ -115,3 +115,25 @@ class Hoarder(dynarl.Worker):
             await ch.put({"i": i, "t": torch.full((numel,), float(i))})
         await ch.flush()
         return count
+
+
+class Counter(dynarl.Worker):
+    """Keeps a count across a Reboot migration."""
+
+    def __init__(self, fail_on_devices=None) -> None:
+        if fail_on_devices and self.devices[0] in fail_on_devices:
+            raise RuntimeError(f"device {self.devices[0]} is broken")
+        self.count = 0
+
+    def add(self, n):
+        self.count += n
+        return self.count
+
+    def where(self):
+        return {"pid": os.getpid(), "devices": self.devices}
+
+    def reboot_state(self):
+        return {"count": self.count}
+
+    def reboot_restore(self, states):
+        self.count = sum(s["count"] for s in states)

@@ -1,0 +1,76 @@
+"""Workload migration (rollout, inference, reward, tool): move the work, not the
+state. The released ranks pause at a step boundary and export their pending and
+in-flight requests (prompt, tokens so far, sampling state); the kept ranks import
+and continue them; then the released ranks stop and free their devices.
+
+If handing the work over fails, the exported items go back to the released
+ranks, which resume: nothing is lost and nothing runs twice.
+
+Worker protocol: workload_pause(), workload_export() -> [item], workload_load()
+-> float, workload_import([item]), workload_resume(). Each item is a dict with
+at least "id" and "weight" (its expected remaining work, for balancing).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from dynarl.core.migration.p2p import MigrationFailed
+from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+
+if TYPE_CHECKING:
+    from dynarl.core.controller import Controller
+
+
+@dataclass(slots=True)
+class WorkloadResult:
+    moved: int
+    freed_devices: list[int]
+    seconds: float
+
+
+def assign(weights: Sequence[float], loads: dict[int, float]) -> list[int]:
+    """Pure: the kept position for each item. Heaviest first, each to the currently
+    least loaded position (ties: lowest position), so the result is deterministic."""
+    if not loads:
+        raise ValueError("no kept ranks to hand work to")
+    current = dict(loads)
+    targets = [0] * len(weights)
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        target = min(current, key=lambda p: (current[p], p))
+        targets[i] = target
+        current[target] += weights[i]
+    return targets
+
+
+async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Sequence[int]) -> WorkloadResult:
+    """Moves the work of the ranks at positions `release` to the others, then stops them."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    release = sorted(set(release))
+    keep = [p for p in range(group.world_size) if p not in release]
+    if not release or not keep:
+        raise ValueError("release some ranks, and keep at least one")
+    await group.call("workload_pause", ranks=release)
+    exported = await group.call("workload_export", ranks=release)
+    items = [item for part in exported for item in part]
+    try:
+        loads = await group.call("workload_load", ranks=keep)
+        targets = assign([float(item["weight"]) for item in items], dict(zip(keep, loads)))
+        per_rank = {p: [] for p in keep}
+        for item, target in zip(items, targets):
+            per_rank[target].append(item)
+        await group.scatter("workload_import", [[per_rank[p]] for p in keep], ranks=keep)
+    except BaseException as exc:
+        # Give every exported item back to the rank it came from, and let it go on.
+        await gather_or_cancel([group.handles[p].call("workload_import", [part])
+                                for p, part in zip(release, exported)])
+        await group.call("workload_resume", ranks=release)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise MigrationFailed(f"workload migration of {group.name!r} rolled back: {exc!r}") from exc
+    freed = await ctl.shrink_group(group, release)
+    ctl.tracer.complete("workload migration", "migration", "migrations", 0, started, loop.time(),
+                        {"group": group.name, "moved": len(items), "freed": freed})
+    return WorkloadResult(len(items), freed, loop.time() - started)

@@ -1,0 +1,63 @@
+NUM_GPUS = 0
+
+import pytest
+
+import dynarl
+from dynarl import ClusterConfig, RuntimeConfig
+from dynarl.core.migration.p2p import MigrationFailed
+from dynarl.core.migration.workload import assign, workload_migrate
+from conftest import assert_reaped
+from workload_workers import EngineWorker, requests
+
+
+@pytest.mark.parametrize("weights,loads,expected", [
+    pytest.param([5, 1, 1], {0: 0.0, 1: 0.0}, [0, 1, 1], id="heaviest-first-then-balance"),
+    pytest.param([1, 1], {0: 10.0, 2: 0.0}, [2, 2], id="to-the-idle-rank"),
+    pytest.param([], {0: 0.0}, [], id="nothing-to-move"),
+    pytest.param([2, 2], {3: 1.0, 1: 1.0}, [1, 3], id="ties-lowest-position"),
+])
+def test_assign_table(weights, loads, expected):
+    assert assign(weights, loads) == expected
+
+
+async def reference_tokens():
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        solo = await ctl.spawn(EngineWorker, num_ranks=1)
+        await solo.call("submit", requests("a", 6) + requests("b", 6))
+        return (await solo.call("drain"))[0]
+
+
+async def test_released_rank_work_finishes_on_the_kept_rank_with_the_same_tokens():
+    expected = await reference_tokens()
+    config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(EngineWorker, name="rollout", num_ranks=2)
+        await group.scatter("submit", [[requests("a", 6)], [requests("b", 6)]])
+        await group.call("run_steps", 6)  # mid-generation: some done, some running, some waiting
+        released_pid = group.pids[1]
+        finished_before = (await group.call("finished", ranks=[1]))[0]  # already sent downstream
+        result = await workload_migrate(ctl, group, [1])
+        assert result.moved > 0 and result.freed_devices == [1]
+        assert group.world_size == 1 and ctl.pool.placed["rollout"] == [0]
+        assert_reaped([released_pid])
+        finished_after = (await group.call("drain"))[0]
+    # Ledger: every request finished exactly once, on one rank or the other ...
+    ids = list(finished_before) + list(finished_after)
+    assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
+    # ... with the tokens an uninterrupted run produces, also for the continued ones.
+    for rid, tokens in {**finished_before, **finished_after}.items():
+        assert tokens == expected[rid], rid
+    assert any(rid.startswith("b") for rid in finished_after)  # some of rank 1's work moved
+
+
+async def test_failed_handover_gives_the_work_back():
+    config = RuntimeConfig(launcher="inproc")
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(EngineWorker, name="rollout", devices=[0, 1], init={"fail_import": True})
+        await group.scatter("submit", [[requests("a", 4)], [requests("b", 4)]])
+        await group.call("run_steps", 3)
+        with pytest.raises(MigrationFailed, match="rolled back"):
+            await workload_migrate(ctl, group, [1])
+        assert group.world_size == 2
+        results = await group.call("drain")
+    assert sorted(results[1]) == [f"b{i}" for i in range(4)]  # rank 1 finished its own work

@@ -1,0 +1,64 @@
+"""A rollout worker driven step by step, for the Workload migration tests."""
+import torch
+
+import dynarl
+from dynarl.components.model.config import TINY_CONFIGS
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
+from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+
+
+def requests(prefix: str, count: int, max_new_tokens: int = 24) -> list[dict]:
+    return [GenerationRequest(f"{prefix}{i}", [5 + i, 9, 7 + i], SamplingParams(max_new_tokens=max_new_tokens, seed=i)
+                              ).to_wire() for i in range(count)]
+
+
+class EngineWorker(dynarl.Worker):
+    def __init__(self, fail_import: bool = False) -> None:
+        torch.manual_seed(0)
+        self.engine = NativeRolloutEngine(Qwen2ForCausalLM(TINY_CONFIGS["tiny-0.5m"]),
+                                          NativeEngineConfig(max_num_seqs=4))
+        self.results: dict[str, list[int]] = {}
+        self.fail_import = fail_import
+
+    def submit(self, reqs: list[dict]) -> int:
+        for r in reqs:
+            self.engine.add_request(GenerationRequest.from_wire(r))
+        return len(reqs)
+
+    async def run_steps(self, steps: int) -> int:
+        for _ in range(steps):
+            if not self.engine.has_work():
+                break
+            for result in await self.engine.step():
+                self.results[result.request_id] = result.output_token_ids
+        return len(self.results)
+
+    def finished(self) -> dict:
+        return self.results
+
+    async def drain(self) -> dict:
+        while self.engine.has_work():
+            await self.run_steps(1)
+        return self.results
+
+    def workload_pause(self) -> None:
+        self.engine.pause()
+
+    def workload_resume(self) -> None:
+        self.engine.resume()
+
+    def workload_export(self) -> list[dict]:
+        return [{"id": item.request.request_id, "weight": item.request.sampling.max_new_tokens
+                 - len(item.output_token_ids), "inflight": item.to_wire()}
+                for item in self.engine.export_inflight()]
+
+    def workload_load(self) -> float:
+        load = self.engine.load()
+        return float(load.num_running + load.num_waiting)
+
+    def workload_import(self, items: list[dict]) -> int:
+        if self.fail_import and items and self.rank == 0:  # only the receiving side refuses
+            raise RuntimeError("import refused (fault injection)")
+        self.engine.import_inflight([InflightRequest.from_wire(item["inflight"]) for item in items])
+        return len(items)
