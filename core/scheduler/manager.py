@@ -1,0 +1,111 @@
+"""One manager per WorkerGroup: aggregates its workers' metrics into what the
+scheduler reads, and guards its interruptible points.
+
+Workers report `metrics()`: {"utilization": active KV / capacity (rollout) or
+busy fraction, "running": int, "waiting": int, "work_done": cumulative work
+units, "remaining_work": units left this iteration}. The manager keeps, per
+engine, since when its utilization has stayed below u_low (the donor signal),
+and feeds measured throughput to the predictor's online correction.
+"""
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Literal
+
+from dynarl.core.scheduler.policy import ComponentView
+from dynarl.core.scheduler.predictor import Predictor
+from dynarl.core.worker_group import WorkerGroup
+
+
+class InterruptGate:
+    """A component is interruptible when no `busy()` section is open. `interrupt()`
+    waits for quiescence and holds new busy sections back until the move is done
+    (a writer-preferring readers-writer lock)."""
+
+    def __init__(self) -> None:
+        self._busy = 0
+        self._moving = False
+        self._changed = asyncio.Condition()
+
+    @property
+    def interruptible(self) -> bool:
+        return self._busy == 0 and not self._moving
+
+    @asynccontextmanager
+    async def busy(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._moving)
+            self._busy += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._busy -= 1
+                self._changed.notify_all()
+
+    @asynccontextmanager
+    async def interrupt(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._moving)
+            self._moving = True
+            await self._changed.wait_for(lambda: self._busy == 0)
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._moving = False
+                self._changed.notify_all()
+
+
+@dataclass(slots=True)
+class ComponentSpec:
+    name: str
+    kind: Literal["dynamic", "static"]
+    strategy: Literal["workload", "p2p", "reboot"]
+    devices_per_engine: int = 1
+    min_devices: int = 1
+    init: dict | None = None
+    """Constructor arguments for ranks the component gains (grow, P2P, reboot)."""
+
+
+class Manager:
+    def __init__(self, spec: ComponentSpec, group: WorkerGroup, u_low: float) -> None:
+        self.spec = spec
+        self.group = group
+        self.u_low = u_low
+        self.gate = InterruptGate()
+        self.low_since: dict[str, float | None] = {}
+        self.remaining_work = 0.0
+        self.active_requests = 0
+        self._last_done: tuple[float, float] | None = None
+        self.measured_rate: float | None = None
+
+    async def poll(self, now: float, predictor: Predictor | None = None) -> None:
+        """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
+        reports = await self.group.call("metrics")
+        for handle, report in zip(self.group.handles, reports):
+            key = handle.spec.worker_id
+            if report["utilization"] < self.u_low:
+                self.low_since[key] = self.low_since.get(key) if self.low_since.get(key) is not None else now
+            else:
+                self.low_since[key] = None
+        alive = {h.spec.worker_id for h in self.group.handles}
+        self.low_since = {k: v for k, v in self.low_since.items() if k in alive}
+        self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
+        self.active_requests = int(sum(r.get("running", 0) + r.get("waiting", 0) for r in reports))
+        done = float(sum(r.get("work_done", 0.0) for r in reports))
+        if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:
+            self.measured_rate = (done - self._last_done[1]) / (now - self._last_done[0])
+            if predictor is not None and self.spec.name in predictor.models and self.measured_rate > 0:
+                predictor.models[self.spec.name].observe(len(self.group.devices), self.measured_rate)
+        self._last_done = (now, done)
+
+    def view(self) -> ComponentView:
+        return ComponentView(
+            name=self.spec.name, kind=self.spec.kind, devices=len(self.group.devices),
+            remaining_work=self.remaining_work, devices_per_engine=self.spec.devices_per_engine,
+            min_devices=self.spec.min_devices, interruptible=self.gate.interruptible,
+            active_requests=self.active_requests if self.spec.kind == "dynamic" else None,
+            engine_low_since=tuple(self.low_since.get(h.spec.worker_id) for h in self.group.handles))
