@@ -15,7 +15,6 @@ code raises.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import secrets
 from typing import Any, Sequence
@@ -30,12 +29,13 @@ from dynarl.core.tracing import Tracer
 from dynarl.core.worker import Worker, WorkerSpec
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 from dynarl.core.worker_handle import WorkerHandle
-from dynarl.transport.channel import Channel, WouldBlock
-from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
+from dynarl.core.channel_service import ChannelService
+from dynarl.transport.channel import Channel
+from dynarl.transport.data_plane import PayloadFetcher
 from dynarl.transport.errors import SpawnError
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import RouterServer
-from dynarl.transport.wire import Blob, Codec, RemoteRef, decode_blob
+from dynarl.transport.wire import Codec
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,7 @@ class Controller:
         self.graph = Hypergraph()
         """Runtime half of the hypergraph; `refresh_graph()` folds in channel traffic."""
         self.router: RouterServer | None = None
-        self.fetcher: PayloadFetcher | None = None
-        self.rehomed: dict[tuple[str, int], Blob] = {}
-        """Peer-to-peer payloads whose producer stopped before they were fetched."""
+        self.channel_service = ChannelService(self.channels, self.tracer)
         self._tg: asyncio.TaskGroup | None = None
         self._background: list[asyncio.Task] = []
         self._closed = False
@@ -74,7 +72,7 @@ class Controller:
                 self.router = RouterServer(self.codec, f"tcp://{host}:0")
                 self._background.append(self._tg.create_task(self.router.serve(), name="router"))
                 self._background.append(self._tg.create_task(self._monitor(), name="liveness"))
-                self.fetcher = PayloadFetcher(self.codec, self.spawn_task)
+                self.channel_service.fetcher = PayloadFetcher(self.codec, self.spawn_task)
             await self.launcher.start(self)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
@@ -85,8 +83,8 @@ class Controller:
         await self.shutdown()
         for task in self._background:
             task.cancel()
-        if self.fetcher is not None:
-            self.fetcher.stop()
+        if self.channel_service.fetcher is not None:
+            self.channel_service.fetcher.stop()
         try:
             await self._tg.__aexit__(None, None, None)
         except BaseException as group_exc:  # a background task failed
@@ -94,8 +92,8 @@ class Controller:
                 raise
             log.error("background failure during shutdown: %r", group_exc)
         finally:
-            if self.fetcher is not None:
-                self.fetcher.close()
+            if self.channel_service.fetcher is not None:
+                self.channel_service.fetcher.close()
             if self.router is not None:
                 self.router.close()
             if self.config.trace_path:
@@ -282,10 +280,7 @@ class Controller:
     # --- channels -----------------------------------------------------------------
     def channel(self, name: str, capacity: int = 1024) -> Channel:
         """The channel `name`, created on first use."""
-        channel = self.channels.get(name)
-        if channel is None:
-            channel = self.channels[name] = Channel(name, capacity, resolve=self._resolve_item)
-        return channel
+        return self.channel_service.channel(name, capacity)
 
     def refresh_graph(self) -> Hypergraph:
         """Folds every channel's producers and consumers into the hypergraph."""
@@ -294,59 +289,8 @@ class Controller:
             self.graph.observe_channel(channel.name, stats.producers, stats.served_weight, stats.puts, stats.gets)
         return self.graph
 
-    async def _resolve_item(self, item: Any) -> Any:
-        if isinstance(item, RemoteRef):
-            blob = self.rehomed.pop((item.address, item.id), None)
-            item = blob if blob is not None else await self.fetcher.fetch(item)
-        return decode_blob(item) if isinstance(item, Blob) else item
-
     async def serve_worker_call(self, handle: WorkerHandle, method: str, args: list, kwargs: dict) -> Any:
-        """Calls workers make to the controller: channel and payload operations."""
-        if method == "__payload__":
-            return self._serve_payload(*args)
-        if method != "__channel__" or len(args) < 2:
-            raise PermissionError(f"workers may not call {method!r} on the controller")
-        op, name, *rest = args
-        channel = self.channel(name)
-        consumer = handle.spec.worker_id
-        if op == "put_many":
-            for blob, key, weight, affinity in rest[0]:
-                await channel.put(blob, key, weight, affinity, producer=consumer)
-            return None
-        if op == "get_many":
-            key, max_items = rest
-            items = [await channel.get_raw(key, consumer)]
-            while len(items) < max_items:
-                try:
-                    items.append(channel.get_raw_nowait(key, consumer))
-                except WouldBlock:
-                    break
-            return [self._rehomed_or(item) for item in items]
-        if op == "get_batch":
-            target, key = rest
-            return [self._rehomed_or(item) for item in await channel.get_batch_raw(target, key, consumer)]
-        if op == "statistics":
-            return dataclasses.asdict(channel.statistics())
-        raise ValueError(f"unknown channel operation {op!r}")
-
-    def _rehomed_or(self, item: Any) -> Any:
-        """A ref whose producer stopped travels as its bytes instead."""
-        if isinstance(item, RemoteRef):
-            return self.rehomed.pop((item.address, item.id), item)
-        return item
-
-    def _serve_payload(self, op: str, address: str, ref_id: int, blob: Blob | None = None) -> Any:
-        if op == "rehome":
-            ref = RemoteRef(address, ref_id, blob.nbytes)
-            if not any(ch.replace_item(ref, blob) for ch in self.channels.values()):
-                self.rehomed[(address, ref_id)] = blob  # a consumer already holds the ref
-            return None
-        if op == "fetch":
-            blob = self.rehomed.pop((address, ref_id), None)
-            if blob is None:
-                raise PayloadLost(f"payload {ref_id} of {address} is gone")
-            return blob
-        raise ValueError(f"unknown payload operation {op!r}")
+        return await self.channel_service.serve(handle, method, args)
 
     # --- process groups --------------------------------------------------------------
     async def process_group(self, name: str, members: Sequence[WorkerGroup | tuple[WorkerGroup, int]],

@@ -35,12 +35,12 @@ async def test_payloads_survive_their_producer_stopping():
         held = ctl.channel("big").get_raw_nowait()  # as if a consumer took the ref and stalled
         await producer.stop()
         # The queued ref was swapped for the bytes; the one already taken waits at the controller.
-        assert ctl.channel("big").statistics().size == 1 and len(ctl.rehomed) == 1
+        assert ctl.channel("big").statistics().size == 1 and len(ctl.channel_service.rehomed) == 1
         ctl.channel("big").put_nowait(held)
         consumer = await ctl.spawn(Consumer, num_ranks=1)
         got = (await consumer.call("consume", "big", 2))[0]
         assert sorted(g["i"] for g in got) == [0, 1]
-        assert not ctl.rehomed
+        assert not ctl.channel_service.rehomed
 
 
 async def test_consumer_holding_a_ref_of_a_stopped_producer_gets_the_bytes_from_the_controller():
@@ -53,7 +53,7 @@ async def test_consumer_holding_a_ref_of_a_stopped_producer_gets_the_bytes_from_
         await producer.call("put_large", "big", 1, NUMEL)
         ref = ctl.channel("big").get_raw_nowait()
         await producer.stop()
-        assert (ref.address, ref.id) in ctl.rehomed
+        assert (ref.address, ref.id) in ctl.channel_service.rehomed
         client = channel_client.ChannelClient(
             "big", lambda m, a, kw: ctl.serve_worker_call(consumer.handles[0], m, a, kw),
             spawn=asyncio.ensure_future)
