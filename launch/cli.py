@@ -25,8 +25,14 @@ def _bench(argv: list[str]) -> int:
     return int(module.main(rest) or 0)
 
 
+def _tool(argv: list[str]) -> int:
+    from dynarl.launch import tool
+    return tool.main(argv)
+
+
 COMMANDS = {
     "bench": _bench,
+    "tool": _tool,
     "graph": lambda argv: importlib.import_module("dynarl.launch.graph").main(argv),
 }
 

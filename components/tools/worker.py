@@ -1,0 +1,52 @@
+"""ToolWorker: the tool component as a runtime worker.
+
+    tools = await ctl.spawn(ToolWorker, num_ranks=1, init={"config": {"max_concurrency": 16}})
+    [result] = await tools.call("python", "print(1 + 1)", 5.0)   # {"ok": True, "stdout": "2\\n", ...}
+
+setup() proves the sandbox works, so a node without a usable bubblewrap fails at
+spawn with the reason instead of at the first agent turn. Python calls run
+concurrently up to `max_concurrency` (the sandbox's semaphore); calculator calls
+are cheap and run at once. Every call's latency goes to `latency_stats()`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dynarl
+from dynarl.components.tools.calculator import calculate
+from dynarl.components.tools.config import ToolConfig
+from dynarl.components.tools.latency import LatencyLog
+from dynarl.components.tools.python_sandbox import PythonSandbox
+from dynarl.core.config_tree import build
+
+
+class ToolWorker(dynarl.Worker):
+    def __init__(self, config: dict | None = None) -> None:
+        self.config = build(ToolConfig, config, "tool")
+        self.latency = LatencyLog()
+        self.sandbox = PythonSandbox(self.config, latency=self.latency)
+
+    async def setup(self) -> None:
+        await self.sandbox.check()
+
+    async def teardown(self) -> None:
+        self.sandbox.close()
+
+    async def python(self, code: Any, timeout_s: float | None = None) -> dict[str, Any]:
+        """Runs model-generated code; {"ok", "stdout", "error", "latency_s"}."""
+        return (await self.sandbox.run(code, timeout_s)).to_dict()
+
+    async def calculator(self, expression: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        result = calculate(expression)
+        result.latency_s = time.perf_counter() - started
+        self.latency.record("calculator", result.latency_s, ok=result.ok, rejected=result.rejected)
+        return result.to_dict()
+
+    def latency_stats(self) -> dict[str, dict[str, float | int]]:
+        return self.latency.stats()
+
+    def started_pids(self) -> list[int]:
+        """Host pids of recent sandbox processes (for checks that each was reaped)."""
+        return list(self.sandbox.started_pids)

@@ -1,0 +1,54 @@
+"""`dynarl tool`: the tool component from the shell, one call per run.
+
+    echo 'print(6 * 7)' | dynarl tool python --timeout 5
+    {"ok": true, "stdout": "42\\n", "error": null}
+    dynarl tool calculator '2 ** 10 / 4'
+
+Prints one JSON object. Exit status: 0 ok, 1 the code or expression failed (the
+JSON says how), 2 no sandbox (bubblewrap missing or not isolating) or bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from dynarl.components.tools import PythonSandbox, SandboxUnavailable, ToolConfig, ToolResult, calculate
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dynarl tool", description="Run one tool call and print its JSON result.")
+    tools = parser.add_subparsers(dest="tool", required=True)
+    python = tools.add_parser("python", help="run Python code read from stdin in the sandbox")
+    python.add_argument("--timeout", type=float, default=ToolConfig().timeout_s, help="wall-clock seconds")
+    calculator = tools.add_parser("calculator", help="evaluate arithmetic (the argument, or stdin)")
+    calculator.add_argument("expression", nargs="?")
+    args = parser.parse_args(argv)
+    if args.tool == "calculator":
+        expression = args.expression if args.expression is not None else sys.stdin.read()
+        return _print(calculate(expression))
+    try:
+        config = ToolConfig(timeout_s=args.timeout)
+    except ValueError as exc:
+        parser.error(f"--timeout: {exc}")
+    code = sys.stdin.read()
+    try:
+        result = asyncio.run(_run_python(config, code))
+    except SandboxUnavailable as exc:
+        _print(ToolResult(ok=False, stdout="", error=f"sandbox unavailable: {exc}"))
+        return 2
+    return _print(result)
+
+
+async def _run_python(config: ToolConfig, code: str) -> ToolResult:
+    sandbox = PythonSandbox(config)
+    try:
+        return await sandbox.run(code)
+    finally:
+        sandbox.close()
+
+
+def _print(result: ToolResult) -> int:
+    print(json.dumps({"ok": result.ok, "stdout": result.stdout, "error": result.error}))
+    return 0 if result.ok else 1

@@ -1,0 +1,220 @@
+NUM_GPUS = 0
+
+# Escapes tried from inside the Python sandbox: each is contained, comes back as
+# an error the model can read, and the sandbox keeps serving calls afterwards.
+# Where the launcher's audit hook words an error ("forbidden: ..."), a second try
+# goes around the hook through libc (ctypes) to show that the namespaces and
+# mounts are what contain it, not the hook.
+import asyncio
+import os
+import pathlib
+import sys
+import time
+
+import pytest
+
+from conftest import assert_reaped
+from dynarl.components.tools import PythonSandbox, ToolConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# libc calls that the audit hook does not see.
+RAW_CONNECT = """
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.socket(2, 1, 0)  # AF_INET, SOCK_STREAM
+address = struct.pack("=H", 2) + struct.pack("!H", {port}) + bytes([{ip}]) + bytes(8)
+print(libc.connect(fd, address, 16), ctypes.get_errno())
+"""
+RAW_CREATE = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.open({path!r}.encode(), 0o101, 0o644), ctypes.get_errno())  # O_WRONLY | O_CREAT
+"""
+
+
+@pytest.fixture
+async def sandbox():
+    box = PythonSandbox(ToolConfig(timeout_s=5.0, memory_mb=256))
+    yield box
+    after = await box.run("print('still serving')")
+    assert after.stdout == "still serving\n", after
+    box.close()
+    assert_reaped(list(box.started_pids))
+
+
+@pytest.mark.parametrize("path", [
+    "/etc/passwd", "/etc/hostname", str(pathlib.Path.home() / ".bashrc"), str(ROOT / "README.md"),
+    str(ROOT / "components" / "tools" / "launcher.py"),
+])
+async def test_reading_files_outside_finds_nothing(sandbox, path):
+    assert os.path.exists(path), "the host file must exist for the test to mean anything"
+    result = await sandbox.run(f"print(open({path!r}).read())")
+    assert not result.ok and result.stdout == ""
+    assert result.error == f"exit code 1: FileNotFoundError: [Errno 2] No such file or directory: '{path}'"
+
+
+async def test_only_the_interpreter_is_visible(sandbox):
+    result = await sandbox.run("import os, sys\n"
+                               "print(sorted(os.listdir('/')))\n"
+                               "print(os.listdir(os.path.expanduser('~')), os.getcwd())\n"
+                               "print(sorted(os.listdir('/' + sys.prefix.split('/')[1])))")
+    top, home, first = result.stdout.splitlines()
+    assert set(eval(top)) <= {"bin", "dev", "lib", "lib32", "lib64", "proc", "sandbox", "sbin", "tmp", "usr",
+                              sys.prefix.split("/")[1]}
+    assert home == "[] /sandbox"
+    if not sys.prefix.startswith("/usr/"):
+        # e.g. /root shows only the folder that leads to pyenv's interpreter, nothing else of /root
+        assert eval(first) == [sys.prefix.split("/")[2]]
+
+
+async def test_secret_host_file_in_tmp_is_not_reachable(sandbox, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    result = await sandbox.run(f"print(open({str(secret)!r}).read())")
+    assert "FileNotFoundError" in result.error and "s3cret" not in result.stdout
+
+
+@pytest.mark.parametrize("path", ["/root/pwned", str(ROOT / "pwned"), "/usr/pwned", "/etc/cron.d/pwned"])
+async def test_writing_outside_the_working_folder_is_forbidden(sandbox, path):
+    result = await sandbox.run(f"open({path!r}, 'w').write('x')")
+    assert result.error == f"forbidden: write outside the working folder ({path})"
+    raw = await sandbox.run(RAW_CREATE.format(path=path))
+    # around the hook, the kernel answers: read-only file system (30) or no such folder (2)
+    fd, errno = raw.stdout.split()
+    assert fd == "-1" and errno in ("30", "2"), raw
+    assert not os.path.exists(path)
+
+
+async def test_working_folder_is_fresh_for_every_call(sandbox):
+    first = await sandbox.run("open('state.txt', 'w').write('x'); open('/tmp/t', 'w').write('y'); print('wrote')")
+    second = await sandbox.run("import os; print(os.listdir('.'), os.listdir('/tmp'))")
+    assert first.stdout == "wrote\n"
+    assert second.stdout == "[] []\n"
+
+
+async def test_connecting_to_a_local_server_fails(sandbox):
+    accepted = []
+    server = await asyncio.start_server(lambda r, w: (accepted.append(1), w.close()), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await sandbox.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
+        assert result.error == "forbidden: no network"
+        raw = await sandbox.run(RAW_CONNECT.format(port=port, ip="127, 0, 0, 1"))
+        # the sandbox's loopback is its own: nothing listens there
+        assert raw.stdout == "-1 111\n", raw  # ECONNREFUSED
+        await asyncio.sleep(0.1)
+        assert accepted == []
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_no_route_to_a_public_address(sandbox):
+    result = await sandbox.run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)")
+    assert result.error == "forbidden: no network"
+    raw = await sandbox.run(RAW_CONNECT.format(port=53, ip="1, 1, 1, 1"))
+    assert raw.stdout == "-1 101\n", raw  # ENETUNREACH: the namespace has no route at all
+    lookup = await sandbox.run("import socket\nsocket.getaddrinfo('pypi.org', 443)")
+    assert lookup.error == "forbidden: no network"
+
+
+async def test_no_namespaces_of_its_own(sandbox):
+    # A user namespace of its own would let the code mount a tmpfs with no size bound.
+    result = await sandbox.run("import ctypes\n"
+                               "libc = ctypes.CDLL(None, use_errno=True)\n"
+                               "print(libc.unshare(0x10000000), ctypes.get_errno())  # CLONE_NEWUSER")
+    assert result.stdout == "-1 28\n", result  # ENOSPC: the namespace limit is 0 in the sandbox
+
+
+async def test_fork_bomb_hits_the_process_limit(sandbox):
+    started = time.perf_counter()
+    result = await sandbox.run("import os\nwhile True:\n    os.fork()")
+    assert result.error == "process limit hit (16 processes and threads)"
+    assert time.perf_counter() - started < 4
+
+
+async def test_infinite_loop_times_out(sandbox):
+    result = await sandbox.run("while True:\n    pass", timeout_s=1.5)
+    assert result.error == "timeout after 1.5 s"
+    assert 1.5 <= result.latency_s < 3
+
+
+async def test_busy_loop_hits_the_cpu_limit():
+    box = PythonSandbox(ToolConfig(timeout_s=5.0, cpu_s=1))
+    try:
+        result = await box.run("while True:\n    pass")
+        assert result.error == "cpu time limit hit (1 s)"
+    finally:
+        box.close()
+    assert_reaped(list(box.started_pids))
+
+
+async def test_huge_output_is_cut(sandbox):
+    result = await sandbox.run("while True:\n    print('y' * 1000)")
+    assert result.error == "output truncated at 65536 bytes"
+    assert len(result.stdout) == 65536 and set(result.stdout) == {"y", "\n"}
+    noisy = await sandbox.run("import sys\nsys.stderr.write('z' * 10**6)")
+    assert noisy.error == "output truncated at 65536 bytes"
+
+
+@pytest.mark.parametrize("code", [
+    pytest.param("a = bytearray(2 ** 30)", id="one_block"),
+    pytest.param("a = []\nwhile True:\n    a.append(bytearray(10 ** 6))", id="growing"),
+])
+async def test_memory_hog_hits_the_memory_limit(sandbox, code):
+    result = await sandbox.run(code)
+    assert result.error == "memory limit hit (256 MB)"
+
+
+async def test_tmpfs_is_bounded(sandbox):
+    result = await sandbox.run("f = open('/tmp/big', 'wb')\nwhile True:\n    f.write(bytes(1 << 20))")
+    assert result.error in ("file size limit hit (16 MB)", "disk limit hit (64 MB)")
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+async def test_daemonized_child_does_not_outlive_the_call(sandbox):
+    marker = f"{os.getpid() % 1000}.4172"  # sleep's argument: unique among host processes
+    code = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            f"        os.execv('/bin/sleep', ['sleep', '{marker}'])\n"
+            "    os._exit(0)\n"
+            "time.sleep(1.0)\n"
+            "print('parent exits')\n")
+    call = asyncio.ensure_future(sandbox.run(code))
+    seen: set[int] = set()
+    while not call.done():
+        seen.update(_pids_with(marker))
+        await asyncio.sleep(0.05)
+    assert call.result().stdout == "parent exits\n"
+    assert seen, "the daemon should have been visible while the call ran"
+    assert_reaped(sorted(seen))
+    assert _pids_with(marker) == []
+
+
+async def test_daemonized_child_dies_on_timeout_too(sandbox):
+    marker = f"{os.getpid() % 1000}.4173"
+    code = ("import subprocess, time\n"
+            f"subprocess.Popen(['/bin/sleep', '{marker}'], start_new_session=True)\n"
+            "time.sleep(60)\n")
+    call = asyncio.ensure_future(sandbox.run(code, timeout_s=1.0))
+    seen: set[int] = set()
+    while not call.done():
+        seen.update(_pids_with(marker))
+        await asyncio.sleep(0.05)
+    assert call.result().error == "timeout after 1.0 s"
+    assert seen
+    assert_reaped(sorted(seen))
