@@ -77,7 +77,11 @@ async def test_secret_host_file_in_tmp_is_not_reachable(sandbox, tmp_path):
 @pytest.mark.parametrize("path", ["/root/pwned", str(ROOT / "pwned"), "/usr/pwned", "/etc/cron.d/pwned"])
 async def test_writing_outside_the_working_folder_is_forbidden(sandbox, path):
     result = await sandbox.run(f"open({path!r}, 'w').write('x')")
-    assert result.error == f"forbidden: write outside the working folder ({path})"
+    forbidden = result.error == f"forbidden: write outside the working folder ({path})"
+    # A checkout under /tmp (CI may clone there) lies inside the sandbox's own empty,
+    # writable /tmp: there the folder simply does not exist.
+    missing = path.startswith("/tmp/") and "No such file or directory" in (result.error or "")
+    assert forbidden or missing, result
     raw = await sandbox.run(RAW_CREATE.format(path=path))
     # around the hook, the kernel answers: read-only file system (30) or no such folder (2)
     fd, errno = raw.stdout.split()

@@ -1,0 +1,51 @@
+"""Config-load checks for the engine backends a job selects: the optional extra is
+installed, and the parallel layout fits the model and the ranks. No backend is
+imported; every error names its field path (ConfigError), as config loading does.
+
+`dynarl train` calls `check_backends` after building its config. A dry run on a
+machine without the GPU extras passes `require_installed=False`: the missing
+extras then come back as notes instead of errors.
+"""
+from __future__ import annotations
+
+from dynarl.transport.errors import ConfigError
+
+from .extras import is_available, require_extra
+from .model.config import ModelConfig
+from .rollout.sglang.config import SGLangConfig
+from .trainer.megatron.config import MegatronConfig
+from .trainer.megatron.convert import check_tp_divisible
+
+ROLLOUT_BACKENDS = ("native", "emulated", "sglang")
+TRAINER_BACKENDS = ("native", "emulated", "megatron")
+
+
+def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelConfig, rollout_ranks: int,
+                   trainer_ranks: int, sglang: SGLangConfig | None = None, megatron: MegatronConfig | None = None,
+                   require_installed: bool = True) -> list[str]:
+    """Raise ConfigError for a bad choice; return notes (extras missing on a dry run)."""
+    notes = []
+    for path, backend, allowed in (("rollout.backend", rollout_backend, ROLLOUT_BACKENDS),
+                                   ("trainer.backend", trainer_backend, TRAINER_BACKENDS)):
+        if backend not in allowed:
+            raise ConfigError(path, f"{backend!r} is not allowed; choose from {', '.join(map(repr, allowed))}")
+        if require_installed:
+            require_extra(backend, path)
+        elif not is_available(backend):
+            notes.append(f"{path}={backend}: extra not installed here (pip install 'dynarl[{backend}]')")
+    if trainer_backend == "megatron":
+        megatron = megatron or MegatronConfig()
+        model_parallel = megatron.tensor_parallel_size * megatron.pipeline_parallel_size
+        try:
+            check_tp_divisible(model, megatron.tensor_parallel_size)
+        except ValueError as exc:
+            raise ConfigError("trainer.megatron.tensor_parallel_size", str(exc)) from None
+        if trainer_ranks % model_parallel:
+            raise ConfigError("trainer.num_ranks", f"{trainer_ranks} ranks are not a multiple of tensor x pipeline "
+                                                   f"parallel = {model_parallel} (data parallel takes the rest)")
+    if rollout_backend == "sglang":
+        sglang = sglang or SGLangConfig()
+        if model.num_attention_heads % sglang.tp_size:
+            raise ConfigError("rollout.sglang.tp_size", f"{sglang.tp_size} must divide num_attention_heads="
+                                                        f"{model.num_attention_heads}")
+    return notes

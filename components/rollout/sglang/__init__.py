@@ -1,0 +1,1 @@
+"""SGLang rollout backend (optional extra dynarl[sglang]); imported lazily."""

@@ -1,0 +1,310 @@
+"""The SGLang rollout engine: dynarl's RolloutEngine over one `sglang.Engine`, driven
+from the rollout worker's own event loop.
+
+SGLang's Engine runs its schedulers in other processes and its TokenizerManager in
+ours; every Engine method except async_generate calls loop.run_until_complete and
+fails inside a running loop (BACKENDS.md A1). So this adapter awaits
+`engine.async_generate` and the TokenizerManager's coroutines, and every method that
+talks to SGLang is a coroutine here: load, abort, pause, resume, export_inflight,
+update_weights (also _in_buckets, _from_payloads), release_memory, resume_memory. add_request, import_inflight, has_work
+and set_queue_key stay synchronous (they only start tasks). A worker written for
+both kinds awaits a method's result when it is awaitable.
+
+Requests pass a gate of ours before reaching SGLang: closed while paused, released
+or exporting. SGLang parks a request that arrives while it is paused in the
+TokenizerManager, where abort cannot reach it (it would run after continue); the
+gate keeps ours out of that state. The gate check and SGLang's own pause check run
+in one step of the loop (nothing in between awaits), so no pause slips between them.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Sequence
+
+from ...extras import require_extra
+from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
+from .config import SGLangConfig
+from .requests import Entry, RidAllocator, finished_before_start, generate_kwargs, local_result, result_from_output
+from .weights import BucketEncoder, NamedTensors, encode_buckets, flattened_bucket_encoder, push_payloads
+
+ALL_TAGS = ("kv_cache", "weights", "cuda_graph")
+
+
+class SGLangRolloutEngine:
+    def __init__(self, engine: Any, config: SGLangConfig, weight_version: int = 0, *,
+                 encode_bucket: BucketEncoder = flattened_bucket_encoder,
+                 priority_of: Callable[[GenerationRequest], int] = lambda r: r.tool_count) -> None:
+        self.engine, self.tm, self.config = engine, engine.tokenizer_manager, config
+        self.io = importlib.import_module("sglang.srt.managers.io_struct")
+        self.weight_version = weight_version
+        self._encode, self._priority_of = encode_bucket, priority_of
+        self._queue_key: QueueKey | None = None
+        self._rids = RidAllocator()
+        self._entries: dict[str, Entry] = {}
+        self._futures: dict[str, asyncio.Future] = {}
+        self._watched: set[str] = set()   # ids a generate() call returns itself
+        self._claimed: set[str] = set()   # ids an abort()/export_inflight() call collects
+        self._finished: list[GenerationResult] = []
+        self._errors: list[BaseException] = []
+        self._paused = self._exporting = False
+        self._released: set[str] = set()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._progress = asyncio.Event()  # wakes step()
+        self._cache_hit_tokens = 0
+
+    @classmethod
+    def start(cls, config: SGLangConfig, weight_version: int = 0) -> "SGLangRolloutEngine":
+        """Launch SGLang (its scheduler processes, on GPUs). Call inside the worker's
+        running loop: the TokenizerManager binds to the loop it first runs on."""
+        require_extra("sglang", "rollout.backend")
+        import sglang
+
+        return cls(sglang.Engine(**config.engine_kwargs()), config, weight_version)
+
+    def shutdown(self) -> None:
+        for entry in self._entries.values():
+            entry.task.cancel()
+        self.engine.shutdown()
+
+    # -- requests -------------------------------------------------------------------
+    def add_request(self, request: GenerationRequest) -> None:
+        self._add(Entry(request, self._rids.next()))
+
+    def import_inflight(self, items: Sequence[InflightRequest]) -> None:
+        """Continue requests exported by another engine: SGLang gets prompt + tokens so
+        far as its input and the remaining max_new_tokens."""
+        if len({item.request.request_id for item in items}) != len(items):
+            raise ValueError("request ids in one import_inflight() call must be unique")
+        for item in items:
+            self._add(Entry(item.request, self._rids.next(), list(item.output_token_ids),
+                            list(item.output_logprobs)))
+
+    def _add(self, entry: Entry) -> None:
+        rid = entry.request.request_id
+        if rid in self._entries:
+            raise ValueError(f"request_id {rid!r} is already in this engine")
+        loop = asyncio.get_running_loop()
+        self._futures[rid] = loop.create_future()
+        reason = finished_before_start(entry)
+        if reason is not None:  # imported already complete: nothing for SGLang to do
+            self._deliver(entry, local_result(entry, reason, self.weight_version))
+            return
+        self._entries[rid] = entry
+        entry.task = loop.create_task(self._run(entry))
+        entry.task.add_done_callback(functools.partial(self._on_done, entry))
+
+    async def _run(self, entry: Entry) -> GenerationResult:
+        await self._gate.wait()
+        entry.submitted = True  # no await between here and SGLang's pause check
+        out = await self.engine.async_generate(**generate_kwargs(entry, self._priority(entry.request)))
+        return result_from_output(entry, out, self.weight_version)
+
+    def _priority(self, request: GenerationRequest) -> int | None:
+        if self._queue_key is None or not self.config.enable_priority_scheduling:
+            return None
+        return int(self._priority_of(request))
+
+    def _on_done(self, entry: Entry, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return  # cancelled before SGLang saw it; whoever cancelled delivered the result
+        if task.exception() is not None:
+            rid = entry.request.request_id
+            self._entries.pop(rid, None)
+            future = self._futures.pop(rid)
+            if rid in self._watched or rid in self._claimed:
+                future.set_exception(task.exception())  # raised by generate()/abort()/export
+            else:
+                future.cancel()
+                self._errors.append(task.exception())  # raised by step()
+                self._progress.set()
+            return
+        result = task.result()
+        self._cache_hit_tokens += result.cached_tokens
+        self._deliver(entry, result)
+
+    def _deliver(self, entry: Entry, result: GenerationResult) -> None:
+        rid = entry.request.request_id
+        self._entries.pop(rid, None)
+        self._futures.pop(rid).set_result(result)
+        if rid not in self._watched and rid not in self._claimed:
+            self._finished.append(result)
+        self._progress.set()
+
+    def has_work(self) -> bool:
+        return bool(self._finished or self._errors or (self._entries and self._gate.is_set()))
+
+    async def step(self) -> list[GenerationResult]:
+        """Results of requests that finished since the last step; waits for one if none
+        has. Raises the error of a request SGLang refused."""
+        if not (self._finished or self._errors):
+            if self._entries and self._gate.is_set():
+                self._progress.clear()
+                await self._progress.wait()  # a result, an error, or a pause/resume
+            else:
+                await asyncio.sleep(0)
+        if self._errors:
+            raise self._errors.pop(0)
+        results, self._finished = self._finished, []
+        return results
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Add the requests and return their results in the order given. A request
+        exported meanwhile comes back as its partial output with finish_reason 'abort'."""
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request ids in one generate() call must be unique")
+        self._watched.update(ids)
+        try:
+            futures = []
+            for request in requests:
+                self.add_request(request)
+                futures.append(self._futures[request.request_id])
+            return list(await asyncio.gather(*futures))
+        finally:
+            self._watched.difference_update(ids)
+
+    # -- control --------------------------------------------------------------------
+    async def load(self) -> EngineLoad:
+        """Live KV and queue load from SGLang's load snapshots (one per DP rank):
+        num_used_tokens excludes evictable prefix-cache tokens, so it is the active KV."""
+        snapshots = await self.tm.get_loads()
+        parked = sum(1 for e in self._entries.values() if not e.submitted)
+        return EngineLoad(active_kv_tokens=sum(s.num_used_tokens for s in snapshots),
+                          kv_capacity_tokens=sum(s.max_total_num_tokens for s in snapshots),
+                          num_running=sum(s.num_running_reqs for s in snapshots),
+                          num_waiting=sum(s.num_waiting_reqs for s in snapshots) + parked,
+                          cache_hit_tokens=self._cache_hit_tokens)
+
+    async def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
+        """Abort the given requests (unknown ids are ignored); returns their partial results."""
+        targets = [self._entries[rid] for rid in request_ids if rid in self._entries]
+        futures = [self._futures[e.request.request_id] for e in targets]
+        self._claimed.update(e.request.request_id for e in targets)
+        try:
+            for entry in targets:
+                if entry.submitted:
+                    self.tm.abort_request(rid=entry.rid)  # synchronous; the result comes back via async_generate
+                else:
+                    entry.task.cancel()
+                    self._deliver(entry, local_result(entry, "abort", self.weight_version))
+            return list(await asyncio.gather(*futures))
+        finally:
+            self._claimed.difference_update(e.request.request_id for e in targets)
+
+    async def pause(self) -> None:
+        """Stop generating: running requests go back to SGLang's queue and free their KV
+        (mode "retract"); they recompute after resume(). New requests wait at our gate."""
+        if self._paused:
+            return
+        self._paused = True
+        self._update_gate()  # first, so nothing new reaches SGLang's pause check
+        await self.tm.pause_generation(self.io.PauseGenerationReqInput(mode="retract"))
+
+    async def resume(self) -> None:
+        if not self._paused:
+            return
+        await self.tm.continue_generation(self.io.ContinueGenerationReqInput())
+        self._paused = False
+        self._update_gate()
+
+    async def export_inflight(self) -> list[InflightRequest]:
+        """Take every unfinished request out: prompt + tokens so far, for another engine's
+        import_inflight(). SGLang's requests are aborted (abort-all, repeated until all are
+        back); one that finished meanwhile stays a normal result of step().
+
+        "So far" is what SGLang has reported: a running request's abort carries all its
+        tokens, but a queued one (after pause(), which retracts) carries only those a
+        non-streaming request already reported, every SGLANG_FORCE_STREAM_INTERVAL (50)
+        tokens. The importing engine regenerates the rest: still a correct continuation,
+        up to that many tokens of work lost. Export before pausing to keep them."""
+        entries = list(self._entries.values())
+        ids = [e.request.request_id for e in entries]
+        futures = {rid: self._futures[rid] for rid in ids}
+        self._claimed.update(ids)
+        self._exporting = True
+        self._update_gate()
+        try:
+            for entry in entries:
+                if not entry.submitted:
+                    entry.task.cancel()
+                    self._deliver(entry, local_result(entry, "abort", self.weight_version))
+            remote = [futures[e.request.request_id] for e in entries if e.submitted]
+            while not all(f.done() for f in remote):
+                self.tm.abort_request(abort_all=True)
+                await asyncio.wait([f for f in remote if not f.done()], timeout=self.config.abort_retry_s)
+            exported = []
+            for entry in entries:
+                result = futures[entry.request.request_id].result()
+                if result.finish_reason == "abort":
+                    exported.append(InflightRequest(entry.request, result.output_token_ids, result.output_logprobs))
+                elif entry.request.request_id not in self._watched:
+                    self._finished.append(result)
+            return exported
+        finally:
+            self._claimed.difference_update(ids)
+            self._exporting = False
+            self._update_gate()
+
+    async def update_weights(self, named_tensors: Any, version: int) -> None:
+        """named_tensors: (HF name, tensor) pairs or a mapping, any subset of the model;
+        sent as one bucket. See update_weights_in_buckets."""
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        await self.update_weights_in_buckets([items], version)
+
+    async def update_weights_in_buckets(self, buckets: Iterable[NamedTensors], version: int) -> None:
+        """Pause (unless paused), push every bucket, flush the prefix cache, resume (if we
+        paused). Requests in flight keep their place and recompute with the new weights.
+        With weights released (release_memory), resume_memory(["weights"]) first."""
+        await self.update_weights_from_payloads(encode_buckets(buckets, self.config.tp_size, self._encode), version)
+
+    async def update_weights_from_payloads(self, payloads: Iterable[tuple[list[Any], str | None]],
+                                           version: int) -> None:
+        """The same, for buckets encoded elsewhere (the trainer process owns the tensors):
+        each item is (one payload per TP rank, load_format), see weights.encode_buckets."""
+        if "weights" in self._released:
+            raise RuntimeError("weights are released; resume_memory(['weights']) before updating them")
+        was_paused = self._paused
+        await self.pause()
+        try:
+            await push_payloads(self.tm, self.io, payloads, version)
+            self.weight_version = version
+        finally:
+            if not was_paused:
+                await self.resume()
+
+    async def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Free GPU memory (device_lock): all of it, or the given tags. SGLang asserts it is
+        idle, which a retract-paused engine is; otherwise abort or export requests first."""
+        in_sglang = sum(1 for e in self._entries.values() if e.submitted)
+        if in_sglang and not self._paused:
+            raise RuntimeError(f"release_memory with {in_sglang} requests in SGLang; pause(), abort or "
+                               "export them first")
+        tags = list(tags) if tags is not None else list(ALL_TAGS)
+        self._released.update(tags)
+        self._update_gate()
+        await self.tm.release_memory_occupation(self.io.ReleaseMemoryOccupationReqInput(tags=tags), None)
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Re-allocate memory; verl's order is ["weights"], push weights, then ["kv_cache"].
+        Weight contents survive only with enable_weights_cpu_backup."""
+        tags = list(tags) if tags is not None else list(ALL_TAGS)
+        await self.tm.resume_memory_occupation(self.io.ResumeMemoryOccupationReqInput(tags=tags), None)
+        self._released.difference_update(tags)
+        self._update_gate()
+
+    def set_queue_key(self, key: QueueKey | None) -> None:
+        """SGLang orders its own queue; what reaches it is one int per request, higher
+        first (priority_of: the request's tool_count, the leading term of the agentic
+        key), and only with enable_priority_scheduling. Within a priority it is FCFS."""
+        self._queue_key = key
+
+    def _update_gate(self) -> None:
+        if self._paused or self._exporting or self._released:
+            self._gate.clear()
+        else:
+            self._gate.set()
+        self._progress.set()  # a step() waiting for results re-checks has_work

@@ -1,0 +1,233 @@
+"""Where each piece of a model-parallel trainer's weights lives, and which boxes must
+be copied from which old rank to which new one when the layout changes (TP/PP/DP).
+
+Plain Python, no torch: the P2P reshard planner reads this like it reads the native
+trainer's StateLayout. The vocabulary is the same: `params` are ParamSpecs tiling
+one flat space [0, total_numel) in order; they describe *global* (unsharded)
+tensors, named by their megatron dist_checkpointing key, so both layouts of a
+reshard name the same tensors. What a rank holds is not one flat range (a
+row-parallel slice is strided) but boxes in global coordinates, the ShardedTensor
+offsets of megatron's sharded_state_dict. `flat_runs` turns a box into StateLayout-
+style [start, end) ranges when a planner wants bytes in the flat space.
+
+`to_shards`/`extents` give the replica-0 boxes in core/reshard_plan.py's terms, so
+its plan_reshard works on a megatron layout unchanged; `plan_copies` also fills the
+replicas (every new rank gets its own copy), in local parameter coordinates.
+
+A box may have leading axes that its parameter lacks (megatron stacks layers: key
+"decoder.layers.mlp.linear_fc2.weight" has shape [num_layers, hidden, ffn], a layer
+holds a [1, hidden, ffn/tp] box). Those axes have extent 1 in the box.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dynarl.core.reshard_plan import Shard
+
+from ..base import ParamSpec
+
+Box = tuple[tuple[int, int], ...]
+"""[start, stop) per dimension."""
+
+
+@dataclass(slots=True, frozen=True)
+class Piece:
+    """A box of a global tensor that one rank holds: a view of one local parameter."""
+    key: str
+    """The global tensor (ParamSpec.name)."""
+    offset: tuple[int, ...]
+    """Global coordinates of the box's first element."""
+    shape: tuple[int, ...]
+    """Extent of the box in each global dimension."""
+    replica: int
+    """0: the copy plans read from; > 0: an identical copy (data parallel, or a tensor
+    every TP rank holds whole, such as a norm)."""
+    param: str
+    """Name of the local parameter the box is part of."""
+    param_offset: tuple[int, ...]
+    """Where the box starts inside that parameter (the parameter's own dimensions)."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def to_wire(self) -> list[Any]:
+        return [self.key, list(self.offset), list(self.shape), self.replica, self.param, list(self.param_offset)]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> "Piece":
+        key, offset, shape, replica, param, param_offset = w
+        return cls(key, tuple(offset), tuple(shape), replica, param, tuple(param_offset))
+
+
+@dataclass(slots=True, frozen=True)
+class BoxCopy:
+    """Copy src_rank's src_param[src_box] into dst_rank's dst_param[dst_box]."""
+    key: str
+    src_rank: int
+    src_param: str
+    src_box: Box
+    dst_rank: int
+    dst_param: str
+    dst_box: Box
+
+    @property
+    def numel(self) -> int:
+        return math.prod(stop - start for start, stop in self.dst_box)
+
+
+@dataclass(slots=True)
+class ShardedLayout:
+    params: tuple[ParamSpec, ...]
+    total_numel: int
+    world_size: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    pieces: tuple[tuple[Piece, ...], ...]
+    """pieces[rank]: every box that rank holds, replicas included."""
+
+    def __post_init__(self) -> None:
+        self.params = tuple(self.params)
+        self.pieces = tuple(tuple(p) for p in self.pieces)
+        if len(self.pieces) != self.world_size:
+            raise ValueError(f"pieces has {len(self.pieces)} ranks for world_size {self.world_size}")
+        if self.world_size % (self.tensor_parallel_size * self.pipeline_parallel_size):
+            raise ValueError(f"world_size {self.world_size} is not a multiple of tp*pp = "
+                             f"{self.tensor_parallel_size * self.pipeline_parallel_size}")
+        offset = 0
+        for p in self.params:
+            if p.offset != offset:
+                raise ValueError(f"param {p.name} starts at {p.offset}, expected {offset}")
+            offset += p.numel
+        if offset != self.total_numel:
+            raise ValueError(f"params cover {offset} elements, total_numel is {self.total_numel}")
+        self._check_coverage()
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    def spec(self, key: str) -> ParamSpec:
+        return self._specs()[key]
+
+    def _specs(self) -> dict[str, ParamSpec]:
+        return {p.name: p for p in self.params}
+
+    def _check_coverage(self) -> None:
+        """Every global tensor is tiled exactly once by the replica-0 boxes, and every
+        box lies inside its tensor: a plan then reads each element from one place."""
+        specs = self._specs()
+        main: dict[str, list[Piece]] = {name: [] for name in specs}
+        for rank, pieces in enumerate(self.pieces):
+            for piece in pieces:
+                spec = specs.get(piece.key)
+                if spec is None:
+                    raise ValueError(f"rank {rank} holds {piece.key!r}, which is not in params")
+                if len(piece.offset) != len(spec.shape) or len(piece.shape) != len(spec.shape) or any(
+                        o < 0 or e < 1 or o + e > s for o, e, s in zip(piece.offset, piece.shape, spec.shape)):
+                    raise ValueError(f"rank {rank}: box {piece.offset}+{piece.shape} is outside "
+                                     f"{piece.key} {spec.shape}")
+                if piece.replica == 0:
+                    main[piece.key].append(piece)
+        for name, boxes in main.items():
+            covered = sum(b.numel for b in boxes)
+            if covered != specs[name].numel:
+                raise ValueError(f"replica-0 boxes of {name} cover {covered} of {specs[name].numel} elements")
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    if _intersect(a, b) is not None:
+                        raise ValueError(f"replica-0 boxes of {name} overlap: {a.offset} and {b.offset}")
+
+    def flat_runs(self, piece: Piece) -> list[tuple[int, int]]:
+        """The box as [start, end) ranges of the flat space (row-major), merged where contiguous."""
+        spec = self.spec(piece.key)
+        shape, strides = spec.shape, [math.prod(spec.shape[d + 1:]) for d in range(len(spec.shape))]
+        # j = the last dimension the box does not span fully; everything inside it is one run
+        j = len(shape) - 1
+        while j >= 0 and piece.shape[j] == shape[j]:
+            j -= 1
+        if j < 0:
+            return [(spec.offset, spec.offset + spec.numel)]
+        run = piece.shape[j] * strides[j]
+        runs: list[tuple[int, int]] = []
+        for index in itertools.product(*(range(piece.shape[d]) for d in range(j))):
+            start = spec.offset + piece.offset[j] * strides[j]
+            start += sum((piece.offset[d] + i) * strides[d] for d, i in enumerate(index))
+            if runs and runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], start + run)
+            else:
+                runs.append((start, start + run))
+        return runs
+
+    def to_shards(self, prefix: str = "") -> list[Shard]:
+        """The replica-0 boxes as core.reshard_plan Shards (keys prefixed, e.g. "exp_avg/"
+        for optimizer state of the same geometry): each element once, as plan_reshard
+        requires. Replicas are not in it; plan_copies covers them too."""
+        return [Shard(prefix + p.key, rank, p.offset, p.shape)
+                for rank, pieces in enumerate(self.pieces) for p in pieces if p.replica == 0]
+
+    def extents(self, prefix: str = "") -> dict[str, tuple[int, ...]]:
+        return {prefix + p.name: p.shape for p in self.params}
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"params": [[p.name, list(p.shape), p.dtype, p.offset] for p in self.params],
+                "total_numel": self.total_numel, "world_size": self.world_size,
+                "tensor_parallel_size": self.tensor_parallel_size,
+                "pipeline_parallel_size": self.pipeline_parallel_size,
+                "pieces": [[p.to_wire() for p in rank] for rank in self.pieces]}
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "ShardedLayout":
+        return cls(params=tuple(ParamSpec(n, tuple(s), dt, o) for n, s, dt, o in d["params"]),
+                   total_numel=d["total_numel"], world_size=d["world_size"],
+                   tensor_parallel_size=d["tensor_parallel_size"],
+                   pipeline_parallel_size=d["pipeline_parallel_size"],
+                   pieces=tuple(tuple(Piece.from_wire(p) for p in rank) for rank in d["pieces"]))
+
+
+def plan_copies(old: ShardedLayout, new: ShardedLayout) -> list[BoxCopy]:
+    """Every copy that fills each new rank's boxes (replicas included) from the old
+    ranks' replica-0 boxes. Raises ValueError if the two layouts describe different tensors."""
+    old_specs, new_specs = old._specs(), new._specs()
+    if {k: s.shape for k, s in old_specs.items()} != {k: s.shape for k, s in new_specs.items()}:
+        diff = sorted(set(old_specs.items()) ^ set(new_specs.items()), key=lambda kv: kv[0])[:2]
+        raise ValueError(f"layouts describe different tensors, e.g. {diff}")
+    sources: dict[str, list[tuple[int, Piece]]] = {}
+    for rank, pieces in enumerate(old.pieces):
+        for piece in pieces:
+            if piece.replica == 0:
+                sources.setdefault(piece.key, []).append((rank, piece))
+    copies: list[BoxCopy] = []
+    for dst_rank, pieces in enumerate(new.pieces):
+        for dst in pieces:
+            for src_rank, src in sources[dst.key]:
+                box = _intersect(src, dst)
+                if box is not None:
+                    copies.append(BoxCopy(dst.key, src_rank, src.param, _to_param(box, src), dst_rank, dst.param,
+                                          _to_param(box, dst)))
+    return copies
+
+
+def _intersect(a: Piece, b: Piece) -> Box | None:
+    box = []
+    for ao, ae, bo, be in zip(a.offset, a.shape, b.offset, b.shape):
+        lo, hi = max(ao, bo), min(ao + ae, bo + be)
+        if lo >= hi:
+            return None
+        box.append((lo, hi))
+    return tuple(box)
+
+
+def _to_param(box: Box, piece: Piece) -> Box:
+    """A global box inside `piece`, in the coordinates of piece's parameter (the
+    leading axes the parameter lacks have extent 1 and are dropped)."""
+    lead = len(piece.offset) - len(piece.param_offset)
+    out = []
+    for d in range(lead, len(box)):
+        shift = piece.param_offset[d - lead] - piece.offset[d]
+        out.append((box[d][0] + shift, box[d][1] + shift))
+    return tuple(out)
+

@@ -1,0 +1,241 @@
+"""The megatron-core trainer: GRPO on a Qwen2-shaped GPTModel, tensor x data
+parallel, megatron DDP and (by default) its distributed optimizer.
+
+One instance per rank. It needs torch.distributed's default group (the worker
+starts with torchrun's environment) and builds megatron's parallel_state from
+MegatronConfig if nobody did. A step, on every rank:
+
+    forward/backward over micro-batches    loss = token sums / the *global* token count,
+                                           log-probs from vocab-sharded logits
+    ddp.finish_grad_sync()                 calculate_per_token_loss: DP *sums* gradients
+    optimizer.step()                       clip, Adam; returns the pre-clip grad norm
+
+The loss math is the native trainer's (losses.grpo_loss on the same micro-batches),
+so both backends train the same objective; tests check the gradients agree.
+Pipeline parallelism is not implemented for training (MegatronConfig refuses it).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from ...extras import require_extra
+from ...model.config import ModelConfig
+from ..base import TrainBatch, TrainerConfig
+from ..native.losses import grpo_advantages, grpo_loss
+from ..native.micro_batch import MicroBatch, build_micro_batch
+from .config import MegatronConfig
+from .layout import ShardedLayout
+from .model import build_gpt_model, causal_mask
+from .sharded_state import gather_layout, rank_pieces
+from .vocab_parallel import vocab_parallel_logprobs
+from .weights import hf_buckets, load_hf_weights
+
+OptimizerFactory = Callable[[Any, TrainerConfig, MegatronConfig], Any]
+"""(DDP model, configs) -> an object with megatron's optimizer interface: zero_grad(),
+step() -> (success, grad_norm, num_zeros), offload_to_cpu(), restore_from_cpu()."""
+
+
+def megatron_optimizer(ddp_model: Any, config: TrainerConfig, megatron: MegatronConfig) -> Any:
+    """megatron's Adam (decoupled weight decay, none on biases and norms, like the
+    native trainer), distributed over data parallel when configured."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    bf16 = megatron.dtype == "bfloat16"
+    return get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=config.lr, min_lr=config.lr, weight_decay=config.weight_decay,
+        adam_beta1=config.betas[0], adam_beta2=config.betas[1], adam_eps=config.eps,
+        clip_grad=config.grad_clip, bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_distributed_optimizer=megatron.use_distributed_optimizer), [ddp_model])
+
+
+class MegatronTrainer:
+    """Collective methods (train_step, layout, named_weights and the constructor) must
+    be called on every rank."""
+
+    def __init__(self, model_config: ModelConfig, config: TrainerConfig, megatron: MegatronConfig, *,
+                 hf_weights: Mapping[str, torch.Tensor] | None = None,
+                 optimizer_factory: OptimizerFactory | None = None) -> None:
+        require_extra("megatron")
+        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        if not dist.is_initialized():
+            raise RuntimeError("MegatronTrainer needs torch.distributed's default group (init_process_group)")
+        self.model_config, self.config, self.megatron = model_config, config, megatron
+        tp, pp = megatron.tensor_parallel_size, megatron.pipeline_parallel_size
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        elif (parallel_state.get_tensor_model_parallel_world_size(),
+              parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
+            raise RuntimeError(f"parallel_state is initialized with another layout than tp={tp}, pp={pp}")
+        tensor_parallel.model_parallel_cuda_manual_seed(megatron.seed)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self._dp_group = parallel_state.get_data_parallel_group()
+        self.global_step = 0
+
+        self.model = build_gpt_model(model_config, megatron)
+        if torch.cuda.is_available():
+            self.model.cuda(torch.cuda.current_device())
+        self.device = next(self.model.parameters()).device
+        if hf_weights is not None:
+            load_hf_weights(self.model, hf_weights, model_config)
+        self.ddp = DistributedDataParallel(
+            config=self.model.config, module=self.model,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=megatron.grad_reduce_in_fp32, overlap_grad_reduce=False,
+                use_distributed_optimizer=megatron.use_distributed_optimizer, bucket_size=megatron.ddp_bucket_size))
+        self.ddp.broadcast_params()  # data-parallel replicas start identical, as the native trainer's do
+        self.optimizer = (optimizer_factory or megatron_optimizer)(self.ddp, config, megatron)
+        self._layout: ShardedLayout | None = None
+        self._onloaded = True
+        self._cpu_params: dict[str, torch.Tensor] = {}
+
+    # ---- training ---------------------------------------------------------------
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Collective. One optimizer step on this rank's part of the global batch: the
+        caller passes `batch.shard(dp_rank, dp_size)`; TP ranks of one DP rank get the
+        same part. Metrics are global and equal on every rank."""
+        cfg = self.config
+        if not self._onloaded:
+            raise RuntimeError("trainer is offloaded; call onload() before train_step()")
+        if cfg.kl_coef > 0 and batch.ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs batch.ref_logprobs")
+        advantages = batch.advantages
+        if advantages is None:
+            advantages = grpo_advantages(torch.tensor(batch.rewards, dtype=torch.float64),
+                                         torch.tensor(batch.group_ids), cfg.adv_eps).tolist()
+        count = torch.tensor([float(batch.num_loss_tokens())], dtype=torch.float64, device=self.device)
+        num_tokens = int(self._dp_sum(count).item())
+        if num_tokens == 0:
+            raise ValueError("the global batch has no response tokens with mask 1")
+        self.ddp.train()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        sums = torch.zeros(5, dtype=torch.float64, device=self.device)
+        for start in range(0, len(batch), cfg.micro_batch_size):
+            rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
+            mb = build_micro_batch(batch, advantages, rows, self.device)
+            if mb.num_tokens:
+                sums += self._forward_backward(mb, num_tokens)
+        self.ddp.finish_grad_sync()
+        success, grad_norm, _ = self.optimizer.step()
+        self._dp_sum(sums)
+        self.global_step += 1
+        loss, pg_loss, kl, entropy, clip_frac = sums.tolist()
+        return {"loss": loss, "pg_loss": pg_loss, "kl": kl, "entropy": entropy, "clip_frac": clip_frac,
+                "grad_norm": float(grad_norm if grad_norm is not None else float("nan")),
+                "tokens": float(num_tokens), "step": float(self.global_step), "update_skipped": float(not success)}
+
+    def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
+        cfg = self.config
+        batch_size, length = mb.input_ids.shape
+        positions = torch.arange(length, device=self.device).expand(batch_size, length)
+        logits = self.ddp(mb.input_ids, positions, causal_mask(length, self.device))  # [b, s, V/tp]
+        # position t predicts token t + 1; keep only the positions in the loss
+        logprobs, entropy = vocab_parallel_logprobs(logits[:, :-1][mb.loss_mask], mb.targets,
+                                                    entropy_grad=cfg.entropy_coef > 0)
+        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        terms = grpo_loss(logprobs, old, mb.advantages, torch.ones_like(logprobs),
+                          clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+                          ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef,
+                          entropy=entropy, entropy_coef=cfg.entropy_coef, num_tokens=num_tokens)
+        terms.loss.backward()
+        return torch.stack([t.detach().double() for t in terms])
+
+    @torch.no_grad()
+    def full_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Collective over TP. Logits [b, s, vocab] of right-padded input_ids (all ranks get them)."""
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+        self.ddp.eval()
+        batch_size, length = input_ids.shape
+        positions = torch.arange(length, device=self.device).expand(batch_size, length)
+        logits = self.ddp(input_ids.to(self.device), positions, causal_mask(length, self.device))
+        return gather_from_tensor_model_parallel_region(logits)
+
+    def _dp_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dp_size > 1:
+            dist.all_reduce(t, group=self._dp_group)
+        return t
+
+    # ---- state ------------------------------------------------------------------
+
+    def layout(self) -> ShardedLayout:
+        """Collective over the world. Where every box of every weight lives (cached:
+        the layout is fixed for the trainer's lifetime)."""
+        if self._layout is None:
+            pieces, tensors = rank_pieces(self.model)
+            self._layout = gather_layout(pieces, tensors, self.megatron.tensor_parallel_size,
+                                         self.megatron.pipeline_parallel_size)
+        return self._layout
+
+    def local_weights(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters by local name (what a layout's Piece.param names): live
+        views, for executing a reshard plan's copies."""
+        return {name: p.detach() for name, p in self.model.named_parameters()}
+
+    def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Collective over TP. Full weights with HF names for the rollout engines, in
+        buckets of at most bucket_bytes; every TP rank gets the same buckets."""
+        return hf_buckets(self.model, self.model_config, bucket_bytes)
+
+    def export_state_shard(self) -> dict[str, Any]:
+        raise NotImplementedError("megatron optimizer-state export needs the distributed optimizer's sharded "
+                                  "state (GPU); reshard weights with layout() + local_weights()")
+
+    def import_state_shard(self, shard: Mapping[str, Any]) -> None:
+        raise NotImplementedError("see export_state_shard")
+
+    def save_checkpoint(self, path: str) -> None:
+        raise NotImplementedError("megatron checkpoints are not implemented (dist_checkpointing pickles; "
+                                  "a safetensors writer over layout() is the plan)")
+
+    def load_checkpoint(self, path: str) -> None:
+        raise NotImplementedError("see save_checkpoint")
+
+    # ---- device residency (device_lock) ------------------------------------------
+
+    def offload(self) -> None:
+        """Free device memory: weights, gradient buffers and optimizer state go to CPU.
+        On a CPU-only run there is nothing to free; the trainer only refuses to train."""
+        if self.device.type == "cuda":
+            self.optimizer.offload_to_cpu()
+            self.ddp.offload_grad_buffers()
+            self._move_params(to_cpu=True)
+            torch.cuda.empty_cache()
+        self._onloaded = False
+
+    def onload(self) -> None:
+        if self.device.type == "cuda":
+            self._move_params(to_cpu=False)
+            self.ddp.restore_grad_buffers()
+            self.optimizer.restore_from_cpu()
+        self._onloaded = True
+
+    @property
+    def is_onloaded(self) -> bool:
+        return self._onloaded
+
+    def _move_params(self, to_cpu: bool) -> None:
+        """The distributed optimizer keeps the weights in DDP's contiguous param buffers
+        (offloaded whole); without it they are plain parameters, moved one by one."""
+        buffers = self.ddp.buffers + self.ddp.expert_parallel_buffers
+        if all(b.param_data is not None for b in buffers):
+            for b in buffers:
+                if to_cpu:
+                    b.offload_to_cpu(move_params=True, move_grads=False)
+                else:
+                    b.reload_from_cpu(move_params=True, move_grads=False)
+            return
+        for name, p in self.model.named_parameters():
+            if to_cpu:
+                self._cpu_params[name] = p.data.to("cpu", non_blocking=True).pin_memory()
+                p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+            else:
+                p.data = self._cpu_params.pop(name).to(self.device, non_blocking=True)

@@ -1,0 +1,1 @@
+"""Test doubles for optional backends that cannot run here (no GPU)."""
