@@ -25,6 +25,11 @@ def _bench(argv: list[str]) -> int:
     return int(module.main(rest) or 0)
 
 
+def _train(argv: list[str]) -> int:
+    from dynarl.launch.train import main as train_main
+    return train_main(argv)
+
+
 def _tool(argv: list[str]) -> int:
     from dynarl.launch import tool
     return tool.main(argv)
@@ -34,6 +39,7 @@ COMMANDS = {
     "bench": _bench,
     "tool": _tool,
     "graph": lambda argv: importlib.import_module("dynarl.launch.graph").main(argv),
+    "train": _train,
 }
 
 

@@ -96,3 +96,14 @@ def test_cli_lists_and_draws_a_workflow_file(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", str(tmp_path / "nope.py")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_cli_reads_the_builtin_grpo_workflow():
+    import dynarl.components.workflows.grpo as grpo
+    out = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", grpo.__file__],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for edge in ("driver --[prompts]--> rollout", "rollout --[rollouts]--> reward",
+                 "reward --[scored]--> inference", "inference --[experience]--> driver"):
+        assert edge in out.stdout
+    assert "warning" not in out.stdout

@@ -1,0 +1,85 @@
+"""Which model a job runs: a built-in tiny config (random init) or an HF folder.
+
+A spec is plain data (it travels to every worker in its init kwargs); each
+worker builds its own model and tokenizer from it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .config import TINY_CONFIGS, ModelConfig
+from .tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSpec:
+    name: str = "tiny-0.5m"
+    """A built-in tiny config (tiny-0.5m, tiny-1m, tiny-4m; character tokenizer); ignored when path is set."""
+    path: str | None = None
+    """An HF-format folder (config.json, *.safetensors, tokenizer) to start from."""
+    init_seed: int = 0
+    """Seeds the random initialisation of a built-in config."""
+
+    def __post_init__(self) -> None:
+        if self.path is None and self.name not in TINY_CONFIGS:
+            raise ValueError(f"unknown model {self.name!r}; choose from {', '.join(map(repr, TINY_CONFIGS))} "
+                             "or set model.path to an HF folder")
+        if self.path is not None and not os.path.isfile(os.path.join(self.path, "config.json")):
+            raise ValueError(f"model.path {self.path!r} has no config.json")
+
+    def config(self) -> ModelConfig:
+        if self.path is None:
+            return TINY_CONFIGS[self.name]
+        from .io import read_config
+        return read_config(self.path)
+
+
+def build_model(spec: ModelSpec) -> Any:
+    """The model on CPU in float32: seeded random weights, or the folder's weights."""
+    import torch
+
+    from .io import load_pretrained
+    from .qwen2 import Qwen2ForCausalLM
+    if spec.path is not None:
+        return load_pretrained(spec.path, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.init_seed)
+        return Qwen2ForCausalLM(TINY_CONFIGS[spec.name])
+
+
+def build_tokenizer(spec: ModelSpec) -> CharTokenizer | HFTokenizer:
+    return CharTokenizer() if spec.path is None else load_tokenizer(spec.path)
+
+
+def safe_decode(tokenizer: CharTokenizer | HFTokenizer, ids: list[int]) -> str:
+    """Text of generated ids without specials. Ids the model can emit but the
+    tokenizer does not know (the model's vocabulary is padded) become U+FFFD, so
+    such a response simply fails verification."""
+    known = tokenizer.vocab_size
+    if all(i < known for i in ids):
+        return tokenizer.decode(ids)
+    parts, run = [], []
+    for i in ids:
+        if i < known:
+            run.append(i)
+            continue
+        parts.append(tokenizer.decode(run))
+        parts.append("\ufffd")
+        run = []
+    parts.append(tokenizer.decode(run))
+    return "".join(parts)
+
+
+def prompt_check(tokenizer: CharTokenizer | HFTokenizer, max_prompt_tokens: int):
+    """A dataset row check: the prompt must encode and fit."""
+    def check(text: str) -> str | None:
+        try:
+            n = len(tokenizer.encode(text, add_bos=True))
+        except ValueError as exc:
+            return str(exc)
+        if n > max_prompt_tokens:
+            return f"prompt has {n} tokens, more than the {max_prompt_tokens} allowed"
+        return None
+    return check

@@ -1,0 +1,85 @@
+"""TrainerWorker: one data-parallel rank of the trainer component.
+
+Wraps NativeTrainer (ZeRO-1 over the runtime process group `dp_group` when
+there are several ranks). Besides the GRPO step it runs the supervised warm
+start, saves/loads checkpoints, and its rank 0 sends the weights to rollout and
+inference after every step (weight_sync.py).
+
+Warm start = supervised fine-tuning through the same loss: with advantage 1 on
+every answer token and the sampling policy equal to the current one (no old
+log-probs: ratio exactly 1, nothing clipped), the clipped policy-gradient loss
+has exactly the gradient of the answer tokens' negative log-likelihood. Its own
+learning rate, no entropy bonus, no KL.
+
+device_lock: when the device is shared, offload moves weights and optimizer
+state off the device and onload brings them back (NativeTrainer.offload/onload;
+on a CPU device they already live in host memory, so the move costs nothing).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import dynarl
+from dynarl.components import weight_sync
+from dynarl.components.model.io import save_pretrained
+from dynarl.components.model.spec import ModelSpec, build_model
+from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+from dynarl.components.trainer.native.trainer import NativeTrainer
+
+
+class TrainerWorker(dynarl.Worker):
+    def __init__(self, model: dict, engine: dict, warmup_lr: float, bucket_bytes: int,
+                 shares_device: bool = False) -> None:
+        self.model_spec = ModelSpec(**model)
+        self.config = TrainerConfig.from_wire(engine)
+        self.warmup_config = dataclasses.replace(self.config, lr=warmup_lr, entropy_coef=0.0, kl_coef=0.0)
+        self.bucket_bytes = bucket_bytes
+        self.shares_device = shares_device
+        self.trainer: NativeTrainer | None = None
+
+    async def start(self, dp_group: str | None = None) -> int:
+        """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
+        group = self.process_group(dp_group) if dp_group else None
+        model = build_model(self.model_spec)
+        self.trainer = await asyncio.to_thread(NativeTrainer, model, self.config, group)
+        return sum(p.numel() for p in model.parameters())
+
+    async def onload(self) -> None:
+        if self.shares_device:
+            self.trainer.onload()
+
+    async def offload(self) -> None:
+        if self.shares_device:
+            self.trainer.offload()
+
+    async def train(self, batch: dict) -> dict:
+        """Collective. One GRPO step on this rank's part of the global batch."""
+        return await asyncio.to_thread(self.trainer.train_step, TrainBatch.from_wire(batch))
+
+    async def warmup_step(self, batch: dict) -> dict:
+        """Collective. One supervised step (advantage 1 on every response token)."""
+        self.trainer.config = self.warmup_config
+        try:
+            return await asyncio.to_thread(self.trainer.train_step, TrainBatch.from_wire(batch))
+        finally:
+            self.trainer.config = self.config
+
+    async def send_weights(self, group: str, version: int) -> int:
+        """Rank 0 only: broadcast the full weights over `group`. Returns the bytes sent."""
+        buckets = list(self.trainer.named_weights(self.bucket_bytes))
+        return await asyncio.to_thread(weight_sync.send, self.process_group(group), buckets, version)
+
+    async def save_checkpoint(self, path: str) -> int:
+        """Collective. Returns the optimizer step saved."""
+        await asyncio.to_thread(self.trainer.save_checkpoint, path)
+        return self.trainer.global_step
+
+    async def load_checkpoint(self, path: str) -> int:
+        """Collective. Returns the optimizer step loaded."""
+        await asyncio.to_thread(self.trainer.load_checkpoint, path)
+        return self.trainer.global_step
+
+    async def save_model(self, path: str) -> None:
+        """The current weights as an HF folder (the reference policy after warm start)."""
+        await asyncio.to_thread(save_pretrained, self.trainer.model, path)

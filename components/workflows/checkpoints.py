@@ -1,0 +1,82 @@
+"""Checkpoints of a run directory: `checkpoints/step_000050/`.
+
+A checkpoint holds the trainer's shards (trainer/native/checkpoint.py), the
+ledger copy (`ledger.jsonl`) and `state.json`, written last and atomically: a
+directory without state.json is incomplete (the run died while writing it) and
+is ignored. `state.json` holds the RL step the checkpoint was taken *before*
+(steps 0 .. step-1 are in it); the data cursor is that step number, because the
+problem stream is a pure function of the step (tasks/source.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+
+STATE_FILE = "state.json"
+LEDGER_FILE = "ledger.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointState:
+    step: int
+    """RL steps trained into this checkpoint (the next step to run)."""
+    trainer_step: int
+    """Optimizer steps, warm start included."""
+    seed: int
+    prompts_per_step: int
+
+    @property
+    def data_cursor(self) -> int:
+        """Index of the next problem of the training stream."""
+        return self.step * self.prompts_per_step
+
+
+def checkpoint_dir(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
+
+
+def write_state(path: str, state: CheckpointState) -> None:
+    tmp = os.path.join(path, STATE_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(asdict(state), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, STATE_FILE))
+
+
+def complete_checkpoints(run_dir: str) -> list[tuple[str, CheckpointState]]:
+    """Complete checkpoints, oldest first."""
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        state_file = os.path.join(path, STATE_FILE)
+        if name.startswith("step_") and os.path.isfile(state_file):
+            with open(state_file) as f:
+                found.append((path, CheckpointState(**json.load(f))))
+    return sorted(found, key=lambda item: item[1].step)
+
+
+def latest_checkpoint(run_dir: str) -> tuple[str, CheckpointState] | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def prune(run_dir: str, keep: int) -> None:
+    """Deletes all but the newest `keep` complete checkpoints, and incomplete ones older than them."""
+    found = complete_checkpoints(run_dir)
+    kept = {path for path, _ in found[-keep:]}
+    newest = found[-1][1].step if found else -1
+    root = os.path.join(run_dir, "checkpoints")
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        path = os.path.join(root, name)
+        if path in kept:
+            continue
+        complete = os.path.isfile(os.path.join(path, STATE_FILE))
+        step = int(name.removeprefix("step_")) if name.startswith("step_") and name[5:].isdigit() else -1
+        if complete or step < newest:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,194 @@
+"""The `dynarl train` configuration: one validated dataclass tree.
+
+    runtime    the runtime (launcher, cluster devices, worker threads)
+    model      which model (built-in tiny config or an HF folder)
+    task       built-in count-up task or a JSONL/Parquet dataset; the verifier
+    rollout    ranks, samples per prompt, sampling, chunk size, engine
+    inference  ranks, micro-batch
+    trainer    ranks, GRPO/optimizer settings (engine), warm start, weight-sync buckets
+    placement  temporal | spatial | hybrid (+ pools)
+    run        steps, prompts per step, seed, checkpoints
+
+Load with `load_config` (defaults <- YAML <- key=value overrides): every error
+names its field path. Checks that need the whole tree (placement fits the
+cluster, batch fits the ranks) run in TrainConfig.__post_init__; checks that
+need I/O (the dataset file) run in the launcher before any worker starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dynarl.components.model.spec import ModelSpec
+from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.tasks.source import TaskConfig
+from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.workflows.placement import COMPONENTS, PlacementError, plan_placement, pools_for
+from dynarl.core.config import RuntimeConfig
+from dynarl.core.config_tree import apply_override, build, to_dict
+from dynarl.transport.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutSection:
+    num_ranks: int = 2
+    """Rollout engines (one per device)."""
+    samples_per_prompt: int = 8
+    """GRPO group size."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+    chunk_size: int = 4
+    """Finished groups per channel item: the elastic-pipelining granularity."""
+    engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
+
+    def __post_init__(self) -> None:
+        for name in ("num_ranks", "samples_per_prompt", "max_new_tokens", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.samples_per_prompt < 2:
+            raise ValueError("samples_per_prompt must be >= 2: GRPO compares samples within a group")
+
+
+@dataclass(kw_only=True, slots=True)
+class InferenceSection:
+    num_ranks: int = 2
+    micro_batch_size: int = 64
+    """Sequences per forward pass."""
+
+    def __post_init__(self) -> None:
+        if self.num_ranks < 1 or self.micro_batch_size < 1:
+            raise ValueError("num_ranks and micro_batch_size must be >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class WarmupSection:
+    steps: int = 60
+    """Supervised steps before RL (0 = none). Runs once, before step 0."""
+    batch_size: int = 64
+    lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.lr < 0:
+            raise ValueError("warmup needs steps >= 0, batch_size >= 1, lr >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerSection:
+    num_ranks: int = 2
+    """Data-parallel ranks (ZeRO-1)."""
+    engine: TrainerConfig = field(default_factory=lambda: TrainerConfig(
+        lr=3e-4, entropy_coef=0.02, micro_batch_size=64, grad_clip=1.0))
+    warmup: WarmupSection = field(default_factory=WarmupSection)
+    sync_bucket_bytes: int = 1 << 20
+    """Weight sync bucket size (bytes) for trainer -> rollout/inference."""
+
+    def __post_init__(self) -> None:
+        if self.num_ranks < 1:
+            raise ValueError(f"num_ranks must be >= 1, got {self.num_ranks}")
+        if self.sync_bucket_bytes < 1024:
+            raise ValueError(f"sync_bucket_bytes must be >= 1024, got {self.sync_bucket_bytes}")
+
+
+@dataclass(kw_only=True, slots=True)
+class PlacementSection:
+    mode: Literal["temporal", "spatial", "hybrid"] = "temporal"
+    """temporal: all components time-share all devices; spatial: disjoint devices,
+    pipelined; hybrid: `pools` share within, are disjoint across."""
+    pools: list[list[str]] = field(default_factory=list)
+    """hybrid only: groups of components that share devices; [] = [[rollout], [inference, trainer]]."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSection:
+    steps: int = 200
+    """GRPO steps."""
+    prompts_per_step: int = 32
+    seed: int = 0
+    """Seeds the data stream and every sample's sampling seed."""
+    checkpoint_every: int = 50
+    """Checkpoint after every this many steps (and after the warm start and the last step)."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept on disk."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    runtime: RuntimeConfig = field(default_factory=lambda: RuntimeConfig(launcher="local", worker_threads=1))
+    model: ModelSpec = field(default_factory=ModelSpec)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    inference: InferenceSection = field(default_factory=InferenceSection)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    placement: PlacementSection = field(default_factory=PlacementSection)
+    run: RunSection = field(default_factory=RunSection)
+
+    def __post_init__(self) -> None:
+        if self.runtime.launcher == "inproc":
+            raise ConfigError("runtime.launcher", "'inproc' cannot host torch.distributed groups for weight sync; "
+                                                  "choose from 'local', 'agent'")
+        if self.placement.mode != "hybrid" and self.placement.pools:
+            raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {self.placement.mode!r}")
+        try:
+            pools_for(self.placement.mode, self.placement.pools or None)
+        except PlacementError as exc:
+            raise ConfigError("placement.pools", str(exc)) from None
+        ranks = self.ranks()
+        devices = self.runtime.cluster.num_devices
+        for c in COMPONENTS:
+            if ranks[c] > devices:
+                raise ConfigError(f"{c}.num_ranks", f"{ranks[c]} ranks need {ranks[c]} devices but the cluster has "
+                                                    f"{devices} (runtime.cluster.num_nodes x devices_per_node)")
+        try:
+            self.devices()
+        except PlacementError as exc:
+            raise ConfigError("placement.mode", f"{exc}; add devices (runtime.cluster.devices_per_node) "
+                                                "or lower the components' num_ranks") from None
+        if self.run.prompts_per_step < self.trainer.num_ranks:
+            raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot feed "
+                                                      f"{self.trainer.num_ranks} trainer ranks (one group each at least)")
+        max_len = self.model.config().max_position_embeddings
+        if self.rollout.max_new_tokens >= max_len:
+            raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
+
+    def ranks(self) -> dict[str, int]:
+        return {"rollout": self.rollout.num_ranks, "inference": self.inference.num_ranks,
+                "trainer": self.trainer.num_ranks}
+
+    def devices(self) -> dict[str, list[int]]:
+        """Device ids per component (placement.py)."""
+        return plan_placement(self.placement.mode, self.runtime.cluster.num_devices, self.ranks(),
+                              self.placement.pools or None)
+
+    @property
+    def with_ref(self) -> bool:
+        """The loss has a KL term, so inference also computes reference log-probs."""
+        return self.trainer.engine.kl_coef > 0
+
+
+def load_config(data: dict[str, Any] | None = None, overrides: list[tuple[str, Any]] = ()) -> TrainConfig:
+    """Defaults, then `data` (a YAML mapping), then `key.path=value` overrides.
+    Raises ConfigError naming the field path."""
+    merged = to_dict(TrainConfig())
+    if data is not None:
+        if not isinstance(data, dict):
+            raise ConfigError("", f"a config file must hold a mapping, got {type(data).__name__}")
+        _merge(merged, data, "")
+    for key, value in overrides:
+        apply_override(merged, key, value)
+    return build(TrainConfig, merged)
+
+
+def _merge(base: dict, update: dict, path: str) -> None:
+    for key, value in update.items():
+        where = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value, where)
+        else:
+            base[key] = value

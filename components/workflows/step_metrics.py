@@ -1,0 +1,40 @@
+"""One line of metrics.jsonl per step: rewards, lengths, throughput, stage times."""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from dynarl.components.experience import Group, samples
+
+STAGES = ("rollout", "reward", "inference", "trainer", "sync")
+
+
+def step_metrics(step: int, groups: Sequence[Group], train: dict[str, float], rollout_stats: Sequence[dict],
+                 reward_stats: Sequence[dict], stage_s: dict[str, float], step_time_s: float) -> dict[str, Any]:
+    done = samples(groups)
+    rewards = [s["reward"] for s in done]
+    lengths = sorted(len(s["output_ids"]) for s in done)
+    tokens = sum(r["tokens"] for r in rollout_stats)
+    n = len(done)
+    mean = sum(rewards) / n
+    return {
+        "step": step,
+        "reward_mean": mean,
+        "reward_std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
+        "exact_frac": sum(r == 1.0 for r in rewards) / n,
+        "response_len_mean": sum(lengths) / n,
+        "response_len_p50": lengths[n // 2],
+        "response_len_p90": lengths[min(n - 1, int(0.9 * n))],
+        "response_len_max": lengths[-1],
+        "truncated_frac": sum(s["finish"] == "length" for s in done) / n,
+        "samples": n,
+        "tokens": tokens,
+        "tokens_per_s": tokens / step_time_s,
+        "step_time_s": step_time_s,
+        **{f"{name}_s": stage_s.get(name, 0.0) for name in STAGES},
+        "weight_version": min(s["version"] for s in done),
+        "loss": train["loss"], "entropy": train["entropy"], "grad_norm": train["grad_norm"],
+        "kl": train["kl"], "clip_frac": train["clip_frac"],
+        "verifier": reward_stats[0]["verifier"],
+        "time": time.time(),
+    }

@@ -1,0 +1,106 @@
+"""The training progress display: a rich live panel on a terminal, plain lines otherwise.
+
+Both show the same facts: step, current stage, reward, response lengths, tokens/s.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+
+def make_progress(total_steps: int, stream: TextIO | None = None) -> "PlainProgress | RichProgress":
+    stream = stream or sys.stdout
+    if stream.isatty():
+        return RichProgress(total_steps, stream)
+    return PlainProgress(total_steps, stream)
+
+
+def step_line(m: dict[str, Any], total: int) -> str:
+    return (f"step {m['step'] + 1}/{total}  reward {m['reward_mean']:.3f}  exact {m['exact_frac']:.2f}  "
+            f"len {m['response_len_mean']:.1f}/{m['response_len_max']}  {m['tokens_per_s']:.0f} tok/s  "
+            f"{m['step_time_s']:.2f} s [rollout {m['rollout_s']:.2f} reward {m['reward_s']:.2f} "
+            f"inference {m['inference_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]")
+
+
+class PlainProgress:
+    def __init__(self, total_steps: int, stream: TextIO) -> None:
+        self.total = total_steps
+        self.stream = stream
+        self._last_warmup = -1.0
+
+    def __enter__(self) -> "PlainProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stream.flush()
+
+    def stage(self, name: str) -> None:
+        pass  # a line per stage change would drown the step lines
+
+    def warmup(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - self._last_warmup > 5:
+            self._last_warmup = now
+            print(f"warm start {done}/{total}", file=self.stream, flush=True)
+
+    def step(self, metrics: dict[str, Any]) -> None:
+        print(step_line(metrics, self.total), file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
+class RichProgress:
+    def __init__(self, total_steps: int, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        self.total = total_steps
+        self.console = Console(file=stream)
+        self.live = Live(console=self.console, refresh_per_second=4, transient=False)
+        self.current = "starting"
+        self.last: dict[str, Any] | None = None
+        self.warm = (0, 0)
+        self.started = time.monotonic()
+
+    def __enter__(self) -> "RichProgress":
+        self.live.__enter__()
+        self._render()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._render()
+        self.live.__exit__(*exc)
+
+    def stage(self, name: str) -> None:
+        self.current = name
+        self._render()
+
+    def warmup(self, done: int, total: int) -> None:
+        self.warm = (done, total)
+        self.current = "warm start"
+        self._render()
+
+    def step(self, metrics: dict[str, Any]) -> None:
+        self.last = metrics
+        self.console.print(step_line(metrics, self.total))
+        self._render()
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+    def _render(self) -> None:
+        from rich.table import Table
+        table = Table.grid(padding=(0, 2))
+        m = self.last
+        done = 0 if m is None else m["step"] + 1
+        table.add_row("step", f"{done}/{self.total}", "stage", self.current,
+                      "elapsed", f"{time.monotonic() - self.started:.0f} s")
+        if self.warm[1]:
+            table.add_row("warm start", f"{self.warm[0]}/{self.warm[1]}")
+        if m is not None:
+            table.add_row("reward", f"{m['reward_mean']:.3f}", "exact", f"{m['exact_frac']:.2f}",
+                          "tokens/s", f"{m['tokens_per_s']:.0f}")
+            table.add_row("length", f"{m['response_len_mean']:.1f} mean / {m['response_len_max']} max",
+                          "step time", f"{m['step_time_s']:.2f} s")
+        self.live.update(table)

@@ -1,0 +1,40 @@
+"""timeline.png: devices x time, each bar coloured by the component holding the device.
+
+Built from the workflow's spans (stages.StageClock): a locked stage holds its
+group's devices for the span; CPU-only stages (reward) go on a "cpu" row.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from dynarl.components.workflows.stages import Span
+
+COLOURS = {"rollout": "#4C72B0", "inference": "#DD8452", "trainer": "#55A868", "reward": "#C44E52",
+           "sync": "#8172B3"}
+
+
+def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str = "") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if not spans:
+        return
+    t0 = min(s.start for s in spans)
+    rows = [f"device {d}" for d in range(num_devices)] + ["cpu"]
+    fig, ax = plt.subplots(figsize=(12, 0.6 * len(rows) + 1.5))
+    for s in spans:
+        colour = COLOURS.get(s.component, "#937860")
+        for row in s.devices or [num_devices]:
+            ax.broken_barh([(s.start - t0, max(s.end - s.start, 1e-3))], (row - 0.4, 0.8), color=colour)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first span")
+    used = sorted({s.component for s in spans})
+    ax.legend(handles=[Patch(color=COLOURS.get(c, "#937860"), label=c) for c in used],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(used), frameon=False)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,217 @@
+"""`dynarl train [CONFIG] [key=value ...] [--run-dir DIR] [--resume DIR]`
+
+Runs GRPO end to end: config -> validation -> run directory -> workers ->
+warm start -> steps -> checkpoints. With no arguments it trains the built-in
+count-up task on the tiny model on CPU.
+
+Everything a user can get wrong (unknown key, wrong type, a placement that does
+not fit the devices, a missing dataset file) is checked before any worker
+starts and reported as one line naming the field, exit code 2, no traceback.
+Malformed dataset rows are skipped, counted and reported.
+
+The run directory holds: config.yaml (resolved), metrics.jsonl (one object per
+step), ledger.jsonl (samples trained per step), data_report.json, trace.json
+(Perfetto / chrome://tracing), timeline.png, checkpoints/, summary.json.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import yaml
+
+from dynarl.transport.errors import ConfigError, DynarlError
+
+USAGE = "usage: dynarl train [CONFIG.yaml] [key.path=value ...] [--run-dir DIR] [--resume DIR]"
+
+
+class UsageError(Exception):
+    pass
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parse_args(argv)
+        if args is None:
+            print(USAGE + "\n\n" + __doc__.split("\n\n", 1)[1])
+            return 0
+        job = prepare(*args)
+    except (UsageError, ConfigError) as exc:
+        print(f"dynarl train: error: {exc}", file=sys.stderr)
+        return 2
+    return job.run()
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str | None, str | None] | None:
+    config_path = run_dir = resume = None
+    overrides: list[tuple[str, Any]] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in ("-h", "--help"):
+            return None
+        if arg in ("--run-dir", "--resume"):
+            value = next(it, None)
+            if value is None:
+                raise UsageError(f"{arg} needs a directory\n{USAGE}")
+            if arg == "--run-dir":
+                run_dir = value
+            else:
+                resume = value
+        elif arg.startswith("--"):
+            raise UsageError(f"unknown option {arg}\n{USAGE}")
+        elif "=" in arg:
+            key, _, text = arg.partition("=")
+            try:
+                overrides.append((key, yaml.safe_load(text) if text else ""))
+            except yaml.YAMLError:
+                overrides.append((key, text))
+        elif config_path is None:
+            config_path = arg
+        else:
+            raise UsageError(f"more than one config file given ({config_path!r}, {arg!r})\n{USAGE}")
+    if resume is not None and (config_path is not None or run_dir not in (None, resume)):
+        raise UsageError("--resume DIR continues the run in DIR with its own config.yaml; "
+                         "give only key=value overrides beside it")
+    return config_path, overrides, run_dir, resume
+
+
+def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
+            resume: str | None) -> "Job":
+    from dynarl.components.workflows import checkpoints as ckpt
+    from dynarl.components.workflows.config import load_config
+
+    checkpoint = None
+    if resume is not None:
+        config_path = os.path.join(resume, "config.yaml")
+        if not os.path.isfile(config_path):
+            raise UsageError(f"--resume {resume}: no config.yaml there (not a run directory)")
+        checkpoint = ckpt.latest_checkpoint(resume)
+        if checkpoint is None:
+            raise UsageError(f"--resume {resume}: no complete checkpoint to resume from")
+        run_dir = resume
+    data = _read_yaml(config_path) if config_path else None
+    cfg = load_config(data, overrides)
+    source, tokenizer = _task(cfg)
+    if run_dir is None:
+        run_dir = os.path.join("runs", time.strftime("grpo-%Y%m%d-%H%M%S"))
+    if resume is None and os.path.isdir(run_dir) and os.listdir(run_dir):
+        raise UsageError(f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it "
+                         "or choose another --run-dir")
+    return Job(cfg, source, tokenizer, run_dir, checkpoint)
+
+
+def _read_yaml(path: str) -> Any:
+    if not os.path.isfile(path):
+        raise UsageError(f"config file {path!r} does not exist")
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"config file {path!r} is not valid YAML: {exc}") from None
+
+
+def _task(cfg: Any) -> tuple[Any, Any]:
+    """The problem stream and tokenizer; dataset problems become ConfigErrors naming the field."""
+    from dynarl.components.model.spec import build_tokenizer, prompt_check
+    from dynarl.components.tasks.source import ProblemSource
+
+    tokenizer = build_tokenizer(cfg.model)
+    max_prompt = cfg.model.config().max_position_embeddings - cfg.rollout.max_new_tokens
+    try:
+        source = ProblemSource(cfg.task, cfg.run.seed, prompt_check(tokenizer, max_prompt))
+    except FileNotFoundError as exc:
+        raise ConfigError("task.dataset.path", str(exc)) from None
+    except ValueError as exc:
+        raise ConfigError("task.dataset", str(exc)) from None
+    if cfg.task.kind == "count_up":
+        try:
+            tokenizer.encode(cfg.task.count_up.alphabet + ">:")
+        except ValueError as exc:
+            raise ConfigError("task.count_up.alphabet", str(exc)) from None
+        longest = len(cfg.task.count_up.alphabet) + 1
+        if cfg.rollout.max_new_tokens < longest:
+            raise ConfigError("rollout.max_new_tokens", f"{cfg.rollout.max_new_tokens} cannot fit the longest "
+                                                        f"count_up answer ({longest - 1} symbols + EOS)")
+    return source, tokenizer
+
+
+class Job:
+    def __init__(self, cfg: Any, source: Any, tokenizer: Any, run_dir: str, checkpoint: Any) -> None:
+        self.cfg, self.source, self.tokenizer = cfg, source, tokenizer
+        self.run_dir, self.checkpoint = run_dir, checkpoint
+        self.workflow: Any = None
+
+    def run(self) -> int:
+        import dataclasses
+
+        import uvloop
+
+        from dynarl.core.config_tree import to_dict
+        from dynarl.launch.progress import make_progress
+
+        os.makedirs(self.run_dir, exist_ok=True)
+        with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump(to_dict(self.cfg), f, sort_keys=False)
+        report = {"task": self.cfg.task.kind, "report": self.source.report,
+                  "skipped": [{"row": n, "reason": why} for n, why in self.source.skipped]}
+        with open(os.path.join(self.run_dir, "data_report.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        attempt = "" if self.checkpoint is None else f"-resume-{self.checkpoint[1].step}"
+        runtime = dataclasses.replace(self.cfg.runtime,
+                                      trace_path=os.path.join(self.run_dir, f"trace{attempt}.json"))
+        progress = make_progress(self.cfg.run.steps)
+        started = time.perf_counter()
+        with progress:
+            progress.note(f"run directory {self.run_dir}; placement {self.cfg.placement.mode} "
+                          f"{self.cfg.devices()} on {self.cfg.runtime.cluster.num_devices} devices")
+            if self.source.report:
+                progress.note(f"dataset: {self.source.report}")
+            try:
+                uvloop.run(self._main(runtime, progress))
+            except KeyboardInterrupt:
+                print(f"dynarl train: interrupted; continue with: dynarl train --resume {self.run_dir}", file=sys.stderr)
+                return 130
+            except DynarlError as exc:  # a worker failed or was lost: its own traceback is in the message
+                print(f"dynarl train: failed: {exc}", file=sys.stderr)
+                return 1
+            finally:
+                if self.workflow is not None:
+                    self._draw(self.workflow.clock.spans, attempt)
+        summary = summarize(os.path.join(self.run_dir, "metrics.jsonl"), time.perf_counter() - started)
+        with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"done in {summary['wall_time_s']:.0f} s: reward first 10 steps {summary['reward_first10']:.3f}, "
+              f"last 10 steps {summary['reward_last10']:.3f}; run directory {self.run_dir}")
+        return 0
+
+    async def _main(self, runtime: Any, progress: Any) -> None:
+        from dynarl.components.workflows.grpo import GRPO
+        from dynarl.core.controller import Controller
+
+        async with Controller(runtime) as ctl:
+            self.workflow = GRPO(ctl, self.cfg, self.source, self.tokenizer, self.run_dir, progress)
+            await self.workflow.run(self.checkpoint)
+
+    def _draw(self, spans: Any, attempt: str) -> None:
+        from dynarl.launch.timeline import draw_timeline
+        try:
+            draw_timeline(spans, self.cfg.runtime.cluster.num_devices,
+                          os.path.join(self.run_dir, f"timeline{attempt}.png"),
+                          f"placement {self.cfg.placement.mode}: {self.cfg.devices()}")
+        except Exception as exc:  # the picture must never cost the run's result
+            print(f"dynarl train: timeline not drawn: {exc!r}", file=sys.stderr)
+
+
+def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rewards = [r["reward_mean"] for r in rows]
+    first, last = rewards[:10], rewards[-10:]
+    return {"steps": len(rows), "wall_time_s": wall_time_s,
+            "reward_first10": sum(first) / len(first), "reward_last10": sum(last) / len(last),
+            "tokens_per_s_mean": sum(r["tokens_per_s"] for r in rows) / len(rows),
+            "step_time_s_mean": sum(r["step_time_s"] for r in rows) / len(rows)}

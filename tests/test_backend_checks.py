@@ -1,0 +1,97 @@
+NUM_GPUS = 0
+"""Config-load checks for the optional backends (components/extras.py, backends.py)
+and the GPU example configs under examples/: their backend sections, model shapes and
+placement resolve on a CPU machine without the extras."""
+import pathlib
+import sys
+
+import pytest
+import yaml
+
+from dynarl import ConfigError
+from dynarl.components import extras
+from dynarl.components.backends import check_backends
+from dynarl.components.model.io import read_config
+from dynarl.components.rollout.sglang.config import SGLangConfig
+from dynarl.components.trainer.megatron.config import MegatronConfig
+from dynarl.components.workflows.placement import plan_placement
+from dynarl.core.config import ClusterConfig
+from dynarl.core.config_tree import build
+from dynarl.core.scheduler.policy import DynarlConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("grpo_*.yaml"))
+QWEN_7B = read_config(ROOT / "examples" / "qwen2.5-7b")
+
+
+def test_a_missing_extra_names_the_pip_command_and_the_field(monkeypatch):
+    monkeypatch.setitem(extras.EXTRAS, "fancy", ("dynarl_no_such_package.core", "no-such"))
+    assert not extras.is_available("fancy")
+    with pytest.raises(ConfigError, match=r"pip install 'dynarl\[fancy\]'") as info:
+        extras.require_extra("fancy", "trainer.backend")
+    assert info.value.path == "trainer.backend"
+
+
+def test_builtin_backends_need_nothing():
+    for backend in ("native", "emulated"):
+        extras.require_extra(backend, "rollout.backend")
+
+
+def test_find_spec_does_not_import_the_backend():
+    extras.is_available("sglang")
+    extras.is_available("megatron")
+    assert "sglang" not in sys.modules or not hasattr(sys.modules["sglang"], "Engine")
+
+
+@pytest.mark.skipif(not extras.is_available("megatron"), reason="megatron-core not installed")
+def test_an_untested_megatron_version_warns(monkeypatch):
+    monkeypatch.setitem(extras.TESTED_VERSIONS, "megatron-core", ("0.0.1",))
+    with pytest.warns(UserWarning, match="tested with 0.0.1"):
+        extras.require_extra("megatron", "trainer.backend")
+
+
+@pytest.mark.skipif(extras.is_available("sglang"), reason="sglang is installed")
+def test_selecting_sglang_without_it_fails_at_load():
+    with pytest.raises(ConfigError, match=r"pip install 'dynarl\[sglang\]'") as info:
+        check_backends(rollout_backend="sglang", trainer_backend="native", model=QWEN_7B, rollout_ranks=1,
+                       trainer_ranks=1)
+    assert info.value.path == "rollout.backend"
+
+
+@pytest.mark.parametrize("kwargs, path, fragment", [
+    pytest.param(dict(trainer_backend="deepspeed"), "trainer.backend", "choose from", id="unknown-backend"),
+    pytest.param(dict(megatron=MegatronConfig(tensor_parallel_size=8)), "trainer.megatron.tensor_parallel_size",
+                 "num_key_value_heads=4", id="tp-over-kv-heads"),
+    pytest.param(dict(trainer_ranks=6, megatron=MegatronConfig(tensor_parallel_size=4)), "trainer.num_ranks",
+                 "multiple", id="ranks-not-multiple-of-tp"),
+    pytest.param(dict(rollout_backend="sglang", sglang=SGLangConfig(tp_size=3)), "rollout.sglang.tp_size",
+                 "num_attention_heads=28", id="sglang-tp"),
+])
+def test_layout_errors_name_the_field(kwargs, path, fragment):
+    args = dict(rollout_backend="native", trainer_backend="megatron", model=QWEN_7B, rollout_ranks=4,
+                trainer_ranks=8, require_installed=False)
+    args.update(kwargs)
+    with pytest.raises(ConfigError, match=fragment) as info:
+        check_backends(**args)
+    assert info.value.path == path
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_configs_resolve_on_cpu(path):
+    data = yaml.safe_load(path.read_text())
+    model = read_config(ROOT / data["model"]["path"])
+    assert model.num_parameters == pytest.approx(7.6e9, rel=0.01)  # Qwen2.5-7B's shapes
+    rollout, trainer = data["rollout"], data["trainer"]
+    sglang = build(SGLangConfig, rollout["sglang"], "rollout.sglang")
+    megatron = build(MegatronConfig, trainer["megatron"], "trainer.megatron")
+    notes = check_backends(rollout_backend=rollout["backend"], trainer_backend=trainer["backend"], model=model,
+                           rollout_ranks=rollout["num_ranks"], trainer_ranks=trainer["num_ranks"],
+                           sglang=sglang, megatron=megatron, require_installed=False)
+    assert all("pip install 'dynarl[" in note for note in notes)
+    assert ("sglang" in " ".join(notes)) == (not extras.is_available("sglang"))
+    cluster = build(ClusterConfig, data["runtime"]["cluster"], "runtime.cluster")
+    ranks = {c: data[c]["num_ranks"] for c in ("rollout", "inference", "trainer")}
+    plan = plan_placement(data["placement"]["mode"], cluster.num_devices, ranks, data["placement"].get("pools"))
+    assert all(max(devices) < cluster.num_devices for devices in plan.values())
+    assert cluster.device_kind == "cuda"
+    build(DynarlConfig, data["scheduler"].get("dynarl", {}), "scheduler.dynarl")

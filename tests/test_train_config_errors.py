@@ -1,0 +1,76 @@
+NUM_GPUS = 0
+"""Bad configs fail before any worker starts, with one line naming the field."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dynarl import ConfigError
+from dynarl.components.workflows.config import load_config
+from dynarl.launch.train import UsageError, prepare
+
+
+@pytest.mark.parametrize("override,path,fragment", [
+    pytest.param(("rollout.temprature", 1.0), "rollout.temprature", "unknown key", id="unknown-key"),
+    pytest.param(("run.steps", "many"), "run.steps", "expected an integer", id="wrong-type"),
+    pytest.param(("placement.mode", "diagonal"), "placement.mode", "choose from 'temporal', 'spatial', 'hybrid'",
+                 id="bad-choice"),
+    pytest.param(("trainer.num_ranks", 3), "trainer.num_ranks", "3 ranks need 3 devices but the cluster has 2",
+                 id="more-ranks-than-devices"),
+    pytest.param(("placement.mode", "spatial"), "placement.mode", "= 6 devices but the cluster has 2",
+                 id="placement-does-not-fit"),
+    pytest.param(("trainer.engine.lr", -1), "trainer.engine", "lr must be >= 0", id="range"),
+    pytest.param(("placement.pools", [["rollout"], ["trainer"]]), "placement.pools", "only used by mode 'hybrid'",
+                 id="pools-without-hybrid"),
+])
+def test_config_errors_name_the_field(override, path, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert info.value.path == path
+    assert fragment in str(info.value)
+
+
+def test_missing_dataset_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        prepare(None, [("task.kind", "dataset"), ("task.dataset.path", str(tmp_path / "nope.jsonl"))],
+                str(tmp_path / "run"), None)
+    assert info.value.path == "task.dataset.path" and "does not exist" in str(info.value)
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_dataset_with_no_usable_row(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"question": "1+1="}\n')
+    with pytest.raises(ConfigError, match="no usable row.*row 1: missing field 'prompt'"):
+        prepare(None, [("task.kind", "dataset"), ("task.dataset.path", str(tmp_path / "d.jsonl"))], None, None)
+
+
+def test_resume_needs_a_checkpoint(tmp_path):
+    (tmp_path / "config.yaml").write_text("run: {steps: 3}\n")
+    with pytest.raises(UsageError, match="no complete checkpoint"):
+        prepare(None, [], None, str(tmp_path))
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "train", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_unknown_key_exits_2_without_traceback(tmp_path):
+    result = cli("rollout.temprature=0.5", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "rollout.temprature: unknown key" in result.stderr and "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "run")  # nothing started, nothing written
+
+
+def test_cli_errors_from_a_yaml_file_and_a_range(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("placement:\n  mode: spatial\nrollout:\n  num_ranks: two\n")
+    result = cli(str(config), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "rollout.num_ranks: expected an integer, got 'two'" in result.stderr
+    result = cli("run.steps=0", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "run: steps must be >= 1, got 0" in result.stderr

@@ -1,0 +1,78 @@
+NUM_GPUS = 0
+"""kill -9 of a training run mid-step, then --resume: it continues from the last
+checkpoint, no sample is trained twice, and no worker outlives the controller."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from dynarl.components.tasks.source import ProblemSource
+from dynarl.components.workflows.config import load_config
+from grpo_tiny import TINY, overrides
+
+STEPS, EVERY, N_PROMPTS, N_SAMPLES = 8, 3, 8, 4
+
+
+def children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def running(pid):
+    """Alive and not a zombie (a zombie of a dead parent may wait for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_kill_9_mid_step_then_resume(tmp_path):
+    run = str(tmp_path / "run")
+    argv = [sys.executable, "-m", "dynarl.launch.cli", "train", *TINY, f"run.steps={STEPS}",
+            f"run.checkpoint_every={EVERY}", "run.keep_checkpoints=5", "--run-dir", run]
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    metrics = os.path.join(run, "metrics.jsonl")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # past the checkpoint at step 3, inside a later step
+        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= EVERY + 1:
+            break
+        assert proc.poll() is None, open(tmp_path / "first.log").read()[-2000:]
+        time.sleep(0.05)
+    workers = children(proc.pid)
+    assert len(workers) == 4  # rollout, reward, inference, trainer
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(running(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [w for w in workers if running(w)], "workers outlived the killed controller"
+    killed_after = sum(1 for _ in open(metrics))
+    assert EVERY + 1 <= killed_after < STEPS
+
+    result = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "train", "--resume", run],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    resumed_from = 3 * (killed_after // EVERY)
+    assert f"resumed from {os.path.join(run, 'checkpoints', f'step_{resumed_from:06d}')}" in result.stdout
+
+    ledger = [json.loads(line) for line in open(os.path.join(run, "ledger.jsonl"))]
+    assert [e["step"] for e in ledger] == list(range(STEPS))
+    ids = [i for e in ledger for i in e["samples"]]
+    assert len(ids) == len(set(ids)) == STEPS * N_PROMPTS * N_SAMPLES  # exactly once
+    cfg = load_config(None, overrides())
+    source = ProblemSource(cfg.task, cfg.run.seed)
+    for e in ledger:  # the data cursor resumed where the checkpoint left it
+        expected = [f"{p.id}/{k}" for p in source.problems(e["step"] * N_PROMPTS, N_PROMPTS)
+                    for k in range(N_SAMPLES)]
+        assert e["samples"] == expected
+    rolled_back = os.path.join(run, "ledger.rolled_back.jsonl")
+    dropped = [json.loads(line)["step"] for line in open(rolled_back)] if os.path.exists(rolled_back) else []
+    assert dropped == list(range(resumed_from, killed_after))  # trained into lost state: trained again once
+    steps = [json.loads(line)["step"] for line in open(metrics)]
+    assert steps == list(range(STEPS))
+    assert os.path.isfile(os.path.join(run, f"trace-resume-{resumed_from}.json"))
