@@ -133,3 +133,28 @@ async def test_100mb_tensor_crosses_a_channel_intact():
                                               producer.call("produce_tensor", "big", numel, 7))
         assert received[0]["numel"] == numel
         assert received[0]["sum"] == received[0]["expected"] == sent[0]
+
+
+async def test_many_waiting_consumers_stay_fast_and_balanced():
+    """Thousands of waiting getters (a 4096-device simulation): each put is O(log n)."""
+    import time
+    ch = Channel("c", capacity=100_000)
+    consumers = [f"w{i}" for i in range(2000)]
+    got: dict[str, int] = {}
+
+    async def consume(name):
+        for _ in range(5):
+            await ch.get(consumer=name)
+            got[name] = got.get(name, 0) + 1
+
+    tasks = [asyncio.ensure_future(consume(c)) for c in consumers]
+    await asyncio.sleep(0)
+    start = time.perf_counter()
+    for i in range(10_000):
+        ch.put_nowait(i)
+        if i % 500 == 0:
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert time.perf_counter() - start < 5.0
+    assert set(got.values()) == {5}  # equal weights: every consumer served equally
+    assert all(len(q) <= 1 for q in ch._by_consumer.values())  # no pile-up of served getters
