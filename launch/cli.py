@@ -39,6 +39,7 @@ COMMANDS = {
     "bench": _bench,
     "tool": _tool,
     "graph": lambda argv: importlib.import_module("dynarl.launch.graph").main(argv),
+    "sim": lambda argv: importlib.import_module("dynarl.launch.sim.cli").main(argv),
     "train": _train,
 }
 

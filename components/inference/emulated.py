@@ -69,11 +69,18 @@ class EmulatedInference:
         for i, (ids, plen) in enumerate(zip(input_ids, prompt_lens)):
             if not 1 <= plen <= len(ids):
                 raise ValueError(f"prompt_lens[{i}]={plen} must be in [1, len(input_ids[{i}])={len(ids)}]")
-        dt = self.forward_time([len(ids) for ids in input_ids]) + self._pending_delay
+        await self.forward([len(ids) for ids in input_ids])
+        return [response_logprobs(self._seed(ids), 0, len(ids) - plen) for ids, plen in zip(input_ids, prompt_lens)]
+
+    async def forward(self, seq_lens: Sequence[int]) -> float:
+        """Spends one pass's cost-model time (plus any pending weight sync) on the loop and
+        returns it: compute_logprobs without the synthetic values, for simulations that
+        need only the time."""
+        dt = self.forward_time(seq_lens) + self._pending_delay
         self._pending_delay = 0.0
         self.busy_time += dt
         await asyncio.sleep(dt * self.config.time_scale)
-        return [response_logprobs(self._seed(ids), 0, len(ids) - plen) for ids, plen in zip(input_ids, prompt_lens)]
+        return dt
 
     def _seed(self, ids: Sequence[int]) -> int:
         return zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()) ^ (self.weight_version << 32)

@@ -35,6 +35,10 @@ class EmulatedRolloutConfig:
     e.g. 0.01 for a fidelity check on a real loop)."""
     weight_sync_bandwidth: float | None = None
     """Bytes/s each TP rank receives weights at; None = the device's link bandwidth."""
+    lazy_outputs: bool = False
+    """Results hold output ids and log-probs as tokens.LazyList, built on first read:
+    same values, but a simulation that only needs lengths skips building them. Such
+    results must be materialized (list()) before they are sent over the wire."""
 
     def __post_init__(self) -> None:
         get_model(self.model)  # raises ValueError naming the known ones

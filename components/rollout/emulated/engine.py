@@ -171,7 +171,8 @@ class EmulatedRolloutEngine:
                 output_ids: list[int] | None = None) -> GenerationResult:
         if finish_reason is None:
             finish_reason = "stop" if state.request.sampling.stop_token_ids else "length"
-        return state.result(n, finish_reason, self.weight_version, self.model.vocab_size, output_ids)
+        return state.result(n, finish_reason, self.weight_version, self.model.vocab_size, output_ids,
+                            lazy=self.config.lazy_outputs)
 
     def _resolve(self, results: list[GenerationResult]) -> list[GenerationResult]:
         for result in results:

@@ -1,11 +1,12 @@
 """One request inside the emulated engine: counts, not tokens."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest
 
-from .tokens import request_seed, response_logprobs, response_tokens
+from .tokens import LazyList, request_seed, response_logprobs, response_tokens
 
 
 class RequestState:
@@ -63,12 +64,18 @@ class RequestState:
         return self.prior_logprobs + response_logprobs(self.seed, len(self.prior_logprobs), n)
 
     def result(self, n: int, finish_reason: str, weight_version: int, vocab_size: int,
-               output_ids: list[int] | None = None) -> GenerationResult:
+               output_ids: list[int] | None = None, lazy: bool = False) -> GenerationResult:
+        if lazy:  # ids and log-probs built only if someone reads them (tokens.LazyList)
+            ids = output_ids if output_ids is not None else LazyList(n, partial(self.output_ids, n, vocab_size))
+            logprobs = LazyList(n, partial(self.output_logprobs, n))
+        else:
+            ids = self.output_ids(n, vocab_size) if output_ids is None else output_ids
+            logprobs = self.output_logprobs(n)
         return GenerationResult(
             request_id=self.request_id,
             prompt_token_ids=list(self.request.prompt_token_ids),
-            output_token_ids=self.output_ids(n, vocab_size) if output_ids is None else output_ids,
-            output_logprobs=self.output_logprobs(n),
+            output_token_ids=ids,
+            output_logprobs=logprobs,
             finish_reason=finish_reason,
             weight_version=weight_version,
             cached_tokens=self.cached_tokens,

@@ -9,7 +9,8 @@ and building them is one vectorised numpy pass instead of a Python loop.
 from __future__ import annotations
 
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 import numpy as np
 
@@ -70,3 +71,37 @@ def response_logprobs(seed: int, start: int, stop: int) -> list[float]:
         return []
     unit = (_stream(seed, start, stop, _LOGPROB_SALT) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
     return (unit * MIN_LOGPROB).tolist()
+
+
+class LazyList(Sequence):
+    """A list built on first access: `len()` is known up front and costs nothing.
+
+    With EmulatedRolloutConfig.lazy_outputs, results hold their output ids and
+    log-probs as LazyLists, so a cluster-scale simulation that only needs response
+    lengths never builds tens of millions of synthetic tokens. Values, once read,
+    equal the eager ones. Materialize with list() before sending over the wire.
+    """
+
+    __slots__ = ("_length", "_build", "_items")
+
+    def __init__(self, length: int, build: Callable[[], list]):
+        self._length = length
+        self._build = build
+        self._items: list | None = None
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        if self._items is None:
+            self._items = self._build()
+            assert len(self._items) == self._length, "LazyList built the wrong length"
+        return self._items[index]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (list, LazyList)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"LazyList(len={self._length}, built={self._items is not None})"

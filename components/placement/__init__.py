@@ -1,0 +1,13 @@
+"""Placement decisions, pure: which devices each component holds, and when.
+
+No torch, no zmq, no I/O: plans are functions of numbers (device counts, work,
+profiled stage times), tested with tables. `dynarl sim` and real runs use the
+same modules.
+
+    plan.py      Placement: segments of the workflow chain, each on its own devices
+    split.py     the fixed spatial split rule
+    profile.py   profiled stage times at several device counts, interpolated
+    planner.py   RLinf's planner: dynamic program over cuts of the chain
+    drift.py     re-plan trigger: measured stage times drift from the profile
+    policy.py    named policies (placement + optional online decide hook), registry
+"""

@@ -1,0 +1,65 @@
+"""What a workload hands the simulator: prompt groups with lengths, no tokens.
+
+A single-turn sample has `response_tokens`; a multi-turn (agentic) sample has
+`turns`: generate `gen_tokens`, wait `tool_latency_s` for the tool, append
+`obs_tokens` of tool output, and continue. The wire form is plain lists/dicts
+(msgpack-safe), which is what travels on the simulator's channels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    gen_tokens: int
+    tool_latency_s: float
+    obs_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    sample_id: str
+    response_tokens: int = 0
+    """Single-turn: tokens to generate."""
+    turns: tuple[Turn, ...] = ()
+    """Multi-turn: empty for single-turn samples."""
+
+    @property
+    def is_multi_turn(self) -> bool:
+        return bool(self.turns)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(t.gen_tokens for t in self.turns) if self.turns else self.response_tokens
+
+    def sequence_tokens(self, prompt_tokens: int) -> int:
+        """Length of the trained sequence: prompt, every generation and tool output."""
+        if self.turns:
+            return prompt_tokens + sum(t.gen_tokens + t.obs_tokens for t in self.turns)
+        return prompt_tokens + self.response_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One prompt and its samples (the GRPO group)."""
+    prompt_id: str
+    prompt_tokens: int
+    samples: tuple[Sample, ...]
+
+    def to_wire(self, index: int) -> dict[str, Any]:
+        return {"index": index, "prompt": self.prompt_id, "prompt_len": self.prompt_tokens,
+                "samples": [_sample_wire(s) for s in self.samples]}
+
+
+def _sample_wire(s: Sample) -> dict[str, Any]:
+    if s.turns:
+        return {"id": s.sample_id, "turns": [[t.gen_tokens, t.tool_latency_s, t.obs_tokens] for t in s.turns]}
+    return {"id": s.sample_id, "len": s.response_tokens}
+
+
+def batch_tokens(groups: list[Group]) -> tuple[int, int]:
+    """(generated tokens, samples) of a batch."""
+    return (sum(s.generated_tokens for g in groups for s in g.samples),
+            sum(len(g.samples) for g in groups))

@@ -1,0 +1,104 @@
+"""Workload descriptions: the distributions one RL iteration's batch is drawn from.
+
+Frozen dataclasses, validated on construction (ValueError names the field).
+`catalog.py` fills them in from COSTMODEL.md's anchors; `generate.py` samples them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from dynarl.components.costmodel import get_model
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogNormal:
+    """exp(N(ln median, sigma)), rounded and clipped to [floor, cap]."""
+    median: float
+    sigma: float
+    cap: float = math.inf
+    floor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.median <= 0:
+            raise ValueError(f"median must be > 0, got {self.median}")
+        if self.sigma < 0:
+            raise ValueError(f"sigma must be >= 0, got {self.sigma}")
+        if not 0 <= self.floor <= self.cap:
+            raise ValueError(f"need 0 <= floor <= cap, got floor={self.floor}, cap={self.cap}")
+
+    def truncation(self) -> float:
+        """P(a draw exceeds the cap), before clipping."""
+        if math.isinf(self.cap) or self.sigma == 0:
+            return float(self.median > self.cap)
+        z = math.log(self.cap / self.median) / self.sigma
+        return 0.5 * math.erfc(z / math.sqrt(2))
+
+    def mean_seconds(self) -> float:
+        """Mean of the unclipped distribution (for latencies)."""
+        return self.median * math.exp(self.sigma ** 2 / 2)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MathWorkload:
+    """Single-turn GRPO: `prompts` prompts x `samples` responses per iteration."""
+    name: str
+    model: str
+    prompts: int = 512
+    samples: int = 16
+    prompt_tokens: LogNormal
+    response_tokens: LogNormal
+    prompt_correlation: float = 0.5
+    """Share of the log-length variance common to a prompt's samples (0: independent)."""
+    rollout_tp: int = 1
+    kind: Literal["math"] = "math"
+    source: str = ""
+    """Where the numbers come from (COSTMODEL.md tags)."""
+
+    def __post_init__(self) -> None:
+        _check_common(self.model, self.prompts, self.samples, self.rollout_tp)
+        if not 0 <= self.prompt_correlation <= 1:
+            raise ValueError(f"prompt_correlation must be in [0, 1], got {self.prompt_correlation}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgenticWorkload:
+    """Multi-turn episodes: generate, call a tool, read its output, repeat."""
+    name: str
+    model: str
+    prompts: int
+    samples: int
+    prompt_tokens: LogNormal
+    mean_turns: float
+    """Turns per episode are geometric with this mean, clipped to max_turns."""
+    max_turns: int
+    first_turn_tokens: LogNormal
+    """Generated tokens of turn 0; turn k draws from median x turn_decay**k."""
+    turn_decay: float = 1.0
+    max_response_tokens: int = 1 << 30
+    """Generated tokens per episode; turns past it are cut."""
+    obs_tokens: LogNormal
+    tool_latency_s: LogNormal
+    rollout_tp: int = 1
+    kind: Literal["agentic"] = "agentic"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check_common(self.model, self.prompts, self.samples, self.rollout_tp)
+        if not 1 <= self.mean_turns <= self.max_turns:
+            raise ValueError(f"need 1 <= mean_turns <= max_turns, got {self.mean_turns}, {self.max_turns}")
+        if not 0 < self.turn_decay <= 1:
+            raise ValueError(f"turn_decay must be in (0, 1], got {self.turn_decay}")
+        if self.max_response_tokens < 1:
+            raise ValueError(f"max_response_tokens must be >= 1, got {self.max_response_tokens}")
+
+
+Workload = MathWorkload | AgenticWorkload
+
+
+def _check_common(model: str, prompts: int, samples: int, rollout_tp: int) -> None:
+    get_model(model)
+    for name, value in (("prompts", prompts), ("samples", samples), ("rollout_tp", rollout_tp)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")

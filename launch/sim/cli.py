@@ -1,0 +1,111 @@
+"""`dynarl sim`: run policies on the same simulated workload and compare them.
+
+    dynarl sim --workload math-7b --devices 64 --policies colocated,spatial,rlinf-auto --json
+
+Every policy runs the real controller, workflow and placement with inproc emulated
+workers in virtual time (see docs/simulation.md). colocated always runs, as the
+baseline of speedup_vs_colocated. The JSON is byte-identical for one seed; with
+--timings it adds wall-clock figures (decision_ms_p99, wall_s), which are not.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from dynarl.components.placement.policy import PolicyUnavailable, make_policy
+from dynarl.components.workloads.catalog import WORKLOADS
+from dynarl.components.workloads.trace import TraceError
+
+from .metrics import add_speedups, policy_metrics
+from .report import table, to_json
+from .scenario import SimConfig, build_scenario
+
+MAX_LISTED_REJECTS = 20
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dynarl sim", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="math-7b", help=f"one of: {', '.join(sorted(WORKLOADS))}")
+    p.add_argument("--devices", type=int, default=64)
+    p.add_argument("--policies", default="colocated,spatial,rlinf-auto",
+                   help="comma-separated: colocated, spatial, rlinf-auto (dynarl: issue 5)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="JSONL trace replacing the workload's generator")
+    p.add_argument("--iterations", type=int, default=2, help="per policy, warm-up included")
+    p.add_argument("--warmup", type=int, default=1, help="iterations not measured")
+    p.add_argument("--prompts", type=int, help="prompts per iteration (default: the workload's rule)")
+    p.add_argument("--device", default="h100-80gb")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--timings", action="store_true", help="add wall-clock figures to the JSON")
+    p.add_argument("--plot", metavar="DIR", help="write the ownership timelines and a bar chart there")
+    p.add_argument("--fidelity", action="store_true",
+                   help="compare the local launcher (real processes, wall clock) with virtual time")
+    p.add_argument("--time-scale", type=float, default=0.1,
+                   help="--fidelity: real seconds per emulated second on the local launcher")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.fidelity:
+        from .fidelity import main as fidelity_main
+        return fidelity_main(args)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    try:
+        for name in names:
+            make_policy(name)
+        if "colocated" not in names:
+            names.insert(0, "colocated")
+        config = SimConfig(workload=args.workload, devices=args.devices, policies=tuple(names), seed=args.seed,
+                           iterations=args.iterations, warmup=args.warmup, prompts=args.prompts,
+                           trace=args.trace, device=args.device)
+        scn = build_scenario(config)
+    except (PolicyUnavailable, TraceError, ValueError, OSError) as exc:
+        print(f"dynarl sim: {exc}", file=sys.stderr)
+        return 2
+    if scn.trace is not None and scn.trace.rejected:
+        print(f"dynarl sim: {len(scn.trace.rejected)} malformed trace line(s) rejected:", file=sys.stderr)
+        for line, reason in scn.trace.rejected[:MAX_LISTED_REJECTS]:
+            print(f"  line {line}: {reason}", file=sys.stderr)
+    result, runs = simulate(scn, timings=args.timings, log=sys.stderr)
+    print(to_json(result) if args.json else table(result))
+    if args.plot:
+        from .plot import write_plots
+        for path in write_plots(result, runs, scn, args.plot):
+            print(f"dynarl sim: wrote {path}", file=sys.stderr)
+    return 0
+
+
+def simulate(scn, *, timings: bool = False, log: Any = None) -> tuple[dict[str, Any], dict]:
+    """Runs every policy of the scenario; returns (the result dict, the PolicyRuns)."""
+    from .profiler import profile_stages
+    from .runner import run_policy
+
+    cfg = scn.config
+    profiles = None
+    policies: dict[str, dict[str, Any]] = {}
+    runs = {}
+    for name in cfg.policies:
+        started = time.perf_counter()
+        if make_policy(name).needs_profile and profiles is None:
+            profiles = profile_stages(scn)
+        runs[name] = run_policy(scn, name, profiles)
+        policies[name] = policy_metrics(runs[name], scn, timings=timings)
+        wall = time.perf_counter() - started
+        if timings:
+            policies[name]["wall_s"] = wall
+        if log is not None:
+            print(f"dynarl sim: {name} done in {wall:.1f} s wall", file=log)
+    add_speedups(policies)
+    result: dict[str, Any] = {
+        "workload": cfg.workload, "kind": scn.workload.kind, "devices": cfg.devices, "seed": cfg.seed,
+        "device": cfg.device, "prompts": len(scn.batches[0]), "iterations": cfg.iterations,
+        "measured_iterations": cfg.iterations - cfg.warmup, "policies": policies,
+    }
+    if scn.trace is not None:
+        result["trace"] = {"file": cfg.trace, "groups": len(scn.trace.groups), "requests": scn.trace.num_requests,
+                           "rejected": len(scn.trace.rejected),
+                           "rejected_lines": [n for n, _ in scn.trace.rejected[:MAX_LISTED_REJECTS]]}
+    return result, runs

@@ -1,0 +1,69 @@
+"""One GRPO iteration of the simulator: the macro flow of components/workflows/grpo.py,
+
+    put the iteration's prompt groups on "prompts"
+    rollout    "prompts"    -> "rollouts"     finished groups, chunk by chunk
+    inference  "rollouts"   -> "experience"   old-policy log-probs; scored samples one by one
+    trainer    "experience"                  streaming gradient accumulation, then the step
+    weight sync trainer -> rollout, inference (version + 1)
+
+run with the same stage() helper (components/workflows/stages.py): every stage
+holds its group's device_lock, so time-shared devices serve the components in
+data order, and stages on devices of their own stream from their upstream. (The
+reward stage is left out: a math verifier or the tool's verdict costs CPU time,
+not device time.)
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from dynarl.components.experience import END
+from dynarl.components.workflows.stages import StageClock, stage
+from dynarl.components.workloads.samples import Group
+from dynarl.core.controller import Controller
+from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+
+CHANNELS = ("prompts", "rollouts", "experience")
+
+
+@dataclass(slots=True)
+class SimGroups:
+    rollout: WorkerGroup
+    inference: WorkerGroup
+    trainer: WorkerGroup
+
+    def all(self) -> list[WorkerGroup]:
+        return [self.rollout, self.inference, self.trainer]
+
+
+def open_channels(ctl: Controller, capacity: int) -> None:
+    """Each channel holds a whole iteration: on time-shared devices the next stage
+    reads only after the previous one has produced everything."""
+    for name in CHANNELS:
+        ctl.channel(name, capacity=capacity)
+
+
+async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], version: int, *, clock: StageClock,
+                        chunk_size: int, weight_bytes: int) -> dict[str, list[Any]]:
+    label = f"iteration {version}"
+    prompts = ctl.channel("prompts")
+    for index, group in enumerate(batch):
+        await prompts.put(group.to_wire(index))
+    for _ in range(g.rollout.world_size):
+        await prompts.put(END)
+    rollout = asyncio.ensure_future(stage(ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=clock,
+                                          label=label, version=version, chunk_size=chunk_size))
+    inference = asyncio.ensure_future(stage(ctl, g.inference, "compute_logprobs", get="rollouts", put="experience",
+                                            after=rollout, clock=clock, label=label, version=version))
+    trainer = asyncio.ensure_future(stage(ctl, g.trainer, "train", get="experience", put=None, after=inference,
+                                          clock=clock, label=label, version=version))
+    r, i, t = await gather_or_cancel([rollout, inference, trainer])
+    await sync_weights(g, version + 1, weight_bytes)
+    return {"rollout": r, "inference": i, "trainer": t}
+
+
+async def sync_weights(g: SimGroups, version: int, weight_bytes: int) -> None:
+    """The new policy to rollout and inference; each engine pays the transfer on its next step."""
+    await gather_or_cancel([g.rollout.call("receive_weights", version, weight_bytes),
+                            g.inference.call("receive_weights", version, weight_bytes)])

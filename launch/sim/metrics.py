@@ -1,0 +1,68 @@
+"""Per-policy figures from a run's records (measured iterations only).
+
+    iter_time_s       mean window of the measured iterations
+    tokens_per_s      generated tokens / s (math);  requests_per_s: episodes / s (agentic)
+    gpu_idle_frac     1 - device-seconds some component computed / (N x time)
+    bound_s           mean lower bound (bound.py); ratio_to_bound = iter_time_s / bound_s
+    migrations        per kind (reboot, workload, p2p): count and total cost in seconds
+    decisions         decide() calls; decision_ms_p99 their wall-clock p99 (0 without a hook)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dynarl.components.placement.plan import COMPONENTS
+
+from .runner import PolicyRun
+from .scenario import Scenario
+
+MIGRATION_KINDS = ("reboot", "workload", "p2p")
+
+
+def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str, Any]:
+    cfg = scn.config
+    measured = run.iterations[cfg.warmup:]
+    total = sum(r.end - r.start for r in measured)
+    n = len(measured)
+    bound = sum(scn.bounds[r.index].bound_s for r in measured) / n
+    iter_time = total / n
+    out: dict[str, Any] = {
+        "iter_time_s": iter_time,
+        "bound_s": bound,
+        "ratio_to_bound": iter_time / bound,
+        "work_bound_s": sum(sum(scn.bounds[r.index].work_s.values()) / cfg.devices for r in measured) / n,
+        "critical_path_s": sum(scn.bounds[r.index].critical_path_s for r in measured) / n,
+        "gpu_idle_frac": 1.0 - sum(r.busy_device_s for r in measured) / (cfg.devices * total),
+        "stage_s": {c: sum(r.span_s.get(c, 0.0) for r in measured) / n for c in COMPONENTS},
+        "migrations": {k: {"count": len(run.migrations.get(k, [])), "cost_s": sum(run.migrations.get(k, []))}
+                       for k in MIGRATION_KINDS},
+        "decisions": len(run.decision_ms),
+        "placement": run.placements[0][1].to_dict(),
+        "replans": list(run.notes),
+        "preemptions": run.preemptions,
+    }
+    if len(run.placements) > 1:
+        out["final_placement"] = run.placements[-1][1].to_dict()
+    if scn.workload.kind == "math":
+        out["tokens_per_s"] = sum(r.tokens for r in measured) / total
+    else:
+        out["requests_per_s"] = sum(r.samples for r in measured) / total
+    if not run.decision_ms:
+        out["decision_ms_p99"] = 0.0
+    elif timings:
+        out["decision_ms_p99"] = percentile(run.decision_ms, 99)
+    else:
+        out["decision_ms_p99"] = None  # wall-clock: only with --timings (it breaks byte-identity)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+def add_speedups(policies: dict[str, dict[str, Any]], baseline: str = "colocated") -> None:
+    base = policies[baseline]["iter_time_s"]
+    for m in policies.values():
+        m["speedup_vs_colocated"] = base / m["iter_time_s"]

@@ -1,0 +1,210 @@
+"""One policy's simulated run: the real Controller, inproc workers, virtual time.
+
+    place  -> spawn one WorkerGroup per component on the placement's devices
+    repeat -> run_iteration (iteration.py); decide() where the policy has a hook;
+              a Replan decision re-deploys the groups at the iteration boundary
+              (RLinf: checkpoint, stop, start elsewhere: a reboot migration)
+
+Iteration i's window runs from the end of iteration i-1 (from its own start for
+i = 0) to its weight sync, so boundary work (re-plans) is paid by the next iteration.
+All times are emulated seconds since the run began: loop time / time_scale.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import dynarl
+from dynarl.components import costmodel as cm
+from dynarl.components.placement.plan import COMPONENTS, Placement
+from dynarl.components.placement.policy import Migrate, PlanContext, Replan, Snapshot, make_policy
+from dynarl.components.workflows.stages import StageClock
+from dynarl.core.controller import Controller
+from dynarl.core.worker_group import gather_or_cancel
+
+from .inference_worker import SimInferenceWorker
+from .iteration import CHANNELS, SimGroups, open_channels, run_iteration, sync_weights
+from .rollout_worker import SimRolloutWorker
+from .scenario import Scenario, nic_or_link
+from .trainer_worker import SimTrainerWorker
+
+REBOOT_S = cm.role_switch_time(restart=True)
+"""A re-plan stops every group and starts it elsewhere: offload/onload plus an engine start."""
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    index: int
+    start: float
+    end: float
+    busy_device_s: float
+    tokens: int
+    samples: int
+    stage_s: dict[str, float]
+    """Measured stage time: the busy seconds of the component's slowest rank."""
+    span_s: dict[str, float]
+    """Seconds each component held its devices (StageClock)."""
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    policy: str
+    placements: list[tuple[float, Placement]] = field(default_factory=list)
+    iterations: list[IterationRecord] = field(default_factory=list)
+    ownership: list[tuple[str, int, float, float]] = field(default_factory=list)
+    """(component, devices, start, end): who held which number of devices when."""
+    busy: list[tuple[float, float, int]] = field(default_factory=list)
+    """(start, end, devices) a component computed on."""
+    decision_ms: list[float] = field(default_factory=list)
+    migrations: dict[str, list[float]] = field(default_factory=dict)
+    """kind -> cost in seconds of each migration."""
+    notes: list[str] = field(default_factory=list)
+    preemptions: int = 0
+
+
+def run_policy(scn: Scenario, name: str, profiles: dict | None = None) -> PolicyRun:
+    cfg = scn.config
+    policy = make_policy(name)
+    ctx = PlanContext(num_devices=cfg.devices, granularity={"rollout": scn.rollout_tp}, work=scn.work(),
+                      switch_s=cm.ROLE_SWITCH_S, micro_batches=cfg.micro_batches,
+                      profiles=profiles if policy.needs_profile else None)
+    run = PolicyRun(name)
+    placement = policy.place(ctx)
+    capacity = max(1024, 2 * max(sum(len(g.samples) for g in b) for b in scn.batches) + 2 * cfg.devices)
+
+    async def workflow(ctl: Controller) -> None:
+        nonlocal placement
+        loop = asyncio.get_running_loop()
+        origin = loop.time()
+
+        def now() -> float:
+            return (loop.time() - origin) / cfg.time_scale
+
+        open_channels(ctl, capacity)
+        g = await spawn(ctl, scn, placement)
+        run.placements.append((now(), placement))
+        previous_end: float | None = None
+        for it in range(cfg.iterations):
+            start = now() if previous_end is None else previous_end
+            clock = StageClock()
+            work = asyncio.ensure_future(run_iteration(ctl, g, scn.batches[it], it, clock=clock,
+                                                       chunk_size=cfg.chunk_size, weight_bytes=scn.weight_bytes))
+            ticker = asyncio.ensure_future(_ticker(ctl, g, policy, run, it, placement, now, cfg.time_scale))
+            try:
+                done, _ = await asyncio.wait([work, ticker], return_when=asyncio.FIRST_COMPLETED)
+                if ticker in done:
+                    ticker.result()  # a failed hook ends the run
+                results = await work
+            finally:
+                work.cancel()
+                ticker.cancel()
+            end = now()
+            _record(run, scn, it, start, end, placement, results, clock, origin, cfg.time_scale)
+            previous_end = end
+            if policy.has_hook:
+                snapshot = Snapshot(iteration=it, now_s=end, at_iteration_end=True, placement=placement,
+                                    stage_s=run.iterations[-1].stage_s)
+                for decision in _timed(policy, snapshot, run):
+                    if isinstance(decision, Migrate):
+                        raise NotImplementedError("online migrations (Migrate) are executed from issue 5 on")
+                    if isinstance(decision, Replan) and it + 1 < cfg.iterations:
+                        g = await _replan(ctl, scn, g, placement, decision, run, it)
+                        placement = decision.placement
+                        run.placements.append((now(), placement))
+        for group in g.all():
+            await ctl.stop_group(group)
+
+    config = dynarl.RuntimeConfig(launcher=cfg.launcher, cluster=_cluster(cfg.devices),
+                                  spawn_timeout_s=600.0, heartbeat_timeout_s=30.0)
+    dynarl.run(workflow, config, virtual_time=cfg.launcher == "inproc")
+    return run
+
+
+def _cluster(devices: int) -> dynarl.ClusterConfig:
+    per_node = 8 if devices % 8 == 0 else devices
+    return dynarl.ClusterConfig(num_nodes=devices // per_node, devices_per_node=per_node)
+
+
+async def spawn(ctl: Controller, scn: Scenario, placement: Placement) -> SimGroups:
+    engines = scn.engines
+    tp = scn.rollout_tp
+    rollout_engine = dict(engines["rollout"], weight_sync_bandwidth=nic_or_link(
+        placement.segment_of("rollout") == placement.segment_of("trainer"), scn.config.device))
+    rollout, inference, trainer = await gather_or_cancel([
+        ctl.spawn(SimRolloutWorker, name="rollout", devices=placement.device_ids("rollout")[::tp],
+                  init={"engine": rollout_engine, "shares_device": placement.shares_devices("rollout")}),
+        ctl.spawn(SimInferenceWorker, name="inference", devices=placement.device_ids("inference"),
+                  init={"engine": engines["inference"], "shares_device": placement.shares_devices("inference")}),
+        ctl.spawn(SimTrainerWorker, name="trainer", devices=placement.device_ids("trainer"),
+                  init={"engine": engines["trainer"], "shares_device": placement.shares_devices("trainer")})])
+    return SimGroups(rollout, inference, trainer)
+
+
+async def _replan(ctl: Controller, scn: Scenario, g: SimGroups, old: Placement, decision: Replan,
+                  run: PolicyRun, it: int) -> SimGroups:
+    for group in g.all():
+        await ctl.stop_group(group)
+    await asyncio.sleep(REBOOT_S * scn.config.time_scale)
+    moved = sum(1 for c in COMPONENTS if old.device_ids(c) != decision.placement.device_ids(c))
+    run.migrations.setdefault("reboot", []).extend([REBOOT_S] * moved)
+    run.notes.append(f"after iteration {it}: {old.describe()} -> {decision.placement.describe()} ({decision.reason})")
+    g = await spawn(ctl, scn, decision.placement)
+    await sync_weights(g, it + 1, scn.weight_bytes)  # the new engines load the current policy
+    return g
+
+
+async def _ticker(ctl: Controller, g: SimGroups, policy, run: PolicyRun, it: int, placement: Placement,
+                  now, time_scale: float) -> None:
+    """decide() every decide_every_s during the iteration, on the engines' KV utilization."""
+    if policy.decide_every_s is None:
+        await asyncio.Future()  # no online hook: wait to be cancelled
+    while True:
+        await asyncio.sleep(policy.decide_every_s * time_scale)
+        loads = await g.rollout.call("load")
+        snapshot = Snapshot(iteration=it, now_s=now(), at_iteration_end=False, placement=placement,
+                            rollout_utilization=tuple(l["utilization"] for l in loads),
+                            queue_depth={name: len(ctl.channel(name)) for name in CHANNELS})
+        for decision in _timed(policy, snapshot, run):
+            raise NotImplementedError(f"{type(decision).__name__} during an iteration is executed from issue 5 on")
+
+
+def _timed(policy, snapshot: Snapshot, run: PolicyRun) -> list:
+    started = time.perf_counter()
+    decisions = policy.decide(snapshot)
+    run.decision_ms.append((time.perf_counter() - started) * 1e3)
+    return decisions
+
+
+def _record(run: PolicyRun, scn: Scenario, it: int, start: float, end: float, placement: Placement,
+            results: dict, clock: StageClock, origin: float, scale: float) -> None:
+    busy_ds = 0.0
+    stage_s: dict[str, float] = {}
+    for component, per_rank in results.items():
+        totals = []
+        for r in per_rank:
+            total = 0.0
+            for s, e in r["busy"]:
+                s, e = (s - origin) / scale, (e - origin) / scale
+                total += e - s
+                run.busy.append((s, e, r["tp"]))
+            busy_ds += total * r["tp"]
+            totals.append(total)
+            run.preemptions += r.get("preemptions", 0)
+        stage_s[component] = max(totals)  # the component is done when its slowest rank is
+    label = f"iteration {it}"
+    spans: dict[str, float] = {}
+    for span in clock.spans:
+        if span.label != label:
+            continue
+        spans[span.component] = spans.get(span.component, 0.0) + (span.end - span.start) / scale
+        if placement.shares_devices(span.component):
+            run.ownership.append((span.component, placement.num_devices_of(span.component),
+                                  (span.start - origin) / scale, (span.end - origin) / scale))
+    for c in COMPONENTS:
+        if not placement.shares_devices(c):
+            run.ownership.append((c, placement.num_devices_of(c), start, end))
+    batch = scn.batches[it]
+    run.iterations.append(IterationRecord(
+        it, start, end, busy_ds, tokens=sum(s.generated_tokens for grp in batch for s in grp.samples),
+        samples=sum(len(grp.samples) for grp in batch), stage_s=stage_s, span_s=spans))

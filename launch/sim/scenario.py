@@ -1,0 +1,126 @@
+"""What one `dynarl sim` invocation runs: the workload's batches, engine settings, bounds.
+
+Resolved once and shared by every policy, so all of them see the same requests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynarl.components import costmodel as cm
+from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+from dynarl.components.trainer.emulated.layout import build_layout
+from dynarl.components.workloads.catalog import get_workload, prompts_for
+from dynarl.components.workloads.generate import generate
+from dynarl.components.workloads.samples import Group
+from dynarl.components.workloads.spec import Workload
+from dynarl.components.workloads.trace import Trace, batch_of, load_trace
+
+from .bound import Bound, iteration_bound
+
+
+@dataclass(kw_only=True, slots=True)
+class SimConfig:
+    workload: str
+    devices: int
+    policies: tuple[str, ...] = ("colocated", "spatial")
+    seed: int = 0
+    iterations: int = 2
+    """Iterations per policy; the first `warmup` are not measured."""
+    warmup: int = 1
+    prompts: int | None = None
+    """Prompts per iteration; None: catalog.prompts_for (512 up to 256 devices, then 2 per device)."""
+    trace: str | None = None
+    device: str = "h100-80gb"
+    time_scale: float = 1.0
+    """Real seconds per emulated second (1 in virtual time; small on a real clock)."""
+    launcher: str = "inproc"
+    """inproc runs in virtual time; local runs real processes on the real clock (fidelity)."""
+    micro_batches: int = 8
+    """Pipeline depth the rlinf-auto planner assumes."""
+    chunk_size: int = 1
+    """Groups per channel item between stages (the elastic-pipelining granularity)."""
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise ValueError(f"devices must be >= 1, got {self.devices}")
+        if not 0 <= self.warmup < self.iterations:
+            raise ValueError(f"need 0 <= warmup < iterations, got warmup={self.warmup}, iterations={self.iterations}")
+        if self.prompts is not None and self.prompts < 1:
+            raise ValueError(f"prompts must be >= 1, got {self.prompts}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.launcher not in ("inproc", "local"):
+            raise ValueError(f"launcher must be 'inproc' or 'local', got {self.launcher!r}")
+        if self.launcher == "inproc" and self.time_scale != 1.0:
+            raise ValueError("the inproc launcher runs in virtual time: time_scale must be 1")
+        if self.chunk_size < 1 or self.micro_batches < 1:
+            raise ValueError("chunk_size and micro_batches must be >= 1")
+        cm.get_device(self.device)
+
+
+@dataclass(slots=True)
+class Scenario:
+    config: SimConfig
+    workload: Workload
+    batches: list[list[Group]]
+    bounds: list[Bound]
+    weight_bytes: int
+    trace: Trace | None = None
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def num_devices(self) -> int:
+        return self.config.devices
+
+    @property
+    def rollout_tp(self) -> int:
+        return self.workload.rollout_tp
+
+    def work(self) -> dict[str, float]:
+        """Mean device-seconds per component per iteration (the split rule's input)."""
+        return {c: sum(b.work_s[c] for b in self.bounds) / len(self.bounds) for c in self.bounds[0].work_s}
+
+
+def build_scenario(config: SimConfig) -> Scenario:
+    workload = get_workload(config.workload)
+    tp = workload.rollout_tp
+    if config.devices % tp or config.devices < 3 * tp:
+        raise ValueError(f"{config.workload} runs rollout at TP {tp}: devices must be a multiple of {tp} "
+                         f"and at least {3 * tp} (one engine plus inference and trainer)")
+    prompts = config.prompts or prompts_for(workload, config.devices)
+    trace = load_trace(config.trace, workload) if config.trace else None
+    batches = [batch_of(trace, i, prompts) if trace else generate(workload, config.seed, i, prompts)
+               for i in range(config.iterations)]
+    scale = config.time_scale
+    engines = {
+        # math: no prefix cache (single-turn, the prompt is ~3% of a group's KV) and lazy
+        # outputs (only lengths are needed); agentic: the cache carries turns across calls.
+        "rollout": {"model": workload.model, "device": config.device, "tp": tp, "time_scale": scale,
+                    "enable_prefix_cache": workload.kind == "agentic", "lazy_outputs": True},
+        "inference": {"model": workload.model, "device": config.device, "num_devices": 1, "time_scale": scale},
+        "trainer": {"model": workload.model, "device": config.device, "time_scale": scale},
+    }
+    rollout_cfg = EmulatedRolloutConfig(**engines["rollout"])
+    _check_fits(batches, rollout_cfg.capacity_tokens(), config.workload)
+    weight_bytes = build_layout(cm.get_model(workload.model), 1).total_numel * cm.BYTES_PER_PARAM
+    bounds = [iteration_bound(b, model=workload.model, device=config.device, rollout_tp=tp,
+                              max_num_seqs=rollout_cfg.max_num_seqs, num_devices=config.devices,
+                              weight_bytes=weight_bytes, with_sync=i > 0) for i, b in enumerate(batches)]
+    return Scenario(config, workload, batches, bounds, weight_bytes, trace, engines)
+
+
+def _check_fits(batches: list[list[Group]], capacity: int, name: str) -> None:
+    for batch in batches:
+        for g in batch:
+            for s in g.samples:
+                need = s.sequence_tokens(g.prompt_tokens)
+                if need > capacity:
+                    raise ValueError(f"{name}: sample {s.sample_id} needs {need} KV tokens, more than one "
+                                     f"engine's capacity of {capacity}")
+
+
+def nic_or_link(shared_with_trainer: bool, device: str) -> float:
+    """Weight-sync bandwidth: on the trainer's own devices (colocated) over NVLink, else one NIC."""
+    spec = cm.get_device(device)
+    return spec.link_bandwidth if shared_with_trainer else spec.nic_bandwidth

@@ -1,0 +1,160 @@
+NUM_GPUS = 0
+
+import asyncio
+import json
+
+import pytest
+
+from dynarl.components.placement import policy as policies
+from dynarl.components.placement.policy import Colocated, Migrate
+from dynarl.components.rollout.base import GenerationRequest, SamplingParams
+from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
+from dynarl.core.virtual_time import run_virtual
+from dynarl.launch.cli import main as dynarl_main
+from dynarl.launch.sim.cli import simulate
+from dynarl.launch.sim.report import to_json
+from dynarl.launch.sim.runner import run_policy
+from dynarl.launch.sim.scenario import SimConfig, build_scenario
+
+SMALL = dict(workload="math-1.5b", devices=16, prompts=8, iterations=2, warmup=1)
+
+
+def small_result(**kw):
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("colocated", "spatial", "rlinf-auto"), **kw}))
+    return simulate(scn)
+
+
+def test_same_seed_same_bytes_and_a_new_seed_differs():
+    first, _ = small_result()
+    assert to_json(first) == to_json(small_result()[0])
+    assert to_json(first) != to_json(small_result(seed=1)[0])
+    assert set(first["policies"]) == {"colocated", "spatial", "rlinf-auto"}
+
+
+@pytest.mark.parametrize("kw", [
+    pytest.param({}, id="math"),
+    pytest.param({"seed": 7, "workload": "math-1.5b-zero"}, id="zero"),
+    pytest.param({"workload": "agentic-search-1.5b", "prompts": 6}, id="agentic"),
+])
+def test_no_policy_beats_the_lower_bound(kw):
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("colocated", "spatial", "rlinf-auto"), **kw}))
+    result, runs = simulate(scn)
+    for name, run in runs.items():
+        for r in run.iterations:  # every iteration, warm-up included
+            assert scn.bounds[r.index].bound_s <= r.end - r.start, (name, r.index)
+    for name, m in result["policies"].items():
+        assert m["bound_s"] <= m["iter_time_s"], name
+        assert 0.0 <= m["gpu_idle_frac"] < 1.0
+        assert m["ratio_to_bound"] >= 1.0
+        rate = m["tokens_per_s"] if result["kind"] == "math" else m["requests_per_s"]
+        assert rate > 0
+    assert result["policies"]["colocated"]["speedup_vs_colocated"] == 1.0
+
+
+def test_colocated_time_shares_every_device_and_spatial_holds_blocks():
+    result, runs = small_result()
+    owned = {(c, n) for c, n, _, _ in runs["colocated"].ownership}
+    assert owned == {("rollout", 16), ("inference", 16), ("trainer", 16)}
+    spatial = result["policies"]["spatial"]["placement"]
+    assert spatial["mode"] == "spatial" and sum(spatial["devices"].values()) == 16
+    for name in ("colocated", "spatial"):
+        assert result["policies"][name]["decisions"] == 0
+        assert result["policies"][name]["decision_ms_p99"] == 0.0
+    assert result["policies"]["rlinf-auto"]["decisions"] == 2  # once per iteration end
+
+
+class Watcher(Colocated):
+    """A policy with an online hook that only looks: the extension point dynarl uses."""
+    name = "test-watcher"
+    has_hook = True
+    decide_every_s = 20.0
+    seen: list = []
+
+    def decide(self, snapshot):
+        Watcher.seen.append(snapshot)
+        return []
+
+
+class Mover(Watcher):
+    name = "test-mover"
+
+    def decide(self, snapshot):
+        return [Migrate("workload", "rollout", "trainer", 2)] if not snapshot.at_iteration_end else []
+
+
+@pytest.fixture
+def test_policies():
+    policies.register("test-watcher", Watcher)
+    policies.register("test-mover", Mover)
+    yield
+    for name in ("test-watcher", "test-mover"):
+        policies.REGISTRY.pop(name)
+
+
+def test_online_hook_sees_engine_utilization_during_iterations(test_policies):
+    Watcher.seen = []
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("test-watcher",)}))
+    run = run_policy(scn, "test-watcher")
+    online = [s for s in Watcher.seen if not s.at_iteration_end]
+    assert len(online) >= 4 and len(run.decision_ms) == len(Watcher.seen)
+    assert all(len(s.rollout_utilization) == 16 for s in online)  # colocated: 16 engines at TP 1
+    assert any(u > 0 for s in online for u in s.rollout_utilization)
+    assert all(0 <= u <= 1 for s in online for u in s.rollout_utilization)
+    assert [s.iteration for s in Watcher.seen if s.at_iteration_end] == [0, 1]
+
+
+def test_migrations_are_refused_until_issue_5(test_policies):
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("test-mover",)}))
+    with pytest.raises(NotImplementedError, match="issue 5"):
+        run_policy(scn, "test-mover")
+
+
+def test_cli_refuses_dynarl_and_reports_trace_rejects(tmp_path, capsys):
+    assert dynarl_main(["sim", "--policies", "colocated,dynarl"]) == 2
+    assert "issue 5" in capsys.readouterr().err
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([json.dumps({"prompt_id": f"p{i // 4}", "response_tokens": 50 + 40 * i})
+                                for i in range(16)] + ["oops", json.dumps({"prompt_id": "x"})]) + "\n")
+    rc = dynarl_main(["sim", "--workload", "math-1.5b-zero", "--devices", "8", "--policies", "spatial",
+                      "--trace", str(trace), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "line 17: not JSON" in captured.err and "line 18:" in captured.err
+    out = json.loads(captured.out)
+    assert out["trace"] == {"file": str(trace), "groups": 4, "requests": 16, "rejected": 2,
+                            "rejected_lines": [17, 18]}
+    assert set(out["policies"]) == {"colocated", "spatial"}  # the baseline always runs
+
+
+def test_lazy_outputs_change_nothing_but_when_ids_are_built():
+    reqs = [GenerationRequest(f"r{i}", list(range(1, 40 + i)), SamplingParams(max_new_tokens=30 + 7 * i))
+            for i in range(6)]
+
+    async def go(lazy):
+        eng = EmulatedRolloutEngine(EmulatedRolloutConfig(model="qwen2.5-1.5b", lazy_outputs=lazy))
+        results = await eng.generate(reqs)
+        return results, asyncio.get_running_loop().time()
+
+    eager, t_eager = run_virtual(go(False))
+    lazy, t_lazy = run_virtual(go(True))
+    assert t_eager == t_lazy
+    for a, b in zip(eager, lazy):
+        assert len(b.output_token_ids) == len(a.output_token_ids)
+        assert list(b.output_token_ids) == a.output_token_ids
+        assert list(b.output_logprobs) == a.output_logprobs
+
+
+def test_plots_are_written(tmp_path):
+    from dynarl.launch.sim.plot import busy_steps, ownership_steps, write_plots
+
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("colocated", "spatial")}))
+    result, runs = simulate(scn)
+    paths = write_plots(result, runs, scn, str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["policies.png", "timeline-colocated.png",
+                                                          "timeline-spatial.png"]
+    assert all((tmp_path / p.rsplit("/", 1)[1]).stat().st_size > 1000 for p in paths)
+    times, counts = busy_steps([(0.0, 2.0, 3), (1.0, 3.0, 2)])
+    assert (times, counts) == ([0.0, 1.0, 2.0, 3.0], [3, 5, 2, 0])
+    points, stacks = ownership_steps([("rollout", 4, 0.0, 1.0), ("trainer", 4, 1.0, 2.0)])
+    assert points == [0.0, 1.0, 2.0] and stacks["rollout"] == [4, 0, 0] and stacks["trainer"] == [0, 4, 0]
