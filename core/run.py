@@ -6,7 +6,6 @@ which is sound only because every actor then lives in the loop.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Awaitable, Callable
 
 from dynarl.core.config import RuntimeConfig

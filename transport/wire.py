@@ -19,7 +19,6 @@ A flipped mac-kind byte changes the algorithm and so fails verification too.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import itertools
 import os

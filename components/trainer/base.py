@@ -7,7 +7,7 @@ emulated twin uses them without tensors, and the P2P reshard planner reads a
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
@@ -109,6 +109,17 @@ class TrainBatch:
         return cls(**d)
 
 
+def check_param_offsets(params: Sequence["ParamSpec"], total_numel: int) -> None:
+    """Params lie back to back in the flat space, covering exactly total_numel."""
+    offset = 0
+    for p in params:
+        if p.offset != offset:
+            raise ValueError(f"param {p.name} starts at {p.offset}, expected {offset}")
+        offset += p.numel
+    if offset != total_numel:
+        raise ValueError(f"params cover {offset} elements, total_numel is {total_numel}")
+
+
 def shard_ranges(total: int, world_size: int) -> list[tuple[int, int]]:
     """ZeRO-1 ownership of a flat space of `total` elements: rank r owns a contiguous
     [start, end) of total // W elements, plus one if r < total % W. Plain Python, so
@@ -160,13 +171,7 @@ class StateLayout:
     def __post_init__(self) -> None:
         self.params = tuple(self.params)
         self.shards = {k: tuple(tuple(r) for r in v) for k, v in self.shards.items()}
-        offset = 0
-        for p in self.params:
-            if p.offset != offset:
-                raise ValueError(f"param {p.name} starts at {p.offset}, expected {offset}")
-            offset += p.numel
-        if offset != self.total_numel:
-            raise ValueError(f"params cover {offset} elements, total_numel is {self.total_numel}")
+        check_param_offsets(self.params, self.total_numel)
         for state, ranges in self.shards.items():
             if len(ranges) != self.world_size:
                 raise ValueError(f"shards[{state}] has {len(ranges)} ranges for world_size {self.world_size}")

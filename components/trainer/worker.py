@@ -26,9 +26,10 @@ from dynarl.components.model.io import save_pretrained
 from dynarl.components.model.spec import ModelSpec, build_model
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.native.trainer import NativeTrainer
+from dynarl.components.trainer.reshard import ReshardableTrainer
 
 
-class TrainerWorker(dynarl.Worker):
+class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     def __init__(self, model: dict, engine: dict, warmup_lr: float, bucket_bytes: int,
                  shares_device: bool = False) -> None:
         self.model_spec = ModelSpec(**model)
@@ -37,6 +38,19 @@ class TrainerWorker(dynarl.Worker):
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
         self.trainer: NativeTrainer | None = None
+        self.expected_samples = 0
+        """Samples the workflow announced for this step and not yet trained."""
+        self.samples_done = 0
+        self.training = False
+
+    def expect(self, samples: int) -> None:
+        """The workflow announces the step's batch (the scheduler's remaining work)."""
+        self.expected_samples = samples
+
+    def metrics(self) -> dict:
+        """The scheduler's view: remaining work = samples waiting to be trained."""
+        return {"utilization": 1.0 if self.training else 0.0, "running": int(self.training), "waiting": 0,
+                "work_done": float(self.samples_done), "remaining_work": float(self.expected_samples)}
 
     async def start(self, dp_group: str | None = None) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
@@ -55,7 +69,14 @@ class TrainerWorker(dynarl.Worker):
 
     async def train(self, batch: dict) -> dict:
         """Collective. One GRPO step on this rank's part of the global batch."""
-        return await asyncio.to_thread(self.trainer.train_step, TrainBatch.from_wire(batch))
+        self.training = True
+        try:
+            result = await asyncio.to_thread(self.trainer.train_step, TrainBatch.from_wire(batch))
+        finally:
+            self.training = False
+        self.samples_done += self.expected_samples
+        self.expected_samples = 0
+        return result
 
     async def warmup_step(self, batch: dict) -> dict:
         """Collective. One supervised step (advantage 1 on every response token)."""

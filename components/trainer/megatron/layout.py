@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from dynarl.core.reshard_plan import Shard
 
-from ..base import ParamSpec
+from ..base import ParamSpec, check_param_offsets
 
 Box = tuple[tuple[int, int], ...]
 """[start, stop) per dimension."""
@@ -97,13 +97,7 @@ class ShardedLayout:
         if self.world_size % (self.tensor_parallel_size * self.pipeline_parallel_size):
             raise ValueError(f"world_size {self.world_size} is not a multiple of tp*pp = "
                              f"{self.tensor_parallel_size * self.pipeline_parallel_size}")
-        offset = 0
-        for p in self.params:
-            if p.offset != offset:
-                raise ValueError(f"param {p.name} starts at {p.offset}, expected {offset}")
-            offset += p.numel
-        if offset != self.total_numel:
-            raise ValueError(f"params cover {offset} elements, total_numel is {self.total_numel}")
+        check_param_offsets(self.params, self.total_numel)
         self._check_coverage()
 
     @property

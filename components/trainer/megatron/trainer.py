@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ...extras import require_extra
 from ...model.config import ModelConfig
 from ..base import TrainBatch, TrainerConfig
-from ..native.losses import grpo_advantages, grpo_loss
+from ..native.losses import grpo_loss, step_advantages
 from ..native.micro_batch import MicroBatch, build_micro_batch
 from .config import MegatronConfig
 from .layout import ShardedLayout
@@ -104,12 +104,7 @@ class MegatronTrainer:
         cfg = self.config
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
-        if cfg.kl_coef > 0 and batch.ref_logprobs is None:
-            raise ValueError("kl_coef > 0 needs batch.ref_logprobs")
-        advantages = batch.advantages
-        if advantages is None:
-            advantages = grpo_advantages(torch.tensor(batch.rewards, dtype=torch.float64),
-                                         torch.tensor(batch.group_ids), cfg.adv_eps).tolist()
+        advantages = step_advantages(batch, cfg)
         count = torch.tensor([float(batch.num_loss_tokens())], dtype=torch.float64, device=self.device)
         num_tokens = int(self._dp_sum(count).item())
         if num_tokens == 0:

@@ -147,3 +147,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         next_adv = m * adv + (1 - m) * next_adv
     returns = (advantages + values) * mask
     return advantages, returns
+
+
+def step_advantages(batch, config) -> list:
+    """What a GRPO step trains on: the batch's advantages, or group-normalised ones
+    from its rewards. Refuses a KL term without reference log-probs."""
+    if config.kl_coef > 0 and batch.ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs batch.ref_logprobs")
+    if batch.advantages is not None:
+        return batch.advantages
+    return grpo_advantages(torch.tensor(batch.rewards, dtype=torch.float64),
+                           torch.tensor(batch.group_ids), config.adv_eps).tolist()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ..base import STATE_NAMES, ParamSpec, StateLayout, TrainBatch, TrainerConfig
 from . import checkpoint
 from .adamw import adamw_update
-from .losses import entropy_from_logprobs, grpo_advantages, grpo_loss
+from .losses import entropy_from_logprobs, grpo_loss, step_advantages
 from .micro_batch import MicroBatch, build_micro_batch
 from .sharding import flatten, param_pieces, shard_ranges, unflatten_into
 
@@ -89,12 +89,7 @@ class NativeTrainer:
         cfg = self.config
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
-        if cfg.kl_coef > 0 and batch.ref_logprobs is None:
-            raise ValueError("kl_coef > 0 needs batch.ref_logprobs")
-        advantages = batch.advantages
-        if advantages is None:
-            advantages = grpo_advantages(torch.tensor(batch.rewards, dtype=torch.float64),
-                                         torch.tensor(batch.group_ids), cfg.adv_eps).tolist()
+        advantages = step_advantages(batch, cfg)
         num_tokens = int(self._all_reduce(torch.tensor([float(batch.num_loss_tokens())],
                                                        dtype=torch.float64, device=self.device)).item())
         if num_tokens == 0:
