@@ -14,6 +14,7 @@ BENCHES = {
     "rollout": "dynarl.launch.bench.rollout",
     "trainer": "dynarl.launch.bench.trainer",
     "scheduler": "dynarl.launch.bench.scheduler",
+    "agentic": "dynarl.launch.bench.agentic",
 }
 
 

@@ -108,6 +108,10 @@ class NativeRolloutEngine:
         self.scheduler.add(seq)
         self._seqs[seq.request_id] = seq
 
+    def running_request_ids(self) -> list[str]:
+        """Requests admitted and holding KV now (a bench observes admission with it)."""
+        return [seq.request_id for seq in self.scheduler.running]
+
     def has_work(self) -> bool:
         if self._ready:
             return True

@@ -1,0 +1,22 @@
+"""Waiting-queue order for a rollout engine, chosen by config: FIFO, or DynaRL's
+(tool_count, cached_prefix) priority with its bounded overtaking window
+(core/priority.py states and tests the bound)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from dynarl.components.rollout.base import GenerationRequest, QueueKey
+from dynarl.core.priority import PriorityConfig, priority_key
+
+
+def make_queue_key(policy: Literal["fifo", "priority"], config: PriorityConfig | None = None) -> QueueKey | None:
+    """None means the engine's own FIFO order."""
+    if policy == "fifo":
+        return None
+    if policy != "priority":
+        raise ValueError(f"unknown queue policy {policy!r}; choose fifo or priority")
+    config = config or PriorityConfig()
+
+    def key(request: GenerationRequest, cached_prefix: int) -> float:
+        return priority_key(request.arrival_time, request.tool_count, cached_prefix, config)
+    return key
