@@ -1,7 +1,10 @@
 """timeline.png: devices x time, each bar coloured by the component holding the device.
 
 Built from the workflow's spans (stages.StageClock): a locked stage holds its
-group's devices for the span; CPU-only stages (reward) go on a "cpu" row.
+group's devices for the span; CPU-only stages (reward) go on a "cpu" row. With
+scheduler.policy=dynarl, "migrate <kind>" spans mark the devices a migration moved
+(rollout -> trainer by workload + p2p, back by p2p + grow), and the trainer's
+bars then appear on devices that rollout held when the step began.
 """
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from typing import Sequence
 from dynarl.components.workflows.stages import Span
 
 COLOURS = {"rollout": "#4C72B0", "inference": "#DD8452", "trainer": "#55A868", "reward": "#C44E52",
-           "sync": "#8172B3"}
+           "sync": "#8172B3",
+           # scheduler.policy=dynarl: devices changing hands inside a step (grpo._scheduling_metrics)
+           "migrate workload": "#CCB974", "migrate p2p": "#64B5CD", "migrate grow": "#8C8C8C"}
 
 
 def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str = "") -> None:

@@ -21,7 +21,7 @@ import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.experience import END, Group
 from dynarl.components.model.spec import ModelSpec, build_model
-from dynarl.components.rollout.base import GenerationRequest, GenerationResult, SamplingParams
+from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, SamplingParams
 from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
 
 
@@ -33,6 +33,12 @@ class RolloutWorker(dynarl.Worker):
         self.shares_device = shares_device
         if shares_device:
             self.engine.release_memory()  # starts off the device; onload brings the cache
+        self.run: _Generation | None = None
+        """The step's generation while `generate` runs (the scheduler's view and moves)."""
+        self.admitting = False
+        """Between `begin_step` and this rank taking its END: it may still get prompts."""
+        self.tokens_done = 0
+        """Tokens of finished requests, all steps (work_done adds those decoded so far)."""
 
     async def onload(self) -> None:
         if self.shares_device:
@@ -48,21 +54,92 @@ class RolloutWorker(dynarl.Worker):
         self.engine.update_weights(named, version)
         return version
 
+    # --- the scheduler's view (core/scheduler/manager.py) ---------------------------
+    def begin_step(self) -> None:
+        """Called before the step's prompts flow: this rank is admitting again."""
+        self.admitting = True
+
+    def metrics(self) -> dict:
+        """utilization: active KV tokens / KV capacity; but a rank that may still be
+        handed prompts (it has not taken its END) is not in the long tail, so it
+        reports 1.0 and is never a donor: a released rank has always consumed its
+        END, and the kept ranks see every remaining prompt and their own ENDs."""
+        load = self.engine.load()
+        run = self.run
+        remaining, decoding = 0.0, 0
+        if run is not None:
+            cap = int(run.sampling["max_new_tokens"])
+            inflight = run.inflight_view()
+            decoding = sum(len(i.output_token_ids) for i in inflight)
+            remaining = float(sum(max(cap - len(i.output_token_ids), 0) for i in inflight))
+        return {"utilization": 1.0 if self.admitting else load.utilization,
+                "running": load.num_running, "waiting": load.num_waiting,
+                "work_done": float(self.tokens_done + decoding + (run.num_tokens if run is not None else 0)),
+                "remaining_work": remaining}
+
+    # --- Workload migration (core/migration/workload.py) ---------------------------
+    async def workload_pause(self) -> None:
+        """Stops this rank's generation at an engine-step boundary."""
+        if self.admitting:
+            raise RuntimeError("workload_pause: this rank may still be handed prompts")
+        if self.run is not None and not self.run.closed:  # else its generation is over: nothing to hand over
+            await self.run.pause()
+
+    async def workload_export(self) -> list[dict]:
+        """Whole groups with samples still generating here: their finished samples
+        stay in the group dict, their unfinished requests travel as in-flight state.
+        The rank's generate() then emits what it finished and returns."""
+        run = self.run
+        if run is None or not run.paused:  # was over when paused: nothing to hand over
+            return []
+        items = run.export()
+        await run.finished.wait()  # generate() has flushed and returned its counters
+        return items
+
+    def workload_load(self) -> float:
+        if self.run is None or self.run.closed:
+            return float("inf")  # generation over: takes work only if no rank can (then import fails)
+        self.run.hold = True  # a kept rank: its generate() waits for the import before it may return
+        return float(sum(self.run.left.values()))
+
+    def workload_import(self, items: list[dict]) -> int:
+        if self.run is not None:
+            self.run.hold = False
+            self.run.arrived.set()
+        if not items:
+            return 0
+        if self.run is None or self.run.closed:
+            raise RuntimeError("workload_import: this rank has no generation to take work into")
+        self.run.adopt(items)
+        return len(items)
+
+    async def workload_resume(self) -> None:
+        if self.run is not None:
+            self.run.resume()
+
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int, sampling: dict[str, Any]) -> dict:
         """Consumes prompt groups from `get` until END; puts chunks of finished
         groups (at most `chunk_size` each) on `put`. Returns counters."""
         if self.engine.weight_version != version:
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
-        run = _Generation(self.engine, self.channel(put), chunk_size, sampling)
+        run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling)
         started = time.perf_counter()
-        fetch = asyncio.ensure_future(run.fetch(self.channel(get)))  # prefetch 1: never take a second END
+        fetch = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: never take a second END
         try:
             await run.drive(fetch)
         finally:
             fetch.cancel()
-        return {"groups": run.num_groups, "tokens": run.num_tokens, "engine_steps": run.num_steps,
-                "busy_s": time.perf_counter() - started}
+            run.closed = True
+            self.admitting = False
+            self.tokens_done += run.num_tokens
+            self.run = None
+        try:
+            return {"groups": run.num_groups, "tokens": run.num_tokens, "engine_steps": run.num_steps,
+                    "busy_s": time.perf_counter() - started, "groups_exported": run.num_exported,
+                    "groups_imported": run.num_imported}
+        finally:
+            run.finished.set()
 
 
 class _Generation:
@@ -77,39 +154,128 @@ class _Generation:
         """request id -> (its group, its sample index)."""
         self.left: dict[int, int] = {}
         """group index -> samples still generating."""
+        self.groups_by_index: dict[int, Group] = {}
         self.ready: list[Group] = []
         self.arrived = asyncio.Event()
         self.num_groups = self.num_tokens = self.num_steps = 0
+        self.num_exported = self.num_imported = 0
+        self.paused = False
+        self.hold = False
+        """A migration is about to hand this rank work: do not return yet."""
+        self.handed_off = False
+        """Exported: drive emits what it finished and returns."""
+        self.at_boundary = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.closed = False
 
-    async def fetch(self, inbox: Any) -> None:
-        while (group := await inbox.get()) is not END:
+    def inflight_view(self) -> list[Any]:
+        return list(self.engine._seqs.values())  # running + waiting sequences (output so far)
+
+    async def pause(self) -> None:
+        self.paused = True
+        self.engine.pause()
+        self.arrived.set()
+        await self.at_boundary.wait()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.at_boundary.clear()
+        self.engine.resume()
+        self.arrived.set()
+
+    def export(self) -> list[dict]:
+        """Whole groups that still have samples generating here (see RolloutWorker)."""
+        if not self.paused:
+            raise RuntimeError("export before pause")
+        inflight = {i.request.request_id: i for i in self.engine.export_inflight()}
+        by_group: dict[int, list[InflightRequest]] = {}
+        for rid, item in inflight.items():
+            group, _ = self.pending.pop(rid)
+            by_group.setdefault(group["index"], []).append(item)
+        items = []
+        for index, requests in sorted(by_group.items()):
+            group = self.groups_by_index[index]
+            if self.left.pop(index) != len(requests):
+                raise RuntimeError(f"group {index}: bookkeeping disagrees with the engine's requests")
+            self.num_tokens += sum(len(r.output_token_ids) for r in requests)  # generated here
+            items.append({"id": f"group/{index}", "weight": float(len(requests)), "group": group,
+                          "inflight": [r.to_wire() for r in requests]})
+        self.num_exported = len(items)
+        self.handed_off = True
+        self.arrived.set()
+        return items
+
+    def adopt(self, items: list[dict]) -> None:
+        """Takes whole groups over from a released rank: this rank completes and emits them."""
+        requests = []
+        for item in items:
+            group = item["group"]
+            index_of = {s["id"]: k for k, s in enumerate(group["samples"])}
+            inflight = [InflightRequest.from_wire(r) for r in item["inflight"]]
+            for r in inflight:
+                self.pending[r.request.request_id] = (group, index_of[r.request.request_id])
+                self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
+            self.left[group["index"]] = len(inflight)
+            self.groups_by_index[group["index"]] = group
+            requests += inflight
+        self.engine.import_inflight(requests)
+        self.num_imported += len(items)
+        self.arrived.set()
+
+    async def fetch(self, inbox: Any, worker: Any = None) -> None:
+        while True:
+            group = await inbox.get()
+            if group is END:
+                if worker is not None:
+                    worker.admitting = False
+                return
             for k, sample in enumerate(group["samples"]):
                 request = GenerationRequest(sample["id"], list(group["prompt_ids"]),
                                             SamplingParams(**self.sampling, seed=sample["seed"]))
                 self.pending[sample["id"]] = (group, k)
                 self.engine.add_request(request)
             self.left[group["index"]] = len(group["samples"])
+            self.groups_by_index[group["index"]] = group
             self.num_groups += 1
             self.arrived.set()
 
     async def drive(self, fetch: asyncio.Future) -> None:
-        while not (fetch.done() and not self.engine.has_work()):
+        while True:
+            await self._drive(fetch)
+            fetch.result()
+            if self.ready:
+                await self._emit()
+            await self.outbox.flush()
+            # Decide and close with no await in between: a migration's workload_load
+            # either came before (hold: go on, the import follows) or sees `closed`.
+            if self.handed_off or not (self.paused or self.hold or self.engine.has_work()):
+                self.closed = True
+                return
+
+    async def _drive(self, fetch: asyncio.Future) -> None:
+        while self.paused or self.hold or not (fetch.done() and not self.engine.has_work()):
             if fetch.done() and fetch.exception() is not None:
                 raise fetch.exception()
+            if self.paused:
+                for result in await self.engine.step():  # paused: only results already complete
+                    await self._finished(result)
+                self.at_boundary.set()  # between engine steps: safe to export
+                if self.handed_off:
+                    break
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
             if not self.engine.has_work():
                 self.arrived.clear()
                 waiter = asyncio.ensure_future(self.arrived.wait())
-                await asyncio.wait([fetch, waiter], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([waiter] if fetch.done() else [fetch, waiter],
+                                   return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 continue
             for result in await self.engine.step():
                 await self._finished(result)
             self.num_steps += 1
             await asyncio.sleep(0)  # lets fetch add newly arrived prompts between steps
-        fetch.result()
-        if self.ready:
-            await self._emit()
-        await self.outbox.flush()
 
     async def _finished(self, result: GenerationResult) -> None:
         group, k = self.pending.pop(result.request_id)

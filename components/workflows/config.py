@@ -101,6 +101,39 @@ class PlacementSection:
 
 
 @dataclass(kw_only=True, slots=True)
+class DynarlSection:
+    """The DynaRL policy's knobs (core/scheduler/policy.py)."""
+    theta: float = 0.8
+    """Rollout is a donor when more than this fraction of its engines stayed below u_low."""
+    u_low: float = 0.2
+    """Utilization (active KV / capacity) below which an engine counts as idle."""
+    window_s: float = 0.25
+    """How long an engine must stay below u_low. Far below the paper's seconds-scale
+    window because a CPU step of the built-in job lasts about a second and its
+    generation about half of that: a 4 s (or even 0.5 s) window never elapses
+    within one step's generation, so the policy would never find a donor."""
+    interval_s: float = 0.1
+    """Seconds between scheduler ticks (metrics poll + decision)."""
+    max_candidates: int = 8
+    """Donor shrink options evaluated per decision (3..10)."""
+
+    def __post_init__(self) -> None:
+        from dynarl.core.scheduler.policy import DynarlConfig
+        DynarlConfig(self.theta, self.u_low, self.window_s, self.max_candidates)  # raises ValueError
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulerSection:
+    policy: Literal["static", "dynarl"] = "static"
+    """static: the placement never changes. dynarl: in each step's long tail, idle
+    rollout engines give their devices to the trainer (Workload + P2P migration);
+    the configured placement is restored before the next step."""
+    dynarl: DynarlSection = field(default_factory=DynarlSection)
+
+
+@dataclass(kw_only=True, slots=True)
 class RunSection:
     steps: int = 200
     """GRPO steps."""
@@ -128,6 +161,7 @@ class TrainConfig:
     trainer: TrainerSection = field(default_factory=TrainerSection)
     placement: PlacementSection = field(default_factory=PlacementSection)
     run: RunSection = field(default_factory=RunSection)
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
 
     def __post_init__(self) -> None:
         if self.runtime.launcher == "inproc":
@@ -153,9 +187,31 @@ class TrainConfig:
         if self.run.prompts_per_step < self.trainer.num_ranks:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot feed "
                                                       f"{self.trainer.num_ranks} trainer ranks (one group each at least)")
+        if self.scheduler.policy == "dynarl":
+            self._check_dynarl()
         max_len = self.model.config().max_position_embeddings
         if self.rollout.max_new_tokens >= max_len:
             raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
+
+    def _check_dynarl(self) -> None:
+        """dynarl moves whole rollout devices to the trainer and back: rollout needs
+        devices of its own (spatial, or hybrid with rollout in a pool alone), at least
+        two engines (one donates, one keeps the tail), and the cluster >= 4 devices."""
+        devices = self.runtime.cluster.num_devices
+        if devices < 4:
+            raise ConfigError("scheduler.policy", f"dynarl needs >= 4 devices, the cluster has {devices} "
+                                                  "(runtime.cluster.devices_per_node)")
+        if self.placement.mode == "temporal":
+            raise ConfigError("scheduler.policy", "dynarl needs rollout on devices of its own: "
+                                                  "placement.mode spatial or hybrid, not temporal")
+        placed = self.devices()
+        others = set(placed["inference"]) | set(placed["trainer"])
+        if set(placed["rollout"]) & others:
+            raise ConfigError("scheduler.policy", "dynarl needs rollout on devices of its own: in hybrid "
+                                                  "placement put rollout in a pool alone (placement.pools)")
+        if self.rollout.num_ranks < 2:
+            raise ConfigError("scheduler.policy", "dynarl needs rollout.num_ranks >= 2: "
+                                                  "one engine donates while another finishes the tail")
 
     def ranks(self) -> dict[str, int]:
         return {"rollout": self.rollout.num_ranks, "inference": self.inference.num_ranks,

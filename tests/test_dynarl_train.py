@@ -1,0 +1,169 @@
+NUM_GPUS = 0
+"""scheduler.policy=dynarl on real runs of `dynarl train` (CPU, 6 logical devices):
+in every step idle rollout engines give their devices to the trainer (Workload
+migration out of rollout, P2P resharding into the trainer), the configured
+placement comes back before the next step, and the job trains on exactly the
+same samples as the static policy with the same seed."""
+
+import json
+import os
+
+import pytest
+
+from dynarl.components.workflows.ledger import read_entries
+from dynarl.launch.train import prepare
+from dynarl.transport.errors import ConfigError
+from dynarl.components.workflows.config import load_config
+from grpo_tiny import overrides
+
+STEPS = 2
+JOB = ("runtime.cluster.devices_per_node=6", "placement.mode=spatial", "rollout.num_ranks=3",
+       "trainer.num_ranks=2", "rollout.max_new_tokens=24", "rollout.samples_per_prompt=8",
+       f"run.steps={STEPS}")
+FAST = ("scheduler.dynarl.window_s=0", "scheduler.dynarl.interval_s=0.02")
+
+
+def _children() -> set[int]:
+    me, out = os.getpid(), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            out.add(int(pid))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for policy in ("static", "dynarl"):
+        before = _children()
+        run_dir = str(tmp_path_factory.mktemp(policy))
+        job = prepare(None, overrides(*JOB, f"scheduler.policy={policy}", *FAST), run_dir, None)
+        assert job.run() == 0
+        assert _children() <= before, "worker processes left behind"  # spawned, migrated, restored: all reaped
+        out[policy] = run_dir
+    return out
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def test_dynarl_moves_rollout_devices_to_the_trainer_every_step(runs):
+    rows = _rows(runs["dynarl"])
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    for r in rows:
+        m = r["migrations"]
+        assert m.get("workload:rollout", 0) >= 1, r  # idle engines released their devices
+        assert m.get("p2p:trainer", 0) >= 2, r       # the trainer took them, then gave them back
+        assert m.get("grow:rollout", 0) >= 1, r      # rollout is whole again for the next step
+        assert set(r["migration_s"]) == set(m) and all(s > 0 for s in r["migration_s"].values())
+        assert r["decisions"] >= 1 and 0 <= r["decision_ms_p50"] <= r["decision_ms_p99"]
+        assert r["plans"] and all(p["predicted_s"] < p["current_s"] and p["measured_s"] > 0 for p in r["plans"])
+        assert r["weight_version"] == r["step"]  # the regrown engines received the current policy
+    for r in _rows(runs["static"]):
+        assert "migrations" not in r
+    trace = json.load(open(os.path.join(runs["dynarl"], "trace.json")))
+    names = {e["name"] for e in trace["traceEvents"]}
+    assert {"workload rollout step 0", "p2p trainer step 0", "grow rollout step 0"} <= names
+    # the trainer was resharded onto devices rollout held when the step began (spatial: rollout 0-2,
+    # trainer 4-5), and back onto its own
+    p2p = [e["args"]["devices"] for e in trace["traceEvents"] if e["name"] == "p2p migration"]
+    assert any(set(d) & {0, 1, 2} and {4, 5} <= set(d) for d in p2p), p2p
+    assert [4, 5] in p2p
+    assert os.path.isfile(os.path.join(runs["dynarl"], "timeline.png"))
+
+
+def test_static_and_dynarl_train_on_the_same_samples(runs):
+    static = read_entries(os.path.join(runs["static"], "ledger.jsonl"))
+    dynarl = read_entries(os.path.join(runs["dynarl"], "ledger.jsonl"))
+    assert [e.step for e in dynarl] == [e.step for e in static] == list(range(STEPS))
+    for s, d in zip(static, dynarl):
+        assert sorted(d.sample_ids) == sorted(s.sample_ids) and len(set(d.sample_ids)) == len(d.sample_ids)
+    # The engine is batch-invariant, migrated requests continue from their exact state, and the
+    # trainer's result does not depend on its DP size (2 or 4 ranks here): the same tokens, every step.
+    assert [e.digests for e in dynarl] == [e.digests for e in static]
+    assert [r["tokens"] for r in _rows(runs["static"])] == [r["tokens"] for r in _rows(runs["dynarl"])]
+
+
+@pytest.mark.parametrize("extra, field", [
+    (("scheduler.policy=dynarl", "placement.mode=temporal"), "scheduler.policy"),
+    (("scheduler.policy=dynarl", "placement.mode=spatial", "rollout.num_ranks=1"), "scheduler.policy"),
+    (("scheduler.policy=dynarl", "runtime.cluster.devices_per_node=3", "placement.mode=hybrid",
+      "rollout.num_ranks=2", "trainer.num_ranks=1"), "scheduler.policy"),
+    (("scheduler.policy=dynarl", "placement.mode=hybrid", "placement.pools=[[rollout, inference], [trainer]]"),
+     "scheduler.policy"),
+    (("scheduler.dynarl.theta=1.5",), "scheduler.dynarl"),
+    (("scheduler.dynarl.interval_s=0",), "scheduler.dynarl"),
+    (("scheduler.policy=greedy",), "scheduler.policy"),
+])
+def test_dynarl_config_errors(extra, field):
+    base = [o for o in JOB if not o.startswith(("placement", "rollout.num_ranks", "runtime"))]
+    base = ["runtime.cluster.devices_per_node=6", *base] if not any(e.startswith("runtime") for e in extra) else base
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides(*base, *extra))
+    assert str(info.value).startswith(field)
+
+
+# --- the rollout side of a Workload migration, mid-generation ------------------------
+import asyncio  # noqa: E402
+
+import dynarl  # noqa: E402
+from dynarl import ClusterConfig, RuntimeConfig  # noqa: E402
+from dynarl.components.experience import END  # noqa: E402
+from dynarl.components.rollout.worker import RolloutWorker  # noqa: E402
+from dynarl.core.migration.workload import workload_migrate  # noqa: E402
+
+GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
+
+
+async def _generate(migrate: bool):
+    config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
+    async with dynarl.Controller(config) as ctl:
+        init = {"model": {"name": "tiny-0.5m", "path": None, "init_seed": 0},
+                "engine": {"num_blocks": 512, "max_num_seqs": 256}, "bucket_bytes": 1 << 20}
+        group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0, 1], init=init)
+        await group.call("begin_step")
+        for i in range(GROUPS):
+            await ctl.channel("prompts").put({"index": i, "prompt_ids": [1, 2 + i, 3],
+                                              "samples": [{"id": f"p{i}/{k}", "seed": 100 * i + k}
+                                                          for k in range(SAMPLES)]})
+        for _ in range(group.world_size):
+            await ctl.channel("prompts").put(END)
+        generate = asyncio.ensure_future(group.call("generate", "prompts", "rollouts", version=-1, chunk_size=2,
+                                                    sampling=SAMPLING))
+        moved = 0
+        if migrate:
+            while True:  # both ranks hold their last prompt and rank 0 is decoding: its long tail
+                m = await group.call("metrics")
+                if all(r["utilization"] < 1.0 for r in m) and m[0]["running"] > 0 and m[0]["work_done"] > 0:
+                    break
+                await asyncio.sleep(0.005)
+            moved = (await workload_migrate(ctl, group, [0])).moved
+            assert group.world_size == 1
+        stats = await generate
+        out: dict[str, list[int]] = {}
+        emitted = []
+        while len(emitted) < GROUPS:
+            for g in await ctl.channel("rollouts").get():
+                emitted.append(g["index"])
+                for s in g["samples"]:
+                    out[s["id"]] = s["output_ids"]
+        return out, sorted(emitted), stats, moved
+
+
+async def test_released_rollout_rank_hands_whole_groups_over_mid_generation():
+    reference, emitted, stats, _ = await _generate(migrate=False)
+    migrated, emitted_m, stats_m, moved = await _generate(migrate=True)
+    assert moved >= 1  # groups with samples still decoding went to the kept rank
+    assert emitted == emitted_m == list(range(GROUPS))  # every group downstream exactly once
+    assert migrated == reference  # continued from the exported state: the same tokens
+    assert all(len(t) == NEW_TOKENS for t in migrated.values())
+    # the released rank's generate() returned its counters; tokens are counted once overall
+    assert len(stats_m) == 2 and sum(s["tokens"] for s in stats_m) == GROUPS * SAMPLES * NEW_TOKENS
+    assert sum(s["groups_exported"] for s in stats_m) == sum(s["groups_imported"] for s in stats_m) == moved
