@@ -3,9 +3,9 @@
     runtime    the runtime (launcher, cluster devices, worker threads)
     model      which model (built-in tiny config or an HF folder)
     task       built-in count-up task or a JSONL/Parquet dataset; the verifier
-    rollout    ranks, samples per prompt, sampling, chunk size, engine
+    rollout    ranks, samples per prompt, sampling, chunk size, engine, backend
     inference  ranks, micro-batch
-    trainer    ranks, GRPO/optimizer settings (engine), warm start, weight-sync buckets
+    trainer    ranks, GRPO/optimizer settings (engine), warm start, weight-sync buckets, backend
     placement  temporal | spatial | hybrid (+ pools)
     run        steps, prompts per step, seed, checkpoints
 
@@ -21,8 +21,10 @@ from typing import Any, Literal
 
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.trainer.megatron.config import MegatronConfig
 from dynarl.components.workflows.placement import COMPONENTS, PlacementError, plan_placement, pools_for
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.config_tree import apply_override, build, to_dict
@@ -42,6 +44,10 @@ class RolloutSection:
     chunk_size: int = 4
     """Finished groups per channel item: the elastic-pipelining granularity."""
     engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
+    backend: Literal["native", "emulated", "sglang"] = "native"
+    """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`."""
+    sglang: SGLangConfig | None = None
+    """SGLang engine settings when backend is sglang."""
 
     def __post_init__(self) -> None:
         for name in ("num_ranks", "samples_per_prompt", "max_new_tokens", "chunk_size"):
@@ -83,6 +89,10 @@ class TrainerSection:
     warmup: WarmupSection = field(default_factory=WarmupSection)
     sync_bucket_bytes: int = 1 << 20
     """Weight sync bucket size (bytes) for trainer -> rollout/inference."""
+    backend: Literal["native", "emulated", "megatron"] = "native"
+    """The engine behind the trainer workers; megatron needs `pip install 'dynarl[megatron]'`."""
+    megatron: MegatronConfig | None = None
+    """megatron-core settings (TP/PP, dtype, distributed optimizer) when backend is megatron."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
