@@ -104,15 +104,16 @@ def test_online_hook_sees_engine_utilization_during_iterations(test_policies):
     assert [s.iteration for s in Watcher.seen if s.at_iteration_end] == [0, 1]
 
 
-def test_migrations_are_refused_until_issue_5(test_policies):
+def test_online_migrations_need_devices_of_their_own(test_policies):
+    """Migrate moves devices between spatial segments; time-shared devices have none to move."""
     scn = build_scenario(SimConfig(**{**SMALL, "policies": ("test-mover",)}))
-    with pytest.raises(NotImplementedError, match="issue 5"):
+    with pytest.raises(NotImplementedError, match="time-shared"):
         run_policy(scn, "test-mover")
 
 
-def test_cli_refuses_dynarl_and_reports_trace_rejects(tmp_path, capsys):
-    assert dynarl_main(["sim", "--policies", "colocated,dynarl"]) == 2
-    assert "issue 5" in capsys.readouterr().err
+def test_cli_rejects_unknown_policies_and_reports_trace_rejects(tmp_path, capsys):
+    assert dynarl_main(["sim", "--policies", "colocated,fastest"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join([json.dumps({"prompt_id": f"p{i // 4}", "response_tokens": 50 + 40 * i})
                                 for i in range(16)] + ["oops", json.dumps({"prompt_id": "x"})]) + "\n")

@@ -9,7 +9,8 @@ decisions it returns. decide() is timed: that is the policy's decision time.
     spatial     fixed split (split.py), the stages pipelined over channels
     rlinf-auto  RLinf's profiling-guided planner (planner.py), re-planned when a
                 measured stage time drifts more than 15% from the profile
-    dynarl      the paper's dynamic scheduler: issue 5, not available yet
+    dynarl      the paper's dynamic scheduler (dynarl.py): online migrations from the
+                rollout tail to the bottleneck, decided by core/scheduler/policy.py
 
 A new policy (e.g. each improvement on dynarl) registers a factory under its own
 name, so its gain is measured against the others on the same runs.
@@ -40,6 +41,8 @@ class PlanContext:
     """Pipeline depth assumed by planners."""
     profiles: Mapping[str, StageProfile] | None = None
     """Profiled stage times, for policies with needs_profile."""
+    min_devices: Mapping[str, int] = field(default_factory=dict)
+    """Fewest devices a component can run on (the trainer: its fp32 state must fit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,31 @@ class Snapshot:
     """Active KV tokens / capacity per rollout engine (the DynaRL donor signal)."""
     queue_depth: Mapping[str, int] = field(default_factory=dict)
     """Items waiting per channel."""
+    # --- what an online scheduler (dynarl) reads; filled during an iteration ---------
+    devices: Mapping[str, int] = field(default_factory=dict)
+    """Devices each component holds now (may differ from the placement after migrations)."""
+    rollout_engines: tuple[str, ...] = ()
+    """Worker id of each rollout engine, in the order of rollout_utilization."""
+    rollout_active: int = 0
+    """Requests running or waiting over all rollout engines."""
+    rollout_generated: int = 0
+    rollout_kv_tokens: int = 0
+    """Active KV tokens over all rollout engines."""
+    rollout_capacity: int = 0
+    """KV capacity of one rollout engine, in tokens."""
+    """Output tokens those active requests have made so far."""
+    rollout_finished_mean: float = 0.0
+    """Mean output length of the requests finished this iteration (0: none yet)."""
+    remaining_tokens: Mapping[str, float] = field(default_factory=dict)
+    """inference, trainer: sequence tokens still to process this iteration (estimated)."""
+    rate_points: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    """Profiled (devices, tokens/s) per component, from the cost model (the predictor's points)."""
+    interruptible: Mapping[str, bool] = field(default_factory=dict)
+    """Whether the component may be resized now (rollout: its prompt channel is drained)."""
+    accepting: Mapping[str, bool] = field(default_factory=dict)
+    """Whether the component can still use more devices this iteration."""
+    migration_cost_s: Mapping[str, float] = field(default_factory=dict)
+    """Cost of one migration per kind (workload, p2p), from the cost model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +192,7 @@ REGISTRY: dict[str, PolicyFactory] = {
     "rlinf-auto": RlinfAuto,
 }
 
-UNAVAILABLE = {
-    "dynarl": "the dynamic scheduler with online migrations is not available yet (issue 5)",
-}
+UNAVAILABLE: dict[str, str] = {}
 
 
 def make_policy(name: str) -> Policy:
@@ -184,3 +210,6 @@ def register(name: str, factory: PolicyFactory) -> None:
         raise ValueError(f"a policy named {name!r} is already registered")
     REGISTRY[name] = factory
     UNAVAILABLE.pop(name, None)
+
+
+from . import dynarl as _dynarl  # noqa: E402,F401  registers dynarl and its variants (it imports this module)

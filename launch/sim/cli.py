@@ -30,7 +30,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="math-7b", help=f"one of: {', '.join(sorted(WORKLOADS))}")
     p.add_argument("--devices", type=int, default=64)
     p.add_argument("--policies", default="colocated,spatial,rlinf-auto",
-                   help="comma-separated: colocated, spatial, rlinf-auto (dynarl: issue 5)")
+                   help="comma-separated: colocated, spatial, rlinf-auto, dynarl, dynarl-costaware, "
+                        "dynarl-consolidate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="JSONL trace replacing the workload's generator")
     p.add_argument("--iterations", type=int, default=2, help="per policy, warm-up included")
@@ -40,6 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timings", action="store_true", help="add wall-clock figures to the JSON")
     p.add_argument("--plot", metavar="DIR", help="write the ownership timelines and a bar chart there")
+    p.add_argument("--sweep", action="store_true",
+                   help="dynarl's sensitivity to U_low and T (window) on math-1.5b (DynaRL Fig 15)")
     p.add_argument("--fidelity", action="store_true",
                    help="compare the local launcher (real processes, wall clock) with virtual time")
     p.add_argument("--time-scale", type=float, default=0.1,
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fidelity:
         from .fidelity import main as fidelity_main
         return fidelity_main(args)
+    if args.sweep:
+        from .sweep import main as sweep_main
+        return sweep_main(args)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     try:
         for name in names:

@@ -22,6 +22,7 @@ class SimInferenceWorker(dynarl.Worker):
     def __init__(self, engine: dict, shares_device: bool = False) -> None:
         self.engine = EmulatedInference(EmulatedInferenceConfig(**engine))
         self.shares_device = shares_device
+        self.done_samples = self.done_tokens = 0
 
     async def onload(self) -> None:
         await half_switch(self.shares_device, self.engine.config.time_scale)
@@ -40,14 +41,21 @@ class SimInferenceWorker(dynarl.Worker):
         loop = asyncio.get_running_loop()
         busy: list[list[float]] = []
         samples = 0
+        self.done_samples = self.done_tokens = 0
         while (chunk := await inbox.get()) is not END:
             lens = [s["seq"] for g in chunk for s in g["samples"]]
             start = loop.time()
             await self.engine.forward(lens)
             add_busy(busy, start, loop.time())
             samples += len(lens)
+            self.done_samples = samples
+            self.done_tokens += sum(lens)
             for g in chunk:  # scored samples are independent: the trainer's ranks balance them one by one
                 for sample in g["samples"]:
                     await outbox.put([{"index": g["index"], "prompt_len": g["prompt_len"], "samples": [sample]}])
         await outbox.flush()
         return {"samples": samples, "busy": busy, "tp": 1}
+
+    def progress(self) -> dict[str, int]:
+        """Samples and sequence tokens scored in the current iteration (the scheduler's view)."""
+        return {"samples": self.done_samples, "tokens": self.done_tokens}

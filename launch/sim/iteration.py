@@ -15,7 +15,7 @@ not device time.)
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dynarl.components.experience import END
@@ -44,20 +44,76 @@ def open_channels(ctl: Controller, capacity: int) -> None:
         ctl.channel(name, capacity=capacity)
 
 
+UPSTREAM = {"inference": "rollout", "trainer": "inference"}
+INPUT = {"rollout": "prompts", "inference": "rollouts", "trainer": "experience"}
+
+
+@dataclass(slots=True)
+class LiveIteration:
+    """An iteration in progress, for the online scheduler: ranks a component gains
+    mid-iteration (dynarl's receivers) run as extra tasks beside its stage. A stage
+    puts one END per rank it started with; each extra rank gets its own END once the
+    upstream component (stage and extras) is done, and the downstream waits for the
+    extras too, so nothing is cut off."""
+    version: int
+    done: dict[str, asyncio.Future] = field(default_factory=dict)
+    """Component -> its stage and every extra rank finished (per-rank results)."""
+    extras: dict[str, list[asyncio.Future]] = field(default_factory=lambda: {c: [] for c in INPUT})
+
+    def accepts(self, component: str) -> bool:
+        return component in self.done and not self.done[component].done()
+
+    def add_rank(self, ctl: Controller, component: str, call: Any) -> None:
+        """`call`: the new rank's stage call (an awaitable of its result). Synchronous, so the
+        check of accepts() and the append cannot interleave with the component finishing."""
+        if not self.accepts(component):
+            raise RuntimeError(f"{component} has finished iteration {self.version}")
+        self.extras[component].append(asyncio.ensure_future(call))
+
+        async def end_after_upstream() -> None:
+            await asyncio.wait([self.done[UPSTREAM[component]]])
+            await ctl.channel(INPUT[component]).put(END)
+        self.extras[component].append(asyncio.ensure_future(end_after_upstream()))
+
+
+async def _joined(stage_future: asyncio.Future, extras: list[asyncio.Future]) -> list[Any]:
+    try:
+        results = list(await stage_future)
+        i = 0
+        while i < len(extras):  # extras may be added while we wait
+            value = await extras[i]
+            if value is not None:
+                results.append(value)
+            i += 1
+        return results
+    except BaseException:
+        stage_future.cancel()
+        for e in extras:
+            e.cancel()
+        raise
+
+
 async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], version: int, *, clock: StageClock,
-                        chunk_size: int, weight_bytes: int) -> dict[str, list[Any]]:
+                        chunk_size: int, weight_bytes: int, live: LiveIteration | None = None) -> dict[str, list[Any]]:
+    live = live or LiveIteration(version)
     label = f"iteration {version}"
     prompts = ctl.channel("prompts")
     for index, group in enumerate(batch):
         await prompts.put(group.to_wire(index))
     for _ in range(g.rollout.world_size):
         await prompts.put(END)
-    rollout = asyncio.ensure_future(stage(ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=clock,
-                                          label=label, version=version, chunk_size=chunk_size))
-    inference = asyncio.ensure_future(stage(ctl, g.inference, "compute_logprobs", get="rollouts", put="experience",
-                                            after=rollout, clock=clock, label=label, version=version))
-    trainer = asyncio.ensure_future(stage(ctl, g.trainer, "train", get="experience", put=None, after=inference,
-                                          clock=clock, label=label, version=version))
+    rollout = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
+        ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=clock, label=label, version=version,
+        chunk_size=chunk_size)), live.extras["rollout"]))
+    live.done["rollout"] = rollout
+    inference = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
+        ctl, g.inference, "compute_logprobs", get="rollouts", put="experience", after=rollout, clock=clock,
+        label=label, version=version)), live.extras["inference"]))
+    live.done["inference"] = inference
+    trainer = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
+        ctl, g.trainer, "train", get="experience", put=None, after=inference, clock=clock, label=label,
+        version=version)), live.extras["trainer"]))
+    live.done["trainer"] = trainer
     r, i, t = await gather_or_cancel([rollout, inference, trainer])
     await sync_weights(g, version + 1, weight_bytes)
     return {"rollout": r, "inference": i, "trainer": t}

@@ -19,7 +19,7 @@ from typing import Any
 
 import dynarl
 from dynarl.components.experience import END
-from dynarl.components.rollout.base import GenerationRequest, SamplingParams
+from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
 from dynarl.components.rollout.emulated.tokens import response_tokens
@@ -33,6 +33,8 @@ class SimRolloutWorker(dynarl.Worker):
         self.shares_device = shares_device
         self.time_scale = self.engine.config.time_scale
         self.vocab = self.engine.model.vocab_size
+        self.run: _Run | None = None
+        """The iteration's generation in progress (None between generate() calls)."""
 
     async def onload(self) -> None:
         await half_switch(self.shares_device, self.time_scale)
@@ -49,22 +51,68 @@ class SimRolloutWorker(dynarl.Worker):
         return version
 
     def load(self) -> dict[str, float]:
+        """KV utilization (the donor signal), requests held, the output tokens those have
+        made so far, and the mean length of the requests finished this iteration (what
+        the scheduler's remaining-work estimate uses: no oracle lengths)."""
         load = self.engine.load()
-        return {"utilization": load.utilization, "running": load.num_running, "waiting": load.num_waiting}
+        sched = self.engine.scheduler
+        generated = sum(s.num_output(sched.step) for s in sched.running.values()) + sum(
+            s.out_base for s in sched.waiting.values())
+        run = self.run
+        return {"utilization": load.utilization, "running": load.num_running, "waiting": load.num_waiting,
+                "generated": generated, "kv": load.active_kv_tokens, "capacity": load.kv_capacity_tokens,
+                "finished": run.num_finished if run else 0,
+                "finished_tokens": run.finished_tokens if run else 0,
+                "active_run": run is not None and not run.closed}
+
+    # --- Workload migration (core/migration/workload.py's protocol) -------------------
+
+    def workload_pause(self) -> None:
+        self.engine.pause()
+
+    async def workload_export(self) -> list[dict]:
+        """Hands over every unfinished prompt group with its requests' tokens so far.
+        Only once this rank has fetched its END (the scheduler shrinks rollout only
+        when the prompt channel is drained), and only single-turn samples."""
+        run = self.run
+        if run is None or run.closed:
+            return []
+        return await run.export()
+
+    def workload_load(self) -> float:
+        run = self.run
+        if run is None or run.closed:
+            return float("inf")  # a finished rank takes no work
+        load = self.load()
+        return float(load["generated"] + load["running"] + load["waiting"])
+
+    def workload_import(self, items: list[dict]) -> int:
+        if not items:
+            return 0
+        run = self.run
+        if run is None or run.closed:
+            raise RuntimeError("workload_import on a rollout rank whose generation has ended")
+        run.import_groups(items)
+        return len(items)
+
+    def workload_resume(self) -> None:
+        self.engine.resume()
 
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int = 1) -> dict[str, Any]:
         """Consumes prompt groups from `get` until END; puts finished groups on `put` in
         chunks of `chunk_size`. Returns counters and the engine's busy intervals."""
         if self.engine.weight_version != version:
             raise RuntimeError(f"rollout holds weights v{self.engine.weight_version}, the step needs v{version}")
-        run = _Run(self, self.channel(put), chunk_size)
-        fetch = asyncio.ensure_future(run.fetch(self.channel(get)))
+        run = self.run = _Run(self, self.channel(put), chunk_size)
+        fetch = run.fetch_task = asyncio.ensure_future(run.fetch(self.channel(get)))
         try:
             await run.drive(fetch)
         finally:
+            run.closed = True
             fetch.cancel()
         return {"groups": run.num_groups, "tokens": run.num_tokens, "busy": run.busy, "tp": self.engine.config.tp,
-                "preemptions": self.engine.scheduler.num_preemptions}
+                "preemptions": self.engine.scheduler.num_preemptions, "samples": run.num_samples,
+                "exported_groups": run.exported, "imported_groups": run.imported}
 
 
 class _Run:
@@ -78,13 +126,25 @@ class _Run:
         self.wake = asyncio.Event()
         self.busy: list[list[float]] = []
         self.num_groups = self.num_tokens = 0
+        self.num_samples = self.num_finished = self.finished_tokens = 0
+        self.exported = self.imported = 0
+        self.open: dict[int, tuple[dict, asyncio.Task]] = {}
+        """Prompt groups not yet emitted: index -> (group, its task)."""
+        self.closed = False
+        self.stepping = False
+        self.step_done = asyncio.Event()
+        self.fetch_task: asyncio.Future | None = None
 
     async def fetch(self, inbox: Any) -> None:
         while (group := await inbox.get()) is not END:
             self.num_groups += 1
-            task = asyncio.ensure_future(self.group(group))
-            self.episodes.add(task)
-            task.add_done_callback(self._episode_done)
+            self._start(group, self.group(group))
+
+    def _start(self, group: dict, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.open[group["index"]] = (group, task)
+        self.episodes.add(task)
+        task.add_done_callback(self._episode_done)
 
     def _episode_done(self, task: asyncio.Task) -> None:
         self.episodes.discard(task)
@@ -104,9 +164,18 @@ class _Run:
                 waiter.cancel()
                 continue
             start = loop.time()
-            results = await self.engine.step()
+            self.stepping = True
+            try:
+                results = await self.engine.step()
+            finally:
+                self.stepping = False
+                self.step_done.set()
             add_busy(self.busy, start, loop.time())
             for result in results:
+                if result.finish_reason == "abort":
+                    continue  # exported: another engine finishes it
+                self.num_finished += 1
+                self.finished_tokens += len(result.output_token_ids)
                 self.waiting.pop(result.request_id).set_result(len(result.output_token_ids))
             await asyncio.sleep(0)  # let fetch and episodes add requests between steps
         fetch.result()
@@ -124,9 +193,83 @@ class _Run:
     async def group(self, group: dict) -> None:
         prompt = token_ids(group["prompt"], group["prompt_len"], self.w.vocab)
         await asyncio.gather(*(self.sample(s, prompt) for s in group["samples"]))
+        await self._finish(group)
+
+    async def _finish(self, group: dict) -> None:
+        self.open.pop(group["index"], None)
+        self.num_samples += len(group["samples"])
         self.ready.append(group)
         if len(self.ready) >= self.chunk_size:
             await self._emit()
+
+    async def export(self) -> list[dict]:
+        """Workload migration, the released side: wait for the fetch to have taken END
+        and for the step in flight (the engine is paused), then take every unfinished
+        group out with its requests' tokens so far."""
+        if self.fetch_task is not None:
+            await asyncio.wait([self.fetch_task])
+        while self.stepping:  # (an Event, not sleep(0): virtual time advances only when the loop is idle)
+            self.step_done.clear()
+            await self.step_done.wait()
+        for _ in range(3):  # let the groups whose last sample just finished emit
+            await asyncio.sleep(0)
+        inflight = {item.request.request_id: item for item in self.engine.export_inflight()}
+        items = []
+        for index, (group, task) in list(self.open.items()):
+            if any("turns" in s for s in group["samples"]):
+                raise RuntimeError("workload migration of multi-turn episodes is not modelled")
+            task.cancel()
+            self.open.pop(index)
+            parts, weight = [], 0.0
+            for s in group["samples"]:
+                if "gen" in s:
+                    continue
+                self.waiting.pop(s["id"], None)
+                item = inflight.pop(s["id"], None)
+                if item is not None:
+                    parts.append(item.to_wire())
+                    weight += max(len(item.output_token_ids), 1)
+                else:
+                    weight += 1.0
+            items.append({"id": index, "weight": weight, "group": group, "inflight": parts})
+        if inflight:
+            raise RuntimeError(f"exported requests outside any open group: {sorted(inflight)[:3]}")
+        self.exported += len(items)
+        self.wake.set()
+        return items
+
+    def import_groups(self, items: list[dict]) -> None:
+        """Workload migration, the kept side: continue each group's requests here."""
+        moved: list[InflightRequest] = []
+        for item in items:
+            group = item["group"]
+            parts = {d["request"]["request_id"]: InflightRequest.from_wire(d) for d in item["inflight"]}
+            moved.extend(parts.values())
+            loop = asyncio.get_running_loop()
+            futures = {}
+            for s in group["samples"]:
+                if "gen" not in s and s["id"] in parts:
+                    futures[s["id"]] = self.waiting[s["id"]] = loop.create_future()
+            self._start(group, self._resumed(group, futures))
+        self.engine.import_inflight(moved)
+        self.imported += len(items)
+        self.wake.set()
+
+    async def _resumed(self, group: dict, futures: dict[str, asyncio.Future]) -> None:
+        prompt = token_ids(group["prompt"], group["prompt_len"], self.w.vocab)
+        pending = []
+        for s in group["samples"]:
+            if "gen" in s:
+                continue
+            pending.append(self._imported(s, group["prompt_len"], futures[s["id"]]) if s["id"] in futures
+                           else self.sample(s, prompt))
+        await asyncio.gather(*pending)
+        await self._finish(group)
+
+    async def _imported(self, s: dict, prompt_len: int, future: asyncio.Future) -> None:
+        s["gen"] = await future
+        s["seq"] = prompt_len + s["gen"]
+        self.num_tokens += s["gen"]
 
     async def sample(self, s: dict, prompt: list[int]) -> None:
         if "turns" not in s:

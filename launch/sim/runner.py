@@ -12,6 +12,7 @@ All times are emulated seconds since the run began: loop time / time_scale.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -24,7 +25,8 @@ from dynarl.core.controller import Controller
 from dynarl.core.worker_group import gather_or_cancel
 
 from .inference_worker import SimInferenceWorker
-from .iteration import CHANNELS, SimGroups, open_channels, run_iteration, sync_weights
+from .iteration import CHANNELS, LiveIteration, SimGroups, open_channels, run_iteration, sync_weights
+from .migrate import WORKLOAD_MIGRATION_S, Migrator, min_devices, p2p_cost_s
 from .rollout_worker import SimRolloutWorker
 from .scenario import Scenario, nic_or_link
 from .trainer_worker import SimTrainerWorker
@@ -63,12 +65,13 @@ class PolicyRun:
     preemptions: int = 0
 
 
-def run_policy(scn: Scenario, name: str, profiles: dict | None = None) -> PolicyRun:
+def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=None) -> PolicyRun:
+    """Runs one policy (`policy`: an instance to use instead of make_policy(name), e.g. a sweep's)."""
     cfg = scn.config
-    policy = make_policy(name)
+    policy = policy or make_policy(name)
     ctx = PlanContext(num_devices=cfg.devices, granularity={"rollout": scn.rollout_tp}, work=scn.work(),
                       switch_s=cm.ROLE_SWITCH_S, micro_batches=cfg.micro_batches,
-                      profiles=profiles if policy.needs_profile else None)
+                      profiles=profiles if policy.needs_profile else None, min_devices=min_devices(scn))
     run = PolicyRun(name)
     placement = policy.place(ctx)
     capacity = max(1024, 2 * max(sum(len(g.samples) for g in b) for b in scn.batches) + 2 * cfg.devices)
@@ -84,13 +87,17 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None) -> Policy
         open_channels(ctl, capacity)
         g = await spawn(ctl, scn, placement)
         run.placements.append((now(), placement))
+        migrator = Migrator(ctl, scn, placement, lambda kind, s: run.migrations.setdefault(kind, []).append(s), now)
         previous_end: float | None = None
         for it in range(cfg.iterations):
+            if it > 0:
+                await migrator.restore(g, it)  # paid by this iteration: its window began at the last end
             start = now() if previous_end is None else previous_end
             clock = StageClock()
-            work = asyncio.ensure_future(run_iteration(ctl, g, scn.batches[it], it, clock=clock,
+            live = LiveIteration(it)
+            work = asyncio.ensure_future(run_iteration(ctl, g, scn.batches[it], it, clock=clock, live=live,
                                                        chunk_size=cfg.chunk_size, weight_bytes=scn.weight_bytes))
-            ticker = asyncio.ensure_future(_ticker(ctl, g, policy, run, it, placement, now, cfg.time_scale))
+            ticker = asyncio.ensure_future(_ticker(ctl, g, policy, run, it, placement, now, scn, live, migrator))
             try:
                 done, _ = await asyncio.wait([work, ticker], return_when=asyncio.FIRST_COMPLETED)
                 if ticker in done:
@@ -100,7 +107,7 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None) -> Policy
                 work.cancel()
                 ticker.cancel()
             end = now()
-            _record(run, scn, it, start, end, placement, results, clock, origin, cfg.time_scale)
+            _record(run, scn, it, start, end, placement, results, clock, origin, cfg.time_scale, migrator)
             previous_end = end
             if policy.has_hook:
                 snapshot = Snapshot(iteration=it, now_s=end, at_iteration_end=True, placement=placement,
@@ -112,6 +119,8 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None) -> Policy
                         g = await _replan(ctl, scn, g, placement, decision, run, it)
                         placement = decision.placement
                         run.placements.append((now(), placement))
+                        migrator = Migrator(ctl, scn, placement, migrator.record, now)
+                        migrator.own.events = [(now(), {c: placement.num_devices_of(c) for c in COMPONENTS})]
         for group in g.all():
             await ctl.stop_group(group)
 
@@ -155,18 +164,67 @@ async def _replan(ctl: Controller, scn: Scenario, g: SimGroups, old: Placement, 
 
 
 async def _ticker(ctl: Controller, g: SimGroups, policy, run: PolicyRun, it: int, placement: Placement,
-                  now, time_scale: float) -> None:
-    """decide() every decide_every_s during the iteration, on the engines' KV utilization."""
+                  now, scn: Scenario, live: LiveIteration, migrator: Migrator) -> None:
+    """decide() every decide_every_s during the iteration; Migrate decisions are executed
+    at once (migrate.py), while the iteration goes on."""
     if policy.decide_every_s is None:
         await asyncio.Future()  # no online hook: wait to be cancelled
     while True:
-        await asyncio.sleep(policy.decide_every_s * time_scale)
-        loads = await g.rollout.call("load")
-        snapshot = Snapshot(iteration=it, now_s=now(), at_iteration_end=False, placement=placement,
-                            rollout_utilization=tuple(l["utilization"] for l in loads),
-                            queue_depth={name: len(ctl.channel(name)) for name in CHANNELS})
+        await asyncio.sleep(policy.decide_every_s * scn.config.time_scale)
+        snapshot = await _snapshot(ctl, g, it, placement, now, scn, live, migrator)
         for decision in _timed(policy, snapshot, run):
-            raise NotImplementedError(f"{type(decision).__name__} during an iteration is executed from issue 5 on")
+            if not isinstance(decision, Migrate):
+                raise NotImplementedError(f"{type(decision).__name__} during an iteration")
+            await migrator.execute(g, decision, live)
+
+
+async def _snapshot(ctl: Controller, g: SimGroups, it: int, placement: Placement, now, scn: Scenario,
+                    live: LiveIteration, migrator: Migrator) -> Snapshot:
+    loads = await g.rollout.call("load")
+    progress = {"inference": await g.inference.call("progress"), "trainer": await g.trainer.call("progress")}
+    batch = scn.batches[it]
+    samples = sum(len(grp.samples) for grp in batch)
+    prompt_mean = sum(grp.prompt_tokens * len(grp.samples) for grp in batch) / samples
+    active = sum(l["running"] + l["waiting"] for l in loads)
+    generated = sum(l["generated"] for l in loads)
+    finished = sum(l["finished"] for l in loads)
+    finished_mean = sum(l["finished_tokens"] for l in loads) / finished if finished else 0.0
+    per_request = max(generated / active if active else 0.0, finished_mean)
+    seq_mean = prompt_mean + per_request
+    remaining = {c: max(0, samples - sum(p["samples"] for p in progress[c])) * seq_mean for c in progress}
+    depth = {name: len(ctl.channel(name)) for name in CHANNELS}
+    return Snapshot(
+        iteration=it, now_s=now(), at_iteration_end=False, placement=placement,
+        rollout_utilization=tuple(l["utilization"] for l in loads), queue_depth=depth,
+        devices=migrator.own.current, rollout_engines=tuple(h.spec.worker_id for h in g.rollout.handles),
+        rollout_active=active, rollout_generated=generated, rollout_finished_mean=finished_mean,
+        rollout_kv_tokens=sum(l["kv"] for l in loads), rollout_capacity=loads[0]["capacity"],
+        remaining_tokens=remaining,
+        rate_points=_rate_points(scn, active, prompt_mean + (generated / active if active else 0.0), seq_mean),
+        # multi-turn episodes are not migrated (rollout_worker.export): agentic rollouts never donate
+        interruptible={"rollout": depth["prompts"] == 0 and live.accepts("rollout") and scn.workload.kind == "math"},
+        accepting={c: live.accepts(c) for c in ("inference", "trainer")},
+        migration_cost_s={"workload": WORKLOAD_MIGRATION_S, "p2p": p2p_cost_s(scn)})
+
+
+def _rate_points(scn: Scenario, active: int, context: float, seq_mean: float) -> dict[str, tuple]:
+    """The predictor's profiled points, tokens/s, from the cost model: rollout for the
+    current active requests spread over e engines; inference and trainer linear in devices."""
+    model, device = cm.get_model(scn.workload.model), cm.get_device(scn.config.device)
+    tp, n = scn.rollout_tp, scn.config.devices
+    max_seqs = scn.engines["rollout"].get("max_num_seqs", 1024)
+    points = []
+    for e in sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, n // tp} - {0}):
+        if e > n // tp:
+            continue
+        b = max(1, min(max_seqs, math.ceil(active / e))) if active else 1
+        points.append((e * tp, e * b / cm.decode_step_time(model, device, b, max(context, 1.0), tp)))
+    tokens = 1_000_000
+    trainer = scn.engines["trainer"]
+    t1 = tokens / cm.train_time(model, device, tokens, seq_mean, 1, trainer.get("mfu", cm.DEFAULT_MFU),
+                                trainer.get("recompute", False))
+    i1 = tokens / cm.logprob_time(model, device, tokens, seq_mean, 1)
+    return {"rollout": tuple(points), "trainer": ((1, t1), (n, t1 * n)), "inference": ((1, i1), (n, i1 * n))}
 
 
 def _timed(policy, snapshot: Snapshot, run: PolicyRun) -> list:
@@ -177,7 +235,8 @@ def _timed(policy, snapshot: Snapshot, run: PolicyRun) -> list:
 
 
 def _record(run: PolicyRun, scn: Scenario, it: int, start: float, end: float, placement: Placement,
-            results: dict, clock: StageClock, origin: float, scale: float) -> None:
+            results: dict, clock: StageClock, origin: float, scale: float, migrator: Migrator) -> None:
+    _check_exactly_once(scn, it, results["trainer"])
     busy_ds = 0.0
     stage_s: dict[str, float] = {}
     for component, per_rank in results.items():
@@ -201,10 +260,22 @@ def _record(run: PolicyRun, scn: Scenario, it: int, start: float, end: float, pl
         if placement.shares_devices(span.component):
             run.ownership.append((span.component, placement.num_devices_of(span.component),
                                   (span.start - origin) / scale, (span.end - origin) / scale))
-    for c in COMPONENTS:
-        if not placement.shares_devices(c):
-            run.ownership.append((c, placement.num_devices_of(c), start, end))
+    if placement.mode == "spatial":  # per-device ownership may change during the iteration (migrations)
+        run.ownership.extend(migrator.own.spans(start, end))
+    else:
+        for c in COMPONENTS:
+            if not placement.shares_devices(c):
+                run.ownership.append((c, placement.num_devices_of(c), start, end))
     batch = scn.batches[it]
     run.iterations.append(IterationRecord(
         it, start, end, busy_ds, tokens=sum(s.generated_tokens for grp in batch for s in grp.samples),
         samples=sum(len(grp.samples) for grp in batch), stage_s=stage_s, span_s=spans))
+
+
+def _check_exactly_once(scn: Scenario, it: int, trainer_results: list[dict]) -> None:
+    """Every sample of the batch reached the trainer exactly once (migrations included)."""
+    ids = [i for r in trainer_results for i in r.pop("ids", ())]
+    expected = sum(len(grp.samples) for grp in scn.batches[it])
+    if len(ids) != expected or len(set(ids)) != expected:
+        raise RuntimeError(f"iteration {it}: the trainer got {len(ids)} samples ({len(set(ids))} distinct), "
+                           f"the batch has {expected}")

@@ -29,6 +29,7 @@ class SimTrainerWorker(dynarl.Worker):
                                        rank=self.rank, world_size=self.world_size)
         self.shares_device = shares_device
         self.version = 0
+        self.done_samples = self.done_tokens = 0
 
     async def onload(self) -> None:
         await half_switch(self.shares_device, self.trainer.emulation.time_scale)
@@ -46,6 +47,8 @@ class SimTrainerWorker(dynarl.Worker):
         loop = asyncio.get_running_loop()
         busy: list[list[float]] = []
         samples = 0
+        ids: list[str] = []
+        self.done_samples = self.done_tokens = 0
         while (chunk := await inbox.get()) is not END:
             batch = TrainBatch(input_ids=[range(s["seq"]) for g in chunk for s in g["samples"]],
                                prompt_lens=[g["prompt_len"] for g in chunk for _ in g["samples"]],
@@ -55,5 +58,12 @@ class SimTrainerWorker(dynarl.Worker):
             await self.trainer.train_step(batch)
             add_busy(busy, start, loop.time())
             samples += len(batch)
+            ids.extend(s["id"] for g in chunk for s in g["samples"])
+            self.done_samples = samples
+            self.done_tokens += sum(len(x) for x in batch.input_ids)
         self.version = version + 1  # the optimizer step: the new policy
-        return {"samples": samples, "busy": busy, "tp": 1, "version": self.version}
+        return {"samples": samples, "busy": busy, "tp": 1, "version": self.version, "ids": ids}
+
+    def progress(self) -> dict[str, int]:
+        """Samples and sequence tokens trained in the current iteration (the scheduler's view)."""
+        return {"samples": self.done_samples, "tokens": self.done_tokens}

@@ -1,0 +1,209 @@
+"""dynarl and our variants on it, as simulator policies.
+
+The decision is core/scheduler/policy.py's `decide_dynarl` (the paper's Algorithm 1);
+this module only turns the simulator's Snapshot into the scheduler's view:
+
+    rollout   dynamic: per-engine "low since" (KV utilization below U_low x the
+              engine's peak utilization this iteration, tracked here across calls: the
+              paper lets U_low be a low percentile of the utilization history; an
+              absolute 0.2 fires while the KV is still filling at an iteration's start,
+              when 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine),
+              engines needed (rollout_demand), remaining output tokens *estimated*
+              without oracle lengths: each active request is expected to make at
+              least as many more tokens as it has made so far, and at least the
+              mean length of the requests finished this iteration
+    inference, trainer
+              static: remaining sequence tokens (samples not yet processed x the mean
+              sequence length seen so far)
+    predictor ThroughputModel per component from the cost model's points in the
+              snapshot (rollout's for the current active requests)
+
+A committed Plan becomes Migrate decisions: the rollout shrinks by Workload
+migration; the receiver grows by its strategy (trainer: p2p, inference: workload).
+The start placement gives rollout every device but the fewest the others run on
+(the paper's Fig 13: rollout first holds the cluster, and hands it over as its tail
+thins out). At an iteration end the runner moves back to it.
+
+Variants (each measured against dynarl on the same runs):
+
+    dynarl-costaware     commit only if the predicted gain exceeds the migration's cost
+    dynarl-consolidate   donor as soon as the active KV, at twice the peak fill, fits on
+                         (1 - theta) of the engines (not once theta of the engines have
+                         each drained); keeps the engines that needs: the stragglers are consolidated onto fewer engines
+                         (decode is memory-bound, so denser engines lose little speed) and
+                         more devices move, earlier
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dynarl.core.scheduler.policy import ComponentView, DynarlConfig, Plan, decide_dynarl
+from dynarl.core.scheduler.policy import Snapshot as SchedSnapshot
+from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
+
+from . import plan as plans
+from .plan import COMPONENTS, Placement
+from .policy import Decision, Migrate, PlanContext, Snapshot, register
+
+STRATEGY = {"trainer": "p2p", "inference": "workload"}
+"""How a receiver takes devices (the rollout donor always shrinks by Workload migration)."""
+
+DEFAULT_CONFIG = DynarlConfig()
+"""theta 0.8, U_low 0.2, T (window) 4 s, 8 candidates: the scheduler's defaults, used everywhere."""
+DECIDE_EVERY_S = 1.0
+
+
+def start_placement(ctx: PlanContext) -> Placement:
+    """Rollout on every device but the fewest inference and the trainer need."""
+    tp = ctx.granularity.get("rollout", 1)
+    inference = max(1, ctx.min_devices.get("inference", 1))
+    trainer = max(1, ctx.min_devices.get("trainer", 1))
+    rollout = (ctx.num_devices - inference - trainer) // tp * tp
+    if rollout < tp:
+        raise ValueError(f"{ctx.num_devices} devices leave no rollout engine beside inference {inference} "
+                         f"and trainer {trainer}")
+    trainer = ctx.num_devices - rollout - inference
+    return plans.spatial({"rollout": rollout, "inference": inference, "trainer": trainer})
+
+
+@dataclass(slots=True)
+class LastDecision:
+    plan: Plan | None
+    views: tuple[ComponentView, ...]
+
+
+class Dynarl:
+    name = "dynarl"
+    needs_profile = False
+    decide_every_s: float | None = DECIDE_EVERY_S
+    has_hook = True
+
+    def __init__(self, config: DynarlConfig = DEFAULT_CONFIG) -> None:
+        self.config = config
+        self.ctx: PlanContext | None = None
+        self.low_since: dict[str, float | None] = {}
+        self.peak: dict[str, float] = {}
+        self.iteration = -1
+        self.last: LastDecision | None = None
+        self.plans = 0
+
+    def place(self, ctx: PlanContext) -> Placement:
+        self.ctx = ctx
+        return start_placement(ctx)
+
+    # --- the view -------------------------------------------------------------------
+
+    def _track(self, snap: Snapshot) -> tuple[float | None, ...]:
+        if snap.iteration != self.iteration:
+            self.iteration, self.low_since, self.peak = snap.iteration, {}, {}
+        seen = {}
+        for key, u in zip(snap.rollout_engines, snap.rollout_utilization):
+            peak = self.peak[key] = max(self.peak.get(key, 0.0), u)
+            if u < self.config.u_low * peak or peak == 0.0:
+                since = self.low_since.get(key)
+                seen[key] = snap.now_s if since is None else since
+            else:
+                seen[key] = None
+        self.low_since = seen
+        return tuple(seen[k] for k in snap.rollout_engines)
+
+    PACK = 1.0
+    """The kept engines' KV fill, as a multiple of the engines' mean peak fill."""
+
+    def rollout_demand(self, snap: Snapshot) -> int:
+        """Engines the active requests need (the donor keeps at least these; the predictor
+        caps rollout's useful devices there): enough that their KV fits at the engines'
+        mean peak utilization this iteration, the fill they decoded at in the bulk phase.
+        (Core's ComponentView reads active_requests as engines; one engine per request
+        would let rollout shrink only once fewer requests than engines remain, i.e. not
+        before the last few dozen of 8192 requests.)"""
+        if not snap.rollout_active:
+            return 0
+        peak = sum(self.peak.values()) / len(self.peak) if self.peak else 0.0
+        fill = min(0.9, self.PACK * peak)
+        if fill <= 0 or not snap.rollout_capacity:
+            return snap.rollout_active
+        need = math.ceil(snap.rollout_kv_tokens / (fill * snap.rollout_capacity))
+        return max(1, min(snap.rollout_active, need))
+
+    def views(self, snap: Snapshot) -> tuple[ComponentView, ...]:
+        low = self._track(snap)
+        tp = self.ctx.granularity.get("rollout", 1)
+        per_request = max(snap.rollout_generated / snap.rollout_active if snap.rollout_active else 0.0,
+                          snap.rollout_finished_mean)
+        rollout_left = snap.rollout_active * per_request  # at least as much again as made so far
+        views = [ComponentView("rollout", "dynamic", snap.devices["rollout"], rollout_left, devices_per_engine=tp,
+                               min_devices=tp, interruptible=snap.interruptible.get("rollout", False),
+                               active_requests=self.rollout_demand(snap), engine_low_since=low)]
+        for c in ("inference", "trainer"):
+            left = snap.remaining_tokens.get(c, 0.0) if snap.accepting.get(c, False) else 0.0
+            views.append(ComponentView(c, "static", snap.devices[c], left, devices_per_engine=1,
+                                       min_devices=self.ctx.min_devices.get(c, 1),
+                                       interruptible=snap.accepting.get(c, False)))
+        return tuple(views)
+
+    def predictor(self, snap: Snapshot) -> Predictor:
+        return Predictor({c: ThroughputModel(list(snap.rate_points[c])) for c in COMPONENTS})
+
+    # --- the decision ---------------------------------------------------------------
+
+    def decide(self, snapshot: Snapshot) -> list[Decision]:
+        if snapshot.at_iteration_end or not snapshot.devices:
+            return []  # the runner returns to the start placement at every iteration boundary
+        views = self.views(snapshot)
+        plan = decide_dynarl(SchedSnapshot(snapshot.now_s, views), self.predictor(snapshot), self.config)
+        self.last = LastDecision(plan, views)
+        if plan is None or not self.commit(plan, snapshot):
+            return []
+        self.plans += 1
+        return [Migrate(STRATEGY[receiver], donor, receiver, n) for donor, receiver, n in plan.moves]
+
+    def commit(self, plan: Plan, snapshot: Snapshot) -> bool:
+        return True
+
+
+class DynarlCostAware(Dynarl):
+    """Commits a plan only when its predicted gain exceeds what its migrations cost:
+    the receivers wait that long for their devices (a p2p move stalls the trainer)."""
+    name = "dynarl-costaware"
+
+    def commit(self, plan: Plan, snapshot: Snapshot) -> bool:
+        cost = snapshot.migration_cost_s.get("workload", 0.0) + max(
+            (snapshot.migration_cost_s.get(STRATEGY[r], 0.0) for _, r, _ in plan.moves), default=0.0)
+        return plan.current_time_s - plan.predicted_time_s > cost
+
+
+class DynarlConsolidate(Dynarl):
+    """Consolidates the stragglers earlier. dynarl waits until more than theta of the
+    engines have each drained below U_low of their peak; but the stragglers are spread
+    over every engine (each engine's own tail), so that happens late. Here the rollout
+    counts as a donor once its active KV, packed at twice the engines' peak fill (at
+    most 90%), would fit on at most (1 - theta) of the engines it holds, for T seconds:
+    Workload migration then packs the stragglers onto the kept engines. Decode is
+    memory-bound, so denser engines lose little per-request speed; the predictor's
+    rollout points (batch per engine at each engine count) price that loss."""
+    name = "dynarl-consolidate"
+    PACK = 2.0
+
+    def __init__(self, config: DynarlConfig = DEFAULT_CONFIG) -> None:
+        super().__init__(config)
+        self.packable_since: float | None = None
+
+    def _track(self, snap: Snapshot) -> tuple[float | None, ...]:
+        if snap.iteration != self.iteration:
+            self.packable_since = None
+        own = super()._track(snap)
+        engines = len(snap.rollout_engines)
+        packable = engines > 1 and self.rollout_demand(snap) <= (1 - self.config.theta) * engines
+        if not packable:
+            self.packable_since = None
+            return own
+        if self.packable_since is None:
+            self.packable_since = snap.now_s
+        return tuple(self.packable_since for _ in own)
+
+
+register("dynarl", Dynarl)
+register("dynarl-costaware", DynarlCostAware)
+register("dynarl-consolidate", DynarlConsolidate)

@@ -1,0 +1,183 @@
+"""Executing an online scheduler's Migrate decisions in the simulated run (dynarl).
+
+    rollout -> receiver   the rollout shrinks by Workload migration (core/migration/
+                          workload.py: pause, export the unfinished groups with their
+                          requests' tokens so far, import them on the kept engines,
+                          stop the released ranks), then the receiver grows:
+        trainer   p2p     new data-parallel ranks on the freed devices. The real P2P
+                          transfer needs process groups, so it is charged from the cost
+                          model: the fp32 trainer state over one device link, plus a
+                          role switch (COSTMODEL.md §3)
+        inference workload new ranks, which load the current weights and switch roles
+    iteration boundary    back to the start placement: the receivers' extra ranks stop
+                          (the trainer's state moves back: p2p cost again) and rollout
+                          engines start on the devices (a role switch each)
+
+Devices are "in flight" (owned by no one) between leaving the rollout and joining the
+receiver. Every change is an ownership event, so the timeline shows each move.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+from dynarl.components import costmodel as cm
+from dynarl.components.placement.plan import COMPONENTS, Placement
+from dynarl.components.placement.policy import Migrate
+from dynarl.components.trainer.base import STATE_NAMES
+from dynarl.components.trainer.emulated.layout import build_layout
+from dynarl.core.controller import Controller
+from dynarl.core.migration.workload import workload_migrate
+
+from .iteration import LiveIteration, SimGroups
+from .scenario import Scenario
+
+WORKLOAD_MIGRATION_S = cm.ROLE_SWITCH_S / 2
+"""The released engines pause and offload (half a role switch) before their devices are
+free; the kept engines re-prefill the imported requests' tokens in the emulation itself."""
+
+
+def trainer_state_bytes(scn: Scenario) -> int:
+    """fp32 master weights, two Adam moments and the gradient, plus the bf16 weights."""
+    numel = build_layout(cm.get_model(scn.workload.model), 1).total_numel
+    return numel * (len(STATE_NAMES) * 4 + cm.BYTES_PER_PARAM)
+
+
+def p2p_cost_s(scn: Scenario) -> float:
+    """The trainer's state over one device link, plus a role switch (create-before-destroy)."""
+    return trainer_state_bytes(scn) / cm.get_device(scn.config.device).link_bandwidth + cm.role_switch_time()
+
+
+def min_devices(scn: Scenario) -> dict[str, int]:
+    """The trainer's state must fit in its devices' memory (at the engines' mem_util)."""
+    spec = cm.get_device(scn.config.device)
+    return {"trainer": max(1, math.ceil(trainer_state_bytes(scn) / (cm.DEFAULT_MEM_UTIL * spec.memory_bytes))),
+            "inference": 1, "rollout": scn.rollout_tp}
+
+
+@dataclass(slots=True)
+class Ownership:
+    """Devices per component over time, as change events."""
+    events: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+
+    @property
+    def current(self) -> dict[str, int]:
+        return dict(self.events[-1][1])
+
+    def change(self, t: float, **delta: int) -> None:
+        alloc = self.current
+        for c, d in delta.items():
+            alloc[c] += d
+        self.events.append((t, alloc))
+
+    def spans(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
+        out = []
+        points = [e for e in self.events if e[0] < end]
+        for i, (t, alloc) in enumerate(points):
+            s = max(t, start)
+            e = points[i + 1][0] if i + 1 < len(points) else end
+            if e <= s:
+                continue
+            out.extend((c, alloc[c], s, e) for c in COMPONENTS if alloc[c] > 0)
+        return out
+
+
+class Migrator:
+    def __init__(self, ctl: Controller, scn: Scenario, base: Placement, record, now) -> None:
+        self.ctl, self.scn, self.base = ctl, scn, base
+        self.record = record  # record(kind, seconds)
+        self.now = now
+        self.ts = scn.config.time_scale
+        self.own = Ownership([(0.0, {c: base.num_devices_of(c) for c in COMPONENTS})])
+        self.trainer_base = base.num_devices_of("trainer")
+        self.inference_base = base.num_devices_of("inference")
+
+    async def execute(self, g: SimGroups, d: Migrate, live: LiveIteration) -> None:
+        if self.base.mode != "spatial":
+            raise NotImplementedError(f"Migrate on a time-shared placement ({self.base.describe()}): "
+                                      "online migrations move devices between segments of their own")
+        if d.source != "rollout":
+            raise NotImplementedError(f"only the rollout donates devices, not {d.source}")
+        tp = self.scn.rollout_tp
+        engines = d.devices // tp
+        loads = await g.rollout.call("load")
+        # finished engines first, then the emptiest; never the last engine with a live run
+        order = sorted(range(g.rollout.world_size),
+                       key=lambda p: (loads[p]["active_run"], loads[p]["utilization"], p))
+        active = [p for p in range(g.rollout.world_size) if loads[p]["active_run"]]
+        release: list[int] = []
+        for p in order:
+            if len(release) >= min(engines, g.rollout.world_size - 1):
+                break
+            if loads[p]["active_run"] and sum(1 for a in active if a not in release and a != p) == 0:
+                break
+            release.append(p)
+        if not release:
+            return
+        begun = self.now()
+        result = await workload_migrate(self.ctl, g.rollout, release)
+        devices = [first + k for first in result.freed_devices for k in range(tp)]
+        self.own.change(self.now(), rollout=-len(devices))
+        await asyncio.sleep(WORKLOAD_MIGRATION_S * self.ts)
+        self.record("workload", self.now() - begun)
+        await self.grow(g, d.target, devices, live)
+
+    async def grow(self, g: SimGroups, target: str, devices: list[int], live: LiveIteration) -> None:
+        begun = self.now()
+        engines = self.scn.engines
+        group = g.trainer if target == "trainer" else g.inference
+        first = group.world_size
+        await self.ctl.grow_group(group, devices, {"engine": engines[target], "shares_device": False})
+        new = list(range(first, group.world_size))
+        if target == "trainer":
+            await asyncio.sleep(p2p_cost_s(self.scn) * self.ts)
+            kind = "p2p"
+        else:
+            await group.call("receive_weights", live.version, self.scn.weight_bytes, ranks=new)
+            await asyncio.sleep(cm.role_switch_time() * self.ts)
+            kind = "workload"
+        self.record(kind, self.now() - begun)
+        self.own.change(self.now(), **{target: len(devices)})
+        if not live.accepts(target):
+            return  # finished meanwhile: the devices wait for the iteration boundary
+        for p in new:
+            if target == "trainer":
+                call = _first(group.call("train", "experience", None, version=live.version, ranks=[p]))
+            else:
+                call = _first(group.call("compute_logprobs", "rollouts", "experience", version=live.version,
+                                         ranks=[p]))
+            live.add_rank(self.ctl, target, call)
+
+    async def restore(self, g: SimGroups, version: int) -> None:
+        """Back to the start placement at an iteration boundary (before iteration `version`)."""
+        extra_t = list(range(self.trainer_base, g.trainer.world_size))
+        extra_i = list(range(self.inference_base, g.inference.world_size))
+        if not extra_t and not extra_i:
+            return
+        begun = self.now()
+        if extra_t:
+            await self.ctl.shrink_group(g.trainer, extra_t)
+        if extra_i:
+            await self.ctl.shrink_group(g.inference, extra_i)
+        self.own.change(self.now(), trainer=-len(extra_t), inference=-len(extra_i))
+        held = {h.spec.devices[0] for h in g.rollout.handles}
+        missing = [d for d in self.base.device_ids("rollout")[::self.scn.rollout_tp] if d not in held]
+        first = g.rollout.world_size
+        rollout_engine = dict(self.scn.engines["rollout"], weight_sync_bandwidth=cm.get_device(
+            self.scn.config.device).nic_bandwidth)
+        await self.ctl.grow_group(g.rollout, missing, {"engine": rollout_engine, "shares_device": False})
+        await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
+                             ranks=list(range(first, g.rollout.world_size)))
+        # The trainer's state moves back (p2p) while the engines start (a role switch): in parallel.
+        p2p = p2p_cost_s(self.scn) if extra_t else 0.0
+        await asyncio.sleep(max(p2p, cm.role_switch_time()) * self.ts)
+        if extra_t:
+            self.record("p2p", p2p)
+        self.record("workload", cm.role_switch_time())
+        self.own.change(self.now(), rollout=len(missing) * self.scn.rollout_tp)
+        _ = begun
+
+
+async def _first(call):
+    return (await call)[0]
