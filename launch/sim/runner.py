@@ -114,7 +114,9 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
                                     stage_s=run.iterations[-1].stage_s)
                 for decision in _timed(policy, snapshot, run):
                     if isinstance(decision, Migrate):
-                        raise NotImplementedError("online migrations (Migrate) are executed from issue 5 on")
+                        # Migrations happen inside an iteration (the ticker); between
+                        # iterations a policy re-plans the whole placement instead.
+                        raise ValueError("a policy asked to Migrate at an iteration's end: return Replan there")
                     if isinstance(decision, Replan) and it + 1 < cfg.iterations:
                         g = await _replan(ctl, scn, g, placement, decision, run, it)
                         placement = decision.placement
