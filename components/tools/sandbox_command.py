@@ -71,6 +71,10 @@ def bwrap_argv(host: Host, config: ToolConfig, *, info_fd: int, launcher: str) -
             "--new-session", "--as-pid-1", "--hostname", "sandbox", "--info-fd", str(info_fd)]
     for kind, source, dest in host.system:
         args += [f"--{kind}", source, dest]
+    # The private /tmp goes first: an interpreter that lives under /tmp (a venv there)
+    # is bound on top of it below, instead of being hidden by it.
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/dev/shm",
+             "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKDIR]
     covered = [dest for kind, _, dest in host.system if kind == "ro-bind"]
     for folder in parent_folders(host.prefixes, covered):
         # bwrap would copy the host's mode (0700 for /root): the sandbox uid must pass through.
@@ -78,10 +82,8 @@ def bwrap_argv(host: Host, config: ToolConfig, *, info_fd: int, launcher: str) -
     for index, prefix in enumerate(host.prefixes):
         source = f"{host.stage}/{index}" if host.stage else prefix
         args += ["--ro-bind", source, prefix]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/dev/shm",
-             "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKDIR,
-             # Nothing else is writable: a file anywhere else would be memory with no bound.
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
+    # Nothing else is writable: a file anywhere else would be memory with no bound.
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
     for name, value in SANDBOX_ENV.items():
         args += ["--setenv", name, value]
     return args + ["--", host.python, "-I", "-c", launcher, *launcher_args(config)]
