@@ -8,7 +8,7 @@ emulated twin uses them without tensors, and the P2P reshard planner reads a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
 """The sharded per-element state of a ZeRO-1 rank: fp32 master copy of the
@@ -107,6 +107,24 @@ class TrainBatch:
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "TrainBatch":
         return cls(**d)
+
+
+def bucket_by_bytes(named: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """Groups (name, tensor) pairs in order into buckets of at most `bucket_bytes`
+    (a tensor larger than that gets a bucket of its own)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
 
 
 def check_param_offsets(params: Sequence["ParamSpec"], total_numel: int) -> None:

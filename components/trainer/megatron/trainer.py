@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ...extras import require_extra
 from ...model.config import ModelConfig
 from ..base import TrainBatch, TrainerConfig
-from ..native.losses import grpo_loss, step_advantages
+from ..native.losses import micro_batch_loss, step_advantages
 from ..native.micro_batch import MicroBatch, build_micro_batch
 from .config import MegatronConfig
 from .layout import ShardedLayout
@@ -135,11 +135,7 @@ class MegatronTrainer:
         # position t predicts token t + 1; keep only the positions in the loss
         logprobs, entropy = vocab_parallel_logprobs(logits[:, :-1][mb.loss_mask], mb.targets,
                                                     entropy_grad=cfg.entropy_coef > 0)
-        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-        terms = grpo_loss(logprobs, old, mb.advantages, torch.ones_like(logprobs),
-                          clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-                          ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef,
-                          entropy=entropy, entropy_coef=cfg.entropy_coef, num_tokens=num_tokens)
+        terms = micro_batch_loss(logprobs, entropy, mb, cfg, num_tokens)
         terms.loss.backward()
         return torch.stack([t.detach().double() for t in terms])
 

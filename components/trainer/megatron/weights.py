@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ...model.config import ModelConfig
+from ..base import bucket_by_bytes
 from .convert import global_layer_name, hf_to_megatron, join_tp_shards, megatron_to_hf, slice_for_tp, tp_partition
 
 
@@ -49,20 +50,9 @@ def hf_buckets(model: torch.nn.Module, config: ModelConfig, bucket_bytes: int
                ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Collective over the TP group. This stage's weights with HF names, in buckets of
     at most bucket_bytes (a tensor larger than that gets a bucket of its own)."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, full in full_tensors(model):
-        for hf_name, tensor in megatron_to_hf(name, full, config):
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((hf_name, tensor.contiguous()))
-            size += nbytes
-    if bucket:
-        yield bucket
+    converted = ((hf_name, tensor.contiguous()) for name, full in full_tensors(model)
+                 for hf_name, tensor in megatron_to_hf(name, full, config))
+    yield from bucket_by_bytes(converted, bucket_bytes)
 
 
 def load_hf_weights(model: torch.nn.Module, hf: Mapping[str, torch.Tensor], config: ModelConfig) -> None:

@@ -158,3 +158,12 @@ def step_advantages(batch, config) -> list:
         return batch.advantages
     return grpo_advantages(torch.tensor(batch.rewards, dtype=torch.float64),
                            torch.tensor(batch.group_ids), config.adv_eps).tolist()
+
+
+def micro_batch_loss(logprobs, entropy, mb, config, num_tokens: int):
+    """The GRPO terms of one micro-batch (on-policy when it has no old log-probs)."""
+    old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+    return grpo_loss(logprobs, old, mb.advantages, torch.ones_like(logprobs),
+                     clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high,
+                     ref_logprobs=mb.ref_logprobs, kl_coef=config.kl_coef,
+                     entropy=entropy, entropy_coef=config.entropy_coef, num_tokens=num_tokens)

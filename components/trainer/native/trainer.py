@@ -27,10 +27,10 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from ..base import STATE_NAMES, ParamSpec, StateLayout, TrainBatch, TrainerConfig
+from ..base import STATE_NAMES, ParamSpec, StateLayout, TrainBatch, TrainerConfig, bucket_by_bytes
 from . import checkpoint
 from .adamw import adamw_update
-from .losses import entropy_from_logprobs, grpo_loss, step_advantages
+from .losses import entropy_from_logprobs, micro_batch_loss, step_advantages
 from .micro_batch import MicroBatch, build_micro_batch
 from .sharding import flatten, param_pieces, shard_ranges, unflatten_into
 
@@ -121,11 +121,7 @@ class NativeTrainer:
         logprobs = logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
         with torch.set_grad_enabled(cfg.entropy_coef > 0):
             entropy = entropy_from_logprobs(logp)
-        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-        terms = grpo_loss(logprobs, old, mb.advantages, torch.ones_like(logprobs),
-                          clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-                          ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef,
-                          entropy=entropy, entropy_coef=cfg.entropy_coef, num_tokens=num_tokens)
+        terms = micro_batch_loss(logprobs, entropy, mb, cfg, num_tokens)
         terms.loss.backward()
         return torch.stack([t.detach().double() for t in terms])
 
@@ -210,19 +206,7 @@ class NativeTrainer:
         """Every parameter once, in layout order, in buckets of at most `bucket_bytes`
         (a parameter larger than that gets a bucket of its own). The tensors are
         detached views of the live weights."""
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, p in zip(self._names, self._params):
-            nbytes = p.numel() * p.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, p.detach()))
-            size += nbytes
-        if bucket:
-            yield bucket
+        yield from bucket_by_bytes(((n, p.detach()) for n, p in zip(self._names, self._params)), bucket_bytes)
 
     def offload(self) -> None:
         """Move weights and optimizer state to CPU (device_lock release)."""
