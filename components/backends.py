@@ -49,3 +49,40 @@ def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelCo
             raise ConfigError("rollout.sglang.tp_size", f"{sglang.tp_size} must divide num_attention_heads="
                                                         f"{model.num_attention_heads}")
     return notes
+
+
+def check_wired(*, rollout_backend: str, trainer_backend: str, scheduler_policy: str,
+                megatron: MegatronConfig | None = None, workflow: str = "grpo", device_kind: str = "cuda") -> None:
+    """Raise ConfigError for a backend combination the GRPO workers cannot train with
+    (a dry run still resolves it: `check_backends` is the layout check). Wired:
+    rollout native or sglang, trainer native or megatron (engine_factory.py)."""
+    for path, backend in (("rollout.backend", rollout_backend), ("trainer.backend", trainer_backend)):
+        if backend == "emulated":
+            raise ConfigError(path, "'emulated' engines run in the simulator (dynarl sim), not in dynarl train")
+    if scheduler_policy == "dynarl":
+        # the scheduler's migrations read engine internals the new backends do not share
+        if trainer_backend == "megatron":
+            raise ConfigError("scheduler.policy", "'dynarl' reshards the native trainer's ZeRO-1 state; with "
+                                                  "trainer.backend=megatron use 'static'")
+        if rollout_backend == "sglang":
+            raise ConfigError("scheduler.policy", "'dynarl' migrates requests between native engines; with "
+                                                  "rollout.backend=sglang use 'static'")
+    if workflow == "agentic" and rollout_backend == "sglang":
+        raise ConfigError("rollout.backend", "the agentic workflow reads the native engine's running requests; "
+                                             "use 'native'")
+    if rollout_backend == "sglang" and device_kind == "cpu":
+        raise ConfigError("rollout.backend", "'sglang' runs on CUDA devices only (runtime.cluster.device_kind "
+                                             "is 'cpu'); use 'native'")
+    if trainer_backend == "megatron" and device_kind == "cpu":
+        m = megatron or MegatronConfig()
+        if m.optimizer != "adamw":
+            raise ConfigError("trainer.megatron.optimizer", "megatron-core's optimizer allocates on CUDA; on CPU "
+                                                            "devices use 'adamw' (with dtype float32 and "
+                                                            "use_distributed_optimizer false)")
+        if not m.use_cpu_initialization:
+            raise ConfigError("trainer.megatron.use_cpu_initialization", "must be true on CPU devices")
+    if trainer_backend == "megatron" and (megatron or MegatronConfig()).tensor_parallel_size > 1:
+        # weight sync and the reference model are sent by trainer rank 0 alone; megatron's
+        # HF export is a collective over the TP group
+        raise ConfigError("trainer.megatron.tensor_parallel_size", "> 1 is not wired into the GRPO workers yet "
+                                                                  "(rank 0 alone sends the weights); use 1")

@@ -3,8 +3,11 @@
 Built from the workflow's spans (stages.StageClock): a locked stage holds its
 group's devices for the span; CPU-only stages (reward) go on a "cpu" row. With
 scheduler.policy=dynarl, "migrate <kind>" spans mark the devices a migration moved
-(rollout -> trainer by workload + p2p, back by p2p + grow), and the trainer's
-bars then appear on devices that rollout held when the step began.
+(rollout -> trainer by workload + p2p inside the rollout's long tail, back by p2p
++ join, or grow without parked engines): a released engine's rollout bar stops
+at its move, the migration bars follow on its device while the kept engines
+still decode, and the trainer's bars then appear on devices that rollout held
+when the step began.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from dynarl.components.workflows.stages import Span
 COLOURS = {"rollout": "#4C72B0", "inference": "#DD8452", "trainer": "#55A868", "reward": "#C44E52",
            "sync": "#8172B3",
            # scheduler.policy=dynarl: devices changing hands inside a step (grpo._scheduling_metrics)
-           "migrate workload": "#CCB974", "migrate p2p": "#64B5CD", "migrate grow": "#8C8C8C"}
+           "migrate workload": "#CCB974", "migrate p2p": "#64B5CD", "migrate grow": "#8C8C8C",
+           "migrate join": "#8C8C8C"}
 
 
 def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str = "") -> None:
@@ -26,7 +30,11 @@ def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str
 
     if not spans:
         return
-    t0 = min(s.start for s in spans)
+    # From the first GRPO step on when there is one: the warm start is tens of seconds
+    # of trainer bars that would squeeze every step (and its moves) into a sliver.
+    steps = [s.start for s in spans if s.label.startswith("step ")]
+    t0 = min(steps) if steps else min(s.start for s in spans)
+    spans = [s for s in spans if s.end >= t0]
     rows = [f"device {d}" for d in range(num_devices)] + ["cpu"]
     fig, ax = plt.subplots(figsize=(12, 0.6 * len(rows) + 1.5))
     for s in spans:
@@ -35,7 +43,7 @@ def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str
             ax.broken_barh([(s.start - t0, max(s.end - s.start, 1e-3))], (row - 0.4, 0.8), color=colour)
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds since the first span")
+    ax.set_xlabel("seconds since the first step began" if steps else "seconds since the first span")
     used = sorted({s.component for s in spans})
     ax.legend(handles=[Patch(color=COLOURS.get(c, "#937860"), label=c) for c in used],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(used), frameon=False)

@@ -72,6 +72,10 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
              f"scheduler {cfg.scheduler.policy}",
              f"model: {cfg.model.path or cfg.model.name} ({cfg.model.config().num_parameters / 1e6:.1f}M parameters)"]
     lines += [f"note: {n}" for n in notes]
+    try:
+        check_wired_of(cfg)
+    except ConfigError as exc:  # valid, but `dynarl train` would refuse to start it
+        lines.append(f"note: not trainable yet: {exc}")
     if cfg.task.kind == "dataset":
         lines.append(f"note: dataset {cfg.task.dataset.path} not read in a dry run")
     return "\n".join(lines)
@@ -84,6 +88,15 @@ def check_backends_of(cfg: Any, require_installed: bool) -> list[str]:
                           model=cfg.model.config(), rollout_ranks=cfg.rollout.num_ranks,
                           trainer_ranks=cfg.trainer.num_ranks, sglang=cfg.rollout.sglang,
                           megatron=cfg.trainer.megatron, require_installed=require_installed)
+
+
+def check_wired_of(cfg: Any) -> None:
+    """The workers build their engines through components/engine_factory.py; backend
+    combinations they cannot train with yet raise ConfigError, naming the field."""
+    from dynarl.components.backends import check_wired
+    check_wired(rollout_backend=cfg.rollout.backend, trainer_backend=cfg.trainer.backend,
+                scheduler_policy=cfg.scheduler.policy, megatron=cfg.trainer.megatron,
+                workflow=getattr(cfg, "workflow", "grpo"), device_kind=cfg.runtime.cluster.device_kind)
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str | None, str | None] | None:
@@ -136,13 +149,7 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
     data = _read_yaml(config_path) if config_path else None
     cfg = load_config(data, overrides)
     check_backends_of(cfg, require_installed=True)
-    for section in ("rollout", "trainer"):
-        backend = getattr(cfg, section).backend
-        if backend != "native":
-            # The adapters exist (components/rollout/sglang, components/trainer/megatron) and
-            # pass their CPU tests, but the GRPO workers drive only native engines so far.
-            raise ConfigError(f"{section}.backend", f"{backend!r} is not wired into the GRPO workers yet; "
-                                                    "check the config with --dry-run, train with 'native'")
+    check_wired_of(cfg)
     source, tokenizer = _task(cfg)
     if run_dir is None:
         run_dir = os.path.join("runs", time.strftime("grpo-%Y%m%d-%H%M%S"))
@@ -184,7 +191,33 @@ def _task(cfg: Any) -> tuple[Any, Any]:
         if cfg.rollout.max_new_tokens < longest:
             raise ConfigError("rollout.max_new_tokens", f"{cfg.rollout.max_new_tokens} cannot fit the longest "
                                                         f"count_up answer ({longest - 1} symbols + EOS)")
+    if cfg.task.kind == "calc":
+        _check_calc(cfg, tokenizer)
     return source, tokenizer
+
+
+# --- task / workflow selection (the agentic workflow) -----------------------------------
+def _check_calc(cfg: Any, tokenizer: Any) -> None:
+    """The calc task's text must encode, and its tool call must fit in one turn."""
+    from dynarl.components.tasks.calc import CalcTask, demonstration
+    problem = CalcTask(cfg.task.calc, cfg.run.seed).problem(0)
+    try:
+        tokenizer.encode(problem.prompt + "".join(t for t, _ in demonstration(problem)))
+    except ValueError as exc:
+        raise ConfigError("task.calc", str(exc)) from None
+    a, b = cfg.task.calc.digits
+    longest_call = len("[calc ]") + a + 1 + b
+    if cfg.rollout.max_new_tokens < longest_call:
+        raise ConfigError("rollout.max_new_tokens", f"{cfg.rollout.max_new_tokens} cannot fit the longest calc "
+                                                    f"tool call ({longest_call} tokens)")
+
+
+def workflow_class(cfg: Any) -> type:
+    if cfg.workflow == "agentic":
+        from dynarl.components.workflows.agentic import AgenticGRPO
+        return AgenticGRPO
+    from dynarl.components.workflows.grpo import GRPO
+    return GRPO
 
 
 class Job:
@@ -237,11 +270,10 @@ class Job:
         return 0
 
     async def _main(self, runtime: Any, progress: Any) -> None:
-        from dynarl.components.workflows.grpo import GRPO
         from dynarl.core.controller import Controller
 
         async with Controller(runtime) as ctl:
-            self.workflow = GRPO(ctl, self.cfg, self.source, self.tokenizer, self.run_dir, progress)
+            self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer, self.run_dir, progress)
             await self.workflow.run(self.checkpoint)
 
     def _draw(self, spans: Any, attempt: str) -> None:
@@ -259,7 +291,12 @@ def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
         rows = [json.loads(line) for line in f if line.strip()]
     rewards = [r["reward_mean"] for r in rows]
     first, last = rewards[:10], rewards[-10:]
-    return {"steps": len(rows), "wall_time_s": wall_time_s,
-            "reward_first10": sum(first) / len(first), "reward_last10": sum(last) / len(last),
-            "tokens_per_s_mean": sum(r["tokens_per_s"] for r in rows) / len(rows),
-            "step_time_s_mean": sum(r["step_time_s"] for r in rows) / len(rows)}
+    summary = {"steps": len(rows), "wall_time_s": wall_time_s,
+               "reward_first10": sum(first) / len(first), "reward_last10": sum(last) / len(last),
+               "tokens_per_s_mean": sum(r["tokens_per_s"] for r in rows) / len(rows),
+               "step_time_s_mean": sum(r["step_time_s"] for r in rows) / len(rows)}
+    if "tool_call_rate" in rows[0]:  # the agentic workflow: how often episodes used a tool
+        rates = [r["tool_call_rate"] for r in rows]
+        summary |= {"tool_call_rate_first10": sum(rates[:10]) / len(rates[:10]),
+                    "tool_call_rate_last10": sum(rates[-10:]) / len(rates[-10:])}
+    return summary

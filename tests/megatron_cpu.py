@@ -97,6 +97,7 @@ class RecordingOptimizer:
     def __init__(self, ddp_model, config=None, megatron=None) -> None:
         self.module = ddp_model.module
         self.grads: dict[str, torch.Tensor] = {}
+        self.param_groups = [{"lr": 0.0}]  # megatron's interface: the trainer sets the step's lr here
 
     def zero_grad(self) -> None:
         pass  # DistributedDataParallel.zero_grad_buffer() zeroes main_grad

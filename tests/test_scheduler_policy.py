@@ -103,3 +103,50 @@ def test_online_correction_follows_measurements():
 def test_demand_cap_makes_rollout_concave():
     p = predictor()
     assert p.rate("rollout", 8, 1, demand_cap=2) == p.rate("rollout", 2, 1) == pytest.approx(200.0)
+
+
+# --- the tail of a real job: batching engines, a barrier trainer, measured move costs --------
+def _tail(move_cost=(0.0, 0.0), per_engine=64, active=20, trainer_work=256.0):
+    """3 rollout engines past their last prompt, 20 sequences left (tokens/s: 100 per engine);
+    a trainer on 1 device that steps on the whole batch after generation (50 samples/s each)."""
+    r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=active, requests_per_engine=per_engine,
+                      engine_low_since=(0.0, 0.0, 0.0), move_cost_s=move_cost[0])
+    t = ComponentView("trainer", "static", 1, trainer_work, barrier=True, move_cost_s=move_cost[1])
+    return Snapshot(10.0, (r, t))
+
+
+def test_a_barrier_trainer_adds_its_time_to_the_pipelined_stages():
+    snap = _tail()
+    # rollout: 200 tokens / rate(min(3, 1 engine the 20 requests need)) = 2 s; then 256 / 50 s.
+    assert predicted_time(snap.components, {"rollout": 3, "trainer": 1}, predictor()) == pytest.approx(2.0 + 5.12)
+    assert predicted_time(snap.components, {"rollout": 1, "trainer": 3}, predictor()) == pytest.approx(2.0 + 5.12 / 3)
+
+
+@pytest.mark.parametrize("per_engine,expected_release", [
+    pytest.param(64, 2, id="20-requests-fit-one-batching-engine"),
+    pytest.param(8, 0, id="20-requests-need-all-3-engines-of-8"),
+    pytest.param(1, 0, id="one-request-per-engine"),
+])
+def test_requests_per_engine_sets_the_engines_to_keep(per_engine, expected_release):
+    plan = decide_dynarl(_tail(per_engine=per_engine), predictor(), CFG)
+    released = 0 if plan is None else sum(n for _, _, n in plan.moves)
+    assert released == expected_release
+
+
+@pytest.mark.parametrize("costs,moves", [
+    pytest.param((0.0, 0.0), True, id="free-moves"),
+    pytest.param((0.05, 3.0), True, id="cheaper-than-the-gain"),   # gain 5.12 * 2/3 = 3.41 s
+    pytest.param((0.05, 3.5), False, id="costlier-than-the-gain"),
+    pytest.param((3.5, 0.0), False, id="the-donor-pays-too"),        # rollout 2 s + 3.5 s now slowest
+])
+def test_a_move_is_made_only_if_it_pays_for_its_measured_cost(costs, moves):
+    plan = decide_dynarl(_tail(move_cost=costs), predictor(), CFG)
+    assert (plan is not None) is moves
+    if plan is not None:
+        assert plan.migration_cost_s == pytest.approx(sum(costs))
+        assert plan.predicted_time_s < plan.current_time_s
+
+
+def test_charge_off_ignores_measured_costs():
+    free = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8, charge_move_cost=False)
+    assert decide_dynarl(_tail(move_cost=(0.05, 3.5)), predictor(), free) is not None

@@ -62,13 +62,13 @@ async def test_release_memory_needs_sglang_idle_or_paused(make):
     with pytest.raises(AssertionError):  # the fake enforces SGLang's idle assert
         await tm.release_memory_occupation(fake_io.ReleaseMemoryOccupationReqInput(), None)
     await eng.pause()
-    await eng.release_memory()
+    await eng.release_memory(["kv_cache", "weights", "cuda_graph"])
     assert tm.released == {"kv_cache", "weights", "cuda_graph"}
     eng.add_request(req("while-released", [7], 3))
     await eng.resume()
     await ticks(5)
     assert tm.in_generate == 1 and not eng.has_work()  # only "r" is in SGLang; nothing runs
-    await eng.resume_memory()
+    await eng.resume_memory(["kv_cache", "weights", "cuda_graph"])
     results = []
     while eng.has_work():
         results += await eng.step()

@@ -20,19 +20,19 @@ from typing import Any
 import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.experience import END, Group
-from dynarl.components.model.spec import ModelSpec, build_model
+from dynarl.components.engine_factory import make_rollout_engine, settle, weights_template
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, SamplingParams
-from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
 
 
 class RolloutWorker(dynarl.Worker):
-    def __init__(self, model: dict, engine: dict, bucket_bytes: int, shares_device: bool = False) -> None:
-        self.engine = NativeRolloutEngine(build_model(ModelSpec(**model)), NativeEngineConfig(**engine),
-                                          weight_version=-1)  # no policy weights until the first sync
+    def __init__(self, model: dict, engine: dict, bucket_bytes: int, shares_device: bool = False,
+                 backend: str = "native", backend_config: dict | None = None) -> None:
+        # engine_factory picks the backend; -1: no policy weights until the first sync
+        self.engine = make_rollout_engine(backend, model, engine, backend_config, weight_version=-1)
+        self.weights_template = weights_template(self.engine, model)  # weight_sync plans buckets from it
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
-        if shares_device:
-            self.engine.release_memory()  # starts off the device; onload brings the cache
         self.run: _Generation | None = None
         """The step's generation while `generate` runs (the scheduler's view and moves)."""
         self.admitting = False
@@ -40,18 +40,27 @@ class RolloutWorker(dynarl.Worker):
         self.tokens_done = 0
         """Tokens of finished requests, all steps (work_done adds those decoded so far)."""
 
+    async def setup(self) -> None:
+        if self.shares_device:
+            await settle(self.engine.release_memory())  # starts off the device; onload brings the cache
+
+    async def teardown(self) -> None:
+        shutdown = getattr(self.engine, "shutdown", None)  # sglang: its scheduler processes
+        if shutdown is not None:
+            shutdown()
+
     async def onload(self) -> None:
         if self.shares_device:
-            self.engine.resume_memory()
+            await settle(self.engine.resume_memory())
 
     async def offload(self) -> None:
         if self.shares_device:
-            self.engine.release_memory()
+            await settle(self.engine.release_memory())
 
     async def receive_weights(self, group: str) -> int:
         named, version = await asyncio.to_thread(weight_sync.receive, self.process_group(group),
-                                                 self.engine.model, self.bucket_bytes, self.engine.weight_version)
-        self.engine.update_weights(named, version)
+                                                 self.weights_template, self.bucket_bytes, self.engine.weight_version)
+        await settle(self.engine.update_weights(named, version))
         return version
 
     # --- the scheduler's view (core/scheduler/manager.py) ---------------------------
@@ -116,6 +125,8 @@ class RolloutWorker(dynarl.Worker):
     async def workload_resume(self) -> None:
         if self.run is not None:
             self.run.resume()
+        else:  # a released rank rejoining its group (standby): its engine was left paused
+            self.engine.resume()
 
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int, sampling: dict[str, Any]) -> dict:
         """Consumes prompt groups from `get` until END; puts chunks of finished

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .calc import CalcConfig, CalcTask
 from .count_up import CountUpConfig, CountUpTask
 from .dataset import Check, DatasetConfig, load_dataset
 from .problem import Problem, stable_seed
@@ -20,18 +21,20 @@ from .problem import Problem, stable_seed
 
 @dataclass(kw_only=True, slots=True)
 class TaskConfig:
-    kind: Literal["count_up", "dataset"] = "count_up"
-    """count_up: the built-in generated task; dataset: rows of task.dataset.path."""
+    kind: Literal["count_up", "calc", "dataset"] = "count_up"
+    """count_up: the built-in generated task; calc: the built-in agentic (tool-using)
+    task, trained by `workflow: agentic`; dataset: rows of task.dataset.path."""
     count_up: CountUpConfig = field(default_factory=CountUpConfig)
+    calc: CalcConfig = field(default_factory=CalcConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     verifier: Literal["auto", "count_up", "exact", "math"] = "auto"
-    """auto: count_up for the built-in task, math (math-verify) for a dataset."""
+    """auto: count_up for the built-in task, exact for calc, math (math-verify) for a dataset."""
 
     @property
     def resolved_verifier(self) -> str:
         if self.verifier != "auto":
             return self.verifier
-        return "count_up" if self.kind == "count_up" else "math"
+        return {"count_up": "count_up", "calc": "exact"}.get(self.kind, "math")
 
 
 class ProblemSource:
@@ -42,10 +45,12 @@ class ProblemSource:
         """What loading found (rows used/skipped); empty for the built-in task."""
         self.skipped: list[tuple[int, str]] = []
         """(row number, reason) of each malformed dataset row."""
-        self._task: CountUpTask | None = None
+        self._task: CountUpTask | CalcTask | None = None
         self._rows: list[Problem] = []
         if config.kind == "count_up":
             self._task = CountUpTask(config.count_up, seed)
+        elif config.kind == "calc":
+            self._task = CalcTask(config.calc, seed)
         else:
             dataset = load_dataset(config.dataset, check)
             self._rows = dataset.problems
@@ -61,6 +66,8 @@ class ProblemSource:
         return [self._problem("warm", i) for i in range(start, start + count)]
 
     def _problem(self, stream: str, index: int) -> Problem:
+        if isinstance(self._task, CalcTask):
+            return self._task.problem(index, "calc" if stream == "train" else "warm")
         if self._task is not None:
             return self._task.problem(index, "cu" if stream == "train" else "warm")
         epoch, position = divmod(index, len(self._rows))

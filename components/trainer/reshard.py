@@ -9,6 +9,8 @@ in `self.trainer`) can hand its ZeRO-1 state to a new set of ranks:
 - new ranks `reshard_install` the received shard (a collective over their new
   DP group that also rebuilds the full weights), then confirm.
 All transfers are posted at once (isend/irecv), so no ordering can deadlock.
+With a standby pool, old ranks `reshard_retire` after the switch: they drop their
+state and wait, parked, to be adopted by a later migration (`start` rebuilds).
 """
 from __future__ import annotations
 
@@ -85,6 +87,17 @@ class ReshardableTrainer:
         await asyncio.to_thread(self.trainer.import_state_shard, shard)
         self._received = None
         return await self.state_digest()
+
+    async def reshard_warm(self) -> None:
+        """A standby's one-off warm-up: build (and drop) a trainer alone, so the lazy
+        imports and first allocations are not paid inside a migration."""
+        await self.start(None)
+        await self.reshard_retire()
+
+    async def reshard_retire(self) -> None:
+        """After the switch: this old rank's state now lives on the new ranks; drop it."""
+        self.trainer = None
+        self._received = None
 
     async def state_digest(self) -> dict:
         """Per state: this rank's range and a float64 sum of it (a cheap confirmation)."""

@@ -1,9 +1,10 @@
 """TrainerWorker: one data-parallel rank of the trainer component.
 
-Wraps NativeTrainer (ZeRO-1 over the runtime process group `dp_group` when
-there are several ranks). Besides the GRPO step it runs the supervised warm
-start, saves/loads checkpoints, and its rank 0 sends the weights to rollout and
-inference after every step (weight_sync.py).
+Wraps the configured trainer engine (engine_factory: NativeTrainer, ZeRO-1 over
+the runtime process group `dp_group` when there are several ranks, or
+MegatronTrainer, whose world is that same group). Besides the GRPO step it runs
+the supervised warm start, saves/loads checkpoints, and its rank 0 sends the
+weights to rollout and inference after every step (weight_sync.py).
 
 Warm start = supervised fine-tuning through the same loss: with advantage 1 on
 every answer token and the sampling policy equal to the current one (no old
@@ -19,32 +20,37 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import dynarl
 from dynarl.components import weight_sync
+from dynarl.components.engine_factory import hf_model, make_trainer
 from dynarl.components.model.io import save_pretrained
-from dynarl.components.model.spec import ModelSpec, build_model
+from dynarl.components.model.spec import ModelSpec
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
-from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.trainer.reshard import ReshardableTrainer
 
 
 class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     def __init__(self, model: dict, engine: dict, warmup_lr: float, bucket_bytes: int,
-                 shares_device: bool = False) -> None:
+                 shares_device: bool = False, backend: str = "native", backend_config: dict | None = None) -> None:
         self.model_spec = ModelSpec(**model)
+        self.model = model
+        self.backend, self.backend_config = backend, backend_config  # engine_factory.make_trainer
         self.config = TrainerConfig.from_wire(engine)
         self.warmup_config = dataclasses.replace(self.config, lr=warmup_lr, entropy_coef=0.0, kl_coef=0.0)
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
-        self.trainer: NativeTrainer | None = None
+        self.trainer: Any = None
+        """A TrainerEngine: NativeTrainer or MegatronTrainer (engine_factory)."""
         self.expected_samples = 0
         """Samples the workflow announced for this step and not yet trained."""
         self.samples_done = 0
         self.training = False
 
     def expect(self, samples: int) -> None:
-        """The workflow announces the step's batch (the scheduler's remaining work)."""
+        """The workflow announces this rank's share of the step's batch (the scheduler's
+        remaining work: the manager sums the ranks' shares)."""
         self.expected_samples = samples
 
     def metrics(self) -> dict:
@@ -55,9 +61,9 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     async def start(self, dp_group: str | None = None) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
         group = self.process_group(dp_group) if dp_group else None
-        model = build_model(self.model_spec)
-        self.trainer = await asyncio.to_thread(NativeTrainer, model, self.config, group)
-        return sum(p.numel() for p in model.parameters())
+        self.trainer = await asyncio.to_thread(make_trainer, self.backend, self.model, self.config,
+                                               self.backend_config, group)
+        return self.model_spec.config().num_parameters
 
     async def onload(self) -> None:
         if self.shares_device:
@@ -77,6 +83,15 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         self.samples_done += self.expected_samples
         self.expected_samples = 0
         return result
+
+    async def reshard_warm(self) -> None:
+        """A warm standby's one-off warm-up (core/migration/standby.py): build a trainer
+        alone, take one step on a token-sized batch, drop it; so a migration that adopts
+        this rank pays neither the lazy imports nor the first step's allocations."""
+        await self.start(None)
+        probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], advantages=[1.0, -1.0])
+        await asyncio.to_thread(self.trainer.train_step, probe)
+        await self.reshard_retire()
 
     async def warmup_step(self, batch: dict) -> dict:
         """Collective. One supervised step (advantage 1 on every response token)."""
@@ -103,4 +118,4 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
 
     async def save_model(self, path: str) -> None:
         """The current weights as an HF folder (the reference policy after warm start)."""
-        await asyncio.to_thread(save_pretrained, self.trainer.model, path)
+        await asyncio.to_thread(lambda: save_pretrained(hf_model(self.trainer, self.model, self.bucket_bytes), path))

@@ -25,6 +25,7 @@ from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
+from dynarl.components.workflows.agentic_config import AgenticSection
 from dynarl.components.workflows.placement import COMPONENTS, PlacementError, plan_placement, pools_for
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.config_tree import apply_override, build, to_dict
@@ -117,15 +118,25 @@ class DynarlSection:
     """Rollout is a donor when more than this fraction of its engines stayed below u_low."""
     u_low: float = 0.2
     """Utilization (active KV / capacity) below which an engine counts as idle."""
-    window_s: float = 0.25
-    """How long an engine must stay below u_low. Far below the paper's seconds-scale
-    window because a CPU step of the built-in job lasts about a second and its
-    generation about half of that: a 4 s (or even 0.5 s) window never elapses
-    within one step's generation, so the policy would never find a donor."""
-    interval_s: float = 0.1
+    window_s: float = 0.0
+    """How long an engine must stay below u_low. A rollout engine reports itself busy
+    until it has taken its last prompt (it may still be handed work), so "low" already
+    means "in the long tail": no more prompts, few sequences left. The window is 0
+    because the built-in job's tail lasts about a tenth of a second on a CPU (its
+    longest answers are 27 tokens): any seconds-scale window (the paper's 4 s) would
+    outlast it, and the move would come after the rollout had ended."""
+    interval_s: float = 0.05
     """Seconds between scheduler ticks (metrics poll + decision)."""
     max_candidates: int = 8
     """Donor shrink options evaluated per decision (3..10)."""
+    charge_move_cost: bool = True
+    """Charge each moving component its measured move cost (its last round trip: out
+    in the tail, back after the train step), so a move that cannot pay for itself is
+    not made. false: the policy moves whenever the devices alone would be faster."""
+    trainer_profile: Literal["every", "home"] = "every"
+    """every: at start, time one step-sized train step on standby ranks at every
+    device count the trainer may hold; home: only at its own devices, and assume it
+    scales linearly beyond (the paper's model of a static component)."""
 
     def __post_init__(self) -> None:
         from dynarl.core.scheduler.policy import DynarlConfig
@@ -138,8 +149,9 @@ class DynarlSection:
 class SchedulerSection:
     policy: Literal["static", "dynarl"] = "static"
     """static: the placement never changes. dynarl: in each step's long tail, idle
-    rollout engines give their devices to the trainer (Workload + P2P migration);
-    the configured placement is restored before the next step."""
+    rollout engines give their devices to the trainer (Workload + P2P migration onto
+    warm standby ranks) when the predicted gain beats the measured move cost; the
+    configured placement is restored before the next step."""
     dynarl: DynarlSection = field(default_factory=DynarlSection)
 
 
@@ -172,6 +184,10 @@ class TrainConfig:
     placement: PlacementSection = field(default_factory=PlacementSection)
     run: RunSection = field(default_factory=RunSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    workflow: Literal["grpo", "agentic"] = "grpo"
+    """grpo: one response per sample; agentic: multi-turn tool-using episodes
+    (components/workflows/agentic.py), with task.kind calc."""
+    agentic: AgenticSection = field(default_factory=AgenticSection)
 
     def __post_init__(self) -> None:
         if self.runtime.launcher == "inproc":
@@ -199,6 +215,7 @@ class TrainConfig:
                                                       f"{self.trainer.num_ranks} trainer ranks (one group each at least)")
         if self.scheduler.policy == "dynarl":
             self._check_dynarl()
+        self._check_workflow()
         max_len = self.model.config().max_position_embeddings
         if self.rollout.max_new_tokens >= max_len:
             raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
@@ -222,6 +239,17 @@ class TrainConfig:
         if self.rollout.num_ranks < 2:
             raise ConfigError("scheduler.policy", "dynarl needs rollout.num_ranks >= 2: "
                                                   "one engine donates while another finishes the tail")
+
+    # --- task / workflow selection (the agentic workflow) ---------------------------------
+    def _check_workflow(self) -> None:
+        """The calc task is built for tool calls and the agentic workflow runs only it."""
+        if self.workflow == "agentic" and self.task.kind != "calc":
+            raise ConfigError("task.kind", f"workflow 'agentic' trains the built-in tool task 'calc', "
+                                           f"not {self.task.kind!r}")
+        if self.task.kind == "calc" and self.workflow != "agentic":
+            raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
+        if self.workflow == "agentic" and self.scheduler.policy != "static":
+            raise ConfigError("scheduler.policy", "workflow 'agentic' runs with the static placement only")
 
     def ranks(self) -> dict[str, int]:
         return {"rollout": self.rollout.num_ranks, "inference": self.inference.num_ranks,

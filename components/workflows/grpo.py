@@ -56,6 +56,9 @@ class Groups:
 
 
 class GRPO(DynamicScheduling):
+    rollout_worker: type = RolloutWorker
+    """The rollout rank's class; the agentic workflow serves turns with a subclass."""
+
     def __init__(self, ctl: Controller, cfg: TrainConfig, source: ProblemSource, tokenizer: Any,
                  run_dir: str, progress: Progress) -> None:
         self.ctl, self.cfg, self.source, self.tokenizer = ctl, cfg, source, tokenizer
@@ -76,10 +79,9 @@ class GRPO(DynamicScheduling):
         g, label = self.g, f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompt_groups(step)
-        marks = self._begin_scheduling() if self.scheduler is not None else None
-        if marks is not None:
-            await g.rollout.call("begin_step")  # every rank admits prompts again: no donor yet
-            await g.trainer.call("expect", sum(len(gr["samples"]) for gr in groups))
+        marks = None
+        if self.scheduler is not None:
+            marks = await self._begin_scheduling(sum(len(gr["samples"]) for gr in groups))
             ticker = self.ctl.spawn_task(self._tick_loop(), name=f"scheduler {label}")
         for group in groups:
             await self.ctl.channel("prompts").put(group)
@@ -123,7 +125,7 @@ class GRPO(DynamicScheduling):
         sched = {}
         if marks is not None:
             await self._restore(label)
-            sched = self._scheduling_metrics(marks, train_end, label)
+            sched = self._scheduling_metrics(marks, train_end, self.clock.last_end("rollout"), label)
             self._profile(rollout_stats, self.clock.last_end("rollout") - begun, len(ids), train_s, train_devices)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, scored, train, rollout_stats, reward_stats,
@@ -211,9 +213,10 @@ class GRPO(DynamicScheduling):
         bucket = cfg.trainer.sync_bucket_bytes
         self.progress.stage("spawn")
         rollout, reward, inference, trainer = await gather_or_cancel([
-            ctl.spawn(RolloutWorker, name="rollout", devices=devices["rollout"], init={
+            ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init={
                 "model": model, "engine": _plain(cfg.rollout.engine), "bucket_bytes": bucket,
-                "shares_device": "rollout" in shared}),
+                "shares_device": "rollout" in shared,
+                "backend": cfg.rollout.backend, "backend_config": _plain(cfg.rollout.sglang)}),  # engine_factory
             ctl.spawn(RewardWorker, name="reward", devices=[0], init={
                 "model": model, "verifier": cfg.task.resolved_verifier}),
             ctl.spawn(InferenceWorker, name="inference", devices=devices["inference"], init={
@@ -221,13 +224,14 @@ class GRPO(DynamicScheduling):
                 "bucket_bytes": bucket, "shares_device": "inference" in shared}),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init={
                 "model": model, "engine": cfg.trainer.engine.to_wire(), "warmup_lr": cfg.trainer.warmup.lr,
-                "bucket_bytes": bucket, "shares_device": "trainer" in shared})])
+                "bucket_bytes": bucket, "shares_device": "trainer" in shared,
+                "backend": cfg.trainer.backend, "backend_config": _plain(cfg.trainer.megatron)})])  # engine_factory
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])
         await trainer.call("start", "trainer_dp" if trainer.world_size > 1 else None)
         await ctl.process_group("weight_sync", [(trainer, 0), rollout, inference])
         if cfg.scheduler.policy == "dynarl":
-            self._make_scheduler(rollout, trainer, devices, model, bucket, shared)
+            await self._make_scheduler(rollout, trainer, devices)
         return Groups(rollout, reward, inference, trainer)
 
     async def warm_start(self) -> None:
@@ -235,10 +239,7 @@ class GRPO(DynamicScheduling):
         for i in range(total):
             self.progress.warmup(i, total)
             batch = self.warmup_batch(i)
-            begun = time.perf_counter()
             await self.train(batch, "warmup", "warmup_step")
-            if self.scheduler is not None and i == total - 1:  # the trainer's first profile point
-                self._profile_trainer(len(batch.input_ids) / (time.perf_counter() - begun))
         self.progress.warmup(total, total)
         if self.cfg.with_ref:
             await self.g.trainer.call("save_model", os.path.join(self.run_dir, "reference"), ranks=[0])

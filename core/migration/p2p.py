@@ -10,9 +10,16 @@
    are stopped and their groups destroyed: the old trainer never stopped, so
    training continues there with nothing lost.
 
+With a StandbyPool (standby.py), step 1 adopts warm parked ranks instead of
+spawning processes, and step 5 parks the old ranks (state dropped, DP group
+left) instead of stopping them: the same protocol at a fraction of the cost, so
+a move fits inside a rollout's long tail. New ranks of a rolled-back migration
+are stopped either way.
+
 The trainer workers implement the reshard protocol (components/trainer/reshard.py):
 reshard_layout, reshard_send, reshard_recv, reshard_install, state_digest, and
-start(dp_group) to build a fresh trainer in the new group.
+start(dp_group) to build a fresh trainer in the new group; with a standby pool
+also reshard_retire() to drop an old rank's state before it is parked.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.reshard_plan import flat_layout, plan_reshard
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 from dynarl.transport.errors import DynarlError
@@ -49,7 +57,8 @@ class P2PResult:
 
 
 async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], init: dict[str, Any], *,
-                      dp_group_prefix: str = "trainer_dp", timeout_s: float = 120.0) -> P2PResult:
+                      dp_group_prefix: str = "trainer_dp", timeout_s: float = 120.0,
+                      standby: StandbyPool | None = None) -> P2PResult:
     loop = asyncio.get_running_loop()
     started = loop.time()
     gen = next(_generations)
@@ -73,7 +82,10 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
 
     try:
         async with asyncio.timeout(timeout_s):
-            new = await ctl.spawn(old.cls, name=name, devices=devices, init=init)
+            if standby is not None and standby.has(devices):
+                new = standby.adopt(devices, name)
+            else:
+                new = await ctl.spawn(old.cls, name=name, devices=devices, init=init)
             if new_dp is not None:
                 await ctl.process_group(new_dp, [new])
             await new.call("start", new_dp)
@@ -104,13 +116,37 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
         if isinstance(exc, asyncio.CancelledError):
             raise
         raise MigrationFailed(f"P2P migration of {old.name!r} to devices {devices} rolled back: {exc!r}") from exc
-    await ctl.process_groups.destroy(transfer_group)
-    await ctl.stop_group(old)  # the switch: only now do the old ranks go
+    # The switch: only now do the old ranks go (back to the pool, or stopped).
+    if standby is None:
+        await ctl.process_groups.destroy(transfer_group)
+        await ctl.stop_group(old)
+    elif not await _retire(ctl, old, [transfer_group, *_dp_groups_of(ctl, old, dp_group_prefix)], standby):
+        await ctl.stop_group(old)
     phase("destroy")
     seconds = loop.time() - started
     ctl.tracer.complete("p2p migration", "migration", "migrations", 0, started, loop.time(),
                         {"from": old.name, "to": name, "devices": devices, "elements": sum(sent)})
     return P2PResult(new, new_dp, sum(sent), len(plan), seconds, phases)
+
+
+def _dp_groups_of(ctl: "Controller", old: WorkerGroup, prefix: str) -> list[str]:
+    """The DP group(s) whose members are exactly the old ranks."""
+    members = {id(h) for h in old.handles}
+    return [name for name, pg in ctl.process_groups.active.items()
+            if name.startswith(prefix) and {id(h) for h in pg.members} == members]
+
+
+async def _retire(ctl: "Controller", old: WorkerGroup, groups: list[str], standby: StandbyPool) -> bool:
+    """Parks the old ranks: they leave `groups` (the transfer group, their DP group)
+    and drop their state, all at once. False (the caller stops them instead) if that
+    fails: a rank that cannot retire cleanly is no standby."""
+    try:
+        await gather_or_cancel([*(ctl.process_groups.destroy(g) for g in groups), old.call("reshard_retire")])
+    except Exception as exc:
+        log.warning("retiring %s to standby failed, stopping it: %r", old.name, exc)
+        return False
+    await standby.park(old)
+    return True
 
 
 def _check_confirmations(confirmed: list[dict], total: int, step: int) -> None:

@@ -6,6 +6,10 @@ and continue them; then the released ranks stop and free their devices.
 If handing the work over fails, the exported items go back to the released
 ranks, which resume: nothing is lost and nothing runs twice.
 
+With a StandbyPool (standby.py) the released ranks are parked instead of stopped:
+their processes stay warm, and the component gets them back (`StandbyPool.join`,
+then workload_resume) when its devices return, without a spawn.
+
 Worker protocol: workload_pause(), workload_export() -> [item], workload_load()
 -> float, workload_import([item]), workload_resume(). Each item is a dict with
 at least "id" and "weight" (its expected remaining work, for balancing).
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from dynarl.core.migration.p2p import MigrationFailed
+from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 if TYPE_CHECKING:
@@ -44,19 +49,30 @@ def assign(weights: Sequence[float], loads: dict[int, float]) -> list[int]:
     return targets
 
 
-async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Sequence[int]) -> WorkloadResult:
-    """Moves the work of the ranks at positions `release` to the others, then stops them."""
+async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Sequence[int],
+                           park: StandbyPool | None = None) -> WorkloadResult:
+    """Moves the work of the ranks at positions `release` to the others, then stops
+    them (or parks them in `park`)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     release = sorted(set(release))
     keep = [p for p in range(group.world_size) if p not in release]
     if not release or not keep:
         raise ValueError("release some ranks, and keep at least one")
+    # The kept ranks first: asking their load also holds them open for the import,
+    # so none can finish and close between now and then. If none is open, the move
+    # goes on only if the released ranks are done too (nothing to hand over);
+    # otherwise nothing is touched: their work could go nowhere, and not back either.
+    loads = await group.call("workload_load", ranks=keep)
+    if all(load == float("inf") for load in loads):
+        released = await group.call("workload_load", ranks=release)
+        if not all(load == float("inf") for load in released):
+            await group.scatter("workload_import", [[[]] for _ in keep + release], ranks=keep + release)
+            raise MigrationFailed(f"workload migration of {group.name!r}: no kept rank can take work")
     await group.call("workload_pause", ranks=release)
     exported = await group.call("workload_export", ranks=release)
     items = [item for part in exported for item in part]
     try:
-        loads = await group.call("workload_load", ranks=keep)
         targets = assign([float(item["weight"]) for item in items], dict(zip(keep, loads)))
         per_rank = {p: [] for p in keep}
         for item, target in zip(items, targets):
@@ -70,7 +86,7 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
         if isinstance(exc, asyncio.CancelledError):
             raise
         raise MigrationFailed(f"workload migration of {group.name!r} rolled back: {exc!r}") from exc
-    freed = await ctl.shrink_group(group, release)
+    freed = await (park.park(group, release) if park is not None else ctl.shrink_group(group, release))
     ctl.tracer.complete("workload migration", "migration", "migrations", 0, started, loop.time(),
                         {"group": group.name, "moved": len(items), "freed": freed})
     return WorkloadResult(len(items), freed, loop.time() - started)

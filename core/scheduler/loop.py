@@ -5,7 +5,10 @@ the policy's decision, and carries out a committed plan: donors release whole
 engines by Workload migration (idle engines first), and receivers take the
 freed devices by their own strategy: Workload (grow the group), P2P (a new
 trainer on old + freed devices, create-before-destroy) or Reboot. Each move
-waits for the component's interruptible point (its InterruptGate).
+waits for the component's interruptible point (its InterruptGate). A component
+with a StandbyPool parks released ranks there and adopts new ranks from it
+(no process spawn on the move's path). Every move's duration is recorded, and
+charged to its component's manager as the cost the policy weighs next time.
 
 The workflow reads components through `scheduler.group(name)`: a P2P or Reboot
 move replaces a component's WorkerGroup.
@@ -102,16 +105,20 @@ class GlobalScheduler:
     async def _release(self, manager: Manager, devices: int) -> list[int]:
         spec, group = manager.spec, manager.group
         ranks = devices // spec.devices_per_engine
-        # Idle engines first (longest idle first), never all of them.
-        order = sorted(range(group.world_size),
-                       key=lambda p: (manager.low_since.get(group.handles[p].spec.worker_id) is None,
-                                      manager.low_since.get(group.handles[p].spec.worker_id) or 0.0, p))
+        # Idle engines first, among them those with the least work (a finished one costs
+        # nothing to release, and the kept ones must still be generating to take the
+        # rest), then the longest idle; never all of them.
+        def order_key(p: int) -> tuple:
+            key = group.handles[p].spec.worker_id
+            since = manager.low_since.get(key)
+            return since is None, manager.requests.get(key, 0), since or 0.0, p
+        order = sorted(range(group.world_size), key=order_key)
         release = order[:min(ranks, group.world_size - 1)]
         if not release:
             return []
         async with manager.gate.interrupt():
             begun = asyncio.get_running_loop().time()
-            result = await workload_migrate(self.ctl, group, release)
+            result = await workload_migrate(self.ctl, group, release, park=spec.standby)
             self._record("workload", spec.name, result.freed_devices, begun)
         return result.freed_devices
 
@@ -123,7 +130,8 @@ class GlobalScheduler:
             if spec.strategy == "workload":
                 await self.ctl.grow_group(group, freed, spec.init)
             elif spec.strategy == "p2p":
-                manager.group = (await p2p_migrate(self.ctl, group, group.devices + freed, spec.init or {})).group
+                manager.group = (await p2p_migrate(self.ctl, group, group.devices + freed, spec.init or {},
+                                                   standby=spec.standby)).group
             else:
                 manager.group = (await reboot_migrate(self.ctl, group, group.devices + freed, spec.init or {})).group
             self._record(spec.strategy, spec.name, freed, begun)
@@ -131,3 +139,5 @@ class GlobalScheduler:
     def _record(self, kind: str, component: str, devices: list[int], begun: float) -> None:
         now = asyncio.get_running_loop().time()
         self.log.migrations.append(Migration(kind, component, list(devices), begun, now - begun))
+        if component in self.managers:
+            self.managers[component].cycle_moves.append(now - begun)

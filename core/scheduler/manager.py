@@ -5,18 +5,24 @@ Workers report `metrics()`: {"utilization": active KV / capacity (rollout) or
 busy fraction, "running": int, "waiting": int, "work_done": cumulative work
 units, "remaining_work": units left this iteration}. The manager keeps, per
 engine, since when its utilization has stayed below u_low (the donor signal),
-and feeds measured throughput to the predictor's online correction.
+and feeds measured throughput to the predictor's online correction. It also
+keeps what the component's moves cost: the seconds of its migrations in the
+current scheduling cycle (a step: out, then back), and, as `move_cost_s`, those
+of the last cycle in which it moved, which the policy charges to the next move.
 """
 from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Literal
+from typing import TYPE_CHECKING, AsyncIterator, Literal
 
 from dynarl.core.scheduler.policy import ComponentView
 from dynarl.core.scheduler.predictor import Predictor
 from dynarl.core.worker_group import WorkerGroup
+
+if TYPE_CHECKING:
+    from dynarl.core.migration.standby import StandbyPool
 
 
 class InterruptGate:
@@ -68,6 +74,13 @@ class ComponentSpec:
     min_devices: int = 1
     init: dict | None = None
     """Constructor arguments for ranks the component gains (grow, P2P, reboot)."""
+    requests_per_engine: int = 1
+    """Dynamic components: requests one engine batches (the tail consolidates onto
+    ceil(running / this) engines)."""
+    barrier: bool = False
+    """Works only after the other components finish theirs (policy.ComponentView.barrier)."""
+    standby: "StandbyPool | None" = None
+    """Warm ranks: a P2P receiver adopts them, a Workload donor parks its released ones."""
 
 
 class Manager:
@@ -77,22 +90,38 @@ class Manager:
         self.u_low = u_low
         self.gate = InterruptGate()
         self.low_since: dict[str, float | None] = {}
+        self.requests: dict[str, int] = {}
+        """Per rank: requests running or waiting at the last poll."""
         self.remaining_work = 0.0
         self.active_requests = 0
         self._last_done: tuple[float, float] | None = None
         self.measured_rate: float | None = None
+        self.cycle_moves: list[float] = []
+        """Seconds of each of this component's migrations in the current cycle."""
+        self.move_cost_s = 0.0
+        """Total of the last cycle that had migrations (0 until one has)."""
+
+    def begin_cycle(self) -> None:
+        """A new scheduling cycle (step): the last one's moves become the known cost,
+        and the idle time of the previous step is not this step's tail."""
+        if self.cycle_moves:
+            self.move_cost_s = sum(self.cycle_moves)
+        self.cycle_moves = []
+        self.low_since.clear()
 
     async def poll(self, now: float, predictor: Predictor | None = None) -> None:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
         reports = await self.group.call("metrics")
         for handle, report in zip(self.group.handles, reports):
             key = handle.spec.worker_id
+            self.requests[key] = int(report.get("running", 0) + report.get("waiting", 0))
             if report["utilization"] < self.u_low:
                 self.low_since[key] = self.low_since.get(key) if self.low_since.get(key) is not None else now
             else:
                 self.low_since[key] = None
         alive = {h.spec.worker_id for h in self.group.handles}
         self.low_since = {k: v for k, v in self.low_since.items() if k in alive}
+        self.requests = {k: v for k, v in self.requests.items() if k in alive}
         self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
         self.active_requests = int(sum(r.get("running", 0) + r.get("waiting", 0) for r in reports))
         done = float(sum(r.get("work_done", 0.0) for r in reports))
@@ -108,4 +137,6 @@ class Manager:
             remaining_work=self.remaining_work, devices_per_engine=self.spec.devices_per_engine,
             min_devices=self.spec.min_devices, interruptible=self.gate.interruptible,
             active_requests=self.active_requests if self.spec.kind == "dynamic" else None,
+            requests_per_engine=self.spec.requests_per_engine, move_cost_s=self.move_cost_s,
+            barrier=self.spec.barrier,
             engine_low_since=tuple(self.low_since.get(h.spec.worker_id) for h in self.group.handles))

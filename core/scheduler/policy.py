@@ -9,7 +9,12 @@
    bottleneck.
 3. Each candidate's iteration time is predicted as the slowest stage's
    remaining work over its predicted rate (end-to-end throughput = the minimum
-   stage throughput); the best is committed only if strictly faster than now.
+   stage throughput), plus the time of barrier stages (a trainer on the whole
+   batch starts when the others are done, so its time adds to theirs); a
+   component that gives or takes devices also pays its measured move cost
+   (`move_cost_s`: its last round trip of migrations, out and back). The best
+   is committed only if strictly faster than now, so a move that cannot pay
+   for itself is not made.
 Only components at an interruptible point take part.
 """
 from __future__ import annotations
@@ -33,6 +38,14 @@ class ComponentView:
     interruptible: bool = True
     active_requests: int | None = None
     """Dynamic components: requests still running (caps useful engines)."""
+    requests_per_engine: int = 1
+    """Requests one engine can batch: the engines those requests need is
+    ceil(active_requests / requests_per_engine). 1: each request needs an engine."""
+    move_cost_s: float = 0.0
+    """Measured seconds this component's devices last took to move (out and back)."""
+    barrier: bool = False
+    """Starts only when the other stages have finished their remaining work (a trainer
+    that steps on the whole batch): its time adds to theirs instead of overlapping."""
     engine_low_since: tuple[float | None, ...] = ()
     """Per engine: since when its utilization has stayed below u_low (None: not low)."""
 
@@ -49,6 +62,8 @@ class DynarlConfig:
     u_low: float = 0.2
     window_s: float = 4.0
     max_candidates: int = 8
+    charge_move_cost: bool = True
+    """Charge each moving component its measured move cost (False: moves are free)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.theta < 1:
@@ -68,8 +83,11 @@ class Plan:
     moves: tuple[tuple[str, str, int], ...]
     """(donor, receiver, devices)."""
     predicted_time_s: float
+    """Predicted remaining time after the moves, their costs included."""
     current_time_s: float
     candidates: int
+    migration_cost_s: float = 0.0
+    """The measured move costs of the components the plan moves (summed)."""
 
 
 def is_donor(c: ComponentView, now: float, config: DynarlConfig) -> bool:
@@ -79,16 +97,30 @@ def is_donor(c: ComponentView, now: float, config: DynarlConfig) -> bool:
     return low > config.theta * len(c.engine_low_since)
 
 
-def predicted_time(components: tuple[ComponentView, ...], allocation: dict[str, int], predictor: Predictor) -> float:
-    """Remaining iteration time: the slowest stage's remaining work over its rate."""
-    worst = 0.0
+def predicted_time(components: tuple[ComponentView, ...], allocation: dict[str, int], predictor: Predictor,
+                   moving: frozenset[str] = frozenset()) -> float:
+    """Remaining iteration time: the slowest pipelined stage's remaining work over
+    its rate, then the barrier stages' in turn; each component in `moving` delayed
+    by its move cost."""
+    worst = after = 0.0
     for c in components:
         if c.remaining_work <= 0:
             continue
-        rate = predictor.rate(c.name, allocation[c.name], c.devices_per_engine,
-                              c.active_requests if c.kind == "dynamic" else None)
-        worst = max(worst, float("inf") if rate <= 0 else c.remaining_work / rate)
-    return worst
+        rate = predictor.rate(c.name, allocation[c.name], c.devices_per_engine, demand_engines(c))
+        cost = c.move_cost_s if c.name in moving else 0.0
+        t = float("inf") if rate <= 0 else cost + c.remaining_work / rate
+        if c.barrier:
+            after += t
+        else:
+            worst = max(worst, t)
+    return worst + after
+
+
+def demand_engines(c: ComponentView) -> int | None:
+    """Engines a dynamic component's running requests need (None: not capped)."""
+    if c.kind != "dynamic" or c.active_requests is None:
+        return None
+    return -(-max(c.active_requests, 0) // max(c.requests_per_engine, 1))
 
 
 def decide_static(snapshot: Snapshot, predictor: Predictor, config: DynarlConfig | None = None) -> Plan | None:
@@ -108,9 +140,10 @@ def decide_dynarl(snapshot: Snapshot, predictor: Predictor, config: DynarlConfig
         for release in _release_options(donor, config.max_candidates):
             allocation, moves = _give_to_bottlenecks(comps, current, donor, release, receivers, predictor)
             count += 1
-            t = predicted_time(comps, allocation, predictor)
+            moving = frozenset({donor.name, *(r for _, r, _ in moves)} if config.charge_move_cost else ())
+            t = predicted_time(comps, allocation, predictor, moving)
             if t < now_time and (best is None or t < best.predicted_time_s):
-                best = Plan(allocation, moves, t, now_time, 0)
+                best = Plan(allocation, moves, t, now_time, 0, sum(c.move_cost_s for c in comps if c.name in moving))
     return None if best is None else replace(best, candidates=count)
 
 
@@ -119,7 +152,7 @@ def _release_options(donor: ComponentView, max_candidates: int) -> list[int]:
     requests occupy and its minimum; at most `max_candidates` options, evenly spread."""
     unit = donor.devices_per_engine
     engines = donor.devices // unit
-    keep = max(donor.min_devices // unit + (donor.min_devices % unit > 0), 1, donor.active_requests or 0)
+    keep = max(donor.min_devices // unit + (donor.min_devices % unit > 0), 1, demand_engines(donor) or 0)
     spare = engines - min(keep, engines)
     if spare <= 0:
         return []
@@ -143,8 +176,7 @@ def _give_to_bottlenecks(comps: tuple[ComponentView, ...], current: dict[str, in
             break
         # The receiver that would finish last gets the next unit.
         def remaining(r: ComponentView) -> float:
-            rate = predictor.rate(r.name, allocation[r.name], r.devices_per_engine,
-                                  r.active_requests if r.kind == "dynamic" else None)
+            rate = predictor.rate(r.name, allocation[r.name], r.devices_per_engine, demand_engines(r))
             return float("inf") if rate <= 0 else r.remaining_work / rate
         target = max(fitting, key=lambda r: (remaining(r), r.name))
         allocation[target.name] += target.devices_per_engine

@@ -1,27 +1,37 @@
-"""`dynarl bench agentic`: multi-turn tool-using episodes on two native rollout
+"""`dynarl bench agentic`: the built-in agentic task (calc) on two native rollout
 engines, FIFO against DynaRL's (tool_count, cached_prefix) priority with cache
 affinity, side by side in one run.
 
-Each episode alternates a generated turn, a tool call (the sandbox-free
-calculator plus a sampled tool latency), and an observation appended to the
-context; the next turn's prompt is the whole history. Engines have little KV
-room, so a prefix can be evicted while its episode waits on a tool:
+The tiny model is first warm-started in process on the task's demonstrations
+(the batches `dynarl train` builds, here all with the tool), so it really calls
+the calculator: turn 1 writes "[calc 347*29]", the calculator answers, turn 2
+writes the answer.
+Episodes run through the training workflow's own EpisodeDriver (routing, tool
+calls, observations, re-prefill accounting); only the transport differs: the
+engines live in this process instead of behind channels. Each tool call also
+waits a seeded latency (--tool-ms, uniform in [lo, hi]) standing in for a real
+tool's round trip: the calculator itself answers in microseconds, and without a
+wait no episode would ever be queued behind another's follow-up.
+
+Modes:
 - `fifo`: every turn queues in arrival order and goes to the least loaded engine;
 - `priority`: follow-up turns go first (core/priority.py, bounded overtaking),
   and back to the engine holding their prefix unless it is saturated (DataRouter).
-Reported per mode: `requests_per_s` (turns completed / wall time),
-`reprefill_tokens` (context tokens computed before that had to be prefilled
-again), and `max_wait_s` (arrival to admission, seen at step granularity).
-
-The workload is synthetic (seeded turn counts, lengths and latencies): the
-built-in agentic training task is not built yet.
+Reported per mode, medians over --repeats runs: `requests_per_s` (turns
+completed / wall time), `reprefill_tokens` (context an engine had computed that
+the serving engine had to prefill again), the episodes' reward (the same seeded
+tokens in both modes, so equal); and `max_wait_s` (arrival to admission, at
+step granularity), the worst of all runs. Runs alternate modes, as machine load
+drifts: on a shared 2-core machine requests_per_s varies 2x between runs.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
+import statistics
 import sys
 import time
 
@@ -29,123 +39,141 @@ import torch
 
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.model.spec import safe_decode
+from dynarl.components.model.tokenizer import CharTokenizer
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
 from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
 from dynarl.components.rollout.queue_keys import make_queue_key
+from dynarl.components.tasks.calc import calc_score
+from dynarl.components.tasks.source import ProblemSource, TaskConfig
 from dynarl.components.tools.calculator import calculate
-from dynarl.core.data_router import DataRouter, ItemStatus, WorkerState
+from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.trainer.native.trainer import NativeTrainer
+from dynarl.components.workflows.agentic import demonstration_batch
+from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits
 from dynarl.core.priority import PriorityConfig
 
-
-def episodes(seed: int, count: int, vocab: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [{"id": f"e{i}", "prompt": [rng.randrange(3, vocab) for _ in range(rng.randint(40, 64))],
-             "turns": rng.randint(2, 4), "gen": [rng.randint(8, 24) for _ in range(4)],
-             "latency": [rng.uniform(0.02, 0.15) for _ in range(4)], "seed": i} for i in range(count)]
+RANKS = 2
 
 
-async def run_mode(mode: str, model, eps: list[dict], args) -> dict:
-    engines = []
-    for _ in range(2):
-        engine = NativeRolloutEngine(model, NativeEngineConfig(block_size=16, num_blocks=args.blocks, max_num_seqs=8))
-        engine.set_queue_key(make_queue_key("priority" if mode == "priority" else "fifo",
-                                            PriorityConfig(max_bonus_s=args.window_s)))
-        engines.append(engine)
-    router = DataRouter(saturation=0.9)
+def warm_model(steps: int, batch_size: int, seed: int, direct_frac: float = 0.0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(TINY_CONFIGS["tiny-0.5m"])
+    trainer = NativeTrainer(model, TrainerConfig(lr=1e-3, micro_batch_size=batch_size, grad_clip=1.0))
+    source, tok = ProblemSource(TaskConfig(kind="calc"), seed), CharTokenizer()
+    for i in range(steps):
+        trainer.train_step(demonstration_batch(source.warmup_problems(i * batch_size, batch_size), tok, 24,
+                                               direct_frac, seed))
+    return model.eval()
+
+
+async def run_mode(mode: str, model, args) -> dict:
+    tok = CharTokenizer()
     loop = asyncio.get_running_loop()
-    state = {e["id"]: {"context": list(e["prompt"]), "turn": 0, "status": ItemStatus(
-        affinity="prefer" if mode == "priority" else "none")} for e in eps}
-    arrival: dict[str, float] = {}
-    waits: list[float] = []
-    reprefill = 0
-    turns_done = 0
-    pending = len(eps)
-    wake = [asyncio.Event(), asyncio.Event()]
-    finished = asyncio.Event()
+    engines = []
+    for _ in range(RANKS):
+        engine = NativeRolloutEngine(model, NativeEngineConfig(block_size=args.block_size, num_blocks=args.blocks,
+                                                               max_num_seqs=args.max_num_seqs))
+        engine.set_queue_key(make_queue_key(mode, PriorityConfig(max_bonus_s=args.window_s)))
+        engines.append(engine)
+    wake = [asyncio.Event() for _ in engines]
+    results: asyncio.Queue = asyncio.Queue()
+    queued: dict[str, float] = {}
+    waits: dict[str, float] = {}
+    sampling = {"temperature": 1.0, "stop_token_ids": (tok.eos_id, tok.encode("]")[0])}
+    rng = random.Random(args.seed)
+    lo, hi = args.tool_ms
 
-    def submit(ep: dict) -> None:
-        s = state[ep["id"]]
-        loads = {str(i): WorkerState(min(1.0, (e.load().num_running + e.load().num_waiting) / 8))
-                 for i, e in enumerate(engines)}
-        route = router.distribute(s["status"], loads)
-        rid = f"{ep['id']}/t{s['turn']}"
-        arrival[rid] = loop.time()
-        engines[int(route.worker)].add_request(GenerationRequest(
-            rid, list(s["context"]), SamplingParams(max_new_tokens=ep["gen"][s["turn"]], seed=ep["seed"] * 10 + s["turn"]),
-            tool_count=s["turn"], arrival_time=arrival[rid]))
-        wake[int(route.worker)].set()
+    async def submit(rank: int, turn: dict) -> None:
+        now = loop.time()
+        engines[rank].add_request(GenerationRequest(
+            turn["id"], turn["prompt_ids"], SamplingParams(**sampling, max_new_tokens=turn["max_new_tokens"],
+                                                           seed=turn["seed"]),
+            tool_count=turn["tool_count"], arrival_time=now))
+        queued[turn["id"]] = now
+        wake[rank].set()
 
-    async def tool_then_continue(ep: dict, result) -> None:
-        nonlocal reprefill, turns_done, pending
-        s = state[ep["id"]]
-        if s["turn"] > 0:  # context computed in earlier turns that the cache did not serve
-            reprefill += max(0, s["prev_len"] - result.cached_tokens)
-        s["context"] += result.output_token_ids
-        s["status"].cached_prefix = len(s["context"])
-        turns_done += 1
-        s["turn"] += 1
-        if s["turn"] >= ep["turns"]:
-            pending -= 1
-            if pending == 0:
-                finished.set()
-            return
-        await asyncio.sleep(ep["latency"][s["turn"]])
-        observation = calculate(f"{len(s['context'])} * 3 + {s['turn']}")
-        s["prev_len"] = len(s["context"])
-        s["context"] += [3 + (ord(c) % 90) for c in observation.stdout.strip()][:16] or [3]
-        submit(ep)
+    async def call_tool(tool: str, argument: str) -> dict:
+        await asyncio.sleep(rng.uniform(lo, hi) / 1000)
+        return calculate(argument).to_dict()
 
-    async def drive(i: int) -> None:
-        engine = engines[i]
-        by_id = {e["id"]: e for e in eps}
-        while not finished.is_set():
+    async def drive(rank: int) -> None:
+        engine = engines[rank]
+        while True:
             if not engine.has_work():
-                wake[i].clear()
-                await wake[i].wait()
+                wake[rank].clear()
+                await wake[rank].wait()
                 continue
-            for result in await engine.step():
-                ep = by_id[result.request_id.split("/")[0]]
-                asyncio.ensure_future(tool_then_continue(ep, result))
+            done = await engine.step()
             now = loop.time()
             for rid in engine.running_request_ids():
-                if rid in arrival:
-                    waits.append(now - arrival.pop(rid))
+                if rid in queued:
+                    waits[rid] = now - queued.pop(rid)
+            for r in done:
+                await results.put({"id": r.request_id, "output_ids": r.output_token_ids,
+                                   "logprobs": r.output_logprobs, "finish": r.finish_reason, "version": 0,
+                                   "cached_tokens": r.cached_tokens,
+                                   "wait_s": waits.pop(r.request_id, now - queued.pop(r.request_id, now))})
             await asyncio.sleep(0)
 
-    for ep in eps:
-        state[ep["id"]]["prev_len"] = len(ep["prompt"])
-        submit(ep)
+    limits = Limits(max_turns=3, max_new_tokens=20, max_context=model.config.max_position_embeddings)
+    driver = EpisodeDriver(tok, limits, RANKS, submit, call_tool, affinity="prefer" if mode == "priority" else "none",
+                           capacity=args.capacity, decode=functools.partial(safe_decode, tok))
+    source = ProblemSource(TaskConfig(kind="calc"), args.seed)
+    problems = source.problems(0, args.episodes)
+    episodes = [Episode(p.id, tok.encode(p.prompt, add_bos=True), seed=i) for i, p in enumerate(problems)]
+    drivers = [asyncio.ensure_future(drive(r)) for r in range(RANKS)]
     started = time.perf_counter()
-    drivers = [asyncio.ensure_future(drive(i)) for i in range(2)]
-    await finished.wait()
+    try:
+        await driver.run(episodes, results.get)
+    finally:
+        for d in drivers:
+            d.cancel()
+        await asyncio.gather(*drivers, return_exceptions=True)
     elapsed = time.perf_counter() - started
-    for d in drivers:
-        d.cancel()
-    await asyncio.gather(*drivers, return_exceptions=True)
-    return {"requests_per_s": turns_done / elapsed, "reprefill_tokens": reprefill,
-            "max_wait_s": max(waits) if waits else 0.0, "turns": turns_done, "seconds": elapsed}
+    answers = {p.id: p.answer for p in problems}
+    rewards = [calc_score(e.answer, answers[e.id]) if e.finish == "answer" else 0.0 for e in episodes]
+    return {"requests_per_s": driver.turns / elapsed, "reprefill_tokens": driver.reprefill_tokens,
+            "max_wait_s": driver.max_wait_s, "turns": driver.turns, "seconds": elapsed,
+            "tool_calls": sum(e.tool_calls for e in episodes), "reward_mean": sum(rewards) / len(rewards),
+            "routes": dict(driver.router.by_reason)}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dynarl bench agentic")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--episodes", type=int, default=48)
-    parser.add_argument("--blocks", type=int, default=96, help="KV blocks of 16 tokens per engine (cache pressure)")
+    parser.add_argument("--episodes", type=int, default=192)
+    parser.add_argument("--warmup-steps", type=int, default=150, help="supervised steps teaching the tool format")
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="running turns per engine (queueing)")
+    parser.add_argument("--blocks", type=int, default=512, help="KV blocks per engine (prefix-cache pressure)")
+    parser.add_argument("--block-size", type=int, default=4)
+    parser.add_argument("--capacity", type=int, default=256, help="outstanding turns at which an engine is full")
     parser.add_argument("--window-s", type=float, default=5.0, help="priority's overtaking window")
+    parser.add_argument("--tool-ms", type=float, nargs=2, default=(20.0, 100.0), metavar=("LO", "HI"))
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode (medians reported)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(TINY_CONFIGS["tiny-0.5m"]).eval()
-    eps = episodes(args.seed, args.episodes, model.config.vocab_size)
+    begun = time.perf_counter()
+    model = warm_model(args.warmup_steps, 64, args.seed)
+    warm_s = time.perf_counter() - begun
     import uvloop
+    runs: dict[str, list[dict]] = {"fifo": [], "priority": []}
+    for r in range(args.repeats):  # alternate the order: machine-load drift hits both modes alike
+        for mode in (("fifo", "priority") if r % 2 == 0 else ("priority", "fifo")):
+            result = uvloop.run(run_mode(mode, model, args))
+            print(f"[bench agentic] {mode} run {r}: {result}", file=sys.stderr, flush=True)
+            runs[mode].append(result)
     out: dict = {}
-    for mode in ("fifo", "priority"):
-        result = uvloop.run(run_mode(mode, model, eps, args))
-        print(f"[bench agentic] {mode}: {result}", file=sys.stderr, flush=True)
-        for key in ("requests_per_s", "reprefill_tokens", "max_wait_s"):
-            out[f"{mode}_{key}"] = round(result[key], 3) if isinstance(result[key], float) else result[key]
-    out["turns"] = result["turns"]
+    for mode, results in runs.items():
+        # medians over the repeats; max_wait_s is the worst wait seen in any of them
+        for key in ("requests_per_s", "reprefill_tokens", "reward_mean", "tool_calls", "turns"):
+            value = statistics.median(x[key] for x in results)
+            out[f"{mode}_{key}"] = round(value, 3) if isinstance(value, float) else value
+        out[f"{mode}_max_wait_s"] = round(max(x["max_wait_s"] for x in results), 3)
+        out[f"{mode}_requests_per_s_runs"] = [round(x["requests_per_s"], 1) for x in results]
     out["priority_speedup"] = round(out["priority_requests_per_s"] / out["fifo_requests_per_s"], 3)
+    out["episodes"], out["warmup_s"] = args.episodes, round(warm_s, 1)
+    out["tool_ms"] = list(args.tool_ms)
     print(json.dumps(out) if args.json else "\n".join(f"{k:<28} {v}" for k, v in out.items()))
     return 0

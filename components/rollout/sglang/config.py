@@ -12,6 +12,8 @@ POLICIES = ("fcfs", "lof", "random", "routing-key", "lpm", "dfs-weight", "hrrn",
 scheduler raises on it, so it is refused here."""
 PRIORITY_POLICIES = ("fcfs", "lof")
 """The only policies under which per-request priority takes effect."""
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
+"""What SGLang's release/resume_memory_occupation take (srt/constants.py)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,6 +39,13 @@ class SGLangConfig:
     random_seed: int | None = None
     server_args: dict[str, Any] = field(default_factory=dict)
     """Other sglang ServerArgs fields, passed through unchecked."""
+    offload_tags: list[str] = field(default_factory=lambda: ["kv_cache", "cuda_graph"])
+    """What release_memory()/resume_memory() free and restore when called without tags
+    (the rollout worker's device_lock offload/onload). The weights stay, as the native
+    engine's do, so a weight sync can reach a rank that is off the device."""
+    weight_bucket_bytes: int = 512 << 20
+    """update_weights() pushes the tensors it is given in buckets of at most this many
+    bytes (one flattened buffer per bucket and TP rank is what SGLang holds at once)."""
     abort_retry_s: float = 1.0
     """export_inflight() repeats abort-all at this period until every request is back (a
     request still being tokenized can miss one abort, as in SGLang's own pause)."""
@@ -51,6 +60,11 @@ class SGLangConfig:
         if self.enable_priority_scheduling and self.schedule_policy not in PRIORITY_POLICIES:
             raise ValueError(f"enable_priority_scheduling needs schedule_policy in {PRIORITY_POLICIES}, "
                              f"got {self.schedule_policy!r}")
+        self.offload_tags = list(self.offload_tags)
+        if not self.offload_tags or set(self.offload_tags) - set(MEMORY_TAGS):
+            raise ValueError(f"offload_tags must be a non-empty subset of {MEMORY_TAGS}, got {self.offload_tags}")
+        if self.weight_bucket_bytes < 1:
+            raise ValueError(f"weight_bucket_bytes must be >= 1, got {self.weight_bucket_bytes}")
         if self.abort_retry_s <= 0:
             raise ValueError(f"abort_retry_s must be > 0, got {self.abort_retry_s}")
         clash = set(self.server_args) & set(self.engine_kwargs(include_extra=False))

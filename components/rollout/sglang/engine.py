@@ -25,12 +25,11 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Sequence
 
 from ...extras import require_extra
+from ...trainer.base import bucket_by_bytes
 from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
 from .config import SGLangConfig
 from .requests import Entry, RidAllocator, finished_before_start, generate_kwargs, local_result, result_from_output
 from .weights import BucketEncoder, NamedTensors, encode_buckets, flattened_bucket_encoder, push_payloads
-
-ALL_TAGS = ("kv_cache", "weights", "cuda_graph")
 
 
 class SGLangRolloutEngine:
@@ -251,9 +250,9 @@ class SGLangRolloutEngine:
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:
         """named_tensors: (HF name, tensor) pairs or a mapping, any subset of the model;
-        sent as one bucket. See update_weights_in_buckets."""
-        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-        await self.update_weights_in_buckets([items], version)
+        sent in buckets of config.weight_bucket_bytes. See update_weights_in_buckets."""
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        await self.update_weights_in_buckets(bucket_by_bytes(items, self.config.weight_bucket_bytes), version)
 
     async def update_weights_in_buckets(self, buckets: Iterable[NamedTensors], version: int) -> None:
         """Pause (unless paused), push every bucket, flush the prefix cache, resume (if we
@@ -277,21 +276,22 @@ class SGLangRolloutEngine:
                 await self.resume()
 
     async def release_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Free GPU memory (device_lock): all of it, or the given tags. SGLang asserts it is
-        idle, which a retract-paused engine is; otherwise abort or export requests first."""
+        """Free GPU memory (device_lock): the given tags, or config.offload_tags. SGLang
+        asserts it is idle, which a retract-paused engine is; otherwise abort or export
+        requests first."""
         in_sglang = sum(1 for e in self._entries.values() if e.submitted)
         if in_sglang and not self._paused:
             raise RuntimeError(f"release_memory with {in_sglang} requests in SGLang; pause(), abort or "
                                "export them first")
-        tags = list(tags) if tags is not None else list(ALL_TAGS)
+        tags = list(tags) if tags is not None else list(self.config.offload_tags)
         self._released.update(tags)
         self._update_gate()
         await self.tm.release_memory_occupation(self.io.ReleaseMemoryOccupationReqInput(tags=tags), None)
 
     async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
         """Re-allocate memory; verl's order is ["weights"], push weights, then ["kv_cache"].
-        Weight contents survive only with enable_weights_cpu_backup."""
-        tags = list(tags) if tags is not None else list(ALL_TAGS)
+        Weight contents survive only with enable_weights_cpu_backup. Default: config.offload_tags."""
+        tags = list(tags) if tags is not None else list(self.config.offload_tags)
         await self.tm.resume_memory_occupation(self.io.ResumeMemoryOccupationReqInput(tags=tags), None)
         self._released.difference_update(tags)
         self._update_gate()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16")
+OPTIMIZERS = ("megatron", "adamw")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -25,6 +26,11 @@ class MegatronConfig:
     """Elements per gradient bucket; None lets megatron choose."""
     seed: int = 1234
     """Seeds megatron's model-parallel RNG tracker (model_parallel_cuda_manual_seed)."""
+    optimizer: str = "megatron"
+    """"megatron": megatron-core's optimizer (GPU only: it allocates on "cuda").
+    "adamw": dynarl's AdamW (the native trainer's arithmetic) on each rank's local
+    parameters, reading DDP's reduced main_grad; it runs on CPU, and its state is what
+    export_state_shard / checkpoints save. Needs dtype float32 and no distributed optimizer."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -34,5 +40,10 @@ class MegatronConfig:
             raise ValueError("pipeline_parallel_size > 1 is not implemented for training yet")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.optimizer == "adamw" and (self.dtype != "float32" or self.use_distributed_optimizer):
+            raise ValueError("optimizer 'adamw' needs dtype 'float32' and use_distributed_optimizer false "
+                             f"(got dtype {self.dtype!r}, use_distributed_optimizer {self.use_distributed_optimizer})")
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
             raise ValueError(f"ddp_bucket_size must be >= 1, got {self.ddp_bucket_size}")

@@ -18,7 +18,7 @@ holds a slice of it:
 from __future__ import annotations
 
 import re
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -156,3 +156,39 @@ def global_layer_name(local_name: str, layer_offset: int) -> str:
         return local_name
     return f"decoder.layers.{int(match.group(1)) + layer_offset}.{match.group(2)}"
 
+
+
+def hf_names(config: ModelConfig) -> list[str]:
+    """Every HF tensor name in the order of the native Qwen2 model's named_parameters()
+    (what weight_sync's receivers derive their bucket plan from). A tied model has no
+    lm_head entry (the native model lists the shared tensor once)."""
+    names = ["model.embed_tokens.weight"]
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names += [f"{p}self_attn.{x}_proj.{kind}" for x in "qkv" for kind in ("weight", "bias")]
+        names += [p + "self_attn.o_proj.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                  p + "mlp.down_proj.weight", p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+    names.append("model.norm.weight")
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def in_order(named: Iterable[tuple[str, torch.Tensor]], order: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Re-emit (name, tensor) pairs in `order`, holding back only those that arrive
+    early (megatron and HF order a layer's tensors differently; layers come in the
+    same order, so at most about one layer is held). Every name must come exactly once."""
+    wanted = iter(order)
+    want = next(wanted, None)
+    held: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
+    for name, tensor in named:
+        if name in seen:
+            raise ValueError(f"{name} arrived twice")
+        seen.add(name)
+        held[name] = tensor
+        while want is not None and want in held:
+            yield want, held.pop(want)
+            want = next(wanted, None)
+    if held or want is not None:
+        raise ValueError(f"tensors and order disagree: unexpected {sorted(held)[:4]}, missing {want!r}")

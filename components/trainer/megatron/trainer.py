@@ -13,6 +13,10 @@ MegatronConfig if nobody did. A step, on every rank:
 The loss math is the native trainer's (losses.grpo_loss on the same micro-batches),
 so both backends train the same objective; tests check the gradients agree.
 Pipeline parallelism is not implemented for training (MegatronConfig refuses it).
+
+The optimizer is megatron-core's (GPU) or, with MegatronConfig.optimizer="adamw",
+adamw.LocalAdamW (runs on CPU too); state export and checkpoints (checkpoint.py)
+are implemented for the latter only.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ from ...model.config import ModelConfig
 from ..base import TrainBatch, TrainerConfig
 from ..native.losses import micro_batch_loss, step_advantages
 from ..native.micro_batch import MicroBatch, build_micro_batch
+from . import checkpoint
+from .adamw import LocalAdamW
 from .config import MegatronConfig
 from .layout import ShardedLayout
 from .model import build_gpt_model, causal_mask
@@ -35,7 +41,9 @@ from .weights import hf_buckets, load_hf_weights
 
 OptimizerFactory = Callable[[Any, TrainerConfig, MegatronConfig], Any]
 """(DDP model, configs) -> an object with megatron's optimizer interface: zero_grad(),
-step() -> (success, grad_norm, num_zeros), offload_to_cpu(), restore_from_cpu()."""
+step() -> (success, grad_norm, num_zeros), offload_to_cpu(), restore_from_cpu(),
+param_groups (dicts with "lr"). With state_tensors() / load_state_tensors() as well
+(adamw.LocalAdamW) the trainer exports its state and writes checkpoints."""
 
 
 def megatron_optimizer(ddp_model: Any, config: TrainerConfig, megatron: MegatronConfig) -> Any:
@@ -90,7 +98,9 @@ class MegatronTrainer:
                 grad_reduce_in_fp32=megatron.grad_reduce_in_fp32, overlap_grad_reduce=False,
                 use_distributed_optimizer=megatron.use_distributed_optimizer, bucket_size=megatron.ddp_bucket_size))
         self.ddp.broadcast_params()  # data-parallel replicas start identical, as the native trainer's do
-        self.optimizer = (optimizer_factory or megatron_optimizer)(self.ddp, config, megatron)
+        if optimizer_factory is None:
+            optimizer_factory = LocalAdamW if megatron.optimizer == "adamw" else megatron_optimizer
+        self.optimizer = optimizer_factory(self.ddp, config, megatron)
         self._layout: ShardedLayout | None = None
         self._onloaded = True
         self._cpu_params: dict[str, torch.Tensor] = {}
@@ -119,6 +129,8 @@ class MegatronTrainer:
             if mb.num_tokens:
                 sums += self._forward_backward(mb, num_tokens)
         self.ddp.finish_grad_sync()
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr  # the warm start swaps in its own config
         success, grad_norm, _ = self.optimizer.step()
         self._dp_sum(sums)
         self.global_step += 1
@@ -173,22 +185,70 @@ class MegatronTrainer:
 
     def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Collective over TP. Full weights with HF names for the rollout engines, in
-        buckets of at most bucket_bytes; every TP rank gets the same buckets."""
-        return hf_buckets(self.model, self.model_config, bucket_bytes)
+        buckets of at most bucket_bytes; every TP rank gets the same buckets. In
+        float32 whatever the model's dtype: weight_sync's receivers (native models,
+        float32) plan the same buckets from their own parameters, and it sends float32."""
+        return hf_buckets(self.model, self.model_config, bucket_bytes, dtype=torch.float32)
 
     def export_state_shard(self) -> dict[str, Any]:
-        raise NotImplementedError("megatron optimizer-state export needs the distributed optimizer's sharded "
-                                  "state (GPU); reshard weights with layout() + local_weights()")
+        """This rank's weights ("param/<local name>", its TP slice), optimizer state and
+        "step": live views, copy them before the next train_step if they must outlive it."""
+        state = self._optimizer_state("export_state_shard")
+        shard = {f"param/{name}": w for name, w in self.local_weights().items()}
+        shard.update(state)
+        shard["step"] = torch.tensor([self.global_step], dtype=torch.int64)
+        return shard
 
     def import_state_shard(self, shard: Mapping[str, Any]) -> None:
-        raise NotImplementedError("see export_state_shard")
+        """Install a shard exported by the rank at the same place in the same layout."""
+        self._optimizer_state("import_state_shard")
+        params = dict(self.model.named_parameters())
+        missing = [n for n in params if f"param/{n}" not in shard]
+        if missing:
+            raise ValueError(f"state shard lacks the weights {missing[:4]}")
+        for name, p in params.items():
+            if tuple(shard[f"param/{name}"].shape) != tuple(p.shape):
+                raise ValueError(f"param/{name}: shape {tuple(shard[f'param/{name}'].shape)}, "
+                                 f"this rank holds {tuple(p.shape)}")
+        self.optimizer.load_state_tensors({k: v for k, v in shard.items() if not k.startswith("param/")})
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(shard[f"param/{name}"].to(dtype=p.dtype, device=p.device))
+        self.global_step = int(shard["step"].reshape(-1)[0])
 
     def save_checkpoint(self, path: str) -> None:
-        raise NotImplementedError("megatron checkpoints are not implemented (dist_checkpointing pickles; "
-                                  "a safetensors writer over layout() is the plan)")
+        """Collective. Every rank writes its own file; rank 0 the layout (see checkpoint.py)."""
+        shard = self.export_state_shard()
+        checkpoint.save(path, self.rank, self.world_size, shard,
+                        {**self._checkpoint_layout(), "step": self.global_step, "config": self.config.to_wire(),
+                         "layout": self.layout().to_wire()})
+        dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        raise NotImplementedError("see save_checkpoint")
+        """Collective. A checkpoint of any TP x DP layout of the same model and dtype."""
+        meta = checkpoint.read_meta(path)
+        mine = self._checkpoint_layout()
+        if meta.get("dtype") != mine["dtype"]:
+            raise ValueError(f"checkpoint {path} holds {meta.get('dtype')} weights, this trainer {mine['dtype']}")
+        if checkpoint.same_layout(meta, mine):
+            tensors = checkpoint.read_own(path, self.rank, self.world_size)
+        else:
+            moments = {key.split("/", 1)[0] for key in self._optimizer_state("load_checkpoint") if "/" in key}
+            kinds = ("param", *sorted(moments))
+            shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+            tensors = checkpoint.read_resharded(path, meta, self.layout(), self.rank, shapes, kinds)
+        self.import_state_shard(tensors)
+        dist.barrier()
+
+    def _checkpoint_layout(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "tensor_parallel_size": self.megatron.tensor_parallel_size,
+                "pipeline_parallel_size": self.megatron.pipeline_parallel_size, "dtype": self.megatron.dtype}
+
+    def _optimizer_state(self, what: str) -> dict[str, torch.Tensor]:
+        if not hasattr(self.optimizer, "state_tensors"):
+            raise NotImplementedError(f"{what}: megatron-core's own optimizer state (GPU) is not exported yet; "
+                                      "trainer.megatron.optimizer='adamw' supports it")
+        return self.optimizer.state_tensors()
 
     # ---- device residency (device_lock) ------------------------------------------
 

@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from ...model.config import ModelConfig
 from ..base import bucket_by_bytes
-from .convert import global_layer_name, hf_to_megatron, join_tp_shards, megatron_to_hf, slice_for_tp, tp_partition
+from .convert import (global_layer_name, hf_names, hf_to_megatron, in_order, join_tp_shards, megatron_to_hf,
+                      slice_for_tp, tp_partition)
 
 
 def _tp():
@@ -46,12 +47,19 @@ def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield global_layer_name(name, offset), local
 
 
-def hf_buckets(model: torch.nn.Module, config: ModelConfig, bucket_bytes: int
+def hf_buckets(model: torch.nn.Module, config: ModelConfig, bucket_bytes: int, dtype: torch.dtype | None = None
                ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Collective over the TP group. This stage's weights with HF names, in buckets of
-    at most bucket_bytes (a tensor larger than that gets a bucket of its own)."""
-    converted = ((hf_name, tensor.contiguous()) for name, full in full_tensors(model)
+    at most bucket_bytes (a tensor larger than that gets a bucket of its own). A stage
+    holding the whole model emits them in the native model's parameter order, so the
+    buckets are those weight_sync's receivers plan from their own native model."""
+    from megatron.core import parallel_state
+
+    converted = ((hf_name, (tensor if dtype is None else tensor.to(dtype)).contiguous())
+                 for name, full in full_tensors(model)
                  for hf_name, tensor in megatron_to_hf(name, full, config))
+    if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+        converted = in_order(converted, hf_names(config))
     yield from bucket_by_bytes(converted, bucket_bytes)
 
 

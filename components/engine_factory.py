@@ -1,0 +1,125 @@
+"""The one place a worker turns its configured backend into an engine.
+
+The workers stay backend-agnostic: a rollout engine meets rollout/base.py's
+RolloutEngine, a trainer trainer/base.py's TrainerEngine. Backends with optional
+extras are imported only when selected (backends.py has already checked, at config
+load, that the extra is installed).
+
+    rollout   native (NativeRolloutEngine), sglang (SGLangRolloutEngine)
+    trainer   native (NativeTrainer), megatron (MegatronTrainer)
+
+Both trainers start from the same weights: the megatron model is loaded from the
+HF tensors ModelSpec names (the folder's, or the native model's seeded init),
+converted to megatron's layout, so switching the backend keeps the starting policy.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping
+
+import torch
+
+from .model.spec import ModelSpec, build_model
+from .trainer.base import TrainerConfig
+
+
+def make_rollout_engine(backend: str, model: Mapping[str, Any], engine: Mapping[str, Any],
+                        sglang: Mapping[str, Any] | None = None, weight_version: int = -1) -> Any:
+    """A rollout engine holding weight version `weight_version` (-1: none synced yet).
+    sglang: call inside the worker's running loop (its TokenizerManager binds to it)."""
+    if backend == "native":
+        from .rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+
+        return NativeRolloutEngine(build_model(ModelSpec(**model)), NativeEngineConfig(**engine),
+                                   weight_version=weight_version)
+    if backend == "sglang":
+        from .rollout.sglang.engine import SGLangRolloutEngine
+
+        return SGLangRolloutEngine.start(sglang_config(model, sglang), weight_version)
+    raise ValueError(f"rollout backend {backend!r} has no engine here; choose 'native' or 'sglang'")
+
+
+def sglang_config(model: Mapping[str, Any], sglang: Mapping[str, Any] | None) -> Any:
+    """SGLangConfig with model_path defaulting to the job's model.path (SGLang loads the
+    architecture and tokenizer from an HF folder; the trainer's weights replace its own)."""
+    from .rollout.sglang.config import SGLangConfig
+
+    settings = dict(sglang or {})
+    if not settings.get("model_path"):
+        if not model.get("path"):
+            raise ValueError("rollout.sglang.model_path: SGLang needs an HF model folder; set it or model.path")
+        settings["model_path"] = model["path"]
+    return SGLangConfig(**settings)
+
+
+def make_trainer(backend: str, model: Mapping[str, Any], config: TrainerConfig,
+                 megatron: Mapping[str, Any] | None = None, group: Any = None) -> Any:
+    """One trainer rank. Collective over `group` (the trainer's data-parallel runtime
+    group, None for a single rank)."""
+    spec = ModelSpec(**model)
+    if backend == "native":
+        from .trainer.native.trainer import NativeTrainer
+
+        return NativeTrainer(build_model(spec), config, group)
+    if backend == "megatron":
+        from .model.io import read_state_dict
+        from .trainer.megatron.config import MegatronConfig
+        from .trainer.megatron.trainer import MegatronTrainer
+
+        # the starting weights with HF names: the folder's tensors as stored (no float32
+        # model built on the side), or the seeded init of a built-in config
+        start = read_state_dict(spec.path) if spec.path else dict(build_model(spec).state_dict())
+        init_default_group(group)
+        return MegatronTrainer(spec.config(), config, MegatronConfig(**(megatron or {})), hf_weights=start)
+    raise ValueError(f"trainer backend {backend!r} has no engine here; choose 'native' or 'megatron'")
+
+
+def init_default_group(group: Any) -> None:
+    """megatron's parallel_state builds its groups from torch.distributed's default
+    (world) group, which dynarl's runtime never creates (its groups are built
+    directly, see transport/process_group.py). Make the trainer's group the world:
+    same members and ranks, keys under their own prefix in that group's store."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if group is None:
+        store, rank, size = dist.HashStore(), 0, 1
+    else:
+        _, group_store = dist.distributed_c10d._world.pg_map[group]
+        store, rank, size = dist.PrefixStore("megatron-world/", group_store), group.rank(), group.size()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=rank,
+                            world_size=size)
+
+
+def hf_model(trainer: Any, model: Mapping[str, Any], bucket_bytes: int) -> torch.nn.Module:
+    """The trainer's current weights as a native (HF-layout) model, for save_pretrained.
+    Collective over the trainer's TP group for megatron."""
+    from .model.io import load_weights
+    from .trainer.native.trainer import NativeTrainer
+
+    if isinstance(trainer, NativeTrainer):
+        return trainer.model
+
+    native = build_model(ModelSpec(**model))
+    load_weights(native, [pair for bucket in trainer.named_weights(bucket_bytes) for pair in bucket], strict=True)
+    return native
+
+
+def weights_template(engine: Any, model: Mapping[str, Any]) -> torch.nn.Module:
+    """The module weight_sync.receive plans its buckets from (names and shapes, in the
+    native model's order): the native engine's own model, or for an engine that holds
+    no torch model (sglang) the native architecture on the meta device (no memory)."""
+    own = getattr(engine, "model", None)
+    if isinstance(own, torch.nn.Module):
+        return own
+    from .model.qwen2 import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        return Qwen2ForCausalLM(ModelSpec(**model).config())
+
+
+async def settle(result: Any) -> Any:
+    """An engine call's result, awaited if the backend made it a coroutine (the sglang
+    adapter's control calls are; the native engine's are synchronous)."""
+    return await result if inspect.isawaitable(result) else result

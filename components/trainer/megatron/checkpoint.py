@@ -1,0 +1,80 @@
+"""megatron trainer checkpoints: one safetensors file per rank (its TP slice of the
+weights and its optimizer state, by local parameter name) plus `megatron.json`
+(layout and step), written by rank 0. No pickle, unlike megatron's own
+dist_checkpointing (torch.save inside).
+
+Into the same layout (tensor parallel size, world size) each rank reads its own
+file. Into another one (TP=2 -> TP=1, more data-parallel replicas, ...) each rank
+assembles its parameters and their Adam moments from the old files with the same
+box copies as a live reshard (layout.plan_copies over the ShardedLayout saved in
+the metadata): a moment has its parameter's shape, so the same boxes apply.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import torch
+from safetensors.torch import load_file
+
+from ..native.checkpoint import save_shard, shard_file
+from .layout import ShardedLayout, plan_copies
+from .sharded_state import apply_copies
+
+META_FILE = "megatron.json"
+FORMAT_VERSION = 1
+
+
+def save(path: str, rank: int, world_size: int, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+    """This rank's file; rank 0 also writes the metadata (after its own file)."""
+    save_shard(path, rank, world_size, tensors)
+    if rank == 0:
+        tmp = os.path.join(path, META_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"format_version": FORMAT_VERSION, **meta}, f, indent=1)
+        os.replace(tmp, os.path.join(path, META_FILE))
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    file = os.path.join(path, META_FILE)
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"no {META_FILE} in checkpoint directory {path} (not a megatron checkpoint)")
+    with open(file) as f:
+        meta = json.load(f)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"checkpoint {path}: format_version {meta.get('format_version')}, expected {FORMAT_VERSION}")
+    return meta
+
+
+def same_layout(meta: Mapping[str, Any], layout: Mapping[str, Any]) -> bool:
+    return {k: meta.get(k) for k in layout} == dict(layout)
+
+
+def read_own(path: str, rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    """This rank's file, written by the rank at the same place in the same layout."""
+    return load_file(shard_file(path, rank, world_size))
+
+
+def read_resharded(path: str, meta: Mapping[str, Any], new: ShardedLayout, rank: int,
+                   local_shapes: Mapping[str, tuple[int, ...]], kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """This rank's "<kind>/<local name>" tensors (kind: "param" and the optimizer's
+    moments) cut from a checkpoint of another layout, and "step". Raises ValueError
+    if an element would stay unset."""
+    old = ShardedLayout.from_wire(meta["layout"])
+    copies = [c for c in plan_copies(old, new) if c.dst_rank == rank]
+    files = {r: load_file(shard_file(path, r, old.world_size)) for r in sorted({c.src_rank for c in copies})}
+    expected = sum(math.prod(shape) for shape in local_shapes.values())
+    out: dict[str, torch.Tensor] = {}
+    for kind in kinds:
+        prefix = kind + "/"
+        sources = {r: {k[len(prefix):]: t for k, t in f.items() if k.startswith(prefix)} for r, f in files.items()}
+        dtype = next(t.dtype for f in sources.values() for t in f.values())
+        dest = {name: torch.empty(shape, dtype=dtype) for name, shape in local_shapes.items()}
+        moved = apply_copies(copies, sources, rank, dest)
+        if moved != expected:
+            raise ValueError(f"checkpoint {path}: {kind} of rank {rank} got {moved} of {expected} elements")
+        out.update({prefix + name: t for name, t in dest.items()})
+    out["step"] = torch.tensor([int(meta["step"])], dtype=torch.int64)
+    return out

@@ -1,0 +1,195 @@
+"""Agentic GRPO: multi-turn, tool-using episodes, trained as whole episodes.
+
+One step:
+
+    every sample of the step's prompt groups is an episode (episodes.py):
+        rollout  turn after turn, each routed to a rank ("turns", keyed by rank);
+                 a follow-up turn prefers the rank holding its prefix, and the
+                 ranks' queues order turns by (tool_count, cached_prefix) or FIFO
+        tools    a call's observation is appended to the context, masked out of the loss
+    reward     a finished group is scored (exact answer, partial credit) -> "scored"
+    inference  "scored" -> "experience"   old (and reference) log-probs
+    trainer    one GRPO step over whole episodes, observation tokens masked (response_mask 0)
+    weight sync
+
+Everything else is the GRPO job's: warm start, ledger (every episode trained
+exactly once), checkpoints and resume, metrics.jsonl, placement and device locks.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+from dynarl.components import experience
+from dynarl.components.experience import END, Group
+from dynarl.components.model.spec import safe_decode
+from dynarl.components.tasks.calc import calc_score, demonstration, is_direct
+from dynarl.components.tasks.tool_syntax import CLOSE
+from dynarl.components.tools.worker import ToolWorker
+from dynarl.components.trainer.base import TrainBatch
+from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
+from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits
+from dynarl.components.workflows.grpo import GRPO, Groups
+from dynarl.components.workflows import checkpoints as ckpt
+from dynarl.components.workflows.ledger import StepEntry, append_entry
+from dynarl.components.workflows.stages import held, stage
+from dynarl.components.workflows.step_metrics import step_metrics
+from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+
+TURNS, TURN_RESULTS = "turns", "turn_results"
+
+
+class AgenticGRPO(GRPO):
+    rollout_worker = AgenticRolloutWorker
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tools: WorkerGroup | None = None
+        a = self.cfg.agentic
+        self.limits = Limits(max_turns=a.max_turns, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                             max_context=self.cfg.model.config().max_position_embeddings,
+                             max_observation_chars=a.max_observation_chars)
+        self.close_id = self.tokenizer.encode(CLOSE)[0]
+
+    async def spawn(self) -> Groups:
+        groups = await super().spawn()
+        a = self.cfg.agentic
+        self.tools = await self.ctl.spawn(ToolWorker, name="tools", devices=[0], init={
+            "config": {"timeout_s": a.python_timeout_s, "cpu_s": max(1, int(a.python_timeout_s)),
+                       "max_concurrency": 4}})
+        await groups.rollout.call("set_queue_policy", a.queue, a.max_bonus_s)
+        return groups
+
+    # --- the algorithm ---------------------------------------------------------------
+    async def step(self, step: int) -> dict[str, Any]:
+        g, label = self.g, f"step {step}"
+        started, begun = time.perf_counter(), asyncio.get_running_loop().time()
+        groups = self.prompt_groups(step)
+        ranks = g.rollout.world_size
+        rollout = asyncio.ensure_future(held(self.ctl, g.rollout, self.clock, label, "serve_turns",
+                                             lambda: g.rollout.scatter("serve_turns", [
+                                                 [TURNS, TURN_RESULTS, r, step, self.sampling()]
+                                                 for r in range(ranks)])))
+        inference = asyncio.ensure_future(stage(
+            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience",
+            clock=self.clock, label=label, version=step))
+        driver = self.driver(ranks)
+        (scored, first_chunk), _, rollout_stats, _ = await gather_or_cancel(
+            [self.collect(len(groups)), self.play(groups, driver), rollout, inference])
+        pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": self.clock.last_end("rollout") - begun}
+
+        ids = experience.sample_ids(scored)
+        self.ledger.check(step, ids)
+        train = await self.train(episode_batch(scored, self.cfg.with_ref), label)
+        entry = StepEntry(step, tuple(ids), tuple(experience.token_digests(scored)))
+        self.ledger.commit(entry)
+        append_entry(os.path.join(self.run_dir, ckpt.LEDGER_FILE), entry)
+        await self.sync_weights(step + 1, label)
+        metrics = step_metrics(step, scored, train, rollout_stats, [{"verifier": "calc"}],
+                               self.clock.durations(label), time.perf_counter() - started)
+        return metrics | pipeline | episode_metrics(scored, driver, rollout_stats)
+
+    def driver(self, ranks: int) -> EpisodeDriver:
+        a, ctl = self.cfg.agentic, self.ctl
+
+        async def submit(rank: int, turn: dict) -> None:
+            await ctl.channel(TURNS).put(turn, key=rank)
+
+        async def call_tool(tool: str, argument: str) -> dict:
+            if tool == "py":
+                return (await self.tools.call("python", argument, a.python_timeout_s))[0]
+            return (await self.tools.call("calculator", argument))[0]
+
+        return EpisodeDriver(self.tokenizer, self.limits, ranks, submit, call_tool, affinity=a.affinity,
+                             capacity=self.cfg.rollout.engine.max_num_seqs, close_id=self.close_id,
+                             decode=functools.partial(safe_decode, self.tokenizer))
+
+    async def play(self, groups: list[Group], driver: EpisodeDriver) -> None:
+        """Runs every episode; a group goes to "scored" as soon as its last episode ends."""
+        episodes, where = [], {}
+        for group in groups:
+            for k, sample in enumerate(group["samples"]):
+                episodes.append(Episode(sample["id"], list(group["prompt_ids"]), sample["seed"]))
+                where[sample["id"]] = (group, k)
+        left = {group["index"]: len(group["samples"]) for group in groups}
+        scored = self.ctl.channel("scored")
+
+        async def on_done(ep: Episode) -> None:
+            group, k = where[ep.id]
+            group["samples"][k].update(episode_sample(ep, group["answer"]))
+            left[group["index"]] -= 1
+            if left[group["index"]] == 0:
+                await scored.put([group], weight=1)
+
+        results = self.ctl.channel(TURN_RESULTS)
+        await driver.run(episodes, results.get, on_done)
+        for rank in range(self.g.rollout.world_size):
+            await self.ctl.channel(TURNS).put(END, key=rank)
+        for _ in range(self.g.inference.world_size):
+            await scored.put(END)
+
+    def sampling(self) -> dict[str, Any]:
+        return super().sampling() | {"stop_token_ids": [self.tokenizer.eos_id, self.close_id]}
+
+    def warmup_batch(self, index: int) -> TrainBatch:
+        size = self.cfg.trainer.warmup.batch_size
+        return demonstration_batch(self.source.warmup_problems(index * size, size), self.tokenizer,
+                                   self.cfg.agentic.max_observation_chars, self.cfg.task.calc.warmup_direct_frac,
+                                   self.cfg.run.seed)
+
+
+def demonstration_batch(problems: list, tokenizer: Any, max_observation_chars: int, direct_frac: float,
+                        seed: int) -> TrainBatch:
+    """Supervised episodes for the warm start: imitate the model's turns (advantage 1),
+    not the observations (mask 0), exactly as RL will see them; `direct_frac` of them
+    answer without the tool (task.calc.warmup_direct_frac)."""
+    ids, plens, masks = [], [], []
+    for problem in problems:
+        prompt = tokenizer.encode(problem.prompt, add_bos=True)
+        response, mask = [], []
+        direct = is_direct(problem, seed, direct_frac)
+        for text, by_model in demonstration(problem, max_observation_chars, direct):
+            tokens = tokenizer.encode(text)
+            response += tokens
+            mask += [int(by_model)] * len(tokens)
+        ids.append(prompt + response + [tokenizer.eos_id])
+        plens.append(len(prompt))
+        masks.append(mask + [1])
+    return TrainBatch(input_ids=ids, prompt_lens=plens, response_mask=masks, advantages=[1.0] * len(ids))
+
+
+def episode_sample(ep: Episode, answer: str) -> dict[str, Any]:
+    """What a finished episode adds to its sample dict (msgpack-safe)."""
+    reward = calc_score(ep.answer, answer) if ep.finish == "answer" else 0.0
+    return {"output_ids": ep.response, "logprobs": ep.logprobs, "mask": ep.mask, "finish": ep.finish,
+            "version": ep.version, "reward": reward, "turns": ep.turns, "tool_calls": ep.tool_calls,
+            "malformed": ep.malformed, "tool_errors": ep.tool_errors}
+
+
+def episode_batch(groups: list[Group], with_ref: bool) -> TrainBatch:
+    """experience.train_batch, plus each episode's response mask (observations 0),
+    in the same canonical order (groups by index, samples in order)."""
+    batch = experience.train_batch(groups, with_ref)
+    masks = [list(s["mask"]) for g in sorted(groups, key=lambda g: g["index"]) for s in g["samples"]]
+    return dataclasses.replace(batch, response_mask=masks)
+
+
+def episode_metrics(groups: list[Group], driver: EpisodeDriver, rollout_stats: list[dict]) -> dict[str, Any]:
+    done = experience.samples(groups)
+    n = len(done)
+    return {"episodes": n,
+            "tool_calls": sum(s["tool_calls"] for s in done),
+            "tool_call_rate": sum(s["tool_calls"] > 0 for s in done) / n,
+            "malformed_calls": sum(s["malformed"] for s in done),
+            "tool_errors": sum(s["tool_errors"] for s in done),
+            "turns": driver.turns,
+            "turns_mean": driver.turns / n,
+            "answered_frac": sum(s["finish"] == "answer" for s in done) / n,
+            "reprefill_tokens": driver.reprefill_tokens,
+            "cached_tokens": sum(r["cached_tokens"] for r in rollout_stats),
+            "max_wait_s": driver.max_wait_s,
+            "route_reasons": dict(driver.router.by_reason)}

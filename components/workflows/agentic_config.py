@@ -1,0 +1,32 @@
+"""The `agentic:` section of `dynarl train`: multi-turn episodes with tools."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(kw_only=True, slots=True)
+class AgenticSection:
+    max_turns: int = 3
+    """Model turns per episode, at most (a tool call and its answer take two)."""
+    queue: Literal["fifo", "priority"] = "priority"
+    """Each rollout engine's waiting queue: arrival order, or DynaRL's
+    (tool_count, cached_prefix) priority with bounded overtaking (core/priority.py)."""
+    affinity: Literal["prefer", "none"] = "prefer"
+    """prefer: a follow-up turn goes back to the engine holding its prefix unless that
+    engine is saturated; none: every turn to the least loaded engine."""
+    max_bonus_s: float = 30.0
+    """priority only: the overtaking window, the bound on how long a turn can be passed over."""
+    max_observation_chars: int = 24
+    """A tool's output beyond this is cut before the model reads it."""
+    python_timeout_s: float = 5.0
+    """Wall-clock limit of one `[py ...]` call in the sandbox."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_observation_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_bonus_s < 0:
+            raise ValueError(f"max_bonus_s must be >= 0, got {self.max_bonus_s}")
+        if self.python_timeout_s <= 0:
+            raise ValueError(f"python_timeout_s must be > 0, got {self.python_timeout_s}")

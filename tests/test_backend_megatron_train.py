@@ -1,0 +1,90 @@
+NUM_GPUS = 0
+"""`dynarl train trainer.backend=megatron` end to end on CPU, against the native trainer
+on the same config and seed: warm start, GRPO steps, weight sync to the native
+rollout and inference engines, checkpoints. Same start weights and data, so rewards
+and losses agree step by step. (Loading a megatron checkpoint: test_backend_megatron_state.py.)
+
+The CPU run needs tests/megatron_cpu.py's CUDA shims in the trainer process; the test
+puts tests/megatron_cpu_site on PYTHONPATH (a sitecustomize that applies them when
+megatron is imported). Product code carries no shims."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from dynarl.components.extras import is_available
+from grpo_tiny import TINY
+
+pytestmark = pytest.mark.skipif(not is_available("megatron"),
+                                reason="megatron-core not installed: pip install 'dynarl[megatron]'")
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MEGATRON = ["trainer.backend=megatron", "trainer.megatron={optimizer: adamw, dtype: float32, "
+            "use_distributed_optimizer: false, use_cpu_initialization: true}"]
+
+
+def _train(marker: str, run_dir: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DYNARL_TEST_MEGATRON_CPU="1", DYNARL_TEST_MARKER=marker)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "megatron_cpu_site"), *sys.path])
+    return subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "train", *TINY, *args, "--run-dir", run_dir],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def _marked(marker: str) -> list[int]:
+    """Live processes started with our marker in their environment (the CLI and its workers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"DYNARL_TEST_MARKER={marker}".encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    marker = uuid.uuid4().hex
+    base = tmp_path_factory.mktemp("train")
+    out = {"native": str(base / "native"), "megatron": str(base / "megatron")}
+    native = _train(marker, out["native"], "run.steps=2")
+    megatron = _train(marker, out["megatron"], "run.steps=2", *MEGATRON)
+    for proc in (native, megatron):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    out["left_behind"] = _marked(marker)
+    return out
+
+
+def _rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_every_process_is_reaped(runs):
+    assert runs["left_behind"] == []
+
+
+def test_the_megatron_trainer_ran_and_wrote_its_checkpoints(runs):
+    checkpoints = pathlib.Path(runs["megatron"]) / "checkpoints"
+    steps = []
+    for step in ("step_000000", "step_000002"):  # after the warm start, at the end
+        meta = json.loads((checkpoints / step / "megatron.json").read_text())
+        assert meta["tensor_parallel_size"] == 1 and meta["world_size"] == 1
+        steps.append(meta["step"])
+    assert steps == [4, 6]  # 4 warm-start steps, then 2 GRPO steps
+    assert not list((pathlib.Path(runs["native"]) / "checkpoints").glob("*/megatron.json"))
+    assert [r["step"] for r in _rows(runs["megatron"])] == [0, 1]
+
+
+def test_rewards_and_losses_match_the_native_trainer(runs):
+    native, megatron = _rows(runs["native"]), _rows(runs["megatron"])
+    assert len(native) == len(megatron) == 2
+    for a, b in zip(native, megatron):
+        assert a["reward_mean"] == b["reward_mean"]  # same samples: the weights agree to sampling precision
+        for key in ("loss", "entropy", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key

@@ -1,0 +1,136 @@
+NUM_GPUS = 0
+"""How the GRPO workers get their engines (components/engine_factory.py) and which
+backend combinations `dynarl train` accepts (backends.check_wired): pure decisions
+as tables, the factory on the built-in backends, the HF order megatron exports in."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dynarl import ConfigError
+from dynarl.components.backends import check_wired
+from dynarl.components.engine_factory import make_rollout_engine, make_trainer, sglang_config, weights_template
+from dynarl.components.model.config import TINY_CONFIGS
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
+from dynarl.components.rollout.sglang.config import SGLangConfig
+from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.trainer.megatron.config import MegatronConfig
+from dynarl.components.trainer.megatron.convert import hf_names, hf_to_megatron, in_order, megatron_to_hf
+from dynarl.components.trainer.native.trainer import NativeTrainer
+from dynarl.components.weight_sync import fingerprint, plan_buckets
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CPU_MEGATRON = MegatronConfig(optimizer="adamw", dtype="float32", use_distributed_optimizer=False,
+                              use_cpu_initialization=True)
+
+
+# ---- which combinations train --------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    dict(rollout_backend="native", trainer_backend="native", scheduler_policy="dynarl"),
+    dict(rollout_backend="sglang", trainer_backend="megatron", scheduler_policy="static"),
+    dict(rollout_backend="native", trainer_backend="megatron", scheduler_policy="static",
+         megatron=CPU_MEGATRON, device_kind="cpu"),
+    dict(rollout_backend="native", trainer_backend="native", scheduler_policy="static", workflow="agentic"),
+])
+def test_wired_combinations_pass(kwargs):
+    check_wired(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,path,fragment", [
+    (dict(rollout_backend="emulated", trainer_backend="native"), "rollout.backend", "simulator"),
+    (dict(rollout_backend="native", trainer_backend="emulated"), "trainer.backend", "simulator"),
+    (dict(trainer_backend="megatron", scheduler_policy="dynarl"), "scheduler.policy", "ZeRO-1"),
+    (dict(rollout_backend="sglang", scheduler_policy="dynarl"), "scheduler.policy", "migrates"),
+    (dict(rollout_backend="sglang", workflow="agentic"), "rollout.backend", "agentic"),
+    (dict(rollout_backend="sglang", device_kind="cpu"), "rollout.backend", "CUDA devices only"),
+    (dict(trainer_backend="megatron", megatron=MegatronConfig(tensor_parallel_size=2)),
+     "trainer.megatron.tensor_parallel_size", "rank 0 alone"),
+    (dict(trainer_backend="megatron", device_kind="cpu"), "trainer.megatron.optimizer", "'adamw'"),
+    (dict(trainer_backend="megatron", device_kind="cpu",
+          megatron=MegatronConfig(optimizer="adamw", dtype="float32", use_distributed_optimizer=False)),
+     "trainer.megatron.use_cpu_initialization", "CPU"),
+])
+def test_unsupported_combinations_name_the_field(kwargs, path, fragment):
+    full = dict(rollout_backend="native", trainer_backend="native", scheduler_policy="static")
+    full.update(kwargs)
+    with pytest.raises(ConfigError, match=fragment) as info:
+        check_wired(**full)
+    assert info.value.path == path
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    (dict(optimizer="sgd"), "optimizer must be one of"),
+    (dict(optimizer="adamw"), "needs dtype 'float32'"),  # default dtype bfloat16
+    (dict(optimizer="adamw", dtype="float32"), "use_distributed_optimizer"),
+])
+def test_megatron_optimizer_choice_is_validated(fields, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        MegatronConfig(**fields)
+
+
+def test_train_refuses_an_unwired_combination_before_starting_anything():
+    out = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "train", "trainer.backend=megatron",
+                          "scheduler.policy=dynarl", "rollout.num_ranks=2", "run.steps=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "scheduler.policy" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---- the factory -----------------------------------------------------------------------------
+
+def test_native_engines_come_from_the_factory():
+    engine = make_rollout_engine("native", {"name": "tiny-0.5m"}, {"num_blocks": 64}, None)
+    assert isinstance(engine, NativeRolloutEngine) and engine.weight_version == -1
+    assert weights_template(engine, {"name": "tiny-0.5m"}) is engine.model
+    trainer = make_trainer("native", {"name": "tiny-0.5m"}, TrainerConfig())
+    assert isinstance(trainer, NativeTrainer)
+    with pytest.raises(ValueError, match="choose 'native' or 'sglang'"):
+        make_rollout_engine("vllm", {"name": "tiny-0.5m"}, {}, None)
+    with pytest.raises(ValueError, match="choose 'native' or 'megatron'"):
+        make_trainer("deepspeed", {"name": "tiny-0.5m"}, TrainerConfig())
+
+
+def test_engines_without_a_torch_model_get_a_meta_template_with_the_native_plan():
+    """weight_sync receivers plan buckets from names and shapes; the sglang rank has no
+    torch model, so it plans from the native architecture on the meta device."""
+    template = weights_template(object(), {"name": "tiny-1m"})
+    assert all(p.device.type == "meta" for p in template.parameters())
+    native = Qwen2ForCausalLM(TINY_CONFIGS["tiny-1m"])
+    for bucket_bytes in (1 << 16, 1 << 20):
+        assert fingerprint(plan_buckets(template.named_parameters(), bucket_bytes)) == \
+            fingerprint(plan_buckets(native.named_parameters(), bucket_bytes))
+
+
+def test_sglang_model_path_defaults_to_the_job_model():
+    assert sglang_config({"path": "/models/qwen"}, {"tp_size": 2}).engine_kwargs()["model_path"] == "/models/qwen"
+    assert sglang_config({"path": "/a"}, {"model_path": "/b"}).model_path == "/b"
+    with pytest.raises(ValueError, match="rollout.sglang.model_path"):
+        sglang_config({"name": "tiny-0.5m", "path": None}, None)
+    with pytest.raises(ValueError, match="offload_tags"):
+        SGLangConfig(offload_tags=["kv_cache", "activations"])
+
+
+# ---- megatron's HF export order equals the native receivers' -------------------------------
+
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_hf_names_follow_the_native_parameter_order(name):
+    config = TINY_CONFIGS[name]
+    assert hf_names(config) == [n for n, _ in Qwen2ForCausalLM(config).named_parameters()]
+
+
+def test_in_order_turns_megatron_order_into_native_order():
+    config = TINY_CONFIGS["tiny-0.5m"]
+    hf = dict(Qwen2ForCausalLM(config).state_dict())
+    megatron_order = [(h, t) for n, full in hf_to_megatron(hf, config) for h, t in megatron_to_hf(n, full, config)]
+    assert [n for n, _ in megatron_order] != hf_names(config)  # the orders do differ
+    reordered = list(in_order(megatron_order, hf_names(config)))
+    assert [n for n, _ in reordered] == hf_names(config)
+    assert all(torch.equal(t, hf[n]) for n, t in reordered)
+    with pytest.raises(ValueError, match="missing"):
+        list(in_order(megatron_order[:-1], hf_names(config)))
+    with pytest.raises(ValueError, match="twice"):
+        list(in_order(megatron_order + megatron_order[:1], hf_names(config)))
