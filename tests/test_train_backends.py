@@ -26,6 +26,20 @@ def test_cluster_examples_resolve_in_a_dry_run(example, placement):
     assert "not read in a dry run" in out.stdout  # the cluster dataset path is not touched
 
 
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_example_config_resolves_in_a_dry_run(example):
+    out = train(f"examples/{example}", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "nothing started" in out.stdout
+
+
+def test_the_dry_run_names_what_train_would_refuse():
+    out = train("examples/grpo_qwen2.5_7b_8xh100.yaml", "--dry-run")
+    assert "not trainable yet: scheduler.policy" in out.stdout
+    out = train("examples/grpo_qwen2.5_7b_8xh100.yaml", "scheduler.policy=static", "--dry-run")
+    assert "not trainable yet: trainer.megatron.tensor_parallel_size" in out.stdout
+
+
 def test_a_missing_extra_fails_at_config_load_naming_the_pip_command():
     out = train("rollout.backend=sglang", "run.steps=1")
     assert out.returncode == 2
