@@ -81,8 +81,3 @@ def check_wired(*, rollout_backend: str, trainer_backend: str, scheduler_policy:
                                                             "use_distributed_optimizer false)")
         if not m.use_cpu_initialization:
             raise ConfigError("trainer.megatron.use_cpu_initialization", "must be true on CPU devices")
-    if trainer_backend == "megatron" and (megatron or MegatronConfig()).tensor_parallel_size > 1:
-        # weight sync and the reference model are sent by trainer rank 0 alone; megatron's
-        # HF export is a collective over the TP group
-        raise ConfigError("trainer.megatron.tensor_parallel_size", "> 1 is not wired into the GRPO workers yet "
-                                                                  "(rank 0 alone sends the weights); use 1")

@@ -35,6 +35,8 @@ CPU_MEGATRON = MegatronConfig(optimizer="adamw", dtype="float32", use_distribute
     dict(rollout_backend="native", trainer_backend="megatron", scheduler_policy="static",
          megatron=CPU_MEGATRON, device_kind="cpu"),
     dict(rollout_backend="native", trainer_backend="native", scheduler_policy="static", workflow="agentic"),
+    dict(rollout_backend="sglang", trainer_backend="megatron", scheduler_policy="static",
+         megatron=MegatronConfig(tensor_parallel_size=2)),  # every TP rank takes part in the export
 ])
 def test_wired_combinations_pass(kwargs):
     check_wired(**kwargs)
@@ -47,8 +49,6 @@ def test_wired_combinations_pass(kwargs):
     (dict(rollout_backend="sglang", scheduler_policy="dynarl"), "scheduler.policy", "migrates"),
     (dict(rollout_backend="sglang", workflow="agentic"), "rollout.backend", "agentic"),
     (dict(rollout_backend="sglang", device_kind="cpu"), "rollout.backend", "CUDA devices only"),
-    (dict(trainer_backend="megatron", megatron=MegatronConfig(tensor_parallel_size=2)),
-     "trainer.megatron.tensor_parallel_size", "rank 0 alone"),
     (dict(trainer_backend="megatron", device_kind="cpu"), "trainer.megatron.optimizer", "'adamw'"),
     (dict(trainer_backend="megatron", device_kind="cpu",
           megatron=MegatronConfig(optimizer="adamw", dtype="float32", use_distributed_optimizer=False)),
@@ -134,3 +134,22 @@ def test_in_order_turns_megatron_order_into_native_order():
         list(in_order(megatron_order[:-1], hf_names(config)))
     with pytest.raises(ValueError, match="twice"):
         list(in_order(megatron_order + megatron_order[:1], hf_names(config)))
+
+
+@pytest.mark.parametrize("world,tp,parts", [
+    (1, 1, [(0, 1)]),
+    (2, 1, [(0, 2), (1, 2)]),
+    (2, 2, [(0, 1), (0, 1)]),
+    (4, 2, [(0, 2), (0, 2), (1, 2), (1, 2)]),
+    (6, 3, [(0, 2), (0, 2), (0, 2), (1, 2), (1, 2), (1, 2)]),
+])
+def test_tensor_parallel_ranks_share_their_data_part(world, tp, parts):
+    from dynarl.components.trainer.base import data_parts
+    assert data_parts(world, tp) == parts
+
+
+@pytest.mark.parametrize("world,tp", [(3, 2), (2, 0), (4, 8)])
+def test_data_parts_reject_a_tp_that_does_not_divide_the_ranks(world, tp):
+    from dynarl.components.trainer.base import data_parts
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        data_parts(world, tp)

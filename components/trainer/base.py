@@ -138,6 +138,15 @@ def check_param_offsets(params: Sequence["ParamSpec"], total_numel: int) -> None
         raise ValueError(f"params cover {offset} elements, total_numel is {total_numel}")
 
 
+def data_parts(world_size: int, tensor_parallel: int = 1) -> list[tuple[int, int]]:
+    """(index, count) of the global batch each trainer rank trains on: its data-parallel
+    rank and size. Tensor-parallel ranks are innermost (megatron's order with one
+    pipeline stage: rank = dp_rank * tp + tp_rank), and share a part."""
+    if tensor_parallel < 1 or world_size % tensor_parallel:
+        raise ValueError(f"tensor_parallel={tensor_parallel} must be >= 1 and divide world_size={world_size}")
+    return [(rank // tensor_parallel, world_size // tensor_parallel) for rank in range(world_size)]
+
+
 def shard_ranges(total: int, world_size: int) -> list[tuple[int, int]]:
     """ZeRO-1 ownership of a flat space of `total` elements: rank r owns a contiguous
     [start, end) of total // W elements, plus one if r < total % W. Plain Python, so

@@ -101,9 +101,18 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         finally:
             self.trainer.config = self.config
 
+    def data_part(self) -> list[int]:
+        """[index, count]: this rank's part of the global batch. Its data-parallel rank
+        and size: tensor-parallel ranks of one DP rank train on the same part."""
+        return [getattr(self.trainer, "dp_rank", self.rank), getattr(self.trainer, "dp_size", self.world_size)]
+
     async def send_weights(self, group: str, version: int) -> int:
-        """Rank 0 only: broadcast the full weights over `group`. Returns the bytes sent."""
-        buckets = list(self.trainer.named_weights(self.bucket_bytes))
+        """Rank 0 broadcasts the full weights over `group`; returns the bytes sent. Other
+        ranks are called only when the export is collective (megatron gathers its TP
+        slices): they build the same buckets with rank 0 and return 0."""
+        buckets = await asyncio.to_thread(lambda: list(self.trainer.named_weights(self.bucket_bytes)))
+        if self.rank != 0:
+            return 0
         return await asyncio.to_thread(weight_sync.send, self.process_group(group), buckets, version)
 
     async def save_checkpoint(self, path: str) -> int:
@@ -117,5 +126,8 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         return self.trainer.global_step
 
     async def save_model(self, path: str) -> None:
-        """The current weights as an HF folder (the reference policy after warm start)."""
-        await asyncio.to_thread(lambda: save_pretrained(hf_model(self.trainer, self.model, self.bucket_bytes), path))
+        """Rank 0 writes the current weights as an HF folder (the reference policy after
+        warm start); other ranks are called only when the export is collective (TP)."""
+        model = await asyncio.to_thread(hf_model, self.trainer, self.model, self.bucket_bytes)
+        if self.rank == 0:
+            await asyncio.to_thread(save_pretrained, model, path)

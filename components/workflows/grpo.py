@@ -27,7 +27,7 @@ from dynarl.components.reward.worker import RewardWorker
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.tasks.problem import stable_seed
 from dynarl.components.tasks.source import ProblemSource
-from dynarl.components.trainer.base import TrainBatch
+from dynarl.components.trainer.base import TrainBatch, data_parts
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.config import TrainConfig
@@ -144,7 +144,7 @@ class GRPO(DynamicScheduling):
     async def train(self, batch: TrainBatch, label: str, method: str = "train") -> dict[str, float]:
         async with self._busy("trainer"):  # a train step is not interruptible
             trainer = self.g.trainer
-            shards = [[batch.shard(r, trainer.world_size).to_wire()] for r in range(trainer.world_size)]
+            shards = [[batch.shard(*part).to_wire()] for part in data_parts(trainer.world_size, self.tensor_parallel)]
             results = await held(self.ctl, trainer, self.clock, label, method,
                                  lambda: trainer.scatter(method, shards), component="trainer")
         return results[0]  # global metrics: the same on every rank
@@ -153,7 +153,7 @@ class GRPO(DynamicScheduling):
         g = self.g
         async with self._busy("trainer"), self._busy("rollout"):  # nor is a weight sync
             await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
-                g.trainer.call("send_weights", "weight_sync", version, ranks=[0]),
+                g.trainer.call("send_weights", "weight_sync", version, ranks=self.export_ranks),
                 g.rollout.call("receive_weights", "weight_sync"),
                 g.inference.call("receive_weights", "weight_sync")]), lock=False, component="sync")
 
@@ -229,10 +229,29 @@ class GRPO(DynamicScheduling):
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])
         await trainer.call("start", "trainer_dp" if trainer.world_size > 1 else None)
+        await self._check_data_parts(trainer)
         await ctl.process_group("weight_sync", [(trainer, 0), rollout, inference])
         if cfg.scheduler.policy == "dynarl":
             await self._make_scheduler(rollout, trainer, devices)
         return Groups(rollout, reward, inference, trainer)
+
+    @property
+    def tensor_parallel(self) -> int:
+        megatron = self.cfg.trainer.megatron
+        return megatron.tensor_parallel_size if self.cfg.trainer.backend == "megatron" and megatron else 1
+
+    @property
+    def export_ranks(self) -> list[int] | None:
+        """Trainer ranks that take part in exporting the weights: rank 0 alone, or every
+        rank when the export is a collective over tensor-parallel slices."""
+        return [0] if self.tensor_parallel == 1 else None
+
+    async def _check_data_parts(self, trainer: WorkerGroup) -> None:
+        """The batch split assumes megatron's rank order; the ranks confirm it once."""
+        expected = [list(p) for p in data_parts(trainer.world_size, self.tensor_parallel)]
+        actual = await trainer.call("data_part")
+        if actual != expected:
+            raise RuntimeError(f"trainer ranks' data-parallel parts {actual} differ from the split {expected}")
 
     async def warm_start(self) -> None:
         total = self.cfg.trainer.warmup.steps
@@ -242,7 +261,7 @@ class GRPO(DynamicScheduling):
             await self.train(batch, "warmup", "warmup_step")
         self.progress.warmup(total, total)
         if self.cfg.with_ref:
-            await self.g.trainer.call("save_model", os.path.join(self.run_dir, "reference"), ranks=[0])
+            await self.g.trainer.call("save_model", os.path.join(self.run_dir, "reference"), ranks=self.export_ranks)
         await self.load_reference()
         await self.sync_weights(0, "warmup")
         await self.checkpoint(0)
