@@ -1,16 +1,18 @@
 """The node agent: one per node, started by torchrun or srun.
 
-    torchrun --nnodes=1 --nproc-per-node=2 -m dynarl.launch.agent CONFIG
+    torchrun --nnodes=1 --nproc-per-node=2 -m dynarl.launch.agent CONFIG [key=value ...] [--run-dir DIR] [--resume DIR]
 
 Each agent process stands for one node (its RANK is the node index). The agent
 of node 0 also hosts the controller and runs the workflow named in CONFIG; the
 others connect to it and start worker processes when asked. Worker processes
 connect to the controller directly.
 
-CONFIG (YAML):
+CONFIG (YAML) is either a workflow of your own:
     runtime: {launcher: agent, cluster: {num_nodes: 2, devices_per_node: 1}}
     workflow: package.module:function     # async def function(ctl, **workflow_kwargs)
     workflow_kwargs: {}
+or a `dynarl train` config with runtime.launcher agent (overrides, --run-dir and
+--resume as for `dynarl train`): agent 0 runs the training job on the cluster.
 
 The job secret is handed to every agent out-of-band: DYNARL_SECRET_FILE (a file
 readable only by the job's user on every node; the slurm template makes one) or
@@ -20,6 +22,7 @@ writes a private file under the run's temporary directory for the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -60,6 +63,36 @@ def load_config(path: str) -> tuple[RuntimeConfig, str, dict]:
     if not isinstance(data.get("workflow"), str) or ":" not in data["workflow"]:
         raise ConfigError("workflow", "give the workflow as 'module:function' or 'path/file.py:function'")
     return runtime, data["workflow"], dict(data.get("workflow_kwargs") or {})
+
+
+def is_workflow_config(path: str) -> bool:
+    """A `workflow: module:function` config; otherwise a `dynarl train` config (whose
+    optional `workflow` field names a built-in flow such as 'agentic')."""
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    workflow = data.get("workflow") if isinstance(data, dict) else None
+    return isinstance(workflow, str) and ":" in workflow
+
+
+def train_runtime(argv: list[str], node: int) -> tuple[RuntimeConfig, Any]:
+    """A `dynarl train` command line: the runtime, and on node 0 the prepared job
+    (validated as `dynarl train` does; other nodes only read the runtime)."""
+    from dynarl.components.workflows.config import load_config as load_train_config
+    from dynarl.launch import train
+
+    parsed = train.parse_args(argv)
+    if parsed is None:
+        raise train.UsageError(train.USAGE)
+    config_path, overrides, run_dir, resume = parsed
+    if node == 0:
+        job = train.prepare(config_path, overrides, run_dir, resume)
+        runtime = job.cfg.runtime
+    else:
+        job = None
+        runtime = load_train_config(train._read_yaml(config_path) if config_path else None, overrides).runtime
+    if runtime.launcher != "agent":
+        raise ConfigError("runtime.launcher", "must be 'agent' under torchrun/srun")
+    return runtime, job
 
 
 def load_workflow(ref: str) -> Any:
@@ -108,11 +141,18 @@ def rendezvous_store(node: int, num_agents: int) -> Any:
                          timeout=timedelta(seconds=120))
 
 
-async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, store: Any, secret: bytes) -> Any:
+@contextlib.asynccontextmanager
+async def agent_controller(runtime: RuntimeConfig, store: Any, secret: bytes):
+    """Agent 0's controller: published in the store, ready once every other agent said hello."""
     launcher = AgentLauncher(node_host=runtime.bind_host)
     async with Controller(runtime, launcher=launcher, secret=secret) as ctl:
         store.set(STORE_KEY, ctl.router.address)
         await launcher.wait_for_agents(runtime.cluster.num_nodes - 1, runtime.spawn_timeout_s)
+        yield ctl
+
+
+async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, store: Any, secret: bytes) -> Any:
+    async with agent_controller(runtime, store, secret) as ctl:
         return await workflow(ctl, **kwargs)
 
 
@@ -160,15 +200,24 @@ async def serve_node(node: int, address: str, secret: bytes, host: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()  # torchrun/srun going away takes the agent (and so its workers) along
-    if len(argv) != 1:
-        print("usage: torchrun ... -m dynarl.launch.agent CONFIG", file=sys.stderr)
+    if not argv or argv[0].startswith("-"):
+        print("usage: torchrun ... -m dynarl.launch.agent CONFIG [key=value ...] [--run-dir DIR] [--resume DIR]",
+              file=sys.stderr)
         return 2
+    from dynarl.launch.train import UsageError
+
+    node, num_agents = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    job = None
     try:
-        runtime, workflow_ref, kwargs = load_config(argv[0])
-    except (ConfigError, OSError) as exc:
+        if is_workflow_config(argv[0]):
+            if len(argv) != 1:
+                raise UsageError("a 'workflow: module:function' config takes no further arguments")
+            runtime, workflow_ref, kwargs = load_config(argv[0])
+        else:
+            runtime, job = train_runtime(argv, node)
+    except (ConfigError, UsageError, OSError) as exc:
         print(f"dynarl agent: {exc}", file=sys.stderr)
         return 2
-    node, num_agents = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if num_agents != runtime.cluster.num_nodes:
         print(f"dynarl agent: {num_agents} agents started but runtime.cluster.num_nodes is "
               f"{runtime.cluster.num_nodes}", file=sys.stderr)
@@ -181,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     single_host = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
     secret = job_secret(store, node, single_host)
     host = runtime.bind_host if runtime.bind_host != "0.0.0.0" else socket.gethostname()
+    if node == 0 and job is not None:
+        return job.run(controller=lambda rt: agent_controller(rt, store, secret))
     if node == 0:
         result = uvloop.run(run_controller(runtime, load_workflow(workflow_ref), kwargs, store, secret))
         print(f"dynarl agent: workflow finished: {result!r}")

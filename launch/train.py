@@ -226,7 +226,9 @@ class Job:
         self.run_dir, self.checkpoint = run_dir, checkpoint
         self.workflow: Any = None
 
-    def run(self) -> int:
+    def run(self, controller: Any = None) -> int:
+        """controller(runtime): an async context manager giving the Controller; None =
+        `Controller(runtime)` (the node agent passes one built on its AgentLauncher)."""
         import dataclasses
 
         import uvloop
@@ -252,7 +254,7 @@ class Job:
             if self.source.report:
                 progress.note(f"dataset: {self.source.report}")
             try:
-                uvloop.run(self._main(runtime, progress))
+                uvloop.run(self._main(runtime, progress, controller))
             except KeyboardInterrupt:
                 print(f"dynarl train: interrupted; continue with: dynarl train --resume {self.run_dir}", file=sys.stderr)
                 return 130
@@ -269,10 +271,10 @@ class Job:
               f"last 10 steps {summary['reward_last10']:.3f}; run directory {self.run_dir}")
         return 0
 
-    async def _main(self, runtime: Any, progress: Any) -> None:
+    async def _main(self, runtime: Any, progress: Any, controller: Any) -> None:
         from dynarl.core.controller import Controller
 
-        async with Controller(runtime) as ctl:
+        async with (controller or Controller)(runtime) as ctl:
             self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer, self.run_dir, progress)
             await self.workflow.run(self.checkpoint)
 

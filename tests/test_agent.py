@@ -42,3 +42,64 @@ workflow_kwargs: {{out: "{out}"}}
     assert result["parents"][0] == result["agent0"]
     assert result["parents"][1] != result["agent0"]
     assert_reaped(result["pids"] + [result["parents"][1]])
+
+
+def _marked(marker):
+    """Live processes with our marker in their environment (torchrun, agents, workers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"DYNARL_TEST_MARKER={marker}".encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_two_agents_run_a_dynarl_train_config(tmp_path):
+    """A `dynarl train` config under torchrun: agent 0 runs the job, the trainer's two
+    ranks (devices 2 and 3) live on node 1, and every process is gone afterwards."""
+    config = tmp_path / "train.yaml"
+    config.write_text("""
+runtime:
+  launcher: agent
+  cluster: {num_nodes: 2, devices_per_node: 2}
+placement: {mode: spatial}
+rollout: {num_ranks: 1, max_new_tokens: 12, samples_per_prompt: 4, chunk_size: 2}
+inference: {num_ranks: 1}
+trainer: {num_ranks: 2, warmup: {steps: 4, batch_size: 32}, engine: {micro_batch_size: 32}}
+task: {count_up: {alphabet: abcdefghij, median_len: 2}}
+run: {steps: 2, prompts_per_step: 8}
+""")
+    marker = f"agent-train-{os.getpid()}"
+    env = dict(os.environ, DYNARL_TEST_MARKER=marker)
+    env.pop("DYNARL_SECRET", None)
+    env.pop("DYNARL_SECRET_FILE", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+         f"--master-port={free_local_port()}", "-m", "dynarl.launch.agent", str(config),
+         "run.steps=1", "--run-dir", str(run_dir)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "placement spatial {'rollout': [0], 'inference': [1], 'trainer': [2, 3]}" in stdout + stderr
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0]  # the override run.steps=1 reached the job
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
+    assert _marked(marker) == []
+
+
+def test_the_agent_rejects_a_train_config_for_another_launcher(tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text("runtime: {launcher: local}\n")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1")
+    out = subprocess.run([sys.executable, "-m", "dynarl.launch.agent", str(config), "--run-dir", str(tmp_path / "r")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "runtime.launcher" in out.stderr
