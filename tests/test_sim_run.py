@@ -128,6 +128,30 @@ def test_cli_rejects_unknown_policies_and_reports_trace_rejects(tmp_path, capsys
     assert set(out["policies"]) == {"colocated", "spatial"}  # the baseline always runs
 
 
+def test_cli_runs_several_device_counts_in_one_command(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps({"prompt_id": f"p{i // 4}", "response_tokens": 50 + 40 * i})
+                               for i in range(16)) + "\n")
+    rc = dynarl_main(["sim", "--workload", "math-1.5b-zero", "--devices", "8,16", "--policies", "spatial",
+                      "--trace", str(trace), "--json"])
+    assert rc == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["devices"] for r in runs] == [8, 16]
+    assert all(set(r["policies"]) == {"colocated", "spatial"} for r in runs)
+
+
+@pytest.mark.parametrize("text,ok", [("64", [64]), ("64,128", [64, 128]), (" 8 , 16 ", [8, 16]),
+                                     ("0", None), ("64,x", None), ("", None), (",", None)])
+def test_device_counts(text, ok):
+    import argparse
+    from dynarl.launch.sim.cli import device_counts
+    if ok is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            device_counts(text)
+    else:
+        assert device_counts(text) == ok
+
+
 def test_lazy_outputs_change_nothing_but_when_ids_are_built():
     reqs = [GenerationRequest(f"r{i}", list(range(1, 40 + i)), SamplingParams(max_new_tokens=30 + 7 * i))
             for i in range(6)]

@@ -3,15 +3,16 @@
 The decision is core/scheduler/policy.py's `decide_dynarl` (the paper's Algorithm 1);
 this module only turns the simulator's Snapshot into the scheduler's view:
 
-    rollout   dynamic: per-engine "low since" (KV utilization below U_low x the
-              engine's peak utilization this iteration, tracked here across calls: the
-              paper lets U_low be a low percentile of the utilization history; an
-              absolute 0.2 fires while the KV is still filling at an iteration's start,
-              when 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine),
-              engines needed (rollout_demand), remaining output tokens *estimated*
-              without oracle lengths: each active request is expected to make at
-              least as many more tokens as it has made so far, and at least the
-              mean length of the requests finished this iteration
+    rollout   dynamic: per-engine "low since" (`engine_low`: active KV / capacity below
+              U_low, the paper's signal, counted once the engine is past its fill: at an
+              iteration's start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2
+              engine, which is below any U_low but is not a draining engine), engines
+              needed (rollout_demand), remaining output tokens *estimated* without
+              oracle lengths: each active request is expected to make at least as many
+              more tokens as it has made so far, and at least the mean length of the
+              requests finished this iteration. A rollout that is done
+              (`rollout_done`) is interruptible with every engine idle: its engines go
+              to the bottleneck like any donor's.
     inference, trainer
               static: remaining sequence tokens (samples not yet processed x the mean
               sequence length seen so far)
@@ -20,18 +21,20 @@ this module only turns the simulator's Snapshot into the scheduler's view:
 
 A committed Plan becomes Migrate decisions: the rollout shrinks by Workload
 migration; the receiver grows by its strategy (trainer: p2p, inference: workload).
-The start placement gives rollout every device but the fewest the others run on
-(the paper's Fig 13: rollout first holds the cluster, and hands it over as its tail
-thins out). At an iteration end the runner moves back to it.
+The start placement gives rollout every device but the fewest the others run on,
+and at each iteration start the rollout also borrows those (`rollout_borrows`:
+inference and trainer parked, their state in host memory), so it holds the whole
+cluster (the paper's Fig 13) and hands devices over as its tail thins out; the
+first move gives the lenders their devices back. At an iteration end the runner
+moves back to the start placement.
 
 Variants (each measured against dynarl on the same runs):
 
     dynarl-costaware     commit only if the predicted gain exceeds the migration's cost
     dynarl-consolidate   donor as soon as the active KV, at twice the peak fill, fits on
                          (1 - theta) of the engines (not once theta of the engines have
-                         each drained); keeps the engines that needs: the stragglers are consolidated onto fewer engines
-                         (decode is memory-bound, so denser engines lose little speed) and
-                         more devices move, earlier
+                         each drained); keeps the engines that needs: the stragglers are
+                         consolidated onto fewer engines and more devices move, earlier
 """
 from __future__ import annotations
 
@@ -52,6 +55,11 @@ STRATEGY = {"trainer": "p2p", "inference": "workload"}
 DEFAULT_CONFIG = DynarlConfig()
 """theta 0.8, U_low 0.2, T (window) 4 s, 8 candidates: the scheduler's defaults, used everywhere."""
 DECIDE_EVERY_S = 1.0
+POLLED_ENGINES_PER_S = 256
+"""At scale the scheduler reads the engines' metrics less often: at most this many engine
+reports per second of run time (so every 8 s for 2048 engines). Each report is one RPC
+per engine (the simulator has no per-node manager to aggregate them, the paper's
+design); polling 2048 engines every second was 40% of a 4096-device run's wall time."""
 
 
 def start_placement(ctx: PlanContext) -> Placement:
@@ -67,6 +75,23 @@ def start_placement(ctx: PlanContext) -> Placement:
     return plans.spatial({"rollout": rollout, "inference": inference, "trainer": trainer})
 
 
+def decide_period_s(engines: int) -> float:
+    """Seconds between decide() calls: DECIDE_EVERY_S, longer past POLLED_ENGINES_PER_S engines."""
+    return max(DECIDE_EVERY_S, engines / POLLED_ENGINES_PER_S)
+
+
+def engine_low(utilization: float, peak: float, u_low: float) -> bool:
+    """An engine counts as low when its KV utilization is below U_low and below its own
+    peak this iteration (past the fill phase); an engine that never held a request is low."""
+    return peak == 0.0 or (utilization < u_low and utilization < peak)
+
+
+def rollout_done(snap: Snapshot) -> bool:
+    """The rollout has finished this iteration's batch: prompts drained, nothing active,
+    and requests finished on its engines (an idle engine at the very start has none)."""
+    return snap.rollout_active == 0 and snap.rollout_finished_mean > 0 and snap.queue_depth.get("prompts", 1) == 0
+
+
 @dataclass(slots=True)
 class LastDecision:
     plan: Plan | None
@@ -78,6 +103,10 @@ class Dynarl:
     needs_profile = False
     decide_every_s: float | None = DECIDE_EVERY_S
     has_hook = True
+    rollout_borrows = True
+    """At each iteration start the rollout also runs on the inference's and trainer's
+    devices while those are parked (state in host memory), and returns them on the
+    first migration, or when it is done (launch/sim/migrate.py: Migrator.lend)."""
 
     def __init__(self, config: DynarlConfig = DEFAULT_CONFIG) -> None:
         self.config = config
@@ -90,6 +119,7 @@ class Dynarl:
 
     def place(self, ctx: PlanContext) -> Placement:
         self.ctx = ctx
+        self.decide_every_s = decide_period_s(ctx.num_devices // ctx.granularity.get("rollout", 1))
         return start_placement(ctx)
 
     # --- the view -------------------------------------------------------------------
@@ -100,7 +130,7 @@ class Dynarl:
         seen = {}
         for key, u in zip(snap.rollout_engines, snap.rollout_utilization):
             peak = self.peak[key] = max(self.peak.get(key, 0.0), u)
-            if u < self.config.u_low * peak or peak == 0.0:
+            if engine_low(u, peak, self.config.u_low):
                 since = self.low_since.get(key)
                 seen[key] = snap.now_s if since is None else since
             else:
@@ -134,7 +164,8 @@ class Dynarl:
                           snap.rollout_finished_mean)
         rollout_left = snap.rollout_active * per_request  # at least as much again as made so far
         views = [ComponentView("rollout", "dynamic", snap.devices["rollout"], rollout_left, devices_per_engine=tp,
-                               min_devices=tp, interruptible=snap.interruptible.get("rollout", False),
+                               min_devices=tp, interruptible=snap.interruptible.get("rollout", False)
+                               or rollout_done(snap),
                                active_requests=self.rollout_demand(snap), engine_low_since=low)]
         for c in ("inference", "trainer"):
             left = snap.remaining_tokens.get(c, 0.0) if snap.accepting.get(c, False) else 0.0

@@ -213,3 +213,4 @@ def register(name: str, factory: PolicyFactory) -> None:
 
 
 from . import dynarl as _dynarl  # noqa: E402,F401  registers dynarl and its variants (it imports this module)
+from . import agentic as _agentic  # noqa: E402,F401  registers dynarl-noprio (agentic request handling)

@@ -1,6 +1,10 @@
 """`dynarl sim`: run policies on the same simulated workload and compare them.
 
     dynarl sim --workload math-7b --devices 64 --policies colocated,spatial,rlinf-auto --json
+    dynarl sim --workload agentic-rstar --devices 64,128 --policies colocated,dynarl-noprio,dynarl
+
+Several device counts run one after another; --json then prints one object with
+a result per count under "runs" (in the order given).
 
 Every policy runs the real controller, workflow and placement with inproc emulated
 workers in virtual time (see docs/simulation.md). colocated always runs, as the
@@ -10,6 +14,7 @@ baseline of speedup_vs_colocated. The JSON is byte-identical for one seed; with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -25,10 +30,23 @@ from .scenario import SimConfig, build_scenario
 MAX_LISTED_REJECTS = 20
 
 
+def device_counts(text: str) -> list[int]:
+    """"64" or "64,128": positive device counts."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--devices takes counts like 64 or 64,128, got {text!r}") from None
+    if not counts or any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"--devices takes positive counts, got {text!r}")
+    return counts
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dynarl sim", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", default="math-7b", help=f"one of: {', '.join(sorted(WORKLOADS))}")
-    p.add_argument("--devices", type=int, default=64)
+    p.add_argument("--workload", help=f"one of: {', '.join(sorted(WORKLOADS))} (default math-7b; "
+                                      "with --sweep, math-1.5b)")
+    p.add_argument("--devices", type=device_counts, default=[64],
+                   help="devices, or a comma-separated list of counts run one after another (default 64)")
     p.add_argument("--policies", default="colocated,spatial,rlinf-auto",
                    help="comma-separated: colocated, spatial, rlinf-auto, dynarl, dynarl-costaware, "
                         "dynarl-consolidate")
@@ -42,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timings", action="store_true", help="add wall-clock figures to the JSON")
     p.add_argument("--plot", metavar="DIR", help="write the ownership timelines and a bar chart there")
     p.add_argument("--sweep", action="store_true",
-                   help="dynarl's sensitivity to U_low and T (window) on math-1.5b (DynaRL Fig 15)")
+                   help="dynarl's sensitivity to U_low and T (window), on math-1.5b unless --workload "
+                        "(DynaRL Fig 15)")
     p.add_argument("--fidelity", action="store_true",
                    help="compare the local launcher (real processes, wall clock) with virtual time")
     p.add_argument("--time-scale", type=float, default=0.1,
@@ -52,6 +71,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if (args.sweep or args.fidelity) and len(args.devices) > 1:
+        print("dynarl sim: --sweep and --fidelity take one device count", file=sys.stderr)
+        return 2
+    if args.sweep or args.fidelity:
+        args.devices = args.devices[0]
     if args.fidelity:
         from .fidelity import main as fidelity_main
         return fidelity_main(args)
@@ -64,23 +88,34 @@ def main(argv: list[str] | None = None) -> int:
             make_policy(name)
         if "colocated" not in names:
             names.insert(0, "colocated")
-        config = SimConfig(workload=args.workload, devices=args.devices, policies=tuple(names), seed=args.seed,
-                           iterations=args.iterations, warmup=args.warmup, prompts=args.prompts,
-                           trace=args.trace, device=args.device)
-        scn = build_scenario(config)
+        # every scenario is built (and checked) before the first one runs
+        scenarios = [build_scenario(SimConfig(
+            workload=args.workload or "math-7b", devices=devices, policies=tuple(names), seed=args.seed,
+            iterations=args.iterations, warmup=args.warmup, prompts=args.prompts, trace=args.trace,
+            device=args.device)) for devices in args.devices]
     except (PolicyUnavailable, TraceError, ValueError, OSError) as exc:
         print(f"dynarl sim: {exc}", file=sys.stderr)
         return 2
+    scn = scenarios[0]
     if scn.trace is not None and scn.trace.rejected:
         print(f"dynarl sim: {len(scn.trace.rejected)} malformed trace line(s) rejected:", file=sys.stderr)
         for line, reason in scn.trace.rejected[:MAX_LISTED_REJECTS]:
             print(f"  line {line}: {reason}", file=sys.stderr)
-    result, runs = simulate(scn, timings=args.timings, log=sys.stderr)
-    print(to_json(result) if args.json else table(result))
-    if args.plot:
-        from .plot import write_plots
-        for path in write_plots(result, runs, scn, args.plot):
-            print(f"dynarl sim: wrote {path}", file=sys.stderr)
+    results = []
+    for scn in scenarios:
+        if len(scenarios) > 1:
+            print(f"dynarl sim: {scn.config.devices} devices", file=sys.stderr)
+        result, runs = simulate(scn, timings=args.timings, log=sys.stderr)
+        results.append(result)
+        if not args.json:
+            print(table(result))
+        if args.plot:
+            from .plot import write_plots
+            folder = args.plot if len(scenarios) == 1 else os.path.join(args.plot, f"devices-{scn.config.devices}")
+            for path in write_plots(result, runs, scn, folder):
+                print(f"dynarl sim: wrote {path}", file=sys.stderr)
+    if args.json:
+        print(to_json(results[0] if len(results) == 1 else {"runs": results}))
     return 0
 
 

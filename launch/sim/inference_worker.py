@@ -22,6 +22,10 @@ class SimInferenceWorker(dynarl.Worker):
     def __init__(self, engine: dict, shares_device: bool = False) -> None:
         self.engine = EmulatedInference(EmulatedInferenceConfig(**engine))
         self.shares_device = shares_device
+        self.home = asyncio.Event()
+        self.home.set()
+        """Clear while parked: its devices are lent to the rollout (dynarl's start), its
+        state offloaded to host memory; the stage waits here before taking any input."""
         self.done_samples = self.done_tokens = 0
 
     async def onload(self) -> None:
@@ -34,6 +38,12 @@ class SimInferenceWorker(dynarl.Worker):
         self.engine.update_weights(num_bytes, version)
         return version
 
+    def park(self) -> None:
+        self.home.clear()
+
+    def unpark(self) -> None:
+        self.home.set()
+
     async def compute_logprobs(self, get: str, put: str, *, version: int) -> dict[str, Any]:
         if self.engine.weight_version != version:
             raise RuntimeError(f"inference holds weights v{self.engine.weight_version}, the step needs v{version}")
@@ -42,6 +52,7 @@ class SimInferenceWorker(dynarl.Worker):
         busy: list[list[float]] = []
         samples = 0
         self.done_samples = self.done_tokens = 0
+        await self.home.wait()
         while (chunk := await inbox.get()) is not END:
             lens = [s["seq"] for g in chunk for s in g["samples"]]
             start = loop.time()

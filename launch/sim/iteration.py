@@ -24,6 +24,8 @@ from dynarl.components.workloads.samples import Group
 from dynarl.core.controller import Controller
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
+from .turn_router import start_turn_router
+
 CHANNELS = ("prompts", "rollouts", "experience")
 
 
@@ -59,6 +61,10 @@ class LiveIteration:
     done: dict[str, asyncio.Future] = field(default_factory=dict)
     """Component -> its stage and every extra rank finished (per-rank results)."""
     extras: dict[str, list[asyncio.Future]] = field(default_factory=lambda: {c: [] for c in INPUT})
+    borrowed: bool = False
+    """The rollout also runs on devices lent by parked inference and trainer ranks
+    (migrate.Migrator.lend): parking, not device_lock, keeps them apart, so the
+    rollout stage does not take the lock (it would hold the lenders' devices)."""
 
     def accepts(self, component: str) -> bool:
         return component in self.done and not self.done[component].done()
@@ -104,7 +110,7 @@ async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], versi
         await prompts.put(END)
     rollout = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
         ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=clock, label=label, version=version,
-        chunk_size=chunk_size)), live.extras["rollout"]))
+        chunk_size=chunk_size, lock=not live.borrowed)), live.extras["rollout"]))
     live.done["rollout"] = rollout
     inference = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
         ctl, g.inference, "compute_logprobs", get="rollouts", put="experience", after=rollout, clock=clock,
@@ -114,7 +120,9 @@ async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], versi
         ctl, g.trainer, "train", get="experience", put=None, after=inference, clock=clock, label=label,
         version=version)), live.extras["trainer"]))
     live.done["trainer"] = trainer
-    r, i, t = await gather_or_cancel([rollout, inference, trainer])
+    # multi-turn: the rollout's DataRouter routes follow-up turns and assembles groups (turn_router.py)
+    router = start_turn_router(ctl, g.rollout, batch, chunk_size, version)
+    r, i, t, *_ = await gather_or_cancel([rollout, inference, trainer, *([router] if router else [])])
     await sync_weights(g, version + 1, weight_bytes)
     return {"rollout": r, "inference": i, "trainer": t}
 

@@ -4,7 +4,8 @@
     tokens_per_s      generated tokens / s (math);  requests_per_s: episodes / s (agentic)
     gpu_idle_frac     1 - device-seconds some component computed / (N x time)
     bound_s           mean lower bound (bound.py); ratio_to_bound = iter_time_s / bound_s
-    migrations        per kind (reboot, workload, p2p): count and total cost in seconds
+    migrations        per kind (reboot, workload, p2p, switch: parked inference/trainer onloading
+                      on their devices): count and total cost in seconds
     decisions         decide() calls; decision_ms_p99 their wall-clock p99 (0 without a hook)
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dynarl.components.placement.plan import COMPONENTS
 from .runner import PolicyRun
 from .scenario import Scenario
 
-MIGRATION_KINDS = ("reboot", "workload", "p2p")
+MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch")
 
 
 def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str, Any]:
@@ -47,6 +48,7 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
         out["tokens_per_s"] = sum(r.tokens for r in measured) / total
     else:
         out["requests_per_s"] = sum(r.samples for r in measured) / total
+        out["reprefill_tokens"] = sum(run.reprefill_tokens[cfg.warmup:]) / n  # per iteration (episodes.py)
     if not run.decision_ms:
         out["decision_ms_p99"] = 0.0
     elif timings:

@@ -28,7 +28,9 @@ from dynarl.components.placement.policy import Migrate
 from dynarl.components.trainer.base import STATE_NAMES
 from dynarl.components.trainer.emulated.layout import build_layout
 from dynarl.core.controller import Controller
+from dynarl.core.migration.p2p import MigrationFailed
 from dynarl.core.migration.workload import workload_migrate
+from dynarl.core.worker_group import gather_or_cancel
 
 from .iteration import LiveIteration, SimGroups
 from .scenario import Scenario
@@ -84,7 +86,7 @@ class Ownership:
 
 
 class Migrator:
-    def __init__(self, ctl: Controller, scn: Scenario, base: Placement, record, now) -> None:
+    def __init__(self, ctl: Controller, scn: Scenario, base: Placement, record, now, borrow: bool = False) -> None:
         self.ctl, self.scn, self.base = ctl, scn, base
         self.record = record  # record(kind, seconds)
         self.now = now
@@ -92,6 +94,13 @@ class Migrator:
         self.own = Ownership([(0.0, {c: base.num_devices_of(c) for c in COMPONENTS})])
         self.trainer_base = base.num_devices_of("trainer")
         self.inference_base = base.num_devices_of("inference")
+        self.borrow = borrow
+        self.home = {c: base.device_ids(c) for c in ("inference", "trainer")}
+        self.lent: list[int] = []
+        """First device of each rollout engine running on the parked components' home devices."""
+        self.credit: dict[str, int] = {}
+        """Home devices returned to a component and not yet counted against a Migrate to it."""
+        self.lock = asyncio.Lock()
 
     async def execute(self, g: SimGroups, d: Migrate, live: LiveIteration) -> None:
         if self.base.mode != "spatial":
@@ -99,8 +108,17 @@ class Migrator:
                                       "online migrations move devices between segments of their own")
         if d.source != "rollout":
             raise NotImplementedError(f"only the rollout donates devices, not {d.source}")
+        async with self.lock:
+            if self.lent:
+                await self._return_home(g)
+            credit = self.credit.pop(d.target, 0)
+            await self._move(g, d.target, d.devices - credit, live)
+
+    async def _move(self, g: SimGroups, target: str, devices: int, live: LiveIteration) -> None:
         tp = self.scn.rollout_tp
-        engines = d.devices // tp
+        engines = devices // tp
+        if engines <= 0:
+            return
         loads = await g.rollout.call("load")
         # finished engines first, then the emptiest; never the last engine with a live run
         order = sorted(range(g.rollout.world_size),
@@ -116,12 +134,18 @@ class Migrator:
         if not release:
             return
         begun = self.now()
-        result = await workload_migrate(self.ctl, g.rollout, release)
-        devices = [first + k for first in result.freed_devices for k in range(tp)]
+        if any(loads[p]["active_run"] for p in release):
+            try:
+                freed = (await workload_migrate(self.ctl, g.rollout, release)).freed_devices
+            except MigrationFailed:
+                return  # the kept engines finished meanwhile: nothing moved, the next decision sees that
+        else:  # finished engines (the rollout's tail is elsewhere, or it is done): nothing to hand over
+            freed = await self.ctl.shrink_group(g.rollout, release)
+        devices = [first + k for first in freed for k in range(tp)]
         self.own.change(self.now(), rollout=-len(devices))
         await asyncio.sleep(WORKLOAD_MIGRATION_S * self.ts)
         self.record("workload", self.now() - begun)
-        await self.grow(g, d.target, devices, live)
+        await self.grow(g, target, devices, live)
 
     async def grow(self, g: SimGroups, target: str, devices: list[int], live: LiveIteration) -> None:
         begun = self.now()
@@ -149,11 +173,67 @@ class Migrator:
                                          ranks=[p]))
             live.add_rank(self.ctl, target, call)
 
+    # --- the rollout borrows the parked components' devices (dynarl's start) -----------
+
+    async def lend(self, g: SimGroups, version: int) -> float:
+        """Parks inference and trainer (state offloaded to host memory) and starts rollout
+        engines on their devices, so the rollout holds the whole cluster while nothing
+        else has work (DynaRL Fig 13). Returns the seconds it costs (a role switch),
+        which the caller spends (restore overlaps it with its own)."""
+        tp = self.scn.rollout_tp
+        home = sorted(self.home["inference"] + self.home["trainer"])
+        firsts = [home[i] for i in range(0, len(home) - tp + 1, tp) if home[i + tp - 1] - home[i] == tp - 1]
+        if not firsts:
+            return 0.0
+        await gather_or_cancel([g.inference.call("park"), g.trainer.call("park")])
+        first = g.rollout.world_size
+        rollout_engine = dict(self.scn.engines["rollout"], weight_sync_bandwidth=cm.get_device(
+            self.scn.config.device).nic_bandwidth)
+        await self.ctl.grow_group(g.rollout, firsts, {"engine": rollout_engine, "shares_device": False})
+        await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
+                             ranks=list(range(first, g.rollout.world_size)))
+        self.lent = firsts
+        self.credit = {}
+        self.own.change(self.now(), rollout=len(firsts) * tp, inference=-len(self.home["inference"]),
+                        trainer=-len(self.home["trainer"]))
+        return cm.role_switch_time()
+
+    async def return_home(self, g: SimGroups) -> None:
+        """The lent engines go (their requests to the other engines), inference and
+        trainer onload on their own devices and take their stages' input."""
+        async with self.lock:
+            if self.lent:
+                await self._return_home(g)
+
+    async def _return_home(self, g: SimGroups) -> None:
+        positions = [p for p, h in enumerate(g.rollout.handles) if h.spec.devices[0] in self.lent]
+        loads = await g.rollout.call("load", ranks=positions)
+        begun = self.now()
+        if any(l["active_run"] for l in loads):
+            try:
+                await workload_migrate(self.ctl, g.rollout, positions)
+            except MigrationFailed:
+                return  # only the lent engines still run: they keep the devices until they finish
+        else:
+            await self.ctl.shrink_group(g.rollout, positions)
+        await asyncio.sleep(WORKLOAD_MIGRATION_S * self.ts)  # the lent engines pause and offload
+        self.own.change(self.now(), rollout=-len(self.lent) * self.scn.rollout_tp)
+        self.lent = []
+        self.record("workload", self.now() - begun)
+        # Both onload (trainer: its state from host memory; inference: the weights): a role switch.
+        await asyncio.sleep(cm.role_switch_time() * self.ts)
+        await gather_or_cancel([g.inference.call("unpark"), g.trainer.call("unpark")])
+        self.record("switch", cm.role_switch_time())
+        self.own.change(self.now(), inference=len(self.home["inference"]), trainer=len(self.home["trainer"]))
+        self.credit = {c: len(self.home[c]) for c in self.home}
+
     async def restore(self, g: SimGroups, version: int) -> None:
         """Back to the start placement at an iteration boundary (before iteration `version`)."""
         extra_t = list(range(self.trainer_base, g.trainer.world_size))
         extra_i = list(range(self.inference_base, g.inference.world_size))
         if not extra_t and not extra_i:
+            if self.borrow:
+                await asyncio.sleep(await self.lend(g, version) * self.ts)
             return
         begun = self.now()
         if extra_t:
@@ -169,9 +249,10 @@ class Migrator:
         await self.ctl.grow_group(g.rollout, missing, {"engine": rollout_engine, "shares_device": False})
         await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
                              ranks=list(range(first, g.rollout.world_size)))
+        lend_s = await self.lend(g, version) if self.borrow else 0.0
         # The trainer's state moves back (p2p) while the engines start (a role switch): in parallel.
         p2p = p2p_cost_s(self.scn) if extra_t else 0.0
-        await asyncio.sleep(max(p2p, cm.role_switch_time()) * self.ts)
+        await asyncio.sleep(max(p2p, cm.role_switch_time(), lend_s) * self.ts)
         if extra_t:
             self.record("p2p", p2p)
         self.record("workload", cm.role_switch_time())

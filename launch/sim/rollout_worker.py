@@ -9,7 +9,11 @@ it covers `tp` consecutive devices.
 Single-turn samples become one request of exactly `len` tokens. A multi-turn
 sample is an episode: each turn's prompt is the context so far (prompt, earlier
 turns' output and tool output), so the engine's prefix cache serves the previous
-turns; between turns the tool runs for its latency, off the device.
+turns; between turns the tool runs for its latency, off the device. With an
+`affinity` (the policy's, scenario.for_policy) episodes are routed turn by turn by
+the iteration's DataRouter (turn_router.py, episodes.py) and take part in Workload
+migration; without one (the profiler) an episode stays on the engine that took it.
+The engine's queue order ("fifo" / "priority") is its config's `queue`.
 """
 from __future__ import annotations
 
@@ -24,17 +28,37 @@ from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
 from dynarl.components.rollout.emulated.tokens import response_tokens
 
+from .episodes import Episodes
+from .group_migration import GroupMigration, token_ids
 from .switching import add_busy, half_switch
 
 
 class SimRolloutWorker(dynarl.Worker):
     def __init__(self, engine: dict, shares_device: bool = False) -> None:
+        engine = dict(engine)
+        self.affinity: str | None = engine.pop("affinity", None)
+        """Multi-turn routing: "prefer" / "none" (turn_router.py); None keeps episodes here."""
+        if self.affinity not in (None, "prefer", "none"):
+            raise ValueError(f"affinity must be 'prefer' or 'none', got {self.affinity!r}")
         self.engine = EmulatedRolloutEngine(EmulatedRolloutConfig(**engine))
         self.shares_device = shares_device
         self.time_scale = self.engine.config.time_scale
         self.vocab = self.engine.model.vocab_size
         self.run: _Run | None = None
         """The iteration's generation in progress (None between generate() calls)."""
+
+    @property
+    def worker_id(self) -> str:
+        return self._runtime.spec.worker_id
+
+    def pressure(self) -> float:
+        """The DataRouter's load: KV utilization or requests held / max_num_seqs, the larger."""
+        load = self.engine.load()
+        held = (load.num_running + load.num_waiting) / self.engine.config.max_num_seqs
+        return max(load.utilization, held)
+
+    def tool_output(self, rid: str, obs: int) -> list[int]:
+        return token_ids(rid, obs, self.vocab) if obs else []
 
     async def onload(self) -> None:
         await half_switch(self.shares_device, self.time_scale)
@@ -71,9 +95,10 @@ class SimRolloutWorker(dynarl.Worker):
         self.engine.pause()
 
     async def workload_export(self) -> list[dict]:
-        """Hands over every unfinished prompt group with its requests' tokens so far.
-        Only once this rank has fetched its END (the scheduler shrinks rollout only
-        when the prompt channel is drained), and only single-turn samples."""
+        """Hands over every unfinished prompt group with its requests' tokens so far, once
+        this rank has fetched its END (the scheduler shrinks rollout only when the prompt
+        channel is drained). Routed multi-turn episodes go back to the turn router instead
+        (each with its turn's tokens so far, or what is left of its tool call): no items."""
         run = self.run
         if run is None or run.closed:
             return []
@@ -103,7 +128,7 @@ class SimRolloutWorker(dynarl.Worker):
         chunks of `chunk_size`. Returns counters and the engine's busy intervals."""
         if self.engine.weight_version != version:
             raise RuntimeError(f"rollout holds weights v{self.engine.weight_version}, the step needs v{version}")
-        run = self.run = _Run(self, self.channel(put), chunk_size)
+        run = self.run = _Run(self, self.channel(put), chunk_size, version)
         fetch = run.fetch_task = asyncio.ensure_future(run.fetch(self.channel(get)))
         try:
             await run.drive(fetch)
@@ -112,14 +137,16 @@ class SimRolloutWorker(dynarl.Worker):
             fetch.cancel()
         return {"groups": run.num_groups, "tokens": run.num_tokens, "busy": run.busy, "tp": self.engine.config.tp,
                 "preemptions": self.engine.scheduler.num_preemptions, "samples": run.num_samples,
-                "exported_groups": run.exported, "imported_groups": run.imported}
+                "exported_groups": run.exported, "imported_groups": run.imported,
+                "reprefill_tokens": run.reprefill_tokens}
 
 
-class _Run:
+class _Run(GroupMigration):
     """One iteration's generation on one engine."""
 
-    def __init__(self, worker: SimRolloutWorker, outbox: Any, chunk_size: int) -> None:
+    def __init__(self, worker: SimRolloutWorker, outbox: Any, chunk_size: int, version: int = 0) -> None:
         self.w, self.engine, self.outbox, self.chunk_size = worker, worker.engine, outbox, chunk_size
+        self.version = version
         self.waiting: dict[str, asyncio.Future] = {}
         self.episodes: set[asyncio.Task] = set()
         self.ready: list[dict] = []
@@ -134,11 +161,22 @@ class _Run:
         self.stepping = False
         self.step_done = asyncio.Event()
         self.fetch_task: asyncio.Future | None = None
+        self.routed = Episodes(self) if worker.affinity is not None else None
+        self.serve_task: asyncio.Future | None = None
+
+    @property
+    def reprefill_tokens(self) -> int:
+        return self.routed.reprefill_tokens if self.routed else 0
 
     async def fetch(self, inbox: Any) -> None:
         while (group := await inbox.get()) is not END:
             self.num_groups += 1
-            self._start(group, self.group(group))
+            if self.routed is not None and any("turns" in s for s in group["samples"]):
+                await self.routed.add_group(group, token_ids(group["prompt"], group["prompt_len"], self.w.vocab))
+            else:
+                self._start(group, self.group(group))
+        if self.routed is not None:
+            await self.routed.send("fetched_end")
 
     def _start(self, group: dict, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -152,15 +190,25 @@ class _Run:
 
     async def drive(self, fetch: asyncio.Future) -> None:
         loop = asyncio.get_running_loop()
-        while not (fetch.done() and not self.episodes):
-            for task in [fetch, *self.episodes]:
+        serve = self.serve_task = asyncio.ensure_future(self.routed.serve()) if self.routed else None
+        try:
+            await self._drive(fetch, serve, loop)
+        finally:
+            if serve is not None:
+                serve.cancel()
+
+    async def _drive(self, fetch: asyncio.Future, serve: asyncio.Future | None, loop: Any) -> None:
+        inputs = [fetch] + ([serve] if serve is not None else [])
+        while not (all(t.done() for t in inputs) and not self.episodes):
+            for task in [*inputs, *self.episodes]:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()
             if not self.engine.has_work():
                 self.wake.clear()
                 waiter = asyncio.ensure_future(self.wake.wait())
-                # woken by a new request, a finished episode, or (until it ends) the fetch
-                await asyncio.wait([waiter] if fetch.done() else [fetch, waiter], return_when=asyncio.FIRST_COMPLETED)
+                # woken by a new request, a finished episode, or (until they end) the inputs
+                await asyncio.wait([waiter, *(t for t in inputs if not t.done())],
+                                   return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 continue
             start = loop.time()
@@ -176,19 +224,40 @@ class _Run:
                     continue  # exported: another engine finishes it
                 self.num_finished += 1
                 self.finished_tokens += len(result.output_token_ids)
-                self.waiting.pop(result.request_id).set_result(len(result.output_token_ids))
+                self.waiting.pop(result.request_id).set_result((len(result.output_token_ids), result.cached_tokens))
             await asyncio.sleep(0)  # let fetch and episodes add requests between steps
-        fetch.result()
+        for task in inputs:
+            task.result()
         if self.ready:
             await self._emit()
         await self.outbox.flush()
 
-    async def request(self, rid: str, prompt: list[int], tokens: int) -> int:
+    async def request(self, rid: str, prompt: list[int], tokens: int, tool_count: int = 0) -> tuple[int, int]:
+        """(output tokens, prompt tokens the prefix cache served). arrival_time is run time
+        in emulated seconds: the priority window (core/priority.py) is in those."""
         future = asyncio.get_running_loop().create_future()
         self.waiting[rid] = future
-        self.engine.add_request(GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=tokens)))
+        arrival = asyncio.get_running_loop().time() / self.w.time_scale
+        self.engine.add_request(GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=tokens),
+                                                  tool_count=tool_count, arrival_time=arrival))
         self.wake.set()
         return await future
+
+    async def resume_request(self, item: InflightRequest) -> tuple[int, int]:
+        """A turn exported part-way by another engine: continue it here."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[item.request.request_id] = future
+        self.engine.import_inflight([item])
+        self.wake.set()
+        return await future
+
+    def in_engine(self, rid: str) -> bool:
+        """The request is queued or running here (not finished, not exported)."""
+        sched = self.engine.scheduler
+        return rid in sched.running or rid in sched.waiting
+
+    def forget(self, rid: str) -> None:
+        self.waiting.pop(rid, None)
 
     async def group(self, group: dict) -> None:
         prompt = token_ids(group["prompt"], group["prompt_len"], self.w.vocab)
@@ -211,76 +280,24 @@ class _Run:
         while self.stepping:  # (an Event, not sleep(0): virtual time advances only when the loop is idle)
             self.step_done.clear()
             await self.step_done.wait()
-        for _ in range(3):  # let the groups whose last sample just finished emit
-            await asyncio.sleep(0)
-        inflight = {item.request.request_id: item for item in self.engine.export_inflight()}
-        items = []
-        for index, (group, task) in list(self.open.items()):
-            if any("turns" in s for s in group["samples"]):
-                raise RuntimeError("workload migration of multi-turn episodes is not modelled")
-            task.cancel()
-            self.open.pop(index)
-            parts, weight = [], 0.0
-            for s in group["samples"]:
-                if "gen" in s:
-                    continue
-                self.waiting.pop(s["id"], None)
-                item = inflight.pop(s["id"], None)
-                if item is not None:
-                    parts.append(item.to_wire())
-                    weight += max(len(item.output_token_ids), 1)
-                else:
-                    weight += 1.0
-            items.append({"id": index, "weight": weight, "group": group, "inflight": parts})
-        if inflight:
-            raise RuntimeError(f"exported requests outside any open group: {sorted(inflight)[:3]}")
-        self.exported += len(items)
-        self.wake.set()
-        return items
-
-    def import_groups(self, items: list[dict]) -> None:
-        """Workload migration, the kept side: continue each group's requests here."""
-        moved: list[InflightRequest] = []
-        for item in items:
-            group = item["group"]
-            parts = {d["request"]["request_id"]: InflightRequest.from_wire(d) for d in item["inflight"]}
-            moved.extend(parts.values())
-            loop = asyncio.get_running_loop()
-            futures = {}
-            for s in group["samples"]:
-                if "gen" not in s and s["id"] in parts:
-                    futures[s["id"]] = self.waiting[s["id"]] = loop.create_future()
-            self._start(group, self._resumed(group, futures))
-        self.engine.import_inflight(moved)
-        self.imported += len(items)
-        self.wake.set()
-
-    async def _resumed(self, group: dict, futures: dict[str, asyncio.Future]) -> None:
-        prompt = token_ids(group["prompt"], group["prompt_len"], self.w.vocab)
-        pending = []
-        for s in group["samples"]:
-            if "gen" in s:
-                continue
-            pending.append(self._imported(s, group["prompt_len"], futures[s["id"]]) if s["id"] in futures
-                           else self.sample(s, prompt))
-        await asyncio.gather(*pending)
-        await self._finish(group)
-
-    async def _imported(self, s: dict, prompt_len: int, future: asyncio.Future) -> None:
-        s["gen"] = await future
-        s["seq"] = prompt_len + s["gen"]
-        self.num_tokens += s["gen"]
+        if self.routed is not None:  # multi-turn: the episodes go back to the router (episodes.py)
+            if self.open:  # (agentic traces and workloads have no single-turn groups)
+                raise RuntimeError("single-turn groups beside routed episodes are not migrated")
+            await self.routed.export(self.serve_task)
+            self.wake.set()
+            return []
+        return await self.export_groups()
 
     async def sample(self, s: dict, prompt: list[int]) -> None:
         if "turns" not in s:
-            s["gen"] = await self.request(s["id"], prompt, s["len"])
+            s["gen"] = (await self.request(s["id"], prompt, s["len"]))[0]
             s["seq"] = len(prompt) + s["gen"]
             self.num_tokens += s["gen"]
             return
         context, generated = list(prompt), 0
         for k, (gen, latency, obs) in enumerate(s["turns"]):
             rid = f"{s['id']}#{k}"
-            await self.request(rid, context, gen)
+            await self.request(rid, context, gen, tool_count=k)
             generated += gen
             # the turn's output ids, as the engine made them (a pure function of the request)
             context += response_tokens(zlib.crc32(rid.encode()), 0, gen, gen, self.w.vocab)
@@ -294,7 +311,3 @@ class _Run:
         chunk, self.ready = self.ready, []
         await self.outbox.put(chunk, weight=len(chunk))
 
-
-def token_ids(key: str, length: int, vocab: int) -> list[int]:
-    """Deterministic synthetic ids for a prompt or a tool output named `key`."""
-    return response_tokens(zlib.crc32(key.encode()) ^ 0x7F4A7C15, 0, length, length, vocab)

@@ -28,7 +28,7 @@ from .inference_worker import SimInferenceWorker
 from .iteration import CHANNELS, LiveIteration, SimGroups, open_channels, run_iteration, sync_weights
 from .migrate import WORKLOAD_MIGRATION_S, Migrator, min_devices, p2p_cost_s
 from .rollout_worker import SimRolloutWorker
-from .scenario import Scenario, nic_or_link
+from .scenario import Scenario, for_policy, nic_or_link
 from .trainer_worker import SimTrainerWorker
 
 REBOOT_S = cm.role_switch_time(restart=True)
@@ -63,12 +63,15 @@ class PolicyRun:
     """kind -> cost in seconds of each migration."""
     notes: list[str] = field(default_factory=list)
     preemptions: int = 0
+    reprefill_tokens: list[int] = field(default_factory=list)
+    """Per iteration: context tokens computed before that an engine computed again (agentic)."""
 
 
 def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=None) -> PolicyRun:
     """Runs one policy (`policy`: an instance to use instead of make_policy(name), e.g. a sweep's)."""
     cfg = scn.config
     policy = policy or make_policy(name)
+    scn = for_policy(scn, policy)  # agentic: the policy's queue order and turn affinity (scenario.py)
     ctx = PlanContext(num_devices=cfg.devices, granularity={"rollout": scn.rollout_tp}, work=scn.work(),
                       switch_s=cm.ROLE_SWITCH_S, micro_batches=cfg.micro_batches,
                       profiles=profiles if policy.needs_profile else None, min_devices=min_devices(scn))
@@ -87,25 +90,32 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
         open_channels(ctl, capacity)
         g = await spawn(ctl, scn, placement)
         run.placements.append((now(), placement))
-        migrator = Migrator(ctl, scn, placement, lambda kind, s: run.migrations.setdefault(kind, []).append(s), now)
+        borrow = getattr(policy, "rollout_borrows", False)
+        migrator = Migrator(ctl, scn, placement, lambda kind, s: run.migrations.setdefault(kind, []).append(s), now,
+                            borrow=borrow)
         previous_end: float | None = None
         for it in range(cfg.iterations):
+            start = now() if previous_end is None else previous_end
             if it > 0:
                 await migrator.restore(g, it)  # paid by this iteration: its window began at the last end
-            start = now() if previous_end is None else previous_end
+            elif borrow:
+                await asyncio.sleep(await migrator.lend(g, it) * cfg.time_scale)
             clock = StageClock()
-            live = LiveIteration(it)
+            live = LiveIteration(it, borrowed=bool(migrator.lent))
             work = asyncio.ensure_future(run_iteration(ctl, g, scn.batches[it], it, clock=clock, live=live,
                                                        chunk_size=cfg.chunk_size, weight_bytes=scn.weight_bytes))
             ticker = asyncio.ensure_future(_ticker(ctl, g, policy, run, it, placement, now, scn, live, migrator))
+            home = asyncio.ensure_future(_home_after_rollout(g, live, migrator))
             try:
-                done, _ = await asyncio.wait([work, ticker], return_when=asyncio.FIRST_COMPLETED)
-                if ticker in done:
-                    ticker.result()  # a failed hook ends the run
+                done, _ = await asyncio.wait([work, ticker, home], return_when=asyncio.FIRST_COMPLETED)
+                for side in (ticker, home):
+                    if side in done:
+                        side.result()  # a failed hook ends the run
                 results = await work
             finally:
                 work.cancel()
                 ticker.cancel()
+                home.cancel()
             end = now()
             _record(run, scn, it, start, end, placement, results, clock, origin, cfg.time_scale, migrator)
             previous_end = end
@@ -121,7 +131,7 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
                         g = await _replan(ctl, scn, g, placement, decision, run, it)
                         placement = decision.placement
                         run.placements.append((now(), placement))
-                        migrator = Migrator(ctl, scn, placement, migrator.record, now)
+                        migrator = Migrator(ctl, scn, placement, migrator.record, now, borrow=borrow)
                         migrator.own.events = [(now(), {c: placement.num_devices_of(c) for c in COMPONENTS})]
         for group in g.all():
             await ctl.stop_group(group)
@@ -165,6 +175,18 @@ async def _replan(ctl: Controller, scn: Scenario, g: SimGroups, old: Placement, 
     return g
 
 
+async def _home_after_rollout(g: SimGroups, live: LiveIteration, migrator: Migrator) -> None:
+    """Devices the rollout borrowed go back to inference and trainer once it is done at
+    the latest (without this, a policy that never migrates would leave them parked)."""
+    if not live.borrowed:
+        await asyncio.Future()  # nothing lent: wait to be cancelled
+    while "rollout" not in live.done:  # run_iteration registers it once the prompts are out
+        await asyncio.sleep(0)
+    await asyncio.wait([live.done["rollout"]])
+    await migrator.return_home(g)
+    await asyncio.Future()
+
+
 async def _ticker(ctl: Controller, g: SimGroups, policy, run: PolicyRun, it: int, placement: Placement,
                   now, scn: Scenario, live: LiveIteration, migrator: Migrator) -> None:
     """decide() every decide_every_s during the iteration; Migrate decisions are executed
@@ -203,8 +225,8 @@ async def _snapshot(ctl: Controller, g: SimGroups, it: int, placement: Placement
         rollout_kv_tokens=sum(l["kv"] for l in loads), rollout_capacity=loads[0]["capacity"],
         remaining_tokens=remaining,
         rate_points=_rate_points(scn, active, prompt_mean + (generated / active if active else 0.0), seq_mean),
-        # multi-turn episodes are not migrated (rollout_worker.export): agentic rollouts never donate
-        interruptible={"rollout": depth["prompts"] == 0 and live.accepts("rollout") and scn.workload.kind == "math"},
+        # multi-turn episodes migrate between turns or part-way through one (episodes.py)
+        interruptible={"rollout": depth["prompts"] == 0 and live.accepts("rollout")},
         accepting={c: live.accepts(c) for c in ("inference", "trainer")},
         migration_cost_s={"workload": WORKLOAD_MIGRATION_S, "p2p": p2p_cost_s(scn)})
 
@@ -253,6 +275,7 @@ def _record(run: PolicyRun, scn: Scenario, it: int, start: float, end: float, pl
             totals.append(total)
             run.preemptions += r.get("preemptions", 0)
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
+    run.reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in results["rollout"]))
     label = f"iteration {it}"
     spans: dict[str, float] = {}
     for span in clock.spans:

@@ -4,10 +4,12 @@ Resolved once and shared by every policy, so all of them see the same requests.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from dynarl.components import costmodel as cm
+from dynarl.components.placement.agentic import agentic_mode
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.trainer.emulated.layout import build_layout
 from dynarl.components.workloads.catalog import get_workload, prompts_for
@@ -108,6 +110,17 @@ def build_scenario(config: SimConfig) -> Scenario:
                               max_num_seqs=rollout_cfg.max_num_seqs, num_devices=config.devices,
                               weight_bytes=weight_bytes, with_sync=i > 0) for i, b in enumerate(batches)]
     return Scenario(config, workload, batches, bounds, weight_bytes, trace, engines)
+
+
+def for_policy(scn: Scenario, policy: object) -> Scenario:
+    """The scenario as `policy` runs it: on agentic workloads its queue order and turn
+    affinity (components/placement/agentic.py) go into every rollout engine's settings,
+    so engines started later (restores, re-plans) get them too."""
+    if scn.workload.kind != "agentic":
+        return scn
+    mode = agentic_mode(policy)
+    rollout = dict(scn.engines["rollout"], queue=mode.queue, affinity=mode.affinity)
+    return dataclasses.replace(scn, engines=dict(scn.engines, rollout=rollout))
 
 
 def _check_fits(batches: list[list[Group]], capacity: int, name: str) -> None:

@@ -1,5 +1,5 @@
 """`dynarl sim --sweep`: dynarl's sensitivity to U_low and T (the donor window) on
-math-1.5b, one parameter varied at a time around the defaults (DynaRL §7.5, Fig 15:
+math-1.5b (or --workload), one parameter varied at a time around the defaults (DynaRL §7.5, Fig 15:
 U_low in {0.01, 0.1, 0.2, 0.3, 0.5}, T in {2, 4, 8, 32, 64} s). Every row runs the
 same batches (one scenario); tokens/s is relative to the best row of its parameter.
 """
@@ -22,9 +22,9 @@ WORKLOAD = "math-1.5b"
 
 
 def sweep(devices: int, seed: int, iterations: int, warmup: int, prompts: int | None,
-          log: Any = None) -> dict[str, Any]:
+          log: Any = None, workload: str = WORKLOAD) -> dict[str, Any]:
     from .runner import run_policy
-    scn = build_scenario(SimConfig(workload=WORKLOAD, devices=devices, policies=("dynarl",), seed=seed,
+    scn = build_scenario(SimConfig(workload=workload, devices=devices, policies=("dynarl",), seed=seed,
                                    iterations=iterations, warmup=warmup, prompts=prompts))
     rows: dict[str, list[dict[str, Any]]] = {"u_low": [], "window_s": []}
     for param, values in (("u_low", U_LOW), ("window_s", WINDOW_S)):
@@ -40,7 +40,7 @@ def sweep(devices: int, seed: int, iterations: int, warmup: int, prompts: int | 
         best = max(r["tokens_per_s"] for r in rows[param])
         for r in rows[param]:
             r["vs_best"] = r["tokens_per_s"] / best
-    return {"workload": WORKLOAD, "devices": devices, "seed": seed, "prompts": len(scn.batches[0]),
+    return {"workload": workload, "devices": devices, "seed": seed, "prompts": len(scn.batches[0]),
             "defaults": {"u_low": DEFAULT_CONFIG.u_low, "window_s": DEFAULT_CONFIG.window_s,
                          "theta": DEFAULT_CONFIG.theta}, "rows": rows}
 
@@ -58,7 +58,8 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(args) -> int:
-    result = sweep(args.devices, args.seed, args.iterations, args.warmup, args.prompts, log=sys.stderr)
+    result = sweep(args.devices, args.seed, args.iterations, args.warmup, args.prompts, log=sys.stderr,
+                   workload=args.workload or WORKLOAD)
     if args.json:
         from .report import to_json
         print(to_json(result))

@@ -28,6 +28,10 @@ class SimTrainerWorker(dynarl.Worker):
         self.trainer = EmulatedTrainer(TrainerConfig(), emulation=EmulatedTrainerConfig(**engine),
                                        rank=self.rank, world_size=self.world_size)
         self.shares_device = shares_device
+        self.home = asyncio.Event()
+        self.home.set()
+        """Clear while parked: its devices are lent to the rollout (dynarl's start), its
+        state offloaded to host memory; the stage waits here before taking any input."""
         self.version = 0
         self.done_samples = self.done_tokens = 0
 
@@ -42,6 +46,12 @@ class SimTrainerWorker(dynarl.Worker):
     def weight_bytes(self) -> int:
         return self.trainer.weight_bytes
 
+    def park(self) -> None:
+        self.home.clear()
+
+    def unpark(self) -> None:
+        self.home.set()
+
     async def train(self, get: str, put: str | None, *, version: int) -> dict[str, Any]:
         inbox = self.channel(get)
         loop = asyncio.get_running_loop()
@@ -49,6 +59,7 @@ class SimTrainerWorker(dynarl.Worker):
         samples = 0
         ids: list[str] = []
         self.done_samples = self.done_tokens = 0
+        await self.home.wait()
         while (chunk := await inbox.get()) is not END:
             batch = TrainBatch(input_ids=[range(s["seq"]) for g in chunk for s in g["samples"]],
                                prompt_lens=[g["prompt_len"] for g in chunk for _ in g["samples"]],

@@ -35,6 +35,12 @@ class EmulatedRolloutConfig:
     e.g. 0.01 for a fidelity check on a real loop)."""
     weight_sync_bandwidth: float | None = None
     """Bytes/s each TP rank receives weights at; None = the device's link bandwidth."""
+    queue: str = "fifo"
+    """Waiting-queue order: "fifo" (arrival, then admission order) or "priority", DynaRL's
+    (tool_count, cached_prefix) key with a bounded overtaking window: the same key function
+    as the native engine (components/rollout/queue_keys.py over core/priority.py)."""
+    priority_window_s: float = 30.0
+    """priority: core.priority.PriorityConfig.max_bonus_s, in the requests' arrival_time unit."""
     lazy_outputs: bool = False
     """Results hold output ids and log-probs as tokens.LazyList, built on first read:
     same values, but a simulation that only needs lengths skips building them. Such
@@ -56,6 +62,10 @@ class EmulatedRolloutConfig:
             raise ValueError(f"time_scale must be >= 0, got {self.time_scale}")
         if self.weight_sync_bandwidth is not None and self.weight_sync_bandwidth <= 0:
             raise ValueError(f"weight_sync_bandwidth must be > 0, got {self.weight_sync_bandwidth}")
+        if self.queue not in ("fifo", "priority"):
+            raise ValueError(f"queue must be 'fifo' or 'priority', got {self.queue!r}")
+        if self.priority_window_s < 0:
+            raise ValueError(f"priority_window_s must be >= 0, got {self.priority_window_s}")
         if self.capacity_tokens() < 1:
             raise ValueError(f"{self.model} at tp={self.tp} does not fit on {self.device} "
                              f"(mem_util={self.mem_util}): no room for KV cache")

@@ -34,6 +34,8 @@ from typing import Any, Sequence
 from dynarl.components import costmodel
 from dynarl.components.rollout.base import (EngineLoad, GenerationRequest, GenerationResult,
                                             InflightRequest, QueueKey)
+from dynarl.components.rollout.queue_keys import make_queue_key
+from dynarl.core.priority import PriorityConfig
 
 from .config import EmulatedRolloutConfig
 from .decode_run import DecodeRun
@@ -72,6 +74,9 @@ class EmulatedRolloutEngine:
         """Cost-model seconds spent in steps (before time_scale)."""
         self.last_step_time = 0.0
         """Cost-model seconds of the last step() call."""
+        if self.config.queue != "fifo":  # the native engine's key function, not a copy of it
+            self.set_queue_key(make_queue_key(self.config.queue, PriorityConfig(
+                max_bonus_s=self.config.priority_window_s)))
 
     # --- requests in ------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+NUM_GPUS = 0
+"""Agentic workloads in `dynarl sim`: the engines' queue order and the turn routing come
+from the policy (components/placement/agentic.py); follow-up turns are routed by core's
+DataRouter (launch/sim/turn_router.py); episodes take part in Workload migration."""
+
+import pytest
+
+from dynarl.components.placement.agentic import BASELINE, DYNARL, AgenticMode, agentic_mode
+from dynarl.components.placement.dynarl import Dynarl
+from dynarl.components.placement.policy import Migrate, make_policy
+from dynarl.launch.sim.cli import simulate
+from dynarl.launch.sim.report import to_json
+from dynarl.launch.sim.runner import run_policy
+from dynarl.launch.sim.scenario import SimConfig, build_scenario, for_policy
+
+TINY = dict(workload="agentic-search-1.5b", devices=8, prompts=8, iterations=2, warmup=1)
+
+
+@pytest.mark.parametrize("name,mode", [
+    ("colocated", BASELINE), ("spatial", BASELINE), ("rlinf-auto", BASELINE),
+    ("dynarl", DYNARL), ("dynarl-costaware", DYNARL), ("dynarl-noprio", BASELINE)])
+def test_each_policy_has_its_request_handling(name, mode):
+    assert agentic_mode(make_policy(name)) == mode
+
+
+def test_the_mode_reaches_the_rollout_engines_of_agentic_runs_only():
+    scn = build_scenario(SimConfig(**TINY))
+    rollout = for_policy(scn, make_policy("dynarl")).engines["rollout"]
+    assert (rollout["queue"], rollout["affinity"]) == ("priority", "prefer")
+    assert "queue" not in scn.engines["rollout"]  # the shared scenario is left alone
+    math = build_scenario(SimConfig(workload="math-1.5b", devices=8, prompts=2))
+    assert for_policy(math, make_policy("dynarl")) is math
+    with pytest.raises(ValueError, match="affinity"):
+        AgenticMode(queue="fifo", affinity="sometimes")
+
+
+def test_priority_and_affinity_reprefill_fewer_tokens_and_every_episode_ends_once():
+    scn = build_scenario(SimConfig(**TINY, policies=("colocated", "dynarl-noprio", "dynarl")))
+    result, runs = simulate(scn)
+    episodes = sum(len(g.samples) for g in scn.batches[1])
+    for name, run in runs.items():
+        # the runner's exactly-once check passed for every iteration (it raises otherwise)
+        assert [r.samples for r in run.iterations] == [sum(len(g.samples) for g in b) for b in scn.batches]
+    m = result["policies"]
+    assert m["dynarl"]["reprefill_tokens"] < m["dynarl-noprio"]["reprefill_tokens"]
+    assert m["dynarl"]["reprefill_tokens"] < m["colocated"]["reprefill_tokens"]
+    assert m["dynarl-noprio"]["reprefill_tokens"] > 0  # no affinity: turns land on other engines
+    assert all(p["requests_per_s"] > 0 for p in m.values()) and episodes == 40
+    assert to_json(result) == to_json(simulate(scn)[0])  # routing is deterministic
+
+
+class MoveOnce(Dynarl):
+    """dynarl's request handling, and one forced move mid-way through the first iteration:
+    every rollout engine but one goes to the trainer, busy ones included."""
+    name = "test-move-once"
+
+    def decide(self, snapshot):
+        if snapshot.iteration > 0 or snapshot.at_iteration_end or snapshot.now_s < 2.0 \
+                or not snapshot.interruptible.get("rollout") or snapshot.devices["rollout"] <= 1:
+            return []
+        return [Migrate("workload", "rollout", "trainer", snapshot.devices["rollout"] - 1)]
+
+
+def test_episodes_migrate_between_and_inside_turns_and_affinity_falls_back():
+    # rStar-like episodes (0.2 s tools): at the move some are decoding a turn (exported with
+    # their tokens so far), some wait on their tool (exported with what is left of it)
+    scn = build_scenario(SimConfig(workload="agentic-rstar-1.5b", devices=8, prompts=4, iterations=2, warmup=1))
+    stay = run_policy(scn, "dynarl")
+    moved = run_policy(scn, "test-move-once", policy=MoveOnce())
+    assert stay.reprefill_tokens == [0, 0]  # dynarl alone does not move this small run
+    assert moved.migrations["p2p"]
+    assert len(moved.iterations) == 2  # every episode reached the trainer exactly once (checked per iteration)
+    # the released engines' episodes continue on the kept one (fallback: home gone), which
+    # prefills their contexts again; the next iteration starts on the full placement
+    assert moved.reprefill_tokens[0] > 0 and moved.reprefill_tokens[1] == 0
