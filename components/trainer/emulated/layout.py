@@ -6,6 +6,8 @@ bucket list made from an emulated trainer reads like one from a real trainer.
 """
 from __future__ import annotations
 
+import functools
+
 from dynarl.components.costmodel import ModelShape
 from dynarl.components.trainer.base import STATE_NAMES, ParamSpec, StateLayout, shard_ranges
 
@@ -34,11 +36,24 @@ def qwen2_param_shapes(model: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def build_layout(model: ModelShape, world_size: int, dtype: str = "bfloat16") -> StateLayout:
+    specs, total = _param_specs(model, dtype)
+    ranges = _shard_ranges(total, world_size)
+    return StateLayout(params=specs, total_numel=total, world_size=world_size,
+                       shards={state: ranges for state in STATE_NAMES})
+
+
+# Every rank of an N-rank group builds its layout: cached (immutable tuples), so a
+# group costs O(N), not O(N^2) (a 4096-device simulation starts ~2000 trainer ranks).
+@functools.lru_cache(maxsize=16)
+def _param_specs(model: ModelShape, dtype: str) -> tuple[tuple[ParamSpec, ...], int]:
     specs, offset = [], 0
     for name, shape in qwen2_param_shapes(model):
         spec = ParamSpec(name, shape, dtype, offset)
         specs.append(spec)
         offset += spec.numel
-    ranges = tuple(shard_ranges(offset, world_size))
-    return StateLayout(params=tuple(specs), total_numel=offset, world_size=world_size,
-                       shards={state: ranges for state in STATE_NAMES})
+    return tuple(specs), offset
+
+
+@functools.lru_cache(maxsize=64)
+def _shard_ranges(total: int, world_size: int) -> tuple[tuple[int, int], ...]:
+    return tuple(shard_ranges(total, world_size))
