@@ -82,12 +82,33 @@ def _worker_classes(trees) -> tuple[set[str], set[str]]:
     return found, parents_of_workers
 
 
+def _class_attributes(trees) -> dict[str, str]:
+    """Class-level `attr = Cls` / `attr: type = Cls`: a workflow may spawn `self.attr`
+    so that a subclass can swap the worker class (the base class's value is read)."""
+    found: dict[str, str] = {}
+    for tree in trees:
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for stmt in cls.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    target, value = stmt.target.id, stmt.value
+                elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                    target, value = stmt.targets[0].id, stmt.value
+                else:
+                    continue
+                if isinstance(value, ast.Name):
+                    found.setdefault(target, value.id)
+    return found
+
+
 def _spawned_names(trees: dict[str, ast.AST], workers: set[str], graph: StaticGraph) -> dict[str, str]:
     names: dict[str, str] = {}
+    attributes = _class_attributes(trees.values())
     for filename, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and _name(node.func) == "spawn" and node.args:
                 cls = _name(node.args[0])
+                if cls not in workers and isinstance(node.args[0], ast.Attribute):
+                    cls = attributes.get(cls, cls)
                 if cls not in workers:
                     continue
                 name_kw = next((k.value for k in node.keywords if k.arg == "name"), None)

@@ -11,6 +11,20 @@ def pytest_asyncio_loop_factories(config, item):
     return loop_factories_for(item)
 
 
+def marked_processes(marker):
+    """Live processes whose environment holds DYNARL_TEST_MARKER=marker: a test sets it
+    on the command it starts, and every process below inherits it."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"DYNARL_TEST_MARKER={marker}".encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def assert_reaped(pids):
     """Every pid is gone: not running and not a zombie (the controller waited on it)."""
     alive = []

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import assert_reaped
+from conftest import assert_reaped, marked_processes
 from dynarl.launch.local import free_local_port
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -42,19 +42,6 @@ workflow_kwargs: {{out: "{out}"}}
     assert result["parents"][0] == result["agent0"]
     assert result["parents"][1] != result["agent0"]
     assert_reaped(result["pids"] + [result["parents"][1]])
-
-
-def _marked(marker):
-    """Live processes with our marker in their environment (torchrun, agents, workers)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"DYNARL_TEST_MARKER={marker}".encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def test_two_agents_run_a_dynarl_train_config(tmp_path):
@@ -93,7 +80,7 @@ run: {steps: 2, prompts_per_step: 8}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0]  # the override run.steps=1 reached the job
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
-    assert _marked(marker) == []
+    assert marked_processes(marker) == []
 
 
 def test_the_agent_rejects_a_train_config_for_another_launcher(tmp_path):

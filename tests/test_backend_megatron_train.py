@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from dynarl.components.extras import is_available
+from conftest import marked_processes
 from grpo_tiny import TINY
 
 pytestmark = pytest.mark.skipif(not is_available("megatron"),
@@ -34,19 +35,6 @@ def _train(marker: str, run_dir: str, *args: str) -> subprocess.CompletedProcess
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
-def _marked(marker: str) -> list[int]:
-    """Live processes started with our marker in their environment (the CLI and its workers)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"DYNARL_TEST_MARKER={marker}".encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     marker = uuid.uuid4().hex
@@ -59,7 +47,7 @@ def runs(tmp_path_factory):
                  "trainer.megatron.tensor_parallel_size=2")
     for proc in (native, megatron, tp2):
         assert proc.returncode == 0, proc.stderr[-3000:]
-    out["left_behind"] = _marked(marker)
+    out["left_behind"] = marked_processes(marker)
     return out
 
 

@@ -107,3 +107,22 @@ def test_cli_reads_the_builtin_grpo_workflow():
                  "reward --[scored]--> inference", "inference --[experience]--> driver"):
         assert edge in out.stdout
     assert "warning" not in out.stdout
+
+
+def test_a_worker_class_held_in_a_class_attribute_is_resolved():
+    source = '''
+import dynarl
+
+class Actor(dynarl.Worker):
+    async def run(self):
+        await self.channel("out").put(1)
+
+class Flow:
+    actor_class: type = Actor
+
+    async def start(self, ctl):
+        self.actors = await ctl.spawn(self.actor_class, name="actors")
+'''
+    graph = extract({"flow.py": source})
+    assert graph.nodes == {"actors": "Actor"}
+    assert graph.edges() == [("actors", "out", "?")]  # a producer with no consumer in this source

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import load_file
 
-from ..native.checkpoint import save_shard, shard_file
+from ..native.checkpoint import read_versioned_meta, save_shard, shard_file
 from .layout import ShardedLayout, plan_copies
 from .sharded_state import apply_copies
 
@@ -38,14 +38,7 @@ def save(path: str, rank: int, world_size: int, tensors: Mapping[str, torch.Tens
 
 
 def read_meta(path: str) -> dict[str, Any]:
-    file = os.path.join(path, META_FILE)
-    if not os.path.exists(file):
-        raise FileNotFoundError(f"no {META_FILE} in checkpoint directory {path} (not a megatron checkpoint)")
-    with open(file) as f:
-        meta = json.load(f)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path}: format_version {meta.get('format_version')}, expected {FORMAT_VERSION}")
-    return meta
+    return read_versioned_meta(path, META_FILE, FORMAT_VERSION, " (not a megatron checkpoint)")
 
 
 def same_layout(meta: Mapping[str, Any], layout: Mapping[str, Any]) -> bool:

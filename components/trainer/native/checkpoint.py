@@ -46,14 +46,20 @@ def save_meta(path: str, layout: StateLayout, config: Mapping[str, Any], step: i
 
 def load_meta(path: str) -> tuple[StateLayout, dict[str, Any]]:
     """(layout the checkpoint was written with, the whole metadata dict)."""
-    file = os.path.join(path, META_FILE)
+    meta = read_versioned_meta(path, META_FILE, FORMAT_VERSION)
+    return StateLayout.from_wire(meta["layout"]), meta
+
+
+def read_versioned_meta(path: str, name: str, version: int, kind: str = "") -> dict[str, Any]:
+    """A checkpoint's JSON metadata file, checked for its format version."""
+    file = os.path.join(path, name)
     if not os.path.exists(file):
-        raise FileNotFoundError(f"no {META_FILE} in checkpoint directory {path}")
+        raise FileNotFoundError(f"no {name} in checkpoint directory {path}{kind}")
     with open(file) as f:
         meta = json.load(f)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path}: format_version {meta.get('format_version')}, expected {FORMAT_VERSION}")
-    return StateLayout.from_wire(meta["layout"]), meta
+    if meta.get("format_version") != version:
+        raise ValueError(f"checkpoint {path}: format_version {meta.get('format_version')}, expected {version}")
+    return meta
 
 
 def read_flat_range(path: str, layout: StateLayout, state: str, start: int, end: int) -> torch.Tensor:
