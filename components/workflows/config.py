@@ -227,7 +227,8 @@ class TrainConfig:
         devices = self.runtime.cluster.num_devices
         if devices < 4:
             raise ConfigError("scheduler.policy", f"dynarl needs >= 4 devices, the cluster has {devices} "
-                                                  "(runtime.cluster.devices_per_node)")
+                                                  "(runtime.cluster.devices_per_node); "
+                                                  "examples/dynarl_cpu.yaml is a 4-device setup")
         if self.placement.mode == "temporal":
             raise ConfigError("scheduler.policy", "dynarl needs rollout on devices of its own: "
                                                   "placement.mode spatial or hybrid, not temporal")
