@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dynarl.components.trainer.base import STATE_NAMES
+from dynarl.core.reshard_plan import LayoutError, Shard, check_tiling
 
 Transfer = list
 """Wire form: [key, src, dst, offset, length, tag]; src/dst are ranks of the transfer
@@ -56,24 +57,26 @@ class ReshardableTrainer:
 
     async def reshard_recv(self, group: str, transfers: list[Transfer], start: int, end: int) -> int:
         """Receives this new rank's range [start, end) of every state. Returns elements received."""
-        pg = self.process_group(group)
         size = end - start
+        for key in STATE_NAMES:  # every element arrives exactly once: checked on the plan, before any byte moves
+            pieces = [Shard(key, src, (offset - start,), (length,))
+                      for k, src, _, offset, length, _ in transfers if k == key]
+            try:
+                check_tiling(pieces, (size,), f"reshard of {key!r} into [{start}, {end})")
+            except LayoutError as exc:
+                raise RuntimeError(f"reshard plan covers {key!r} of range [{start}, {end}) unevenly: {exc}") from None
+        pg = self.process_group(group)
         buffers = {key: torch.empty(size, dtype=torch.float32) for key in STATE_NAMES}
-        covered = {key: torch.zeros(size, dtype=torch.int32) for key in STATE_NAMES}
 
         def run() -> int:
             works = []
             for key, src, _, offset, length, tag in transfers:
                 view = buffers[key][offset - start: offset - start + length]
                 works.append(dist.irecv(view, group_src=src, group=pg, tag=tag))
-                covered[key][offset - start: offset - start + length] += 1
             for w in works:
                 w.wait()
             return sum(t[4] for t in transfers)
         received = await asyncio.to_thread(run)
-        for key, counts in covered.items():
-            if size and not bool((counts == 1).all()):
-                raise RuntimeError(f"reshard plan covers {key!r} of range [{start}, {end}) unevenly")
         self._received = buffers
         return received
 
