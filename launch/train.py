@@ -68,6 +68,7 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
              f"cluster: {cluster.num_nodes} node(s) x {cluster.devices_per_node} {cluster.device_kind} devices, "
              f"launcher {cfg.runtime.launcher}",
              f"placement {cfg.placement.mode}: " + ", ".join(f"{c} {d}" for c, d in cfg.devices().items()),
+             f"workflow {cfg.workflow}, task {cfg.task.kind}",
              f"backends: rollout {cfg.rollout.backend}, trainer {cfg.trainer.backend}; "
              f"scheduler {cfg.scheduler.policy}",
              f"model: {cfg.model.path or cfg.model.name} ({cfg.model.config().num_parameters / 1e6:.1f}M parameters)"]
@@ -152,7 +153,7 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
     check_wired_of(cfg)
     source, tokenizer = _task(cfg)
     if run_dir is None:
-        run_dir = os.path.join("runs", time.strftime("grpo-%Y%m%d-%H%M%S"))
+        run_dir = os.path.join("runs", time.strftime(f"{cfg.workflow}-%Y%m%d-%H%M%S"))
     if resume is None and os.path.isdir(run_dir) and os.listdir(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it "
                          "or choose another --run-dir")
