@@ -154,13 +154,19 @@ GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
 
 
+async def _two_engines(ctl):
+    """Two tiny native rollout engines on devices 0 and 1, admitting prompts."""
+    init = {"model": {"name": "tiny-0.5m", "path": None, "init_seed": 0},
+            "engine": {"num_blocks": 512, "max_num_seqs": 256}, "bucket_bytes": 1 << 20}
+    group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0, 1], init=init)
+    await group.call("begin_step")
+    return group
+
+
 async def _generate(migrate: bool):
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
-        init = {"model": {"name": "tiny-0.5m", "path": None, "init_seed": 0},
-                "engine": {"num_blocks": 512, "max_num_seqs": 256}, "bucket_bytes": 1 << 20}
-        group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0, 1], init=init)
-        await group.call("begin_step")
+        group = await _two_engines(ctl)
         for i in range(GROUPS):
             await ctl.channel("prompts").put({"index": i, "prompt_ids": [1, 2 + i, 3],
                                               "samples": [{"id": f"p{i}/{k}", "seed": 100 * i + k}
@@ -208,10 +214,7 @@ async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does()
     from dynarl.core.migration.p2p import MigrationFailed
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
-        init = {"model": {"name": "tiny-0.5m", "path": None, "init_seed": 0},
-                "engine": {"num_blocks": 512, "max_num_seqs": 256}, "bucket_bytes": 1 << 20}
-        group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0, 1], init=init)
-        await group.call("begin_step")
+        group = await _two_engines(ctl)
         await ctl.channel("prompts").put(END)  # rank 1, alone on the channel, ends at once
         sampling = {**SAMPLING, "max_new_tokens": 120}
         done = await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1, sampling=sampling,

@@ -186,17 +186,22 @@ class Migrator:
         if not firsts:
             return 0.0
         await gather_or_cancel([g.inference.call("park"), g.trainer.call("park")])
-        first = g.rollout.world_size
-        rollout_engine = dict(self.scn.engines["rollout"], weight_sync_bandwidth=cm.get_device(
-            self.scn.config.device).nic_bandwidth)
-        await self.ctl.grow_group(g.rollout, firsts, {"engine": rollout_engine, "shares_device": False})
-        await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
-                             ranks=list(range(first, g.rollout.world_size)))
+        await self._grow_rollout(g, firsts, version)
         self.lent = firsts
         self.credit = {}
         self.own.change(self.now(), rollout=len(firsts) * tp, inference=-len(self.home["inference"]),
                         trainer=-len(self.home["trainer"]))
         return cm.role_switch_time()
+
+    async def _grow_rollout(self, g: SimGroups, devices: list[int], version: int) -> None:
+        """Rollout engines start on `devices` (one per first device of a TP group) and
+        receive weight version `version` over the network."""
+        first = g.rollout.world_size
+        rollout_engine = dict(self.scn.engines["rollout"], weight_sync_bandwidth=cm.get_device(
+            self.scn.config.device).nic_bandwidth)
+        await self.ctl.grow_group(g.rollout, devices, {"engine": rollout_engine, "shares_device": False})
+        await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
+                             ranks=list(range(first, g.rollout.world_size)))
 
     async def return_home(self, g: SimGroups) -> None:
         """The lent engines go (their requests to the other engines), inference and
@@ -243,12 +248,7 @@ class Migrator:
         self.own.change(self.now(), trainer=-len(extra_t), inference=-len(extra_i))
         held = {h.spec.devices[0] for h in g.rollout.handles}
         missing = [d for d in self.base.device_ids("rollout")[::self.scn.rollout_tp] if d not in held]
-        first = g.rollout.world_size
-        rollout_engine = dict(self.scn.engines["rollout"], weight_sync_bandwidth=cm.get_device(
-            self.scn.config.device).nic_bandwidth)
-        await self.ctl.grow_group(g.rollout, missing, {"engine": rollout_engine, "shares_device": False})
-        await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
-                             ranks=list(range(first, g.rollout.world_size)))
+        await self._grow_rollout(g, missing, version)
         lend_s = await self.lend(g, version) if self.borrow else 0.0
         # The trainer's state moves back (p2p) while the engines start (a role switch): in parallel.
         p2p = p2p_cost_s(self.scn) if extra_t else 0.0
