@@ -35,6 +35,8 @@ Variants (each measured against dynarl on the same runs):
                          (1 - theta) of the engines (not once theta of the engines have
                          each drained); keeps the engines that needs: the stragglers are
                          consolidated onto fewer engines and more devices move, earlier
+    dynarl-tailtp        dynarl's decisions; after each move the kept engines merge pairwise
+                         into engines of twice the TP (the simulator's Migrator does it)
 """
 from __future__ import annotations
 
@@ -235,6 +237,17 @@ class DynarlConsolidate(Dynarl):
         return tuple(self.packable_since for _ in own)
 
 
+class DynarlTailTP(Dynarl):
+    """dynarl, and the engines the rollout keeps as a donor run at twice the TP: after
+    each move, pairs of kept engines on one node restart as one wider engine (their
+    requests exported, re-imported and re-prefilled; an engine restart and a weight load
+    paid), so the stragglers decode with fewer weight bytes per device per step
+    (launch/sim/tail_tp.py). The decisions are dynarl's."""
+    name = "dynarl-tailtp"
+    tail_tp = True
+
+
 register("dynarl", Dynarl)
 register("dynarl-costaware", DynarlCostAware)
 register("dynarl-consolidate", DynarlConsolidate)
+register("dynarl-tailtp", DynarlTailTP)

@@ -34,6 +34,7 @@ from dynarl.core.worker_group import gather_or_cancel
 
 from .iteration import LiveIteration, SimGroups
 from .scenario import Scenario
+from .tail_tp import widen
 
 WORKLOAD_MIGRATION_S = cm.ROLE_SWITCH_S / 2
 """The released engines pause and offload (half a role switch) before their devices are
@@ -86,7 +87,8 @@ class Ownership:
 
 
 class Migrator:
-    def __init__(self, ctl: Controller, scn: Scenario, base: Placement, record, now, borrow: bool = False) -> None:
+    def __init__(self, ctl: Controller, scn: Scenario, base: Placement, record, now, borrow: bool = False,
+                 tail_tp: bool = False) -> None:
         self.ctl, self.scn, self.base = ctl, scn, base
         self.record = record  # record(kind, seconds)
         self.now = now
@@ -101,6 +103,14 @@ class Migrator:
         self.credit: dict[str, int] = {}
         """Home devices returned to a component and not yet counted against a Migrate to it."""
         self.lock = asyncio.Lock()
+        self.tail_tp = tail_tp
+        """After each move the kept engines merge into wider-TP engines (tail_tp.py)."""
+        self.wide: dict[int, list[int]] = {}
+        """First device of each wide rollout engine -> every device it runs on."""
+
+    def engine_devices(self, first: int) -> list[int]:
+        """The devices of the rollout engine whose first device is `first`."""
+        return self.wide.get(first) or [first + k for k in range(self.scn.rollout_tp)]
 
     async def execute(self, g: SimGroups, d: Migrate, live: LiveIteration) -> None:
         if self.base.mode != "spatial":
@@ -113,21 +123,24 @@ class Migrator:
                 await self._return_home(g)
             credit = self.credit.pop(d.target, 0)
             await self._move(g, d.target, d.devices - credit, live)
+            if self.tail_tp:
+                await widen(g, live, self)
 
     async def _move(self, g: SimGroups, target: str, devices: int, live: LiveIteration) -> None:
-        tp = self.scn.rollout_tp
-        engines = devices // tp
-        if engines <= 0:
+        if devices < self.scn.rollout_tp:
             return
         loads = await g.rollout.call("load")
+        width = [len(self.engine_devices(h.spec.devices[0])) for h in g.rollout.handles]
         # finished engines first, then the emptiest; never the last engine with a live run
         order = sorted(range(g.rollout.world_size),
                        key=lambda p: (loads[p]["active_run"], loads[p]["utilization"], p))
         active = [p for p in range(g.rollout.world_size) if loads[p]["active_run"]]
         release: list[int] = []
         for p in order:
-            if len(release) >= min(engines, g.rollout.world_size - 1):
+            if len(release) >= g.rollout.world_size - 1:
                 break
+            if sum(width[r] for r in release) + width[p] > devices:
+                continue  # (engines of one width: once one does not fit, none does)
             if loads[p]["active_run"] and sum(1 for a in active if a not in release and a != p) == 0:
                 break
             release.append(p)
@@ -141,7 +154,9 @@ class Migrator:
                 return  # the kept engines finished meanwhile: nothing moved, the next decision sees that
         else:  # finished engines (the rollout's tail is elsewhere, or it is done): nothing to hand over
             freed = await self.ctl.shrink_group(g.rollout, release)
-        devices = [first + k for first in freed for k in range(tp)]
+        devices = [d for first in freed for d in self.engine_devices(first)]
+        for first in freed:
+            self.wide.pop(first, None)
         self.own.change(self.now(), rollout=-len(devices))
         await asyncio.sleep(WORKLOAD_MIGRATION_S * self.ts)
         self.record("workload", self.now() - begun)
@@ -236,7 +251,8 @@ class Migrator:
         """Back to the start placement at an iteration boundary (before iteration `version`)."""
         extra_t = list(range(self.trainer_base, g.trainer.world_size))
         extra_i = list(range(self.inference_base, g.inference.world_size))
-        if not extra_t and not extra_i:
+        wide = sorted(self.wide)  # first devices of the wide engines: back to base TP below
+        if not extra_t and not extra_i and not wide:
             if self.borrow:
                 await asyncio.sleep(await self.lend(g, version) * self.ts)
             return
@@ -249,13 +265,21 @@ class Migrator:
         held = {h.spec.devices[0] for h in g.rollout.handles}
         missing = [d for d in self.base.device_ids("rollout")[::self.scn.rollout_tp] if d not in held]
         await self._grow_rollout(g, missing, version)
+        if wide:  # the wide engines stop (after the others start: a group is never empty) and restart at base TP
+            await self.ctl.shrink_group(g.rollout, [p for p, h in enumerate(g.rollout.handles)
+                                                    if h.spec.devices[0] in self.wide])
+            self.own.change(self.now(), rollout=-sum(len(d) for d in self.wide.values()))
+            self.wide = {}
+            await self._grow_rollout(g, wide, version)
+            missing += wide
         lend_s = await self.lend(g, version) if self.borrow else 0.0
         # The trainer's state moves back (p2p) while the engines start (a role switch): in parallel.
         p2p = p2p_cost_s(self.scn) if extra_t else 0.0
-        await asyncio.sleep(max(p2p, cm.role_switch_time(), lend_s) * self.ts)
+        switch = cm.role_switch_time(restart=bool(wide))
+        await asyncio.sleep(max(p2p, switch, lend_s) * self.ts)
         if extra_t:
             self.record("p2p", p2p)
-        self.record("workload", cm.role_switch_time())
+        self.record("workload", switch)
         self.own.change(self.now(), rollout=len(missing) * self.scn.rollout_tp)
         _ = begun
 

@@ -91,8 +91,9 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
         g = await spawn(ctl, scn, placement)
         run.placements.append((now(), placement))
         borrow = getattr(policy, "rollout_borrows", False)
+        tail_tp = getattr(policy, "tail_tp", False)
         migrator = Migrator(ctl, scn, placement, lambda kind, s: run.migrations.setdefault(kind, []).append(s), now,
-                            borrow=borrow)
+                            borrow=borrow, tail_tp=tail_tp)
         previous_end: float | None = None
         for it in range(cfg.iterations):
             start = now() if previous_end is None else previous_end
@@ -131,7 +132,8 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
                         g = await _replan(ctl, scn, g, placement, decision, run, it)
                         placement = decision.placement
                         run.placements.append((now(), placement))
-                        migrator = Migrator(ctl, scn, placement, migrator.record, now, borrow=borrow)
+                        migrator = Migrator(ctl, scn, placement, migrator.record, now, borrow=borrow,
+                                            tail_tp=tail_tp)
                         migrator.own.events = [(now(), {c: placement.num_devices_of(c) for c in COMPONENTS})]
         for group in g.all():
             await ctl.stop_group(group)

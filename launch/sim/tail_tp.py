@@ -1,0 +1,134 @@
+"""Higher tensor parallelism for the rollout's tail (the dynarl-tailtp policy).
+
+Once the rollout is a donor, the engines it keeps are in the long tail: few requests
+each, decode-bound, each step reading the whole weight shard. Merging two kept TP-t
+engines of one node into one TP-2t engine halves the weight bytes every device reads
+per step (the cost model's decode step, at the new TP), so the stragglers make tokens
+faster. It is a reboot of those engines, paid in full:
+
+    pause, export every unfinished group with its requests' tokens so far (the
+    Workload migration protocol), stop both engines; an engine restart on their
+    devices (cm.role_switch_time(restart=True)); the new engine loads the current
+    weights over the network (charged to its first step); it imports the groups and
+    re-prefills their tokens (in its own emulation).
+
+The devices stay the rollout's throughout (no ownership change). Pairs are formed
+within a node (TP spans one NVLink domain), each of an engine with requests and an
+idle one the donor keeps (widen_pairs), so the requests get twice the devices. At the
+iteration boundary the Migrator stops the wide engines and starts base-TP engines
+again (migrate.py: Migrator.restore).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+from dynarl.components import costmodel as cm
+from dynarl.components.experience import END
+
+from .iteration import LiveIteration, SimGroups
+
+if TYPE_CHECKING:
+    from .migrate import Migrator
+
+WIDEN = 2
+"""Engines merged into one: TP-t engines become TP-(WIDEN*t) engines."""
+POLL_S = 0.01
+"""Emulated seconds between checks that a started engine's generation is open."""
+
+
+class Engine(NamedTuple):
+    position: int
+    node: int
+    device: int
+    """Its first device."""
+    active: bool
+    """Still generating this iteration (requests held)."""
+
+
+def widen_pairs(engines: Sequence[Engine]) -> list[tuple[int, int]]:
+    """Pure: the positions to merge, pairwise: per node, in device order, each engine with
+    requests beside an idle one the donor still keeps (its requests get twice the devices).
+    Two engines with requests are not merged: both would stall for the restart while
+    their batches are still large (measured: 460 s against dynarl's 396.5 s on math-7b x
+    64, docs/benchmarks.md), and two idle ones have nothing to speed up."""
+    pairs: list[tuple[int, int]] = []
+    for node in sorted({e.node for e in engines}):
+        here = sorted((e for e in engines if e.node == node), key=lambda e: e.device)
+        active = [e.position for e in here if e.active]
+        idle = [e.position for e in here if not e.active]
+        pairs.extend(tuple(sorted(pair)) for pair in zip(active, idle))
+    return pairs
+
+
+async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
+    """Merges pairs of the rollout's base-TP engines (widen_pairs) into engines of WIDEN
+    times the TP; returns how many wide engines started."""
+    ctl, scn = migrator.ctl, migrator.scn
+    tp, ts = scn.rollout_tp, scn.config.time_scale
+    loads = await g.rollout.call("load")
+    handles = list(g.rollout.handles)
+    engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], bool(loads[p]["active_run"]))
+               for p, h in enumerate(handles) if h.spec.devices[0] not in migrator.wide]
+    pairs = widen_pairs(engines)
+    if not pairs or not live.accepts("rollout"):
+        return 0
+    begun = migrator.now()
+    loop = asyncio.get_running_loop()
+    # Registered before anything moves, so the rollout is not done while its groups are in between.
+    slots = [loop.create_future() for _ in pairs]
+    live.extras["rollout"].extend(slots)
+    try:
+        release = sorted(p for pair in pairs for p in pair)
+        await g.rollout.call("workload_pause", ranks=release)
+        exported = dict(zip(release, await g.rollout.call("workload_export", ranks=release)))
+        firsts = [handles[a].spec.devices[0] for a, _ in pairs]
+        members = {f: sorted(handles[p].spec.devices[0] + k for p in pair for k in range(tp))
+                   for f, pair in zip(firsts, pairs)}
+        await ctl.shrink_group(g.rollout, release)
+        await asyncio.sleep(cm.role_switch_time(restart=True) * ts)  # offload, restart at the new TP, onload
+        first = g.rollout.world_size
+        engine = dict(scn.engines["rollout"], tp=WIDEN * tp,
+                      weight_sync_bandwidth=cm.get_device(scn.config.device).nic_bandwidth)
+        await ctl.grow_group(g.rollout, firsts, {"engine": engine, "shares_device": False})
+        new = list(range(first, g.rollout.world_size))
+        await g.rollout.call("receive_weights", live.version, scn.weight_bytes, ranks=new)
+        migrator.wide.update(members)
+        for p, slot in zip(new, slots):
+            call = asyncio.ensure_future(g.rollout.call("generate", "prompts", "rollouts", version=live.version,
+                                                        chunk_size=scn.config.chunk_size, ranks=[p]))
+            call.add_done_callback(lambda c, s=slot: _settle(s, c))
+        await _opened(g, new, ts)
+        items = [[exported[a] + exported[b]] for a, b in pairs]
+        await g.rollout.scatter("workload_import", items, ranks=new)
+        prompts = ctl.channel("prompts")
+        for _ in new:  # the prompts are drained: each new engine's generation ends with its requests
+            await prompts.put(END)
+    except BaseException as exc:
+        for slot in slots:
+            if not slot.done():
+                slot.set_exception(exc) if isinstance(exc, Exception) else slot.cancel()
+        raise
+    migrator.record("reboot", migrator.now() - begun)
+    return len(new)
+
+
+async def _opened(g: SimGroups, ranks: list[int], time_scale: float) -> None:
+    """Waits until each new engine's generation is open (it can take imports)."""
+    for _ in range(10_000):
+        loads = await g.rollout.call("workload_load", ranks=ranks)
+        if all(load != float("inf") for load in loads):
+            return
+        await asyncio.sleep(POLL_S * time_scale)
+    raise RuntimeError("a wide rollout engine's generation did not start")
+
+
+def _settle(slot: asyncio.Future, call: asyncio.Future) -> None:
+    if slot.done():
+        return
+    if call.cancelled():
+        slot.cancel()
+    elif call.exception() is not None:
+        slot.set_exception(call.exception())
+    else:
+        slot.set_result(call.result()[0])
