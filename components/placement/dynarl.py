@@ -41,7 +41,6 @@ Variants (each measured against dynarl on the same runs):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from dynarl.core.scheduler.policy import ComponentView, DynarlConfig, Plan, decide_dynarl
 from dynarl.core.scheduler.policy import Snapshot as SchedSnapshot
@@ -94,12 +93,6 @@ def rollout_done(snap: Snapshot) -> bool:
     return snap.rollout_active == 0 and snap.rollout_finished_mean > 0 and snap.queue_depth.get("prompts", 1) == 0
 
 
-@dataclass(slots=True)
-class LastDecision:
-    plan: Plan | None
-    views: tuple[ComponentView, ...]
-
-
 class Dynarl:
     name = "dynarl"
     needs_profile = False
@@ -116,8 +109,6 @@ class Dynarl:
         self.low_since: dict[str, float | None] = {}
         self.peak: dict[str, float] = {}
         self.iteration = -1
-        self.last: LastDecision | None = None
-        self.plans = 0
 
     def place(self, ctx: PlanContext) -> Placement:
         self.ctx = ctx
@@ -186,10 +177,8 @@ class Dynarl:
             return []  # the runner returns to the start placement at every iteration boundary
         views = self.views(snapshot)
         plan = decide_dynarl(SchedSnapshot(snapshot.now_s, views), self.predictor(snapshot), self.config)
-        self.last = LastDecision(plan, views)
         if plan is None or not self.commit(plan, snapshot):
             return []
-        self.plans += 1
         return [Migrate(STRATEGY[receiver], donor, receiver, n) for donor, receiver, n in plan.moves]
 
     def commit(self, plan: Plan, snapshot: Snapshot) -> bool:

@@ -23,13 +23,12 @@ again (a different engine, or the prefix evicted while the tool ran).
 from __future__ import annotations
 
 import asyncio
-import zlib
 from typing import Any
 
 from dynarl.components.experience import END
 from dynarl.components.rollout.base import InflightRequest
-from dynarl.components.rollout.emulated.tokens import response_tokens
 
+from .group_migration import turn_output_ids
 from .turn_router import REQUESTS
 
 
@@ -105,7 +104,7 @@ class Episodes:
         ep["generated"] += gen
         self.run.num_tokens += gen
         # the turn's output ids, as the engine made them (a pure function of the request)
-        ep["context"] += response_tokens(zlib.crc32(rid.encode()), 0, gen, gen, self.worker.vocab)
+        ep["context"] += turn_output_ids(rid, gen, self.worker.vocab)
         if k == len(ep["turns"]) - 1:
             del self.live[ep["id"]]
             self.run.num_samples += 1

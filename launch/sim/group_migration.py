@@ -79,6 +79,13 @@ class GroupMigration:
         self.num_tokens += s["gen"]
 
 
+def turn_output_ids(rid: str, gen: int, vocab: int) -> list[int]:
+    """The ids the emulated engine generates for request `rid` of `gen` tokens (its
+    seed without a sampling seed, components/rollout/emulated/tokens.py request_seed):
+    a follow-up turn's context must hold exactly what the engine produced."""
+    return response_tokens(zlib.crc32(rid.encode()), 0, gen, gen, vocab)
+
+
 def token_ids(key: str, length: int, vocab: int) -> list[int]:
     """Deterministic synthetic ids for a prompt or a tool output named `key`."""
     return response_tokens(zlib.crc32(key.encode()) ^ 0x7F4A7C15, 0, length, length, vocab)

@@ -26,7 +26,6 @@ from dynarl.components import costmodel as cm
 from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.placement.policy import Migrate
 from dynarl.components.trainer.base import STATE_NAMES
-from dynarl.components.trainer.emulated.layout import build_layout
 from dynarl.core.controller import Controller
 from dynarl.core.migration.p2p import MigrationFailed
 from dynarl.core.migration.workload import workload_migrate
@@ -43,7 +42,7 @@ free; the kept engines re-prefill the imported requests' tokens in the emulation
 
 def trainer_state_bytes(scn: Scenario) -> int:
     """fp32 master weights, two Adam moments and the gradient, plus the bf16 weights."""
-    numel = build_layout(cm.get_model(scn.workload.model), 1).total_numel
+    numel = scn.weight_bytes // cm.BYTES_PER_PARAM
     return numel * (len(STATE_NAMES) * 4 + cm.BYTES_PER_PARAM)
 
 
@@ -256,7 +255,6 @@ class Migrator:
             if self.borrow:
                 await asyncio.sleep(await self.lend(g, version) * self.ts)
             return
-        begun = self.now()
         if extra_t:
             await self.ctl.shrink_group(g.trainer, extra_t)
         if extra_i:
@@ -281,7 +279,6 @@ class Migrator:
             self.record("p2p", p2p)
         self.record("workload", switch)
         self.own.change(self.now(), rollout=len(missing) * self.scn.rollout_tp)
-        _ = begun
 
 
 async def _first(call):

@@ -18,7 +18,6 @@ The engine's queue order ("fifo" / "priority") is its config's `queue`.
 from __future__ import annotations
 
 import asyncio
-import zlib
 from typing import Any
 
 import dynarl
@@ -26,10 +25,9 @@ from dynarl.components.experience import END
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
-from dynarl.components.rollout.emulated.tokens import response_tokens
 
 from .episodes import Episodes
-from .group_migration import GroupMigration, token_ids
+from .group_migration import GroupMigration, token_ids, turn_output_ids
 from .switching import add_busy, half_switch
 
 
@@ -300,10 +298,10 @@ class _Run(GroupMigration):
             await self.request(rid, context, gen, tool_count=k)
             generated += gen
             # the turn's output ids, as the engine made them (a pure function of the request)
-            context += response_tokens(zlib.crc32(rid.encode()), 0, gen, gen, self.w.vocab)
+            context += turn_output_ids(rid, gen, self.w.vocab)
             if latency > 0:
                 await asyncio.sleep(latency * self.w.time_scale)  # the tool runs off the device
-            context += token_ids(rid, obs, self.w.vocab) if obs else []
+            context += self.w.tool_output(rid, obs)
         s["gen"], s["seq"] = generated, len(context)
         self.num_tokens += generated
 

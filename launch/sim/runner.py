@@ -21,6 +21,7 @@ from dynarl.components import costmodel as cm
 from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.placement.policy import Migrate, PlanContext, Replan, Snapshot, make_policy
 from dynarl.components.workflows.stages import StageClock
+from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
 from dynarl.core.worker_group import gather_or_cancel
 
@@ -293,10 +294,9 @@ def _record(run: PolicyRun, scn: Scenario, it: int, start: float, end: float, pl
         for c in COMPONENTS:
             if not placement.shares_devices(c):
                 run.ownership.append((c, placement.num_devices_of(c), start, end))
-    batch = scn.batches[it]
-    run.iterations.append(IterationRecord(
-        it, start, end, busy_ds, tokens=sum(s.generated_tokens for grp in batch for s in grp.samples),
-        samples=sum(len(grp.samples) for grp in batch), stage_s=stage_s, span_s=spans))
+    tokens, samples = batch_tokens(scn.batches[it])
+    run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
+                                          stage_s=stage_s, span_s=spans))
 
 
 def _check_exactly_once(scn: Scenario, it: int, trainer_results: list[dict]) -> None:

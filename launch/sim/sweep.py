@@ -5,7 +5,6 @@ same batches (one scenario); tokens/s is relative to the best row of its paramet
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
