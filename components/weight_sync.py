@@ -19,6 +19,8 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from dynarl.components.trainer.base import bucket_by_bytes
+
 Bucket = list[tuple[str, torch.Tensor]]
 
 
@@ -27,19 +29,8 @@ class StaleWeights(RuntimeError):
 
 
 def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, tuple[int, ...]]]]:
-    """(name, shape) per bucket, by the trainer's named_weights rule."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    buckets: list[list[tuple[str, tuple[int, ...]]]] = []
-    size = 0
-    for name, p in named:
-        nbytes = p.numel() * p.element_size()
-        if not buckets or (buckets[-1] and size + nbytes > bucket_bytes):
-            buckets.append([])
-            size = 0
-        buckets[-1].append((name, tuple(p.shape)))
-        size += nbytes
-    return buckets
+    """(name, shape) per bucket, by the trainer's named_weights rule (bucket_by_bytes)."""
+    return [[(name, tuple(p.shape)) for name, p in bucket] for bucket in bucket_by_bytes(named, bucket_bytes)]
 
 
 def fingerprint(plan: Sequence[Sequence[tuple[str, tuple[int, ...]]]]) -> int:

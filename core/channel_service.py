@@ -14,14 +14,12 @@ from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob
 
 if TYPE_CHECKING:
-    from dynarl.core.tracing import Tracer
     from dynarl.core.worker_handle import WorkerHandle
 
 
 class ChannelService:
-    def __init__(self, channels: dict[str, Channel], tracer: "Tracer") -> None:
+    def __init__(self, channels: dict[str, Channel]) -> None:
         self.channels = channels
-        self.tracer = tracer
         self.fetcher: PayloadFetcher | None = None
         """Set when the controller has sockets (not under the inproc launcher)."""
         self.rehomed: dict[tuple[str, int], Blob] = {}

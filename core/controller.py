@@ -57,7 +57,7 @@ class Controller:
         self.graph = Hypergraph()
         """Runtime half of the hypergraph; `refresh_graph()` folds in channel traffic."""
         self.router: RouterServer | None = None
-        self.channel_service = ChannelService(self.channels, self.tracer)
+        self.channel_service = ChannelService(self.channels)
         self._tg: asyncio.TaskGroup | None = None
         self._background: list[asyncio.Task] = []
         self._closed = False

@@ -123,7 +123,7 @@ class Manager:
         self.low_since = {k: v for k, v in self.low_since.items() if k in alive}
         self.requests = {k: v for k, v in self.requests.items() if k in alive}
         self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
-        self.active_requests = int(sum(r.get("running", 0) + r.get("waiting", 0) for r in reports))
+        self.active_requests = sum(self.requests.values())
         done = float(sum(r.get("work_done", 0.0) for r in reports))
         if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:
             self.measured_rate = (done - self._last_done[1]) / (now - self._last_done[0])

@@ -170,14 +170,15 @@ def _give_to_bottlenecks(comps: tuple[ComponentView, ...], current: dict[str, in
     allocation[donor.name] -= release
     pool = release
     given: dict[str, int] = {}
+
+    def remaining(r: ComponentView) -> float:
+        rate = predictor.rate(r.name, allocation[r.name], r.devices_per_engine, demand_engines(r))
+        return float("inf") if rate <= 0 else r.remaining_work / rate
     while True:
         fitting = [r for r in receivers if r.devices_per_engine <= pool]
         if not fitting:
             break
         # The receiver that would finish last gets the next unit.
-        def remaining(r: ComponentView) -> float:
-            rate = predictor.rate(r.name, allocation[r.name], r.devices_per_engine, demand_engines(r))
-            return float("inf") if rate <= 0 else r.remaining_work / rate
         target = max(fitting, key=lambda r: (remaining(r), r.name))
         allocation[target.name] += target.devices_per_engine
         given[target.name] = given.get(target.name, 0) + target.devices_per_engine
