@@ -77,7 +77,6 @@ def is_workflow_config(path: str) -> bool:
 def train_runtime(argv: list[str], node: int) -> tuple[RuntimeConfig, Any]:
     """A `dynarl train` command line: the runtime, and on node 0 the prepared job
     (validated as `dynarl train` does; other nodes only read the runtime)."""
-    from dynarl.components.workflows.config import load_config as load_train_config
     from dynarl.launch import train
 
     parsed = train.parse_args(argv)
@@ -89,7 +88,7 @@ def train_runtime(argv: list[str], node: int) -> tuple[RuntimeConfig, Any]:
         runtime = job.cfg.runtime
     else:
         job = None
-        runtime = load_train_config(train._read_yaml(config_path) if config_path else None, overrides).runtime
+        runtime = train.resolve_config(config_path, overrides, resume).runtime
     if runtime.launcher != "agent":
         raise ConfigError("runtime.launcher", "must be 'agent' under torchrun/srun")
     return runtime, job
@@ -200,7 +199,7 @@ async def serve_node(node: int, address: str, secret: bytes, host: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()  # torchrun/srun going away takes the agent (and so its workers) along
-    if not argv or argv[0].startswith("-"):
+    if not argv or argv[0] in ("-h", "--help"):
         print("usage: torchrun ... -m dynarl.launch.agent CONFIG [key=value ...] [--run-dir DIR] [--resume DIR]",
               file=sys.stderr)
         return 2
@@ -209,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     node, num_agents = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     job = None
     try:
-        if is_workflow_config(argv[0]):
+        if os.path.isfile(argv[0]) and is_workflow_config(argv[0]):
             if len(argv) != 1:
                 raise UsageError("a 'workflow: module:function' config takes no further arguments")
             runtime, workflow_ref, kwargs = load_config(argv[0])

@@ -20,7 +20,6 @@ step), ledger.jsonl (samples trained per step), data_report.json, trace.json
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -58,13 +57,10 @@ def main(argv: list[str]) -> int:
 
 def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
                    resume: str | None) -> str:
-    from dynarl.components.workflows.config import load_config
-    if resume is not None:
-        config_path = os.path.join(resume, "config.yaml")
-    cfg = load_config(_read_yaml(config_path) if config_path else None, overrides)
+    cfg = resolve_config(config_path, overrides, resume)
     notes = check_backends_of(cfg, require_installed=False)
     cluster = cfg.runtime.cluster
-    lines = [f"dry run: config valid; nothing started",
+    lines = ["dry run: config valid; nothing started",
              f"cluster: {cluster.num_nodes} node(s) x {cluster.devices_per_node} {cluster.device_kind} devices, "
              f"launcher {cfg.runtime.launcher}",
              f"placement {cfg.placement.mode}: " + ", ".join(f"{c} {d}" for c, d in cfg.devices().items()),
@@ -89,6 +85,15 @@ def check_backends_of(cfg: Any, require_installed: bool) -> list[str]:
                           model=cfg.model.config(), rollout_ranks=cfg.rollout.num_ranks,
                           trainer_ranks=cfg.trainer.num_ranks, sglang=cfg.rollout.sglang,
                           megatron=cfg.trainer.megatron, require_installed=require_installed)
+
+
+def resolve_config(config_path: str | None, overrides: list[tuple[str, Any]], resume: str | None) -> Any:
+    """The TrainConfig a command line names: CONFIG (or the defaults) with overrides,
+    or with --resume DIR that run's own config.yaml."""
+    from dynarl.components.workflows.config import load_config
+    if resume is not None:
+        config_path = os.path.join(resume, "config.yaml")
+    return load_config(_read_yaml(config_path) if config_path else None, overrides)
 
 
 def check_wired_of(cfg: Any) -> None:
@@ -136,7 +141,6 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str 
 def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
             resume: str | None) -> "Job":
     from dynarl.components.workflows import checkpoints as ckpt
-    from dynarl.components.workflows.config import load_config
 
     checkpoint = None
     if resume is not None:
@@ -147,8 +151,7 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
         if checkpoint is None:
             raise UsageError(f"--resume {resume}: no complete checkpoint to resume from")
         run_dir = resume
-    data = _read_yaml(config_path) if config_path else None
-    cfg = load_config(data, overrides)
+    cfg = resolve_config(config_path, overrides, resume)
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
     source, tokenizer = _task(cfg)

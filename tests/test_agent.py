@@ -64,22 +64,31 @@ run: {steps: 2, prompts_per_step: 8}
     env.pop("DYNARL_SECRET", None)
     env.pop("DYNARL_SECRET_FILE", None)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-         f"--master-port={free_local_port()}", "-m", "dynarl.launch.agent", str(config),
-         "run.steps=1", "--run-dir", str(run_dir)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "placement spatial {'rollout': [0], 'inference': [1], 'trainer': [2, 3]}" in stdout + stderr
+
+    def agents(*args):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+             f"--master-port={free_local_port()}", "-m", "dynarl.launch.agent", *args],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == 0, stderr[-3000:]
+        return stdout + stderr
+
+    out = agents(str(config), "run.steps=1", "--run-dir", str(run_dir))
+    assert "placement spatial {'rollout': [0], 'inference': [1], 'trainer': [2, 3]}" in out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0]  # the override run.steps=1 reached the job
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
+    assert marked_processes(marker) == []
+    # --resume through the agents: every node reads the run's own config.yaml
+    agents("run.steps=2", "--resume", str(run_dir))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
     assert marked_processes(marker) == []
 
 
