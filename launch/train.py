@@ -102,7 +102,7 @@ def check_wired_of(cfg: Any) -> None:
     from dynarl.components.backends import check_wired
     check_wired(rollout_backend=cfg.rollout.backend, trainer_backend=cfg.trainer.backend,
                 scheduler_policy=cfg.scheduler.policy, megatron=cfg.trainer.megatron,
-                workflow=getattr(cfg, "workflow", "grpo"), device_kind=cfg.runtime.cluster.device_kind)
+                workflow=cfg.workflow, device_kind=cfg.runtime.cluster.device_kind)
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str | None, str | None] | None:

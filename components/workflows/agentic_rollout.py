@@ -68,9 +68,10 @@ class AgenticRolloutWorker(RolloutWorker):
                 results = await self.engine.step()
                 counters["engine_steps"] += 1
                 now = loop.time()
-                for rid in self.engine.running_request_ids():  # admitted in this step (or before)
-                    if rid in queued:
-                        waits[rid] = now - queued.pop(rid)
+                if queued:  # not on every step: most steps admit nothing
+                    for rid in self.engine.running_request_ids():  # admitted in this step (or before)
+                        if rid in queued:
+                            waits[rid] = now - queued.pop(rid)
                 for r in results:
                     wait = waits.pop(r.request_id, None)
                     if wait is None:

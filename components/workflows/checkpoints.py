@@ -27,11 +27,6 @@ class CheckpointState:
     seed: int
     prompts_per_step: int
 
-    @property
-    def data_cursor(self) -> int:
-        """Index of the next problem of the training stream."""
-        return self.step * self.prompts_per_step
-
 
 def checkpoint_dir(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, "checkpoints", f"step_{step:06d}")

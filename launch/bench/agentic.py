@@ -106,9 +106,10 @@ async def run_mode(mode: str, model, args) -> dict:
                 continue
             done = await engine.step()
             now = loop.time()
-            for rid in engine.running_request_ids():
-                if rid in queued:
-                    waits[rid] = now - queued.pop(rid)
+            if queued:
+                for rid in engine.running_request_ids():
+                    if rid in queued:
+                        waits[rid] = now - queued.pop(rid)
             for r in done:
                 await results.put({"id": r.request_id, "output_ids": r.output_token_ids,
                                    "logprobs": r.output_logprobs, "finish": r.finish_reason, "version": 0,
