@@ -150,3 +150,19 @@ def test_a_move_is_made_only_if_it_pays_for_its_measured_cost(costs, moves):
 def test_charge_off_ignores_measured_costs():
     free = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8, charge_move_cost=False)
     assert decide_dynarl(_tail(move_cost=(0.05, 3.5)), predictor(), free) is not None
+
+
+@pytest.mark.parametrize("keep,demand_per_engine,expected_release", [
+    pytest.param(None, 8, 0, id="no-floor-given-keeps-the-demand-3-of-3"),
+    pytest.param(1, 8, 2, id="floor-1-lets-the-donor-pack-below-demand"),
+    pytest.param(3, 64, 0, id="floor-3-keeps-more-than-the-demand-of-1"),
+])
+def test_keep_engines_is_the_donors_floor(keep, demand_per_engine, expected_release):
+    """keep_engines replaces the demand as the floor; the predictor still caps the rate at
+    the demand (here rate(min(devices, demand)) so packing below demand is priced slower)."""
+    r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=20, requests_per_engine=demand_per_engine,
+                      keep_engines=keep, engine_low_since=(0.0, 0.0, 0.0))
+    t = ComponentView("trainer", "static", 1, 2560.0)
+    plan = decide_dynarl(Snapshot(10.0, (r, t)), predictor(), CFG)
+    released = 0 if plan is None else sum(n for _, _, n in plan.moves)
+    assert released == expected_release

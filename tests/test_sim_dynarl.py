@@ -2,7 +2,7 @@ NUM_GPUS = 0
 
 import pytest
 
-from dynarl.components.placement.dynarl import Dynarl, DynarlConsolidate
+from dynarl.components.placement.dynarl import Dynarl, DynarlConsolidate, rollout_tokens_left
 from dynarl.components.placement.plan import COMPONENTS
 from dynarl.components.placement.policy import Migrate, PlanContext, Snapshot, make_policy
 from dynarl.core.scheduler.policy import DynarlConfig
@@ -146,3 +146,27 @@ def test_dynarl_runs_agentic_episodes():
     scn = build_scenario(SimConfig(workload="agentic-search-1.5b", devices=16, prompts=16, iterations=2, warmup=1))
     run = run_policy(scn, "dynarl")
     assert len(run.iterations) == 2 and run.decision_ms
+
+
+@pytest.mark.parametrize("generated,finished_mean,cap,expected", [
+    pytest.param(1000, 0.0, None, 1000.0, id="as-many-again-without-a-cap"),
+    pytest.param(1000, 3000.0, None, 3000.0, id="at-least-the-finished-mean"),
+    pytest.param(6000, 0.0, 8000, 2000.0, id="never-past-max-tokens"),
+    pytest.param(9000, 0.0, 8000, 0.0, id="at-the-cap-nothing-left"),
+])
+def test_rollout_tokens_left_per_request(generated, finished_mean, cap, expected):
+    s = snap(1.0, [0.3] * 4, rollout_active=4, rollout_generated=4 * generated, rollout_finished_mean=finished_mean,
+             rollout_max_new_tokens=cap)
+    assert rollout_tokens_left(s) == pytest.approx(expected)
+
+
+def test_rollout_view_keeps_its_kv_demand_but_prices_density_by_requests():
+    """The donor keeps the engines its KV needs at the peak fill (keep_engines), while the
+    predictor's cap is the running requests, not those engines: its rate points already
+    price a denser batch, so capping at the KV demand would call every engine above it useless."""
+    p = policy()
+    p.decide(snap(0.0, [0.6] * 4))
+    s = snap(1.0, [0.3] * 4, rollout_active=40, rollout_kv_tokens=60_000)
+    view = p.views(s)[0]
+    assert view.active_requests == 40 and view.requests_per_engine == 1
+    assert view.keep_engines == p.rollout_demand(s) == 1  # 60k tokens fit one engine at the 0.6 peak fill

@@ -93,6 +93,18 @@ def rollout_done(snap: Snapshot) -> bool:
     return snap.rollout_active == 0 and snap.rollout_finished_mean > 0 and snap.queue_depth.get("prompts", 1) == 0
 
 
+def rollout_tokens_left(snap: Snapshot) -> float:
+    """Output tokens an active request is expected to make still: as many again as it
+    has made so far, and at least the mean length of the requests finished this
+    iteration, but never past the run's max_tokens (no oracle lengths: a capped
+    distribution's stragglers are mostly running to the cap)."""
+    made = snap.rollout_generated / snap.rollout_active if snap.rollout_active else 0.0
+    left = max(made, snap.rollout_finished_mean)
+    if snap.rollout_max_new_tokens is not None:
+        left = min(left, max(0.0, snap.rollout_max_new_tokens - made))
+    return left
+
+
 class Dynarl:
     name = "dynarl"
     needs_profile = False
@@ -153,13 +165,12 @@ class Dynarl:
     def views(self, snap: Snapshot) -> tuple[ComponentView, ...]:
         low = self._track(snap)
         tp = self.ctx.granularity.get("rollout", 1)
-        per_request = max(snap.rollout_generated / snap.rollout_active if snap.rollout_active else 0.0,
-                          snap.rollout_finished_mean)
-        rollout_left = snap.rollout_active * per_request  # at least as much again as made so far
+        rollout_left = snap.rollout_active * rollout_tokens_left(snap)
         views = [ComponentView("rollout", "dynamic", snap.devices["rollout"], rollout_left, devices_per_engine=tp,
                                min_devices=tp, interruptible=snap.interruptible.get("rollout", False)
                                or rollout_done(snap),
-                               active_requests=self.rollout_demand(snap), engine_low_since=low)]
+                               active_requests=snap.rollout_active, keep_engines=self.rollout_demand(snap),
+                               engine_low_since=low)]
         for c in ("inference", "trainer"):
             left = snap.remaining_tokens.get(c, 0.0) if snap.accepting.get(c, False) else 0.0
             views.append(ComponentView(c, "static", snap.devices[c], left, devices_per_engine=1,

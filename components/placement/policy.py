@@ -66,11 +66,13 @@ class Snapshot:
     rollout_active: int = 0
     """Requests running or waiting over all rollout engines."""
     rollout_generated: int = 0
+    """Output tokens those active requests have made so far."""
+    rollout_max_new_tokens: int | None = None
+    """The run's cap on a request's output tokens (its sampling max_tokens; None: none)."""
     rollout_kv_tokens: int = 0
     """Active KV tokens over all rollout engines."""
     rollout_capacity: int = 0
     """KV capacity of one rollout engine, in tokens."""
-    """Output tokens those active requests have made so far."""
     rollout_finished_mean: float = 0.0
     """Mean output length of the requests finished this iteration (0: none yet)."""
     remaining_tokens: Mapping[str, float] = field(default_factory=dict)

@@ -41,6 +41,10 @@ class ComponentView:
     requests_per_engine: int = 1
     """Requests one engine can batch: the engines those requests need is
     ceil(active_requests / requests_per_engine). 1: each request needs an engine."""
+    keep_engines: int | None = None
+    """A donor's floor in engines; None: the engines its running requests need
+    (demand_engines). Lower than demand lets the donor pack its requests denser,
+    which the predictor prices through its rate at fewer engines."""
     move_cost_s: float = 0.0
     """Measured seconds this component's devices last took to move (out and back)."""
     barrier: bool = False
@@ -152,7 +156,8 @@ def _release_options(donor: ComponentView, max_candidates: int) -> list[int]:
     requests occupy and its minimum; at most `max_candidates` options, evenly spread."""
     unit = donor.devices_per_engine
     engines = donor.devices // unit
-    keep = max(donor.min_devices // unit + (donor.min_devices % unit > 0), 1, demand_engines(donor) or 0)
+    floor = demand_engines(donor) if donor.keep_engines is None else donor.keep_engines
+    keep = max(donor.min_devices // unit + (donor.min_devices % unit > 0), 1, floor or 0)
     spare = engines - min(keep, engines)
     if spare <= 0:
         return []

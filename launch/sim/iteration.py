@@ -61,6 +61,9 @@ class LiveIteration:
     done: dict[str, asyncio.Future] = field(default_factory=dict)
     """Component -> its stage and every extra rank finished (per-rank results)."""
     extras: dict[str, list[asyncio.Future]] = field(default_factory=lambda: {c: [] for c in INPUT})
+    finished_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Rollout engine -> (requests finished, their output tokens) at its last metrics
+    poll this iteration; an engine given away keeps its count (the scheduler's view)."""
     borrowed: bool = False
     """The rollout also runs on devices lent by parked inference and trainer ranks
     (migrate.Migrator.lend): parking, not device_lock, keeps them apart, so the

@@ -214,17 +214,34 @@ async def _snapshot(ctl: Controller, g: SimGroups, it: int, placement: Placement
     prompt_mean = sum(grp.prompt_tokens * len(grp.samples) for grp in batch) / samples
     active = sum(l["running"] + l["waiting"] for l in loads)
     generated = sum(l["generated"] for l in loads)
-    finished = sum(l["finished"] for l in loads)
-    finished_mean = sum(l["finished_tokens"] for l in loads) / finished if finished else 0.0
+    for h, l in zip(g.rollout.handles, loads):  # engines released this iteration keep their last count
+        live.finished_seen[h.spec.worker_id] = (l["finished"], l["finished_tokens"])
+    finished = sum(n for n, _ in live.finished_seen.values())
+    finished_tokens = sum(t for _, t in live.finished_seen.values())
+    finished_mean = finished_tokens / finished if finished else 0.0
     per_request = max(generated / active if active else 0.0, finished_mean)
     seq_mean = prompt_mean + per_request
-    remaining = {c: max(0, samples - sum(p["samples"] for p in progress[c])) * seq_mean for c in progress}
+    if scn.workload.kind == "math":
+        # One request is one sample: what the downstream still has is the finished samples'
+        # known lengths it has not processed, plus the running and unstarted ones estimated.
+        # (Counting every unprocessed sample at the running requests' mean length, which in
+        # the tail are the long ones, overstated it 2.5x at the first move on math-7b/64.)
+        made = generated / active if active else 0.0
+        cap = scn.workload.response_tokens.cap
+        produced = finished_tokens + finished * prompt_mean
+        running = prompt_mean + made + min(max(made, finished_mean), max(0.0, cap - made))
+        unstarted = prompt_mean + (finished_mean or made)
+        future = active * running + max(0, samples - finished - active) * unstarted
+        remaining = {c: max(0.0, produced - sum(p["tokens"] for p in progress[c])) + future for c in progress}
+    else:  # multi-turn: a finished request is a turn, not a sample
+        remaining = {c: max(0, samples - sum(p["samples"] for p in progress[c])) * seq_mean for c in progress}
     depth = {name: len(ctl.channel(name)) for name in CHANNELS}
     return Snapshot(
         iteration=it, now_s=now(), at_iteration_end=False, placement=placement,
         rollout_utilization=tuple(l["utilization"] for l in loads), queue_depth=depth,
         devices=migrator.own.current, rollout_engines=tuple(h.spec.worker_id for h in g.rollout.handles),
         rollout_active=active, rollout_generated=generated, rollout_finished_mean=finished_mean,
+        rollout_max_new_tokens=int(scn.workload.response_tokens.cap) if scn.workload.kind == "math" else None,
         rollout_kv_tokens=sum(l["kv"] for l in loads), rollout_capacity=loads[0]["capacity"],
         remaining_tokens=remaining,
         rate_points=_rate_points(scn, active, prompt_mean + (generated / active if active else 0.0), seq_mean),
