@@ -6,16 +6,15 @@ this module only turns the simulator's Snapshot into the scheduler's view:
     rollout   dynamic: per-engine "low since" (`engine_low`: active KV / capacity below
               U_low, the paper's signal, counted once the engine is past its fill: at an
               iteration's start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2
-              engine, which is below any U_low but is not a draining engine), engines
-              needed (rollout_demand), remaining output tokens *estimated* without
-              oracle lengths: each active request is expected to make at least as many
-              more tokens as it has made so far, and at least the mean length of the
-              requests finished this iteration. A rollout that is done
+              engine, which is below any U_low but is not a draining engine), the
+              engines it keeps at least (rollout_demand, core's keep_engines), remaining
+              output tokens *estimated* without oracle lengths (rollout_tokens_left:
+              as many again as made so far, at least the finished mean, never past
+              max_tokens). A rollout that is done
               (`rollout_done`) is interruptible with every engine idle: its engines go
               to the bottleneck like any donor's.
     inference, trainer
-              static: remaining sequence tokens (samples not yet processed x the mean
-              sequence length seen so far)
+              static: remaining sequence tokens (launch/sim/runner.py's snapshot)
     predictor ThroughputModel per component from the cost model's points in the
               snapshot (rollout's for the current active requests)
 
@@ -147,12 +146,11 @@ class Dynarl:
     """The kept engines' KV fill, as a multiple of the engines' mean peak fill."""
 
     def rollout_demand(self, snap: Snapshot) -> int:
-        """Engines the active requests need (the donor keeps at least these; the predictor
-        caps rollout's useful devices there): enough that their KV fits at the engines'
-        mean peak utilization this iteration, the fill they decoded at in the bulk phase.
-        (Core's ComponentView reads active_requests as engines; one engine per request
-        would let rollout shrink only once fewer requests than engines remain, i.e. not
-        before the last few dozen of 8192 requests.)"""
+        """Engines the active requests need, the donor's floor (keep_engines): enough
+        that their KV fits at the engines' mean peak utilization this iteration, the
+        fill they decoded at in the bulk phase. (A floor of one engine per request would
+        let rollout shrink only once fewer requests than engines remain, i.e. not before
+        the last few dozen of 8192 requests.)"""
         if not snap.rollout_active:
             return 0
         peak = sum(self.peak.values()) / len(self.peak) if self.peak else 0.0
