@@ -14,7 +14,7 @@ this module only turns the simulator's Snapshot into the scheduler's view:
               (`rollout_done`) is interruptible with every engine idle: its engines go
               to the bottleneck like any donor's.
     inference, trainer
-              static: remaining sequence tokens (launch/sim/runner.py's snapshot)
+              static: remaining sequence tokens (launch/sim/snapshot.py)
     predictor ThroughputModel per component from the cost model's points in the
               snapshot (rollout's for the current active requests)
 

@@ -1,0 +1,82 @@
+"""The scheduler's view of a simulated iteration: a policy Snapshot built from what
+the running components report (rollout engines' load, inference and trainer
+progress, channel depths) and the cost model's throughput points. No oracle
+lengths: what is not yet generated is estimated.
+"""
+from __future__ import annotations
+
+import math
+
+from dynarl.components import costmodel as cm
+from dynarl.components.placement.plan import Placement
+from dynarl.components.placement.policy import Snapshot
+from dynarl.core.controller import Controller
+
+from .iteration import CHANNELS, LiveIteration, SimGroups
+from .migrate import WORKLOAD_MIGRATION_S, Migrator, p2p_cost_s
+from .scenario import Scenario
+
+
+async def scheduler_view(ctl: Controller, g: SimGroups, it: int, placement: Placement, now, scn: Scenario,
+                         live: LiveIteration, migrator: Migrator) -> Snapshot:
+    loads = await g.rollout.call("load")
+    progress = {"inference": await g.inference.call("progress"), "trainer": await g.trainer.call("progress")}
+    batch = scn.batches[it]
+    samples = sum(len(grp.samples) for grp in batch)
+    prompt_mean = sum(grp.prompt_tokens * len(grp.samples) for grp in batch) / samples
+    active = sum(l["running"] + l["waiting"] for l in loads)
+    generated = sum(l["generated"] for l in loads)
+    made = generated / active if active else 0.0
+    for h, l in zip(g.rollout.handles, loads):  # engines released this iteration keep their last count
+        live.finished_seen[h.spec.worker_id] = (l["finished"], l["finished_tokens"])
+    finished = sum(n for n, _ in live.finished_seen.values())
+    finished_tokens = sum(t for _, t in live.finished_seen.values())
+    finished_mean = finished_tokens / finished if finished else 0.0
+    seq_mean = prompt_mean + max(made, finished_mean)
+    cap = int(scn.workload.response_tokens.cap) if scn.workload.kind == "math" else None
+    if cap is not None:
+        # One request is one sample: what the downstream still has is the finished samples'
+        # known lengths it has not processed, plus the running and unstarted ones estimated.
+        # (Counting every unprocessed sample at the running requests' mean length, which in
+        # the tail are the long ones, overstated it 2.5x at the first move on math-7b/64.)
+        produced = finished_tokens + finished * prompt_mean
+        running = prompt_mean + made + min(max(made, finished_mean), max(0.0, cap - made))
+        unstarted = prompt_mean + (finished_mean or made)
+        future = active * running + max(0, samples - finished - active) * unstarted
+        remaining = {c: max(0.0, produced - sum(p["tokens"] for p in progress[c])) + future for c in progress}
+    else:  # multi-turn: a finished request is a turn, not a sample
+        remaining = {c: max(0, samples - sum(p["samples"] for p in progress[c])) * seq_mean for c in progress}
+    depth = {name: len(ctl.channel(name)) for name in CHANNELS}
+    return Snapshot(
+        iteration=it, now_s=now(), at_iteration_end=False, placement=placement,
+        rollout_utilization=tuple(l["utilization"] for l in loads), queue_depth=depth,
+        devices=migrator.own.current, rollout_engines=tuple(h.spec.worker_id for h in g.rollout.handles),
+        rollout_active=active, rollout_generated=generated, rollout_finished_mean=finished_mean,
+        rollout_max_new_tokens=cap,
+        rollout_kv_tokens=sum(l["kv"] for l in loads), rollout_capacity=loads[0]["capacity"],
+        remaining_tokens=remaining,
+        rate_points=_rate_points(scn, active, prompt_mean + made, seq_mean),
+        # multi-turn episodes migrate between turns or part-way through one (episodes.py)
+        interruptible={"rollout": depth["prompts"] == 0 and live.accepts("rollout")},
+        accepting={c: live.accepts(c) for c in ("inference", "trainer")},
+        migration_cost_s={"workload": WORKLOAD_MIGRATION_S, "p2p": p2p_cost_s(scn)})
+
+
+def _rate_points(scn: Scenario, active: int, context: float, seq_mean: float) -> dict[str, tuple]:
+    """The predictor's profiled points, tokens/s, from the cost model: rollout for the
+    current active requests spread over e engines; inference and trainer linear in devices."""
+    model, device = cm.get_model(scn.workload.model), cm.get_device(scn.config.device)
+    tp, n = scn.rollout_tp, scn.config.devices
+    max_seqs = scn.engines["rollout"].get("max_num_seqs", 1024)
+    points = []
+    for e in sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, n // tp} - {0}):
+        if e > n // tp:
+            continue
+        b = max(1, min(max_seqs, math.ceil(active / e))) if active else 1
+        points.append((e * tp, e * b / cm.decode_step_time(model, device, b, max(context, 1.0), tp)))
+    tokens = 1_000_000
+    trainer = scn.engines["trainer"]
+    t1 = tokens / cm.train_time(model, device, tokens, seq_mean, 1, trainer.get("mfu", cm.DEFAULT_MFU),
+                                trainer.get("recompute", False))
+    i1 = tokens / cm.logprob_time(model, device, tokens, seq_mean, 1)
+    return {"rollout": tuple(points), "trainer": ((1, t1), (n, t1 * n)), "inference": ((1, i1), (n, i1 * n))}
