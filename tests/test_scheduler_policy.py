@@ -2,8 +2,8 @@ NUM_GPUS = 0
 
 import pytest
 
-from dynarl.core.scheduler.policy import (ComponentView, DynarlConfig, Snapshot, decide_dynarl, decide_static,
-                                          is_donor, predicted_time)
+from dynarl.core.scheduler.policy import (ComponentView, DynarlConfig, Snapshot, _release_options, decide_dynarl,
+                                          decide_static, is_donor, predicted_time)
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
 CFG = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8)
@@ -152,17 +152,27 @@ def test_charge_off_ignores_measured_costs():
     assert decide_dynarl(_tail(move_cost=(0.05, 3.5)), predictor(), free) is not None
 
 
-@pytest.mark.parametrize("keep,demand_per_engine,expected_release", [
-    pytest.param(None, 8, 0, id="no-floor-given-keeps-the-demand-3-of-3"),
-    pytest.param(1, 8, 2, id="floor-1-lets-the-donor-pack-below-demand"),
-    pytest.param(3, 64, 0, id="floor-3-keeps-more-than-the-demand-of-1"),
+@pytest.mark.parametrize("keep,demand_per_engine,options", [
+    pytest.param(None, 8, [], id="no-floor-given-keeps-the-demand-3-of-3"),
+    pytest.param(1, 8, [1, 2], id="floor-1-may-pack-below-demand"),
+    pytest.param(2, 64, [1], id="floor-2-keeps-more-than-the-demand-of-1"),
+    pytest.param(None, 64, [1, 2], id="no-floor-given-keeps-the-demand-1"),
 ])
-def test_keep_engines_is_the_donors_floor(keep, demand_per_engine, expected_release):
-    """keep_engines replaces the demand as the floor; the predictor still caps the rate at
-    the demand (here rate(min(devices, demand)) so packing below demand is priced slower)."""
+def test_keep_engines_is_the_donors_floor(keep, demand_per_engine, options):
+    """keep_engines replaces the demand (20 requests at `demand_per_engine` each) as the
+    floor of what the donor may release, in engines of one device."""
     r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=20, requests_per_engine=demand_per_engine,
                       keep_engines=keep, engine_low_since=(0.0, 0.0, 0.0))
+    assert _release_options(r, 8) == options
+
+
+def test_packing_below_demand_is_priced_by_the_demand_cap():
+    """With a floor under the demand the plan may release more, and the predictor prices
+    the rollout on fewer engines than its requests need as slower (rate(min(devices, demand)))."""
+    r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=20, requests_per_engine=8,
+                      keep_engines=1, engine_low_since=(0.0, 0.0, 0.0))
     t = ComponentView("trainer", "static", 1, 2560.0)
     plan = decide_dynarl(Snapshot(10.0, (r, t)), predictor(), CFG)
-    released = 0 if plan is None else sum(n for _, _, n in plan.moves)
-    assert released == expected_release
+    assert plan is not None and plan.moves == (("rollout", "trainer", 2),)
+    # rollout on 1 engine: 200 / 100 = 2 s; trainer on 3 devices: 2560 / 150 = 17.1 s
+    assert plan.predicted_time_s == pytest.approx(2560.0 / 150.0)

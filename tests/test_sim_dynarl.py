@@ -1,8 +1,10 @@
 NUM_GPUS = 0
 
+import dataclasses
+
 import pytest
 
-from dynarl.components.placement.dynarl import Dynarl, DynarlConsolidate, rollout_tokens_left
+from dynarl.components.placement.dynarl import Dynarl, DynarlConsolidate, rollout_tokens_left, tokens_left
 from dynarl.components.placement.plan import COMPONENTS
 from dynarl.components.placement.policy import Migrate, PlanContext, Snapshot, make_policy
 from dynarl.core.scheduler.policy import DynarlConfig
@@ -10,6 +12,7 @@ from dynarl.launch.sim.cli import simulate
 from dynarl.launch.sim.report import to_json
 from dynarl.launch.sim.runner import _check_exactly_once, run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
+from dynarl.launch.sim.snapshot import downstream_tokens_left, output_cap
 from dynarl.launch.sim.sweep import sweep
 
 SMALL = dict(workload="math-1.5b", devices=16, prompts=64, iterations=2, warmup=1)
@@ -148,16 +151,45 @@ def test_dynarl_runs_agentic_episodes():
     assert len(run.iterations) == 2 and run.decision_ms
 
 
-@pytest.mark.parametrize("generated,finished_mean,cap,expected", [
+@pytest.mark.parametrize("made,finished_mean,cap,expected", [
     pytest.param(1000, 0.0, None, 1000.0, id="as-many-again-without-a-cap"),
     pytest.param(1000, 3000.0, None, 3000.0, id="at-least-the-finished-mean"),
-    pytest.param(6000, 0.0, 8000, 2000.0, id="never-past-max-tokens"),
-    pytest.param(9000, 0.0, 8000, 0.0, id="at-the-cap-nothing-left"),
+    pytest.param(6000, 0.0, 8000, 2000.0, id="never-past-the-cap"),
+    pytest.param(6000, 3000.0, 8000, 2000.0, id="the-cap-overrides-the-finished-mean"),
+    pytest.param(8000, 0.0, 8000, 0.0, id="at-the-cap-nothing-left"),
 ])
-def test_rollout_tokens_left_per_request(generated, finished_mean, cap, expected):
-    s = snap(1.0, [0.3] * 4, rollout_active=4, rollout_generated=4 * generated, rollout_finished_mean=finished_mean,
-             rollout_max_new_tokens=cap)
-    assert rollout_tokens_left(s) == pytest.approx(expected)
+def test_tokens_left_per_request(made, finished_mean, cap, expected):
+    assert tokens_left(made, finished_mean, cap) == pytest.approx(expected)
+
+
+def test_rollout_tokens_left_reads_the_snapshot():
+    s = snap(1.0, [0.3] * 4, rollout_active=4, rollout_generated=4 * 6000, rollout_finished_mean=3000.0,
+             rollout_max_new_tokens=8000)
+    assert rollout_tokens_left(s) == pytest.approx(2000.0)
+    assert rollout_tokens_left(snap(1.0, [0.0] * 4, rollout_active=0, rollout_generated=0)) == 0.0
+
+
+# 10 samples of prompt 100: 4 finished (2,000 output tokens), 4 running (500 made each), 2 unstarted.
+DOWN = dict(samples=10, prompt_mean=100.0, finished=4, finished_tokens=2000.0, active=4, made=500.0,
+            finished_mean=500.0, cap=None)
+
+
+@pytest.mark.parametrize("changes,expected", [
+    pytest.param({"processed": 0.0}, 2400 + 4 * 1100 + 2 * 600, id="nothing-processed"),
+    pytest.param({"processed": 2400.0}, 4 * 1100 + 2 * 600, id="the-finished-are-processed"),
+    pytest.param({"processed": 9999.0}, 4 * 1100 + 2 * 600, id="never-negative-for-what-is-done"),
+    pytest.param({"processed": 0.0, "cap": 700}, 2400 + 4 * 800 + 2 * 600, id="running-capped-by-max-tokens"),
+    pytest.param({"processed": 0.0, "finished": 0, "finished_tokens": 0.0, "finished_mean": 0.0},
+                 4 * 1100 + 6 * 600, id="nothing-finished-yet"),
+])
+def test_downstream_tokens_left(changes, expected):
+    assert downstream_tokens_left(**{**DOWN, **changes}) == pytest.approx(expected)
+
+
+def test_output_cap_only_for_a_capped_math_workload_without_a_trace():
+    scn = build_scenario(SimConfig(**SMALL))
+    assert output_cap(scn) == int(scn.workload.response_tokens.cap)
+    assert output_cap(dataclasses.replace(scn, trace=object())) is None
 
 
 def test_rollout_view_keeps_its_kv_demand_but_prices_density_by_requests():

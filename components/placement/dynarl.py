@@ -92,16 +92,21 @@ def rollout_done(snap: Snapshot) -> bool:
     return snap.rollout_active == 0 and snap.rollout_finished_mean > 0 and snap.queue_depth.get("prompts", 1) == 0
 
 
-def rollout_tokens_left(snap: Snapshot) -> float:
-    """Output tokens an active request is expected to make still: as many again as it
-    has made so far, and at least the mean length of the requests finished this
-    iteration, but never past the run's max_tokens (no oracle lengths: a capped
-    distribution's stragglers are mostly running to the cap)."""
-    made = snap.rollout_generated / snap.rollout_active if snap.rollout_active else 0.0
-    left = max(made, snap.rollout_finished_mean)
-    if snap.rollout_max_new_tokens is not None:
-        left = min(left, max(0.0, snap.rollout_max_new_tokens - made))
+def tokens_left(made: float, finished_mean: float, cap: float | None) -> float:
+    """Output tokens a running request that has made `made` is expected to make still:
+    as many again, and at least the mean length of the requests finished this
+    iteration, but never past the cap on its output (no oracle lengths: a capped
+    distribution's stragglers mostly run to the cap)."""
+    left = max(made, finished_mean)
+    if cap is not None:
+        left = min(left, max(0.0, cap - made))
     return left
+
+
+def rollout_tokens_left(snap: Snapshot) -> float:
+    """tokens_left for the snapshot's active requests (their mean output so far)."""
+    made = snap.rollout_generated / snap.rollout_active if snap.rollout_active else 0.0
+    return tokens_left(made, snap.rollout_finished_mean, snap.rollout_max_new_tokens)
 
 
 class Dynarl:

@@ -68,7 +68,8 @@ class Snapshot:
     rollout_generated: int = 0
     """Output tokens those active requests have made so far."""
     rollout_max_new_tokens: int | None = None
-    """The run's cap on a request's output tokens (its sampling max_tokens; None: none)."""
+    """The cap on a request's output tokens (the math workload's length cap, what a real
+    run's max_tokens is); None: not capped, or not known (multi-turn, a trace)."""
     rollout_kv_tokens: int = 0
     """Active KV tokens over all rollout engines."""
     rollout_capacity: int = 0

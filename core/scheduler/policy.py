@@ -4,9 +4,9 @@
 1. A dynamic component is a donor when more than `theta` of its engines have
    stayed below `u_low` utilization for at least `window_s` seconds.
 2. Candidates shrink the donor by 1..k engines (3-10 of them, spread evenly,
-   never below the engines its running requests need) and hand the freed
-   devices, one receiver unit at a time, to whichever receiver is then the
-   bottleneck.
+   never below its floor: `keep_engines`, by default the engines its active
+   requests need) and hand the freed devices, one receiver unit at a time, to
+   whichever receiver is then the bottleneck.
 3. Each candidate's iteration time is predicted as the slowest stage's
    remaining work over its predicted rate (end-to-end throughput = the minimum
    stage throughput), plus the time of barrier stages (a trainer on the whole
@@ -42,8 +42,8 @@ class ComponentView:
     """Requests one engine can batch: the engines those requests need is
     ceil(active_requests / requests_per_engine). 1: each request needs an engine."""
     keep_engines: int | None = None
-    """A donor's floor in engines; None: the engines its running requests need
-    (demand_engines). Lower than demand lets the donor pack its requests denser,
+    """A donor's floor in engines; None: the engines its active (running and waiting)
+    requests need (demand_engines). Lower than demand lets the donor pack its requests denser,
     which the predictor prices through its rate at fewer engines."""
     move_cost_s: float = 0.0
     """Measured seconds this component's devices last took to move (out and back)."""
@@ -152,8 +152,9 @@ def decide_dynarl(snapshot: Snapshot, predictor: Predictor, config: DynarlConfig
 
 
 def _release_options(donor: ComponentView, max_candidates: int) -> list[int]:
-    """Devices the donor may give up: whole engines, keeping the engines its running
-    requests occupy and its minimum; at most `max_candidates` options, evenly spread."""
+    """Devices the donor may give up: whole engines, keeping its floor (keep_engines, or
+    the engines its active requests need) and its minimum; at most `max_candidates`
+    options, evenly spread."""
     unit = donor.devices_per_engine
     engines = donor.devices // unit
     floor = demand_engines(donor) if donor.keep_engines is None else donor.keep_engines

@@ -62,12 +62,18 @@ class LiveIteration:
     """Component -> its stage and every extra rank finished (per-rank results)."""
     extras: dict[str, list[asyncio.Future]] = field(default_factory=lambda: {c: [] for c in INPUT})
     finished_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Rollout engine -> (requests finished, their output tokens) at its last metrics
-    poll this iteration; an engine given away keeps its count (the scheduler's view)."""
+    """Rollout engine -> (requests finished, their output tokens) this iteration, as of
+    its last report: every metrics poll, and the load read just before it is released
+    (so an engine given away keeps what it finished). The scheduler's view sums it."""
     borrowed: bool = False
     """The rollout also runs on devices lent by parked inference and trainer ranks
     (migrate.Migrator.lend): parking, not device_lock, keeps them apart, so the
     rollout stage does not take the lock (it would hold the lenders' devices)."""
+
+    def note_finished(self, engines: list[str], loads: list[dict]) -> None:
+        """Records rollout engines' finished counts from their load reports."""
+        for engine, load in zip(engines, loads):
+            self.finished_seen[engine] = (load["finished"], load["finished_tokens"])
 
     def accepts(self, component: str) -> bool:
         return component in self.done and not self.done[component].done()

@@ -119,7 +119,7 @@ class Migrator:
             raise NotImplementedError(f"only the rollout donates devices, not {d.source}")
         async with self.lock:
             if self.lent:
-                await self._return_home(g)
+                await self._return_home(g, live)
             credit = self.credit.pop(d.target, 0)
             await self._move(g, d.target, d.devices - credit, live)
             if self.tail_tp:
@@ -145,6 +145,7 @@ class Migrator:
             release.append(p)
         if not release:
             return
+        live.note_finished([g.rollout.handles[p].spec.worker_id for p in release], [loads[p] for p in release])
         begun = self.now()
         if any(loads[p]["active_run"] for p in release):
             try:
@@ -217,16 +218,17 @@ class Migrator:
         await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
                              ranks=list(range(first, g.rollout.world_size)))
 
-    async def return_home(self, g: SimGroups) -> None:
+    async def return_home(self, g: SimGroups, live: LiveIteration) -> None:
         """The lent engines go (their requests to the other engines), inference and
         trainer onload on their own devices and take their stages' input."""
         async with self.lock:
             if self.lent:
-                await self._return_home(g)
+                await self._return_home(g, live)
 
-    async def _return_home(self, g: SimGroups) -> None:
+    async def _return_home(self, g: SimGroups, live: LiveIteration) -> None:
         positions = [p for p, h in enumerate(g.rollout.handles) if h.spec.devices[0] in self.lent]
         loads = await g.rollout.call("load", ranks=positions)
+        live.note_finished([g.rollout.handles[p].spec.worker_id for p in positions], loads)
         begun = self.now()
         if any(l["active_run"] for l in loads):
             try:

@@ -29,7 +29,7 @@ from .iteration import LiveIteration, SimGroups, open_channels, run_iteration, s
 from .migrate import Migrator, min_devices
 from .rollout_worker import SimRolloutWorker
 from .scenario import Scenario, for_policy, nic_or_link
-from .snapshot import scheduler_view
+from .snapshot import build_snapshot
 from .trainer_worker import SimTrainerWorker
 
 REBOOT_S = cm.role_switch_time(restart=True)
@@ -186,7 +186,7 @@ async def _home_after_rollout(g: SimGroups, live: LiveIteration, migrator: Migra
     while "rollout" not in live.done:  # run_iteration registers it once the prompts are out
         await asyncio.sleep(0)
     await asyncio.wait([live.done["rollout"]])
-    await migrator.return_home(g)
+    await migrator.return_home(g, live)
     await asyncio.Future()
 
 
@@ -198,7 +198,7 @@ async def _ticker(ctl: Controller, g: SimGroups, policy, run: PolicyRun, it: int
         await asyncio.Future()  # no online hook: wait to be cancelled
     while True:
         await asyncio.sleep(policy.decide_every_s * scn.config.time_scale)
-        snapshot = await scheduler_view(ctl, g, it, placement, now, scn, live, migrator)
+        snapshot = await build_snapshot(ctl, g, it, placement, now, scn, live, migrator)
         for decision in _timed(policy, snapshot, run):
             if not isinstance(decision, Migrate):
                 raise NotImplementedError(f"{type(decision).__name__} during an iteration")

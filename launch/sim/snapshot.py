@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from dynarl.components import costmodel as cm
+from dynarl.components.placement.dynarl import tokens_left
 from dynarl.components.placement.plan import Placement
 from dynarl.components.placement.policy import Snapshot
 from dynarl.core.controller import Controller
@@ -17,7 +18,7 @@ from .migrate import WORKLOAD_MIGRATION_S, Migrator, p2p_cost_s
 from .scenario import Scenario
 
 
-async def scheduler_view(ctl: Controller, g: SimGroups, it: int, placement: Placement, now, scn: Scenario,
+async def build_snapshot(ctl: Controller, g: SimGroups, it: int, placement: Placement, now, scn: Scenario,
                          live: LiveIteration, migrator: Migrator) -> Snapshot:
     loads = await g.rollout.call("load")
     progress = {"inference": await g.inference.call("progress"), "trainer": await g.trainer.call("progress")}
@@ -27,23 +28,17 @@ async def scheduler_view(ctl: Controller, g: SimGroups, it: int, placement: Plac
     active = sum(l["running"] + l["waiting"] for l in loads)
     generated = sum(l["generated"] for l in loads)
     made = generated / active if active else 0.0
-    for h, l in zip(g.rollout.handles, loads):  # engines released this iteration keep their last count
-        live.finished_seen[h.spec.worker_id] = (l["finished"], l["finished_tokens"])
+    live.note_finished([h.spec.worker_id for h in g.rollout.handles], loads)  # released engines keep theirs
     finished = sum(n for n, _ in live.finished_seen.values())
     finished_tokens = sum(t for _, t in live.finished_seen.values())
     finished_mean = finished_tokens / finished if finished else 0.0
     seq_mean = prompt_mean + max(made, finished_mean)
-    cap = int(scn.workload.response_tokens.cap) if scn.workload.kind == "math" else None
-    if cap is not None:
-        # One request is one sample: what the downstream still has is the finished samples'
-        # known lengths it has not processed, plus the running and unstarted ones estimated.
-        # (Counting every unprocessed sample at the running requests' mean length, which in
-        # the tail are the long ones, overstated it 2.5x at the first move on math-7b/64.)
-        produced = finished_tokens + finished * prompt_mean
-        running = prompt_mean + made + min(max(made, finished_mean), max(0.0, cap - made))
-        unstarted = prompt_mean + (finished_mean or made)
-        future = active * running + max(0, samples - finished - active) * unstarted
-        remaining = {c: max(0.0, produced - sum(p["tokens"] for p in progress[c])) + future for c in progress}
+    cap = output_cap(scn)
+    if scn.workload.kind == "math":  # one request is one sample
+        remaining = {c: downstream_tokens_left(
+            samples=samples, prompt_mean=prompt_mean, finished=finished, finished_tokens=finished_tokens,
+            active=active, made=made, finished_mean=finished_mean, cap=cap,
+            processed=sum(p["tokens"] for p in progress[c])) for c in progress}
     else:  # multi-turn: a finished request is a turn, not a sample
         remaining = {c: max(0, samples - sum(p["samples"] for p in progress[c])) * seq_mean for c in progress}
     depth = {name: len(ctl.channel(name)) for name in CHANNELS}
@@ -60,6 +55,30 @@ async def scheduler_view(ctl: Controller, g: SimGroups, it: int, placement: Plac
         interruptible={"rollout": depth["prompts"] == 0 and live.accepts("rollout")},
         accepting={c: live.accepts(c) for c in ("inference", "trainer")},
         migration_cost_s={"workload": WORKLOAD_MIGRATION_S, "p2p": p2p_cost_s(scn)})
+
+
+def output_cap(scn: Scenario) -> int | None:
+    """The cap on a math request's output tokens (the workload's max_tokens); None for
+    multi-turn, an uncapped distribution, or a trace (its lengths are its own)."""
+    if scn.workload.kind != "math" or scn.trace is not None or math.isinf(scn.workload.response_tokens.cap):
+        return None
+    return int(scn.workload.response_tokens.cap)
+
+
+def downstream_tokens_left(*, samples: int, prompt_mean: float, finished: int, finished_tokens: float,
+                           active: int, made: float, finished_mean: float, cap: int | None,
+                           processed: float) -> float:
+    """Sequence tokens a downstream component (inference, trainer) still has to process:
+    the finished samples' known lengths it has not processed, plus the running requests
+    (prompt, made so far, tokens_left) and the unstarted ones (prompt and the finished
+    mean). Counting every unprocessed sample at the running requests' mean length
+    instead overstated it 2.5x at math-7b/64's first move: in the tail the running
+    requests are the long ones."""
+    produced = finished_tokens + finished * prompt_mean
+    running = prompt_mean + made + tokens_left(made, finished_mean, cap)
+    unstarted = prompt_mean + (finished_mean or made)
+    future = active * running + max(0, samples - finished - active) * unstarted
+    return max(0.0, produced - processed) + future
 
 
 def _rate_points(scn: Scenario, active: int, context: float, seq_mean: float) -> dict[str, tuple]:
