@@ -30,12 +30,15 @@ async def measure(args: argparse.Namespace) -> dict:
         for _ in range(200):  # warm up
             await one.call("noop")
         rtts = []
+        worker_before, here_before = await one.call("cpu_times"), (time.process_time(), time.thread_time())
         for _ in range(args.rpc_calls):
             start = time.perf_counter()
             await one.call("noop")
             rtts.append((time.perf_counter() - start) * 1e6)
+        here_after, worker_after = (time.process_time(), time.thread_time()), await one.call("cpu_times")
         out["rpc_rtt_us_p50"] = round(percentile(rtts, 0.50), 1)
         out["rpc_rtt_us_p99"] = round(percentile(rtts, 0.99), 1)
+        out["rpc_cpu_us_per_call"] = cpu_split(here_before, here_after, worker_before, worker_after, args.rpc_calls)
         _progress(f"rpc: p50 {out['rpc_rtt_us_p50']} us over {args.rpc_calls} calls")
 
         n = args.small_items
@@ -56,11 +59,26 @@ async def measure(args: argparse.Namespace) -> dict:
                                         workers.call("p2p_send", "bench", numel, args.p2p_repeats, ranks=[0]))
         out["p2p_tensor_mb_per_s"] = round(100 / statistics.median(times[0]))
         _progress(f"p2p: {out['p2p_tensor_mb_per_s']} MB/s for 100 MB over gloo")
-    ray_p50 = measure_ray(args.rpc_calls)
+    ray_p50 = None if args.no_ray else measure_ray(args.rpc_calls)
     if ray_p50 is not None:
         out["ray_rtt_us_p50"] = round(ray_p50, 1)
         out["rtt_speedup_vs_ray"] = round(ray_p50 / out["rpc_rtt_us_p50"], 2)
     return out
+
+
+def cpu_split(here_before, here_after, worker_before, worker_after, calls: int) -> dict[str, float]:
+    """CPU microseconds per round trip: each side's main thread and its other threads
+    (zmq's I/O thread). On a machine with fewer free cores than busy threads these run
+    one after another, so their sum bounds the round trip from below. (The controller's
+    figure includes the two cpu_times calls around the loop.)"""
+    def per_call(before, after, i):
+        return round((after[i] - before[i]) / calls * 1e6, 1)
+    return {"controller_main": per_call(here_before, here_after, 1),
+            "controller_other_threads": round(per_call(here_before, here_after, 0)
+                                              - per_call(here_before, here_after, 1), 1),
+            "worker_main": per_call(worker_before, worker_after, 1),
+            "worker_other_threads": round(per_call(worker_before, worker_after, 0)
+                                          - per_call(worker_before, worker_after, 1), 1)}
 
 
 def measure_ray(calls: int) -> float | None:
@@ -100,6 +118,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--small-items", type=int, default=50_000)
     parser.add_argument("--mb-items", type=int, default=300)
     parser.add_argument("--p2p-repeats", type=int, default=5)
+    parser.add_argument("--no-ray", action="store_true", help="skip Ray's round trip even when Ray is installed")
     args = parser.parse_args(argv)
     import uvloop
     result = uvloop.run(measure(args))
