@@ -64,17 +64,21 @@ class WorkerGroup:
 
     @asynccontextmanager
     async def device_lock(self) -> AsyncIterator[None]:
-        """Holds this group's devices: onload on entry, offload on exit."""
+        """Holds this group's devices: its ranks onload on entry and offload on exit.
+        Only the ranks that held the lock offload: a rank grown while it is held runs on
+        other devices, outside this lock, and a rank shrunk away is gone."""
         loop = asyncio.get_running_loop()
         asked = loop.time()
         async with self._ctl.locks.hold(self.name, self.devices):
             got = loop.time()
             self._ctl.tracer.complete("lock_wait", "device_lock", self.name, 0, asked, got)
+            holders = list(self.handles)
             await self.call("onload")
             try:
                 yield
             finally:
-                await self.call("offload")
+                held = set(map(id, holders))
+                await self.call("offload", ranks=[p for p, h in enumerate(self.handles) if id(h) in held])
                 self._ctl.tracer.complete("device_held", "device_lock", self.name, 0, got, loop.time())
 
     async def stop(self) -> None:

@@ -51,3 +51,18 @@ async def test_groups_on_disjoint_devices_do_not_wait_for_each_other():
             async with b.device_lock():
                 pass
         await task
+
+
+async def test_a_rank_grown_while_the_lock_is_held_is_not_offloaded_by_its_release():
+    """The lock covers the devices and ranks it was taken with: a rank added meanwhile
+    (a migration's receiver, on devices of its own) keeps working after the release."""
+    config = RuntimeConfig(launcher="inproc", cluster=dynarl.ClusterConfig(num_nodes=1, devices_per_node=3))
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, name="trainer", devices=[0])
+        async with group.device_lock():
+            await ctl.grow_group(group, [1])
+            await ctl.grow_group(group, [2])
+            await ctl.shrink_group(group, [1])  # rank 1 (device 1) leaves while the lock is held
+        events = await group.call("get_events")
+    assert events[0] == ["onload", "offload"]  # the holder
+    assert events[1] == []  # grown on device 2 meanwhile: neither onloaded nor offloaded by this lock

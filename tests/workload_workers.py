@@ -20,6 +20,9 @@ class EngineWorker(dynarl.Worker):
                                           NativeEngineConfig(max_num_seqs=4))
         self.results: dict[str, list[int]] = {}
         self.fail_import = fail_import
+        self.held = False
+        """Set by workload_load, cleared by any workload_import: a real rank's generate
+        may not end while it is held (components/rollout/worker.py)."""
 
     def submit(self, reqs: list[dict]) -> int:
         for r in reqs:
@@ -54,11 +57,16 @@ class EngineWorker(dynarl.Worker):
                 for item in self.engine.export_inflight()]
 
     def workload_load(self) -> float:
+        self.held = True
         load = self.engine.load()
         return float(load.num_running + load.num_waiting)
 
+    def is_held(self) -> bool:
+        return self.held
+
     def workload_import(self, items: list[dict]) -> int:
         if self.fail_import and items and self.rank == 0:  # only the receiving side refuses
-            raise RuntimeError("import refused (fault injection)")
+            raise RuntimeError("import refused (fault injection)")  # and stays held
+        self.held = False
         self.engine.import_inflight([InflightRequest.from_wire(item["inflight"]) for item in items])
         return len(items)

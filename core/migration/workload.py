@@ -79,9 +79,11 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
             per_rank[target].append(item)
         await group.scatter("workload_import", [[per_rank[p]] for p in keep], ranks=keep)
     except BaseException as exc:
-        # Give every exported item back to the rank it came from, and let it go on.
+        # Give every exported item back to the rank it came from, and let it go on; the
+        # kept ranks, held open for an import that will not come, are let go too.
         await gather_or_cancel([group.handles[p].call("workload_import", [part])
                                 for p, part in zip(release, exported)])
+        await _release_holds(group, keep)
         await group.call("workload_resume", ranks=release)
         if isinstance(exc, asyncio.CancelledError):
             raise
@@ -90,3 +92,13 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     ctl.tracer.complete("workload migration", "migration", "migrations", 0, started, loop.time(),
                         {"group": group.name, "moved": len(items), "freed": freed})
     return WorkloadResult(len(items), freed, loop.time() - started)
+
+
+async def _release_holds(group: WorkerGroup, ranks: list[int]) -> None:
+    """An empty import ends each kept rank's hold. A rank that fails even that is gone
+    (WorkerLost), which its own watchers report; it holds nothing any more."""
+    results = await asyncio.gather(*(group.handles[p].call("workload_import", [[]]) for p in ranks),
+                                   return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # cancellation of the migration itself

@@ -15,6 +15,7 @@ not device time.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +110,11 @@ async def _joined(stage_future: asyncio.Future, extras: list[asyncio.Future]) ->
 
 
 async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], version: int, *, clock: StageClock,
-                        chunk_size: int, weight_bytes: int, live: LiveIteration | None = None) -> dict[str, list[Any]]:
+                        chunk_size: int, weight_bytes: int, live: LiveIteration | None = None,
+                        sync_lock: asyncio.Lock | None = None) -> dict[str, list[Any]]:
+    """`sync_lock`: held for the weight sync, so no migration changes the groups while the
+    new weights go out (the Migrator's lock; on the real clock a rollout engine being
+    handed back could otherwise vanish between the call and its delivery)."""
     live = live or LiveIteration(version)
     label = f"iteration {version}"
     prompts = ctl.channel("prompts")
@@ -132,7 +137,8 @@ async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], versi
     # multi-turn: the rollout's DataRouter routes follow-up turns and assembles groups (turn_router.py)
     router = start_turn_router(ctl, g.rollout, batch, chunk_size, version)
     r, i, t, *_ = await gather_or_cancel([rollout, inference, trainer, *([router] if router else [])])
-    await sync_weights(g, version + 1, weight_bytes)
+    async with sync_lock or contextlib.nullcontext():
+        await sync_weights(g, version + 1, weight_bytes)
     return {"rollout": r, "inference": i, "trainer": t}
 
 

@@ -106,13 +106,17 @@ class SimRolloutWorker(dynarl.Worker):
         run = self.run
         if run is None or run.closed:
             return float("inf")  # a finished rank takes no work
+        run.hold = True  # a kept rank: its generate() waits for the import before it may return
         load = self.load()
         return float(load["generated"] + load["running"] + load["waiting"])
 
     def workload_import(self, items: list[dict]) -> int:
+        run = self.run
+        if run is not None:
+            run.hold = False
+            run.wake.set()
         if not items:
             return 0
-        run = self.run
         if run is None or run.closed:
             raise RuntimeError("workload_import on a rollout rank whose generation has ended")
         run.import_groups(items)
@@ -156,6 +160,9 @@ class _Run(GroupMigration):
         self.open: dict[int, tuple[dict, asyncio.Task]] = {}
         """Prompt groups not yet emitted: index -> (group, its task)."""
         self.closed = False
+        self.hold = False
+        """Set while a Workload migration may still import into this run (workload_load
+        asked it as a kept rank): it does not end before the import, even if idle."""
         self.stepping = False
         self.step_done = asyncio.Event()
         self.fetch_task: asyncio.Future | None = None
@@ -197,7 +204,7 @@ class _Run(GroupMigration):
 
     async def _drive(self, fetch: asyncio.Future, serve: asyncio.Future | None, loop: Any) -> None:
         inputs = [fetch] + ([serve] if serve is not None else [])
-        while not (all(t.done() for t in inputs) and not self.episodes):
+        while self.hold or not (all(t.done() for t in inputs) and not self.episodes):
             for task in [*inputs, *self.episodes]:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()

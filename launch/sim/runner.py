@@ -105,7 +105,8 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
             clock = StageClock()
             live = LiveIteration(it, borrowed=bool(migrator.lent))
             work = asyncio.ensure_future(run_iteration(ctl, g, scn.batches[it], it, clock=clock, live=live,
-                                                       chunk_size=cfg.chunk_size, weight_bytes=scn.weight_bytes))
+                                                       chunk_size=cfg.chunk_size, weight_bytes=scn.weight_bytes,
+                                                       sync_lock=migrator.lock))
             ticker = asyncio.ensure_future(_ticker(ctl, g, policy, run, it, placement, now, scn, live, migrator))
             home = asyncio.ensure_future(_home_after_rollout(g, live, migrator))
             try:
@@ -114,6 +115,9 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
                     if side in done:
                         side.result()  # a failed hook ends the run
                 results = await work
+                async with migrator.lock:  # a migration in flight finishes before its task is cancelled
+                    ticker.cancel()
+                    home.cancel()
             finally:
                 work.cancel()
                 ticker.cancel()
