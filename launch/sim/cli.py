@@ -41,15 +41,19 @@ def device_counts(text: str) -> list[int]:
     return counts
 
 
+DEFAULT_POLICIES = "colocated,spatial,rlinf-auto"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dynarl sim", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", help=f"one of: {', '.join(sorted(WORKLOADS))} (default math-7b; "
                                       "with --sweep, math-1.5b)")
     p.add_argument("--devices", type=device_counts, default=[64],
                    help="devices, or a comma-separated list of counts run one after another (default 64)")
-    p.add_argument("--policies", default="colocated,spatial,rlinf-auto",
+    p.add_argument("--policies", default=None,
                    help="comma-separated: colocated, spatial, rlinf-auto, dynarl, dynarl-costaware, "
-                        "dynarl-consolidate")
+                        "dynarl-consolidate, ... (default colocated,spatial,rlinf-auto; with --fidelity, "
+                        "colocated,spatial)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="JSONL trace replacing the workload's generator")
     p.add_argument("--iterations", type=int, default=2, help="per policy, warm-up included")
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         from .sweep import main as sweep_main
         return sweep_main(args)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    names = [n.strip() for n in (args.policies or DEFAULT_POLICIES).split(",") if n.strip()]
     try:
         for name in names:
             make_policy(name)

@@ -9,9 +9,16 @@
                           model: the fp32 trainer state over one device link, plus a
                           role switch (COSTMODEL.md §3)
         inference workload new ranks, which load the current weights and switch roles
-    iteration boundary    back to the start placement: the receivers' extra ranks stop
-                          (the trainer's state moves back: p2p cost again) and rollout
-                          engines start on the devices (a role switch each)
+    iteration boundary    back to the start placement: the receivers' extra ranks are
+                          parked (the trainer's state moves back: p2p cost again) and
+                          rollout engines rejoin on the devices (a role switch each)
+
+Ranks are not spawned and stopped per move but parked in warm standby pools
+(core/migration/standby.py), as in real runs: a released engine waits there until
+its devices come back, a receiver adopts parked ranks of its class. In virtual time
+that changes nothing (a spawn costs no time there, the moves are charged from the
+cost model); on the local launcher it keeps process start-up (~0.8 s each on this
+machine, 8 s of emulated time at time_scale 0.1) out of the measured iteration.
 
 Devices are "in flight" (owned by no one) between leaving the rollout and joining the
 receiver. Every change is an ownership event, so the timeline shows each move.
@@ -28,6 +35,7 @@ from dynarl.components.placement.policy import Migrate
 from dynarl.components.trainer.base import STATE_NAMES
 from dynarl.core.controller import Controller
 from dynarl.core.migration.p2p import MigrationFailed
+from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.migration.workload import workload_migrate
 from dynarl.core.worker_group import gather_or_cancel
 
@@ -106,6 +114,37 @@ class Migrator:
         """After each move the kept engines merge into wider-TP engines (tail_tp.py)."""
         self.wide: dict[int, list[int]] = {}
         """First device of each wide rollout engine -> every device it runs on."""
+        self.pools: dict[str, StandbyPool] = {}
+        """Parked ranks per component (standby.py), made on first use."""
+
+    def pool(self, group) -> StandbyPool:
+        """The standby pool of `group`'s component (its name: rollout, inference, trainer)."""
+        if group.name not in self.pools:
+            engine = self.scn.engines[group.name]
+            if group.name == "rollout":  # engines off the trainer's segment sync weights over a NIC
+                engine = dict(engine, weight_sync_bandwidth=cm.get_device(self.scn.config.device).nic_bandwidth)
+            self.pools[group.name] = StandbyPool(self.ctl, group.cls, group.name,
+                                                 {"engine": engine, "shares_device": False})
+        return self.pools[group.name]
+
+    def rollout_park(self, g: SimGroups) -> StandbyPool | None:
+        """Where released rollout engines go: the pool, unless engines may run at a wider
+        TP (tail_tp), which could not rejoin as base engines: those are stopped."""
+        return None if self.tail_tp else self.pool(g.rollout)
+
+    async def release_rollout(self, g: SimGroups, positions: list[int]) -> list[int]:
+        """Idle rollout engines leave (parked, or stopped); returns their devices."""
+        park = self.rollout_park(g)
+        return await (park.park(g.rollout, positions) if park else self.ctl.shrink_group(g.rollout, positions))
+
+    async def take(self, group, devices: list[int]) -> list[int]:
+        """Ranks of `group`'s class join it on `devices` (parked ones, else started);
+        returns their positions."""
+        pool = self.pool(group)
+        await pool.fill(devices)
+        first = group.world_size
+        pool.join(group, devices)
+        return list(range(first, group.world_size))
 
     def engine_devices(self, first: int) -> list[int]:
         """The devices of the rollout engine whose first device is `first`."""
@@ -118,6 +157,8 @@ class Migrator:
         if d.source != "rollout":
             raise NotImplementedError(f"only the rollout donates devices, not {d.source}")
         async with self.lock:
+            if not live.accepts(d.target):
+                return  # decided before the receiver finished the iteration (the weight sync may be past)
             if self.lent:
                 await self._return_home(g, live)
             credit = self.credit.pop(d.target, 0)
@@ -149,11 +190,12 @@ class Migrator:
         begun = self.now()
         if any(loads[p]["active_run"] for p in release):
             try:
-                freed = (await workload_migrate(self.ctl, g.rollout, release)).freed_devices
+                freed = (await workload_migrate(self.ctl, g.rollout, release,
+                                                park=self.rollout_park(g))).freed_devices
             except MigrationFailed:
                 return  # the kept engines finished meanwhile: nothing moved, the next decision sees that
         else:  # finished engines (the rollout's tail is elsewhere, or it is done): nothing to hand over
-            freed = await self.ctl.shrink_group(g.rollout, release)
+            freed = await self.release_rollout(g, release)
         devices = [d for first in freed for d in self.engine_devices(first)]
         for first in freed:
             self.wide.pop(first, None)
@@ -164,11 +206,8 @@ class Migrator:
 
     async def grow(self, g: SimGroups, target: str, devices: list[int], live: LiveIteration) -> None:
         begun = self.now()
-        engines = self.scn.engines
         group = g.trainer if target == "trainer" else g.inference
-        first = group.world_size
-        await self.ctl.grow_group(group, devices, {"engine": engines[target], "shares_device": False})
-        new = list(range(first, group.world_size))
+        new = await self.take(group, devices)
         if target == "trainer":
             await asyncio.sleep(p2p_cost_s(self.scn) * self.ts)
             kind = "p2p"
@@ -211,12 +250,9 @@ class Migrator:
     async def _grow_rollout(self, g: SimGroups, devices: list[int], version: int) -> None:
         """Rollout engines start on `devices` (one per first device of a TP group) and
         receive weight version `version` over the network."""
-        first = g.rollout.world_size
-        rollout_engine = dict(self.scn.engines["rollout"], weight_sync_bandwidth=cm.get_device(
-            self.scn.config.device).nic_bandwidth)
-        await self.ctl.grow_group(g.rollout, devices, {"engine": rollout_engine, "shares_device": False})
-        await g.rollout.call("receive_weights", version, self.scn.weight_bytes,
-                             ranks=list(range(first, g.rollout.world_size)))
+        new = await self.take(g.rollout, devices)
+        await g.rollout.call("workload_resume", ranks=new)  # a parked engine was paused when it left
+        await g.rollout.call("receive_weights", version, self.scn.weight_bytes, ranks=new)
 
     async def return_home(self, g: SimGroups, live: LiveIteration) -> None:
         """The lent engines go (their requests to the other engines), inference and
@@ -232,11 +268,11 @@ class Migrator:
         begun = self.now()
         if any(l["active_run"] for l in loads):
             try:
-                await workload_migrate(self.ctl, g.rollout, positions)
+                await workload_migrate(self.ctl, g.rollout, positions, park=self.rollout_park(g))
             except MigrationFailed:
                 return  # only the lent engines still run: they keep the devices until they finish
         else:
-            await self.ctl.shrink_group(g.rollout, positions)
+            await self.release_rollout(g, positions)
         await asyncio.sleep(WORKLOAD_MIGRATION_S * self.ts)  # the lent engines pause and offload
         self.own.change(self.now(), rollout=-len(self.lent) * self.scn.rollout_tp)
         self.lent = []
@@ -258,9 +294,9 @@ class Migrator:
                 await asyncio.sleep(await self.lend(g, version) * self.ts)
             return
         if extra_t:
-            await self.ctl.shrink_group(g.trainer, extra_t)
+            await self.pool(g.trainer).park(g.trainer, extra_t)
         if extra_i:
-            await self.ctl.shrink_group(g.inference, extra_i)
+            await self.pool(g.inference).park(g.inference, extra_i)
         self.own.change(self.now(), trainer=-len(extra_t), inference=-len(extra_i))
         held = {h.spec.devices[0] for h in g.rollout.handles}
         missing = [d for d in self.base.device_ids("rollout")[::self.scn.rollout_tp] if d not in held]
