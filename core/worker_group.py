@@ -65,8 +65,9 @@ class WorkerGroup:
     @asynccontextmanager
     async def device_lock(self) -> AsyncIterator[None]:
         """Holds this group's devices: its ranks onload on entry and offload on exit.
-        Only the ranks that held the lock offload: a rank grown while it is held runs on
-        other devices, outside this lock, and a rank shrunk away is gone."""
+        Only the ranks that took the lock and are still in the group offload: a rank
+        grown while it is held runs on other devices, outside this lock; a rank that
+        left meanwhile (stopped, or parked in a standby pool) is not offloaded here."""
         loop = asyncio.get_running_loop()
         asked = loop.time()
         async with self._ctl.locks.hold(self.name, self.devices):

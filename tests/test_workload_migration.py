@@ -62,3 +62,19 @@ async def test_failed_handover_gives_the_work_back():
         assert await group.call("is_held") == [False, False]  # the kept rank is let go: it may finish
         results = await group.call("drain")
     assert sorted(results[1]) == [f"b{i}" for i in range(4)]  # rank 1 finished its own work
+
+
+async def test_a_failed_export_lets_the_kept_rank_go():
+    """The kept rank was held open by workload_load; an export that fails must not leave
+    it waiting for an import forever."""
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        group = await ctl.spawn(EngineWorker, name="rollout", devices=[0, 1], init={"fail_export": True})
+        await group.scatter("submit", [[requests("a", 4)], [requests("b", 4)]])
+        await group.call("run_steps", 3)
+        with pytest.raises(MigrationFailed, match="rolled back"):
+            await workload_migrate(ctl, group, [1])
+        assert group.world_size == 2
+        assert await group.call("is_held") == [False, False]
+        results = await group.call("drain")
+    assert sorted(results[0]) == [f"a{i}" for i in range(4)] and sorted(results[1]) == [f"b{i}" for i in range(4)]
+

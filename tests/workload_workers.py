@@ -14,12 +14,13 @@ def requests(prefix: str, count: int, max_new_tokens: int = 24) -> list[dict]:
 
 
 class EngineWorker(dynarl.Worker):
-    def __init__(self, fail_import: bool = False) -> None:
+    def __init__(self, fail_import: bool = False, fail_export: bool = False) -> None:
         torch.manual_seed(0)
         self.engine = NativeRolloutEngine(Qwen2ForCausalLM(TINY_CONFIGS["tiny-0.5m"]),
                                           NativeEngineConfig(max_num_seqs=4))
         self.results: dict[str, list[int]] = {}
         self.fail_import = fail_import
+        self.fail_export = fail_export
         self.held = False
         """Set by workload_load, cleared by any workload_import: a real rank's generate
         may not end while it is held (components/rollout/worker.py)."""
@@ -52,6 +53,8 @@ class EngineWorker(dynarl.Worker):
         self.engine.resume()
 
     def workload_export(self) -> list[dict]:
+        if self.fail_export:
+            raise RuntimeError("export failed (fault injection)")
         return [{"id": item.request.request_id, "weight": item.request.sampling.max_new_tokens
                  - len(item.output_token_ids), "inflight": item.to_wire()}
                 for item in self.engine.export_inflight()]

@@ -3,8 +3,10 @@ state. The released ranks pause at a step boundary and export their pending and
 in-flight requests (prompt, tokens so far, sampling state); the kept ranks import
 and continue them; then the released ranks stop and free their devices.
 
-If handing the work over fails, the exported items go back to the released
-ranks, which resume: nothing is lost and nothing runs twice.
+If handing the work over fails (or pausing or exporting does), the kept ranks are
+let go of the import they were held open for, the exported items go back to the
+released ranks, which resume: nothing runs twice, and an item that cannot go back
+(its rank is gone) is counted in the MigrationFailed raised.
 
 With a StandbyPool (standby.py) the released ranks are parked instead of stopped:
 their processes stay warm, and the component gets them back (`StandbyPool.join`,
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from dynarl.core.migration.p2p import MigrationFailed
 from dynarl.core.migration.standby import StandbyPool
-from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+from dynarl.core.worker_group import WorkerGroup
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -64,30 +66,31 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     # goes on only if the released ranks are done too (nothing to hand over);
     # otherwise nothing is touched: their work could go nowhere, and not back either.
     loads = await group.call("workload_load", ranks=keep)
-    if all(load == float("inf") for load in loads):
-        released = await group.call("workload_load", ranks=release)
-        if not all(load == float("inf") for load in released):
-            await group.scatter("workload_import", [[[]] for _ in keep + release], ranks=keep + release)
-            raise MigrationFailed(f"workload migration of {group.name!r}: no kept rank can take work")
-    await group.call("workload_pause", ranks=release)
-    exported = await group.call("workload_export", ranks=release)
-    items = [item for part in exported for item in part]
+    exported: list[list[dict]] = []
     try:
+        if all(load == float("inf") for load in loads):
+            released = await group.call("workload_load", ranks=release)
+            if not all(load == float("inf") for load in released):
+                raise MigrationFailed(f"workload migration of {group.name!r}: no kept rank can take work")
+        await group.call("workload_pause", ranks=release)
+        exported = await group.call("workload_export", ranks=release)
+        items = [item for part in exported for item in part]
         targets = assign([float(item["weight"]) for item in items], dict(zip(keep, loads)))
         per_rank = {p: [] for p in keep}
         for item, target in zip(items, targets):
             per_rank[target].append(item)
         await group.scatter("workload_import", [[per_rank[p]] for p in keep], ranks=keep)
     except BaseException as exc:
-        # Give every exported item back to the rank it came from, and let it go on; the
-        # kept ranks, held open for an import that will not come, are let go too.
-        await gather_or_cancel([group.handles[p].call("workload_import", [part])
-                                for p, part in zip(release, exported)])
-        await _release_holds(group, keep)
-        await group.call("workload_resume", ranks=release)
-        if isinstance(exc, asyncio.CancelledError):
+        # First let the kept ranks go (held open for an import that will not come: they
+        # would never finish), then give every exported item back to the rank it came
+        # from and let the released ranks go on.
+        await _release_holds(group, keep + release)
+        lost = await _give_back(group, release, exported)
+        await asyncio.gather(*(group.handles[p].call("workload_resume") for p in release), return_exceptions=True)
+        if isinstance(exc, (asyncio.CancelledError, MigrationFailed)):
             raise
-        raise MigrationFailed(f"workload migration of {group.name!r} rolled back: {exc!r}") from exc
+        note = f"; {lost} exported items could not be given back" if lost else ""
+        raise MigrationFailed(f"workload migration of {group.name!r} rolled back: {exc!r}{note}") from exc
     freed = await (park.park(group, release) if park is not None else ctl.shrink_group(group, release))
     ctl.tracer.complete("workload migration", "migration", "migrations", 0, started, loop.time(),
                         {"group": group.name, "moved": len(items), "freed": freed})
@@ -95,10 +98,25 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
 
 
 async def _release_holds(group: WorkerGroup, ranks: list[int]) -> None:
-    """An empty import ends each kept rank's hold. A rank that fails even that is gone
+    """An empty import ends each rank's hold. A rank that fails even that is gone
     (WorkerLost), which its own watchers report; it holds nothing any more."""
     results = await asyncio.gather(*(group.handles[p].call("workload_import", [[]]) for p in ranks),
                                    return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, Exception):
             raise result  # cancellation of the migration itself
+
+
+async def _give_back(group: WorkerGroup, release: list[int], exported: list[list[dict]]) -> int:
+    """Re-imports each released rank's exported items into it; returns how many items
+    could not be given back (the rank had ended its generation, or is gone)."""
+    parts = [(p, part) for p, part in zip(release, exported) if part]
+    results = await asyncio.gather(*(group.handles[p].call("workload_import", [part]) for p, part in parts),
+                                   return_exceptions=True)
+    lost = 0
+    for (_, part), result in zip(parts, results):
+        if isinstance(result, BaseException):
+            if not isinstance(result, Exception):
+                raise result
+            lost += len(part)
+    return lost

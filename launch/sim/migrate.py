@@ -16,7 +16,7 @@
 Ranks are not spawned and stopped per move but parked in warm standby pools
 (core/migration/standby.py), as in real runs: a released engine waits there until
 its devices come back, a receiver adopts parked ranks of its class. In virtual time
-that changes nothing (a spawn costs no time there, the moves are charged from the
+that changes no timing (a spawn costs no time there, the moves are charged from the
 cost model); on the local launcher it keeps process start-up (~0.8 s each on this
 machine, 8 s of emulated time at time_scale 0.1) out of the measured iteration.
 
@@ -136,6 +136,13 @@ class Migrator:
         """Idle rollout engines leave (parked, or stopped); returns their devices."""
         park = self.rollout_park(g)
         return await (park.park(g.rollout, positions) if park else self.ctl.shrink_group(g.rollout, positions))
+
+    async def stop_pools(self) -> None:
+        """Stops every parked rank (a re-plan redeploys all groups elsewhere)."""
+        for pool in self.pools.values():
+            if pool.group is not None and not pool.group.stopped:
+                await self.ctl.stop_group(pool.group)
+        self.pools = {}
 
     async def take(self, group, devices: list[int]) -> list[int]:
         """Ranks of `group`'s class join it on `devices` (parked ones, else started);

@@ -131,6 +131,7 @@ class SimRolloutWorker(dynarl.Worker):
         if self.engine.weight_version != version:
             raise RuntimeError(f"rollout holds weights v{self.engine.weight_version}, the step needs v{version}")
         run = self.run = _Run(self, self.channel(put), chunk_size, version)
+        preempted_before = self.engine.scheduler.num_preemptions  # the engine's count is cumulative
         fetch = run.fetch_task = asyncio.ensure_future(run.fetch(self.channel(get)))
         try:
             await run.drive(fetch)
@@ -138,7 +139,7 @@ class SimRolloutWorker(dynarl.Worker):
             run.closed = True
             fetch.cancel()
         return {"groups": run.num_groups, "tokens": run.num_tokens, "busy": run.busy, "tp": self.engine.config.tp,
-                "preemptions": self.engine.scheduler.num_preemptions, "samples": run.num_samples,
+                "preemptions": self.engine.scheduler.num_preemptions - preempted_before, "samples": run.num_samples,
                 "exported_groups": run.exported, "imported_groups": run.imported,
                 "reprefill_tokens": run.reprefill_tokens}
 

@@ -134,6 +134,7 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
                         # iterations a policy re-plans the whole placement instead.
                         raise ValueError("a policy asked to Migrate at an iteration's end: return Replan there")
                     if isinstance(decision, Replan) and it + 1 < cfg.iterations:
+                        await migrator.stop_pools()  # the new placement's Migrator starts its own
                         g = await _replan(ctl, scn, g, placement, decision, run, it)
                         placement = decision.placement
                         run.placements.append((now(), placement))
