@@ -15,17 +15,14 @@ import dynarl
 from dynarl.components.experience import END
 from dynarl.components.inference.emulated import EmulatedInference, EmulatedInferenceConfig
 
-from .switching import add_busy, half_switch
+from .switching import Parking, add_busy, half_switch
 
 
-class SimInferenceWorker(dynarl.Worker):
+class SimInferenceWorker(Parking, dynarl.Worker):
     def __init__(self, engine: dict, shares_device: bool = False) -> None:
         self.engine = EmulatedInference(EmulatedInferenceConfig(**engine))
         self.shares_device = shares_device
-        self.home = asyncio.Event()
-        self.home.set()
-        """Clear while parked: its devices are lent to the rollout (dynarl's start), its
-        state offloaded to host memory; the stage waits here before taking any input."""
+        self._init_home()
         self.done_samples = self.done_tokens = 0
 
     async def onload(self) -> None:
@@ -37,12 +34,6 @@ class SimInferenceWorker(dynarl.Worker):
     def receive_weights(self, version: int, num_bytes: int) -> int:
         self.engine.update_weights(num_bytes, version)
         return version
-
-    def park(self) -> None:
-        self.home.clear()
-
-    def unpark(self) -> None:
-        self.home.set()
 
     async def compute_logprobs(self, get: str, put: str, *, version: int) -> dict[str, Any]:
         if self.engine.weight_version != version:

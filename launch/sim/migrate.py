@@ -40,7 +40,7 @@ from dynarl.core.migration.workload import workload_migrate
 from dynarl.core.worker_group import gather_or_cancel
 
 from .iteration import LiveIteration, SimGroups
-from .scenario import Scenario
+from .scenario import Scenario, nic_or_link
 from .tail_tp import widen
 
 WORKLOAD_MIGRATION_S = cm.ROLE_SWITCH_S / 2
@@ -121,20 +121,26 @@ class Migrator:
         """The standby pool of `group`'s component (its name: rollout, inference, trainer)."""
         if group.name not in self.pools:
             engine = self.scn.engines[group.name]
-            if group.name == "rollout":  # engines off the trainer's segment sync weights over a NIC
-                engine = dict(engine, weight_sync_bandwidth=cm.get_device(self.scn.config.device).nic_bandwidth)
+            if group.name == "rollout":  # off the trainer's segment: weights come over a NIC
+                engine = dict(engine, weight_sync_bandwidth=nic_or_link(False, self.scn.config.device))
             self.pools[group.name] = StandbyPool(self.ctl, group.cls, group.name,
                                                  {"engine": engine, "shares_device": False})
         return self.pools[group.name]
 
-    def rollout_park(self, g: SimGroups) -> StandbyPool | None:
-        """Where released rollout engines go: the pool, unless engines may run at a wider
-        TP (tail_tp), which could not rejoin as base engines: those are stopped."""
-        return None if self.tail_tp else self.pool(g.rollout)
-
-    async def release_rollout(self, g: SimGroups, positions: list[int]) -> list[int]:
-        """Idle rollout engines leave (parked, or stopped); returns their devices."""
-        park = self.rollout_park(g)
+    async def _release(self, g: SimGroups, positions: list[int], loads: list[dict],
+                       live: LiveIteration) -> list[int] | None:
+        """Rollout engines at `positions` leave: their requests move to the others
+        (Workload migration), or, with no live run among them, they just go. They are
+        parked, unless engines may run at a wider TP (tail_tp), which could not rejoin
+        as base engines: those are stopped. Returns the freed first devices, or None
+        when the migration failed (nothing moved)."""
+        live.note_finished([g.rollout.handles[p].spec.worker_id for p in positions], loads)
+        park = None if self.tail_tp else self.pool(g.rollout)
+        if any(load["active_run"] for load in loads):
+            try:
+                return (await workload_migrate(self.ctl, g.rollout, positions, park=park)).freed_devices
+            except MigrationFailed:
+                return None
         return await (park.park(g.rollout, positions) if park else self.ctl.shrink_group(g.rollout, positions))
 
     async def stop_pools(self) -> None:
@@ -181,28 +187,26 @@ class Migrator:
         # finished engines first, then the emptiest; never the last engine with a live run
         order = sorted(range(g.rollout.world_size),
                        key=lambda p: (loads[p]["active_run"], loads[p]["utilization"], p))
-        active = [p for p in range(g.rollout.world_size) if loads[p]["active_run"]]
+        running = sum(1 for load in loads if load["active_run"])  # live runs not (yet) released
         release: list[int] = []
+        taken = 0
         for p in order:
             if len(release) >= g.rollout.world_size - 1:
                 break
-            if sum(width[r] for r in release) + width[p] > devices:
+            if taken + width[p] > devices:
                 continue  # (engines of one width: once one does not fit, none does)
-            if loads[p]["active_run"] and sum(1 for a in active if a not in release and a != p) == 0:
-                break
+            if loads[p]["active_run"]:
+                if running == 1:
+                    break
+                running -= 1
             release.append(p)
+            taken += width[p]
         if not release:
             return
-        live.note_finished([g.rollout.handles[p].spec.worker_id for p in release], [loads[p] for p in release])
         begun = self.now()
-        if any(loads[p]["active_run"] for p in release):
-            try:
-                freed = (await workload_migrate(self.ctl, g.rollout, release,
-                                                park=self.rollout_park(g))).freed_devices
-            except MigrationFailed:
-                return  # the kept engines finished meanwhile: nothing moved, the next decision sees that
-        else:  # finished engines (the rollout's tail is elsewhere, or it is done): nothing to hand over
-            freed = await self.release_rollout(g, release)
+        freed = await self._release(g, release, [loads[p] for p in release], live)
+        if freed is None:
+            return  # the kept engines finished meanwhile: nothing moved, the next decision sees that
         devices = [d for first in freed for d in self.engine_devices(first)]
         for first in freed:
             self.wide.pop(first, None)
@@ -271,15 +275,9 @@ class Migrator:
     async def _return_home(self, g: SimGroups, live: LiveIteration) -> None:
         positions = [p for p, h in enumerate(g.rollout.handles) if h.spec.devices[0] in self.lent]
         loads = await g.rollout.call("load", ranks=positions)
-        live.note_finished([g.rollout.handles[p].spec.worker_id for p in positions], loads)
         begun = self.now()
-        if any(l["active_run"] for l in loads):
-            try:
-                await workload_migrate(self.ctl, g.rollout, positions, park=self.rollout_park(g))
-            except MigrationFailed:
-                return  # only the lent engines still run: they keep the devices until they finish
-        else:
-            await self.release_rollout(g, positions)
+        if await self._release(g, positions, loads, live) is None:
+            return  # only the lent engines still run: they keep the devices until they finish
         await asyncio.sleep(WORKLOAD_MIGRATION_S * self.ts)  # the lent engines pause and offload
         self.own.change(self.now(), rollout=-len(self.lent) * self.scn.rollout_tp)
         self.lent = []

@@ -27,6 +27,7 @@ from dynarl.components import costmodel as cm
 from dynarl.components.experience import END
 
 from .iteration import LiveIteration, SimGroups
+from .scenario import nic_or_link
 
 if TYPE_CHECKING:
     from .migrate import Migrator
@@ -89,7 +90,7 @@ async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
         await asyncio.sleep(cm.role_switch_time(restart=True) * ts)  # offload, restart at the new TP, onload
         first = g.rollout.world_size
         engine = dict(scn.engines["rollout"], tp=WIDEN * tp,
-                      weight_sync_bandwidth=cm.get_device(scn.config.device).nic_bandwidth)
+                      weight_sync_bandwidth=nic_or_link(False, scn.config.device))
         await ctl.grow_group(g.rollout, firsts, {"engine": engine, "shares_device": False})
         new = list(range(first, g.rollout.world_size))
         await g.rollout.call("receive_weights", live.version, scn.weight_bytes, ranks=new)

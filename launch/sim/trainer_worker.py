@@ -20,18 +20,15 @@ from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 
-from .switching import add_busy, half_switch
+from .switching import Parking, add_busy, half_switch
 
 
-class SimTrainerWorker(dynarl.Worker):
+class SimTrainerWorker(Parking, dynarl.Worker):
     def __init__(self, engine: dict, shares_device: bool = False) -> None:
         self.trainer = EmulatedTrainer(TrainerConfig(), emulation=EmulatedTrainerConfig(**engine),
                                        rank=self.rank, world_size=self.world_size)
         self.shares_device = shares_device
-        self.home = asyncio.Event()
-        self.home.set()
-        """Clear while parked: its devices are lent to the rollout (dynarl's start), its
-        state offloaded to host memory; the stage waits here before taking any input."""
+        self._init_home()
         self.version = 0
         self.done_samples = self.done_tokens = 0
 
@@ -45,12 +42,6 @@ class SimTrainerWorker(dynarl.Worker):
 
     def weight_bytes(self) -> int:
         return self.trainer.weight_bytes
-
-    def park(self) -> None:
-        self.home.clear()
-
-    def unpark(self) -> None:
-        self.home.set()
 
     async def train(self, get: str, put: str | None, *, version: int) -> dict[str, Any]:
         inbox = self.channel(get)
