@@ -44,21 +44,30 @@ class StandbyPool:
 
     def has(self, devices: Sequence[int]) -> bool:
         """A parked rank for every entry of `devices` (repeats need as many ranks)."""
-        parked = self.devices()
-        for d in devices:
-            if d not in parked:
-                return False
-            parked.remove(d)
-        return True
+        return not self._missing(devices)
 
-    async def fill(self, devices: Sequence[int]) -> None:
-        """Starts standbys so that at least the listed ranks are parked (repeats count)."""
+    def _missing(self, devices: Sequence[int]) -> list[int]:
+        """The entries of `devices` no parked rank is left for (repeats count)."""
         parked, missing = self.devices(), []
         for d in devices:
             if d in parked:
                 parked.remove(d)
             else:
                 missing.append(d)
+        return missing
+
+    def _chosen(self, devices: Sequence[int]) -> list["WorkerHandle"]:
+        """One parked rank per entry of `devices`, in that order."""
+        if not self.has(devices):
+            raise LookupError(f"{self.name}: no parked rank for every device of {list(devices)}")
+        chosen: list[WorkerHandle] = []
+        for d in devices:
+            chosen.append(next(h for h in self.group.handles if h.spec.devices[0] == d and h not in chosen))
+        return chosen
+
+    async def fill(self, devices: Sequence[int]) -> None:
+        """Starts standbys so that at least the listed ranks are parked (repeats count)."""
+        missing = self._missing(devices)
         if not missing:
             return
         if self.group is None or self.group.stopped:
@@ -72,13 +81,9 @@ class StandbyPool:
 
     def adopt(self, devices: Sequence[int], name: str) -> WorkerGroup:
         """A new group `name` of parked ranks, one per entry of `devices`, in that order."""
-        if not self.has(devices):
-            raise LookupError(f"{self.name}: no parked rank for every device of {list(devices)}")
+        chosen = self._chosen(devices)
         if name in self.ctl.groups:
             raise ValueError(f"a group named {name!r} already exists")
-        chosen: list[WorkerHandle] = []
-        for d in devices:
-            chosen.append(next(h for h in self.group.handles if h.spec.devices[0] == d and h not in chosen))
         group = WorkerGroup(self.ctl, name, self.cls, [])
         self.ctl.groups[name] = group
         self.ctl.pool.place(name, None, [h.spec.devices[0] for h in chosen])
@@ -87,12 +92,7 @@ class StandbyPool:
 
     def join(self, group: WorkerGroup, devices: Sequence[int]) -> None:
         """Parked ranks on `devices` rejoin `group` (a donor getting its devices back)."""
-        if not self.has(devices):
-            raise LookupError(f"{self.name}: no parked rank for every device of {list(devices)}")
-        chosen: list[WorkerHandle] = []
-        for d in devices:
-            chosen.append(next(h for h in self.group.handles if h.spec.devices[0] == d and h not in chosen))
-        _move(self.ctl, chosen, self.group, group)
+        _move(self.ctl, self._chosen(devices), self.group, group)
 
     async def park(self, group: WorkerGroup, positions: Sequence[int] | None = None) -> list[int]:
         """Moves the ranks at `positions` (default: all, which retires the group) out

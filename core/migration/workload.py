@@ -97,26 +97,29 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     return WorkloadResult(len(items), freed, loop.time() - started)
 
 
+async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[dict]]]) -> list[int]:
+    """workload_import(items) on each (rank position, items); returns the positions that
+    failed (a rank that ended its generation, or is gone). Cancellation is raised."""
+    results = await asyncio.gather(*(group.handles[p].call("workload_import", [items]) for p, items in parts),
+                                   return_exceptions=True)
+    failed = []
+    for (p, _), result in zip(parts, results):
+        if isinstance(result, BaseException):
+            if not isinstance(result, Exception):
+                raise result
+            failed.append(p)
+    return failed
+
+
 async def _release_holds(group: WorkerGroup, ranks: list[int]) -> None:
     """An empty import ends each rank's hold. A rank that fails even that is gone
     (WorkerLost), which its own watchers report; it holds nothing any more."""
-    results = await asyncio.gather(*(group.handles[p].call("workload_import", [[]]) for p in ranks),
-                                   return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException) and not isinstance(result, Exception):
-            raise result  # cancellation of the migration itself
+    await _import_each(group, [(p, []) for p in ranks])
 
 
 async def _give_back(group: WorkerGroup, release: list[int], exported: list[list[dict]]) -> int:
     """Re-imports each released rank's exported items into it; returns how many items
-    could not be given back (the rank had ended its generation, or is gone)."""
+    could not be given back."""
     parts = [(p, part) for p, part in zip(release, exported) if part]
-    results = await asyncio.gather(*(group.handles[p].call("workload_import", [part]) for p, part in parts),
-                                   return_exceptions=True)
-    lost = 0
-    for (_, part), result in zip(parts, results):
-        if isinstance(result, BaseException):
-            if not isinstance(result, Exception):
-                raise result
-            lost += len(part)
-    return lost
+    failed = set(await _import_each(group, parts))
+    return sum(len(part) for p, part in parts if p in failed)

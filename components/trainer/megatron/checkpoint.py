@@ -11,15 +11,13 @@ the metadata): a moment has its parameter's shape, so the same boxes apply.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any, Mapping
 
 import torch
 from safetensors.torch import load_file
 
-from ..native.checkpoint import read_versioned_meta, save_shard, shard_file
+from ..native.checkpoint import read_versioned_meta, save_shard, shard_file, write_versioned_meta
 from .layout import ShardedLayout, plan_copies
 from .sharded_state import apply_copies
 
@@ -31,10 +29,7 @@ def save(path: str, rank: int, world_size: int, tensors: Mapping[str, torch.Tens
     """This rank's file; rank 0 also writes the metadata (after its own file)."""
     save_shard(path, rank, world_size, tensors)
     if rank == 0:
-        tmp = os.path.join(path, META_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"format_version": FORMAT_VERSION, **meta}, f, indent=1)
-        os.replace(tmp, os.path.join(path, META_FILE))
+        write_versioned_meta(path, META_FILE, FORMAT_VERSION, meta)
 
 
 def read_meta(path: str) -> dict[str, Any]:

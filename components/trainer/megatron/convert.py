@@ -160,18 +160,12 @@ def global_layer_name(local_name: str, layer_offset: int) -> str:
 
 def hf_names(config: ModelConfig) -> list[str]:
     """Every HF tensor name in the order of the native Qwen2 model's named_parameters()
-    (what weight_sync's receivers derive their bucket plan from). A tied model has no
-    lm_head entry (the native model lists the shared tensor once)."""
-    names = ["model.embed_tokens.weight"]
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        names += [f"{p}self_attn.{x}_proj.{kind}" for x in "qkv" for kind in ("weight", "bias")]
-        names += [p + "self_attn.o_proj.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
-                  p + "mlp.down_proj.weight", p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-    names.append("model.norm.weight")
-    if not config.tie_word_embeddings:
-        names.append("lm_head.weight")
-    return names
+    (what weight_sync's receivers derive their bucket plan from), read off that model
+    built on the meta device (no memory). A tied model has no lm_head entry."""
+    from ...model.qwen2 import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        return [name for name, _ in Qwen2ForCausalLM(config).named_parameters()]
 
 
 def in_order(named: Iterable[tuple[str, torch.Tensor]], order: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -37,11 +37,16 @@ def save_shard(path: str, rank: int, world_size: int, tensors: Mapping[str, torc
 
 def save_meta(path: str, layout: StateLayout, config: Mapping[str, Any], step: int) -> None:
     os.makedirs(path, exist_ok=True)
-    meta = {"format_version": FORMAT_VERSION, "layout": layout.to_wire(), "config": dict(config), "step": step}
-    tmp = os.path.join(path, META_FILE + ".tmp")
+    write_versioned_meta(path, META_FILE, FORMAT_VERSION,
+                         {"layout": layout.to_wire(), "config": dict(config), "step": step})
+
+
+def write_versioned_meta(path: str, name: str, version: int, meta: Mapping[str, Any]) -> None:
+    """A checkpoint's JSON metadata with its format version, written atomically."""
+    tmp = os.path.join(path, name + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(tmp, os.path.join(path, META_FILE))
+        json.dump({"format_version": version, **meta}, f, indent=1)
+    os.replace(tmp, os.path.join(path, name))
 
 
 def load_meta(path: str) -> tuple[StateLayout, dict[str, Any]]:
