@@ -16,6 +16,7 @@ import operator
 import random
 from dataclasses import dataclass, field
 
+from .count_up import count_up_score
 from .problem import Problem, stable_seed
 from .tool_syntax import call_text, observation_text
 
@@ -83,10 +84,6 @@ def is_direct(problem: Problem, seed: int, direct_frac: float) -> bool:
 
 
 def calc_score(response: str, answer: str) -> float:
-    """1 for the exact answer; otherwise half the fraction of matching positions
-    (over the longer of the two), so near misses rank above garbage."""
-    response = response.strip()
-    if response == answer:
-        return 1.0
-    matches = sum(a == b for a, b in zip(response, answer))
-    return 0.5 * matches / max(len(response), len(answer), 1)
+    """count_up_score on the stripped response: 1 for the exact answer, otherwise half
+    the fraction of matching positions, so near misses rank above garbage."""
+    return count_up_score(response.strip(), answer)

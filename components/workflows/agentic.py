@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import os
 import time
 from typing import Any
 
@@ -34,8 +33,6 @@ from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits
 from dynarl.components.workflows.grpo import GRPO, Groups
-from dynarl.components.workflows import checkpoints as ckpt
-from dynarl.components.workflows.ledger import StepEntry, append_entry
 from dynarl.components.workflows.stages import held, stage
 from dynarl.components.workflows.step_metrics import step_metrics
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -85,9 +82,7 @@ class AgenticGRPO(GRPO):
         ids = experience.sample_ids(scored)
         self.ledger.check(step, ids)
         train = await self.train(episode_batch(scored, self.cfg.with_ref), label)
-        entry = StepEntry(step, tuple(ids), tuple(experience.token_digests(scored)))
-        self.ledger.commit(entry)
-        append_entry(os.path.join(self.run_dir, ckpt.LEDGER_FILE), entry)
+        self.commit_step(step, ids, scored)
         await self.sync_weights(step + 1, label)
         metrics = step_metrics(step, scored, train, rollout_stats, [{"verifier": "calc"}],
                                self.clock.durations(label), time.perf_counter() - started)
@@ -162,11 +157,15 @@ def demonstration_batch(problems: list, tokenizer: Any, max_observation_chars: i
     return TrainBatch(input_ids=ids, prompt_lens=plens, response_mask=masks, advantages=[1.0] * len(ids))
 
 
+def episode_reward(ep: Episode, answer: str) -> float:
+    """An episode scores only if it ended with an answer."""
+    return calc_score(ep.answer, answer) if ep.finish == "answer" else 0.0
+
+
 def episode_sample(ep: Episode, answer: str) -> dict[str, Any]:
     """What a finished episode adds to its sample dict (msgpack-safe)."""
-    reward = calc_score(ep.answer, answer) if ep.finish == "answer" else 0.0
     return {"output_ids": ep.response, "logprobs": ep.logprobs, "mask": ep.mask, "finish": ep.finish,
-            "version": ep.version, "reward": reward, "turns": ep.turns, "tool_calls": ep.tool_calls,
+            "version": ep.version, "reward": episode_reward(ep, answer), "turns": ep.turns, "tool_calls": ep.tool_calls,
             "malformed": ep.malformed, "tool_errors": ep.tool_errors}
 
 

@@ -95,7 +95,7 @@ class EpisodeDriver:
         self.close_id = close_id if close_id is not None else tokenizer.encode("]")[0]
         self.decode = decode or tokenizer.decode
         self.outstanding = [0] * num_ranks
-        self.rank_of: dict[str, int] = {}
+        """Turns out per rank; an episode has one at a time, on ep.status.last_worker."""
         self.reprefill_tokens = 0
         self.max_wait_s = 0.0
         self.turns = 0
@@ -104,7 +104,6 @@ class EpisodeDriver:
         loads = {str(r): WorkerState(min(1.0, n / self.capacity)) for r, n in enumerate(self.outstanding)}
         rank = int(self.router.distribute(ep.status, loads).worker)
         rid = f"{ep.id}#{ep.turns}"
-        self.rank_of[rid] = rank
         self.outstanding[rank] += 1
         budget = self.limits.max_context - len(ep.context)
         await self.submit(rank, {"id": rid, "prompt_ids": ep.context,
@@ -113,7 +112,7 @@ class EpisodeDriver:
 
     async def on_result(self, ep: Episode, result: dict[str, Any]) -> bool:
         """Takes one finished turn; True when the episode is over."""
-        self.outstanding[self.rank_of.pop(result["id"])] -= 1
+        self.outstanding[int(ep.status.last_worker)] -= 1
         if ep.turns > 0:
             self.reprefill_tokens += max(0, ep.computed - result["cached_tokens"])
         self.turns += 1

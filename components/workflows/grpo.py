@@ -75,6 +75,12 @@ class GRPO(DynamicScheduling):
         self._ticking = False
 
     # --- the algorithm ---------------------------------------------------------------
+    def commit_step(self, step: int, ids: list[str], scored: list) -> None:
+        """The step's samples are trained: into the ledger, in memory and on disk."""
+        entry = StepEntry(step, tuple(ids), tuple(experience.token_digests(scored)))
+        self.ledger.commit(entry)
+        append_entry(os.path.join(self.run_dir, ckpt.LEDGER_FILE), entry)
+
     async def step(self, step: int) -> dict[str, Any]:
         g, label = self.g, f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
@@ -119,9 +125,7 @@ class GRPO(DynamicScheduling):
         train = await self.train(batch, label)
         train_s = time.perf_counter() - train_begun
         train_end = asyncio.get_running_loop().time()
-        entry = StepEntry(step, tuple(ids), tuple(experience.token_digests(scored)))
-        self.ledger.commit(entry)
-        append_entry(os.path.join(self.run_dir, ckpt.LEDGER_FILE), entry)
+        self.commit_step(step, ids, scored)
         sched = {}
         if marks is not None:
             await self._restore(label)

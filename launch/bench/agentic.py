@@ -44,12 +44,11 @@ from dynarl.components.model.tokenizer import CharTokenizer
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
 from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
 from dynarl.components.rollout.queue_keys import make_queue_key
-from dynarl.components.tasks.calc import calc_score
 from dynarl.components.tasks.source import ProblemSource, TaskConfig
 from dynarl.components.tools.calculator import calculate
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.native.trainer import NativeTrainer
-from dynarl.components.workflows.agentic import demonstration_batch
+from dynarl.components.workflows.agentic import demonstration_batch, episode_reward
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits
 from dynarl.core.priority import PriorityConfig
 
@@ -133,7 +132,7 @@ async def run_mode(mode: str, model, args) -> dict:
         await asyncio.gather(*drivers, return_exceptions=True)
     elapsed = time.perf_counter() - started
     answers = {p.id: p.answer for p in problems}
-    rewards = [calc_score(e.answer, answers[e.id]) if e.finish == "answer" else 0.0 for e in episodes]
+    rewards = [episode_reward(e, answers[e.id]) for e in episodes]
     return {"requests_per_s": driver.turns / elapsed, "reprefill_tokens": driver.reprefill_tokens,
             "max_wait_s": driver.max_wait_s, "turns": driver.turns, "seconds": elapsed,
             "tool_calls": sum(e.tool_calls for e in episodes), "reward_mean": sum(rewards) / len(rewards),
