@@ -24,6 +24,36 @@ from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.core.priority import PriorityConfig
 
 
+class TurnWaits:
+    """How long each turn waited in an engine's queue, from its arrival to its
+    admission (or to its result, if it finished within the step that admitted it)."""
+
+    def __init__(self) -> None:
+        self.queued: dict[str, float] = {}
+        """request id -> arrival time, until the engine admits it."""
+        self.admitted: dict[str, float] = {}
+
+    def arrived(self, request_id: str, now: float) -> None:
+        self.queued[request_id] = now
+
+    def after_step(self, engine: Any, now: float) -> None:
+        if self.queued:  # not on every step: most steps admit nothing
+            for rid in engine.running_request_ids():  # admitted in this step (or before)
+                if rid in self.queued:
+                    self.admitted[rid] = now - self.queued.pop(rid)
+
+    def finished(self, request_id: str, now: float) -> float:
+        wait = self.admitted.pop(request_id, None)
+        return now - self.queued.pop(request_id, now) if wait is None else wait
+
+
+def turn_result(r: Any, wait_s: float) -> dict[str, Any]:
+    """A finished turn as the episode driver takes it (msgpack-safe)."""
+    return {"id": r.request_id, "output_ids": r.output_token_ids, "logprobs": r.output_logprobs,
+            "finish": r.finish_reason, "version": r.weight_version, "cached_tokens": r.cached_tokens,
+            "wait_s": wait_s}
+
+
 class AgenticRolloutWorker(RolloutWorker):
     def set_queue_policy(self, policy: str, max_bonus_s: float) -> None:
         self.engine.set_queue_key(make_queue_key(policy, PriorityConfig(max_bonus_s=max_bonus_s)))
@@ -37,9 +67,7 @@ class AgenticRolloutWorker(RolloutWorker):
         inbox, outbox = self.channel(get), self.channel(put)
         loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
-        queued: dict[str, float] = {}
-        """request id -> arrival time, until the engine admits it."""
-        waits: dict[str, float] = {}
+        waits = TurnWaits()
         counters = {"turns": 0, "tokens": 0, "cached_tokens": 0, "engine_steps": 0, "max_wait_s": 0.0}
 
         async def fetch() -> None:
@@ -49,7 +77,7 @@ class AgenticRolloutWorker(RolloutWorker):
                     item["id"], list(item["prompt_ids"]),
                     SamplingParams(**(sampling | {"max_new_tokens": item["max_new_tokens"]}), seed=item["seed"]),
                     tool_count=item["tool_count"], arrival_time=now))
-                queued[item["id"]] = now
+                waits.arrived(item["id"], now)
                 arrived.set()
 
         started = time.perf_counter()
@@ -68,22 +96,14 @@ class AgenticRolloutWorker(RolloutWorker):
                 results = await self.engine.step()
                 counters["engine_steps"] += 1
                 now = loop.time()
-                if queued:  # not on every step: most steps admit nothing
-                    for rid in self.engine.running_request_ids():  # admitted in this step (or before)
-                        if rid in queued:
-                            waits[rid] = now - queued.pop(rid)
+                waits.after_step(self.engine, now)
                 for r in results:
-                    wait = waits.pop(r.request_id, None)
-                    if wait is None:
-                        wait = now - queued.pop(r.request_id, now)
+                    wait = waits.finished(r.request_id, now)
                     counters["turns"] += 1
                     counters["tokens"] += len(r.output_token_ids)
                     counters["cached_tokens"] += r.cached_tokens
                     counters["max_wait_s"] = max(counters["max_wait_s"], wait)
-                    await outbox.put({"id": r.request_id, "output_ids": r.output_token_ids,
-                                      "logprobs": r.output_logprobs, "finish": r.finish_reason,
-                                      "version": r.weight_version, "cached_tokens": r.cached_tokens,
-                                      "wait_s": wait})
+                    await outbox.put(turn_result(r, wait))
                 await asyncio.sleep(0)  # lets fetch add turns that arrived meanwhile
         finally:
             fetcher.cancel()

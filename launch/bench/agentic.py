@@ -49,6 +49,7 @@ from dynarl.components.tools.calculator import calculate
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.workflows.agentic import demonstration_batch, episode_reward
+from dynarl.components.workflows.agentic_rollout import TurnWaits, turn_result
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits
 from dynarl.core.priority import PriorityConfig
 
@@ -77,8 +78,7 @@ async def run_mode(mode: str, model, args) -> dict:
         engines.append(engine)
     wake = [asyncio.Event() for _ in engines]
     results: asyncio.Queue = asyncio.Queue()
-    queued: dict[str, float] = {}
-    waits: dict[str, float] = {}
+    waits = [TurnWaits() for _ in range(RANKS)]
     sampling = {"temperature": 1.0, "stop_token_ids": (tok.eos_id, tok.encode("]")[0])}
     rng = random.Random(args.seed)
     lo, hi = args.tool_ms
@@ -89,7 +89,7 @@ async def run_mode(mode: str, model, args) -> dict:
             turn["id"], turn["prompt_ids"], SamplingParams(**sampling, max_new_tokens=turn["max_new_tokens"],
                                                            seed=turn["seed"]),
             tool_count=turn["tool_count"], arrival_time=now))
-        queued[turn["id"]] = now
+        waits[rank].arrived(turn["id"], now)
         wake[rank].set()
 
     async def call_tool(tool: str, argument: str) -> dict:
@@ -105,15 +105,9 @@ async def run_mode(mode: str, model, args) -> dict:
                 continue
             done = await engine.step()
             now = loop.time()
-            if queued:
-                for rid in engine.running_request_ids():
-                    if rid in queued:
-                        waits[rid] = now - queued.pop(rid)
+            waits[rank].after_step(engine, now)
             for r in done:
-                await results.put({"id": r.request_id, "output_ids": r.output_token_ids,
-                                   "logprobs": r.output_logprobs, "finish": r.finish_reason, "version": 0,
-                                   "cached_tokens": r.cached_tokens,
-                                   "wait_s": waits.pop(r.request_id, now - queued.pop(r.request_id, now))})
+                await results.put(turn_result(r, waits[rank].finished(r.request_id, now)))
             await asyncio.sleep(0)
 
     limits = Limits(max_turns=3, max_new_tokens=20, max_context=model.config.max_position_embeddings)
