@@ -93,13 +93,17 @@ class Manager:
         self.requests: dict[str, int] = {}
         """Per rank: requests running or waiting at the last poll."""
         self.remaining_work = 0.0
-        self.active_requests = 0
         self._last_done: tuple[float, float] | None = None
         self.measured_rate: float | None = None
         self.cycle_moves: list[float] = []
         """Seconds of each of this component's migrations in the current cycle."""
         self.move_cost_s = 0.0
         """Total of the last cycle that had migrations (0 until one has)."""
+
+    @property
+    def active_requests(self) -> int:
+        """Requests running or waiting over the ranks, at the last poll."""
+        return sum(self.requests.values())
 
     def begin_cycle(self) -> None:
         """A new scheduling cycle (step): the last one's moves become the known cost,
@@ -123,7 +127,6 @@ class Manager:
         self.low_since = {k: v for k, v in self.low_since.items() if k in alive}
         self.requests = {k: v for k, v in self.requests.items() if k in alive}
         self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
-        self.active_requests = sum(self.requests.values())
         done = float(sum(r.get("work_done", 0.0) for r in reports))
         if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:
             self.measured_rate = (done - self._last_done[1]) / (now - self._last_done[0])
