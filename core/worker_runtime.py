@@ -58,6 +58,16 @@ class WorkerRuntime:
             result = await result
         return result
 
+    def plain_method(self, method: str) -> Callable[..., Any] | None:
+        """The worker's method `method` when it is a plain (non-async) public one, for
+        the RPC fast path; None sends the call down serve(), which also reports errors."""
+        if self.worker is None or method.startswith("_"):
+            return None
+        fn = getattr(self.worker, method, None)
+        if fn is None or not callable(fn) or inspect.iscoroutinefunction(fn) or isinstance(fn, type):
+            return None
+        return fn
+
     # --- services for the Worker ----------------------------------------------
     def channel(self, name: str, *, prefetch: int, window: int) -> ChannelClient:
         client = self._channels.get(name)

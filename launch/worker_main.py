@@ -54,7 +54,8 @@ async def serve(boot: dict) -> None:
             fetcher = PayloadFetcher(codec, tg.create_task)
             runtime = WorkerRuntime(spec, lambda m, a, kw: endpoint.call(m, a, kw), tg.create_task,
                                     payloads=payloads, fetcher=fetcher)
-            endpoint = RpcEndpoint("controller", dealer.send, serve=runtime.serve, spawn=tg.create_task)
+            endpoint = RpcEndpoint("controller", dealer.send, serve=runtime.serve, spawn=tg.create_task,
+                                   plain_method=runtime.plain_method, send_now=dealer.send_nowait)
             background = [tg.create_task(dealer.serve(endpoint.handle)), tg.create_task(ticker.run()),
                           tg.create_task(payloads.serve())]
             await endpoint.event("hello", {"pid": os.getpid()})

@@ -45,6 +45,36 @@ async def test_remote_exception_carries_traceback(launcher):
         assert (await group.call("hello", 1))[0]["x"] == 1  # still serving
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_plain_methods_answer_like_async_ones(launcher):
+    """Plain (non-async) methods take the worker's fast path under `local`: same
+    results and errors as the task path that `inproc` uses."""
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=2)
+        assert await group.call("plain_rank") == [0, 1]
+        assert [r["x"] for r in await group.call("plain_later", 5)] == [5, 5]
+        with pytest.raises(dynarl.RemoteError) as info:
+            await group.call("plain_boom")
+        assert info.value.type_name == "KeyError" and "in plain_boom" in info.value.remote_traceback
+        # interleaved plain and async calls, many in flight: every answer reaches its caller
+        calls = [group.call("plain_rank") if i % 2 else group.call("hello", i) for i in range(40)]
+        results = await asyncio.gather(*calls)
+        assert all(r == [0, 1] for r in results[1::2])
+        assert [rs[1]["x"] for rs in results[0::2]] == list(range(0, 40, 2))
+        assert (await group.call("hello", 1))[0]["x"] == 1
+
+
+async def test_unsendable_plain_result_is_an_error():
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        with pytest.raises(dynarl.RemoteError) as info:
+            await group.call("unsendable")
+        assert info.value.type_name == "TypeError" and "cannot send" in str(info.value)
+        assert await group.call("plain_rank") == [0]  # still serving
+        pids = group.pids
+    assert_reaped(pids)
+
+
 async def test_exception_in_user_code_still_reaps_everything():
     pids = []
     with pytest.raises(RuntimeError, match="user bug"):

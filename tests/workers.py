@@ -47,6 +47,18 @@ class Echo(dynarl.Worker):
     def get_events(self):
         return self.events
 
+    def plain_boom(self):
+        raise KeyError("plain failure here")
+
+    def plain_later(self, x):
+        return self.hello(x)  # a plain method handing back an awaitable
+
+    def unsendable(self):
+        return object()
+
+    def plain_rank(self):
+        return self.rank
+
 
 class Producer(dynarl.Worker):
     async def produce(self, channel, items, key=None):

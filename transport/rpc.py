@@ -14,6 +14,7 @@ Message bodies (msgpack maps):
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import traceback
@@ -24,17 +25,30 @@ from dynarl.transport.errors import RemoteError
 log = logging.getLogger(__name__)
 
 Send = Callable[[dict], Awaitable[None]]
+SendNow = Callable[[dict], bool]
 Serve = Callable[[str, list, dict], Awaitable[Any]]
+PlainMethod = Callable[[str], Callable[..., Any] | None]
 OnEvent = Callable[[str, Any], None]
 
 
 class RpcEndpoint:
     def __init__(self, peer_name: str, send: Send, *, serve: Serve | None = None,
                  on_event: OnEvent | None = None,
-                 spawn: Callable[[Awaitable[Any]], asyncio.Task] | None = None) -> None:
+                 spawn: Callable[[Awaitable[Any]], asyncio.Task] | None = None,
+                 plain_method: PlainMethod | None = None, send_now: SendNow | None = None) -> None:
+        """`plain_method` and `send_now` (both or neither) make the fast path for plain
+        (non-async) methods: `plain_method(name)` returns the function to run, or None
+        for the usual path, and the call runs and is answered right where it arrived,
+        with no task (~a tenth of a round trip here). `send_now(body)` sends without
+        waiting and says whether the socket took it."""
         self.peer_name = peer_name
         self._send = send
         self._serve = serve
+        self._plain_method = plain_method if send_now is not None else None
+        self._send_now = send_now
+        self._unstarted: set[int] = set()
+        """Served calls spawned but not yet running: while any is, a plain call waits
+        its turn as a task too, so calls start in the order they arrived."""
         self._on_event = on_event
         # Served calls are owned by the caller's TaskGroup when one is given.
         self._spawn = spawn or asyncio.ensure_future
@@ -93,11 +107,17 @@ class RpcEndpoint:
             if self._serve is None:
                 self._spawn(self._send_quietly(_error_body(body["id"], PermissionError("this peer serves no calls"))))
                 return
+            fn = self._plain_method(body["m"]) if self._plain_method is not None and not self._unstarted else None
+            if fn is not None:
+                self._answer_now(body, fn)
+                return
+            self._unstarted.add(body["id"])
             self._serving[body["id"]] = self._spawn(self._run(body))
         elif kind == "cancel":
             task = self._serving.get(body.get("id"))
             if task is not None:
                 task.cancel()
+                self._unstarted.discard(body.get("id"))  # it may never start
         elif kind == "event" and isinstance(body.get("e"), str):
             if self._on_event is not None:
                 self._on_event(body["e"], body.get("d"))
@@ -113,15 +133,52 @@ class RpcEndpoint:
                 fut.set_exception(exc)
         for task in list(self._serving.values()):
             task.cancel()
+        self._unstarted.clear()
 
-    async def _run(self, body: dict) -> None:
+    def _answer_now(self, body: dict, fn: Callable[..., Any]) -> None:
         call_id = body["id"]
         try:
-            args = body.get("a") or []
-            kwargs = body.get("kw") or {}
-            if not isinstance(args, list) or not isinstance(kwargs, dict):
-                raise TypeError("malformed call arguments")
-            value = await self._serve(body["m"], args, kwargs)
+            args, kwargs = _call_arguments(body)
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            reply = _error_body(call_id, exc)
+        else:
+            if inspect.isawaitable(value):  # a plain method that hands back an awaitable
+                self._serving[call_id] = self._spawn(self._finish(call_id, value))
+                return
+            reply = {"k": "reply", "id": call_id, "v": value}
+        self.calls_served += 1
+        try:
+            if self._send_now(reply):
+                return
+        except TypeError as exc:  # the return value can't go on the wire
+            reply = _error_body(call_id, exc)
+        except Exception as exc:
+            log.debug("send to %s failed: %s", self.peer_name, exc)
+            return
+        # the socket is full (or the reply had to become an error): send it as a task
+        self._serving[call_id] = self._spawn(self._deliver(call_id, reply))
+
+    async def _finish(self, call_id: int, awaitable: Awaitable[Any]) -> None:
+        await self._run({"id": call_id}, awaitable)
+
+    async def _deliver(self, call_id: int, reply: dict) -> None:
+        try:
+            await self._send_quietly(reply)
+        finally:
+            self._serving.pop(call_id, None)
+
+    async def _run(self, body: dict, awaiting: Awaitable[Any] | None = None) -> None:
+        """Serves one call and sends its reply. `awaiting`: the value is already on its
+        way (a plain method returned an awaitable); only await it."""
+        call_id = body["id"]
+        self._unstarted.discard(call_id)
+        try:
+            if awaiting is not None:
+                value = await awaiting
+            else:
+                args, kwargs = _call_arguments(body)
+                value = await self._serve(body["m"], args, kwargs)
             reply = {"k": "reply", "id": call_id, "v": value}
         except asyncio.CancelledError:
             self._serving.pop(call_id, None)
@@ -143,6 +200,14 @@ class RpcEndpoint:
             await self._send(body)
         except Exception as exc:
             log.debug("send to %s failed: %s", self.peer_name, exc)
+
+
+def _call_arguments(body: dict) -> tuple[list, dict]:
+    args = body.get("a") or []
+    kwargs = body.get("kw") or {}
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise TypeError("malformed call arguments")
+    return args, kwargs
 
 
 def _error_body(call_id: int, exc: BaseException) -> dict:

@@ -29,17 +29,16 @@ async def measure(args: argparse.Namespace) -> dict:
         one = workers.handles[0]
         for _ in range(200):  # warm up
             await one.call("noop")
-        rtts = []
         worker_before, here_before = await one.call("cpu_times"), (time.process_time(), time.thread_time())
-        for _ in range(args.rpc_calls):
-            start = time.perf_counter()
-            await one.call("noop")
-            rtts.append((time.perf_counter() - start) * 1e6)
+        rtts = await round_trips(one, "noop", args.rpc_calls)
         here_after, worker_after = (time.process_time(), time.thread_time()), await one.call("cpu_times")
         out["rpc_rtt_us_p50"] = round(percentile(rtts, 0.50), 1)
         out["rpc_rtt_us_p99"] = round(percentile(rtts, 0.99), 1)
         out["rpc_cpu_us_per_call"] = cpu_split(here_before, here_after, worker_before, worker_after, args.rpc_calls)
-        _progress(f"rpc: p50 {out['rpc_rtt_us_p50']} us over {args.rpc_calls} calls")
+        # the same with an `async def` no-op: it runs as a task on the worker (no fast path)
+        out["rpc_async_rtt_us_p50"] = round(percentile(await round_trips(one, "noop_async", args.rpc_calls), 0.50), 1)
+        _progress(f"rpc: p50 {out['rpc_rtt_us_p50']} us (async method {out['rpc_async_rtt_us_p50']} us) "
+                  f"over {args.rpc_calls} calls")
 
         n = args.small_items
         consumed, _ = await asyncio.gather(workers.call("consume", "small", n, 64, ranks=[1]),
@@ -64,6 +63,16 @@ async def measure(args: argparse.Namespace) -> dict:
         out["ray_rtt_us_p50"] = round(ray_p50, 1)
         out["rtt_speedup_vs_ray"] = round(ray_p50 / out["rpc_rtt_us_p50"], 2)
     return out
+
+
+async def round_trips(handle, method: str, calls: int) -> list[float]:
+    """Microseconds per call, one call at a time."""
+    rtts = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        await handle.call(method)
+        rtts.append((time.perf_counter() - start) * 1e6)
+    return rtts
 
 
 def cpu_split(here_before, here_after, worker_before, worker_after, calls: int) -> dict[str, float]:

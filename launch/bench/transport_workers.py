@@ -8,7 +8,11 @@ from dynarl.core.worker import Worker
 
 
 class BenchWorker(Worker):
-    async def noop(self) -> None:
+    def noop(self) -> None:
+        """A plain method, like the Ray actor's no-op it is compared with."""
+        return None
+
+    async def noop_async(self) -> None:
         return None
 
     def cpu_times(self) -> tuple[float, float]:
