@@ -203,17 +203,19 @@ def _task(cfg: Any) -> tuple[Any, Any]:
 # --- task / workflow selection (the agentic workflow) -----------------------------------
 def _check_calc(cfg: Any, tokenizer: Any) -> None:
     """The calc task's text must encode, and its tool call must fit in one turn."""
-    from dynarl.components.tasks.calc import CalcTask, demonstration
-    problem = CalcTask(cfg.task.calc, cfg.run.seed).problem(0)
+    from dynarl.components.tasks.calc import TOOL_ARGUMENT, CalcTask, demonstration
+    from dynarl.components.tasks.tool_syntax import call_text
+    calc = cfg.task.calc
+    problem = CalcTask(calc, cfg.run.seed).problem(0)
     try:
-        tokenizer.encode(problem.prompt + "".join(t for t, _ in demonstration(problem)))
+        tokenizer.encode(problem.prompt + "".join(t for t, _ in demonstration(problem, tool=calc.tool)))
     except ValueError as exc:
         raise ConfigError("task.calc", str(exc)) from None
-    a, b = cfg.task.calc.digits
-    longest_call = len("[calc ]") + a + 1 + b
+    a, b = calc.digits
+    longest_call = len(call_text(calc.tool, TOOL_ARGUMENT[calc.tool].format("9" * (a + 1 + b))))
     if cfg.rollout.max_new_tokens < longest_call:
-        raise ConfigError("rollout.max_new_tokens", f"{cfg.rollout.max_new_tokens} cannot fit the longest calc "
-                                                    f"tool call ({longest_call} tokens)")
+        raise ConfigError("rollout.max_new_tokens", f"{cfg.rollout.max_new_tokens} cannot fit the longest "
+                                                    f"{calc.tool} tool call ({longest_call} tokens)")
 
 
 def workflow_class(cfg: Any) -> type:

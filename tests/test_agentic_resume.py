@@ -17,7 +17,7 @@ from test_agentic_train import ARGS, PROMPTS, SAMPLES
 
 def _pids(job):
     w = job.workflow
-    return [p for group in (w.g.rollout, w.g.reward, w.g.inference, w.g.trainer, w.tools) for p in group.pids]
+    return [p for group in (w.g.rollout, w.g.inference, w.g.trainer, w.tools) for p in group.pids]
 
 
 def test_agentic_run_resumes_from_its_checkpoint(tmp_path):
@@ -27,12 +27,13 @@ def test_agentic_run_resumes_from_its_checkpoint(tmp_path):
     job = prepare(None, first, run_dir, None)
     assert job.run() == 0
     pids = _pids(job)
-    assert len(pids) == 6  # rollout 2, reward, inference, trainer, tools
+    assert len(pids) == 5  # rollout 2, inference, trainer, tools (episodes are scored by the controller)
+    assert job.workflow.g.reward is None
     assert os.path.isdir(os.path.join(run_dir, "checkpoints", "step_000002"))
 
     resumed = prepare(None, [("run.steps", 3)], None, run_dir)
     assert resumed.run() == 0
-    assert len(_pids(resumed)) == 6
+    assert len(_pids(resumed)) == 5
     pids += _pids(resumed)
 
     entries = read_entries(os.path.join(run_dir, "ledger.jsonl"))

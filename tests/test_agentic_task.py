@@ -51,6 +51,16 @@ def test_demonstration_calls_the_tool_then_answers():
     CharTokenizer().encode(p.prompt + "".join(t for t, _ in segments))  # the char tokenizer spells all of it
 
 
+def test_demonstration_with_the_python_tool():
+    p = CalcTask(CalcConfig(tool="py"), seed=0).problem(0)
+    segments = demonstration(p, tool="py")
+    assert segments[0] == (f"[py print({p.prompt[:-1]})]", True) and segments[1:] == [(f"={p.answer}\n", False),
+                                                                                      (p.answer, True)]
+    CharTokenizer().encode(p.prompt + "".join(t for t, _ in segments))
+    with pytest.raises(ValueError, match="tool must be one of"):
+        CalcConfig(tool="shell")
+
+
 @pytest.mark.parametrize("frac", [0.0, 0.3, 1.0])
 def test_direct_demonstrations_answer_without_the_tool(frac):
     task = CalcTask(CalcConfig(), seed=0)

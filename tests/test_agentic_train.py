@@ -31,7 +31,7 @@ def run(tmp_path_factory):
     job = prepare(None, [(k, yaml.safe_load(v)) for k, _, v in (a.partition("=") for a in ARGS)], run_dir, None)
     assert job.run() == 0
     w = job.workflow
-    pids = [p for group in (w.g.rollout, w.g.reward, w.g.inference, w.g.trainer, w.tools) for p in group.pids]
+    pids = [p for group in (w.g.rollout, w.g.inference, w.g.trainer, w.tools) for p in group.pids]
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     return run_dir, rows, pids
 
@@ -64,5 +64,5 @@ def test_metrics_carry_the_episode_counters(run):
 
 def test_workers_are_reaped(run):
     _, _, pids = run
-    assert len(pids) == 6 and all(pids)
+    assert len(pids) == 5 and all(pids)
     assert_reaped(pids)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import operator
 import random
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .count_up import count_up_score
 from .problem import Problem, stable_seed
@@ -29,6 +30,9 @@ class CalcConfig:
     """Digits of the two operands, [left, right]."""
     ops: str = "*+"
     """Operators drawn uniformly (a subset of + - *)."""
+    tool: Literal["calc", "py"] = "calc"
+    """The tool the warm start demonstrates: "[calc 347*29]", or "[py print(347*29)]",
+    which runs in the Python sandbox. Both stay callable in RL either way."""
     warmup_direct_frac: float = 0.5
     """Fraction of warm-start demonstrations that write the answer without calling the
     tool. The warm start then teaches both formats and leaves the choice open; RL
@@ -40,6 +44,8 @@ class CalcConfig:
             raise ValueError(f"digits must be two integers in [1, 9], got {self.digits}")
         if not self.ops or set(self.ops) - set(OPS) or len(set(self.ops)) != len(self.ops):
             raise ValueError(f"ops must be distinct characters of '+-*', got {self.ops!r}")
+        if self.tool not in TOOL_ARGUMENT:
+            raise ValueError(f"tool must be one of {sorted(TOOL_ARGUMENT)}, got {self.tool!r}")
         if not 0 <= self.warmup_direct_frac <= 1:
             raise ValueError(f"warmup_direct_frac must be in [0, 1], got {self.warmup_direct_frac}")
 
@@ -67,13 +73,18 @@ def expression(problem: Problem) -> str:
     return problem.prompt.rstrip("=")
 
 
-def demonstration(problem: Problem, max_observation_chars: int = 24, direct: bool = False) -> list[tuple[str, bool]]:
+TOOL_ARGUMENT = {"calc": "{}", "py": "print({})"}
+"""How each tool is asked for the value of an expression."""
+
+
+def demonstration(problem: Problem, max_observation_chars: int = 24, direct: bool = False,
+                  tool: str = "calc") -> list[tuple[str, bool]]:
     """A demonstrated episode as (text, is_model_text) segments: the warm start imitates
     the model's segments only, as RL trains them (observations masked). `direct`:
     the answer without the tool (a guess the tiny model cannot back up)."""
     if direct:
         return [(problem.answer, True)]
-    return [(call_text("calc", expression(problem)), True),
+    return [(call_text(tool, TOOL_ARGUMENT[tool].format(expression(problem))), True),
             (observation_text(True, problem.answer, None, max_observation_chars), False),
             (problem.answer, True)]
 

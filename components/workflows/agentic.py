@@ -42,6 +42,7 @@ TURNS, TURN_RESULTS = "turns", "turn_results"
 
 class AgenticGRPO(GRPO):
     rollout_worker = AgenticRolloutWorker
+    reward_worker = None  # episodes are scored here, as each group ends (episode_reward)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -132,13 +133,14 @@ class AgenticGRPO(GRPO):
 
     def warmup_batch(self, index: int) -> TrainBatch:
         size = self.cfg.trainer.warmup.batch_size
+        calc = self.cfg.task.calc
         return demonstration_batch(self.source.warmup_problems(index * size, size), self.tokenizer,
-                                   self.cfg.agentic.max_observation_chars, self.cfg.task.calc.warmup_direct_frac,
-                                   self.cfg.run.seed)
+                                   self.cfg.agentic.max_observation_chars, calc.warmup_direct_frac,
+                                   self.cfg.run.seed, calc.tool)
 
 
 def demonstration_batch(problems: list, tokenizer: Any, max_observation_chars: int, direct_frac: float,
-                        seed: int) -> TrainBatch:
+                        seed: int, tool: str = "calc") -> TrainBatch:
     """Supervised episodes for the warm start: imitate the model's turns (advantage 1),
     not the observations (mask 0), exactly as RL will see them; `direct_frac` of them
     answer without the tool (task.calc.warmup_direct_frac)."""
@@ -147,7 +149,7 @@ def demonstration_batch(problems: list, tokenizer: Any, max_observation_chars: i
         prompt = tokenizer.encode(problem.prompt, add_bos=True)
         response, mask = [], []
         direct = is_direct(problem, seed, direct_frac)
-        for text, by_model in demonstration(problem, max_observation_chars, direct):
+        for text, by_model in demonstration(problem, max_observation_chars, direct, tool):
             tokens = tokenizer.encode(text)
             response += tokens
             mask += [int(by_model)] * len(tokens)
@@ -182,6 +184,7 @@ def episode_metrics(groups: list[Group], driver: EpisodeDriver, rollout_stats: l
     n = len(done)
     return {"episodes": n,
             "tool_calls": sum(s["tool_calls"] for s in done),
+            "tool_calls_by_tool": dict(driver.calls_by_tool),
             "tool_call_rate": sum(s["tool_calls"] > 0 for s in done) / n,
             "malformed_calls": sum(s["malformed"] for s in done),
             "tool_errors": sum(s["tool_errors"] for s in done),

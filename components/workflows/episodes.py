@@ -18,6 +18,7 @@ serving engine's prefix cache supplied.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -99,6 +100,7 @@ class EpisodeDriver:
         self.reprefill_tokens = 0
         self.max_wait_s = 0.0
         self.turns = 0
+        self.calls_by_tool: Counter[str] = Counter()
 
     async def route(self, ep: Episode) -> None:
         loads = {str(r): WorkerState(min(1.0, n / self.capacity)) for r, n in enumerate(self.outstanding)}
@@ -139,6 +141,7 @@ class EpisodeDriver:
         if action == "call":
             ep.tool_calls += 1
             ep.status.tool_calls = ep.tool_calls
+            self.calls_by_tool[reply.tool] += 1
             outcome = await self.call_tool(reply.tool, reply.argument)
             if not outcome["ok"]:
                 ep.tool_errors += 1

@@ -50,7 +50,8 @@ class Progress(Protocol):
 @dataclass(slots=True)
 class Groups:
     rollout: WorkerGroup
-    reward: WorkerGroup
+    reward: WorkerGroup | None
+    """None where the workflow scores without one (agentic: the controller scores episodes)."""
     inference: WorkerGroup
     trainer: WorkerGroup
 
@@ -58,6 +59,8 @@ class Groups:
 class GRPO(DynamicScheduling):
     rollout_worker: type = RolloutWorker
     """The rollout rank's class; the agentic workflow serves turns with a subclass."""
+    reward_worker: type | None = RewardWorker
+    """The group that scores rollouts; None: the workflow scores them itself."""
 
     def __init__(self, ctl: Controller, cfg: TrainConfig, source: ProblemSource, tokenizer: Any,
                  run_dir: str, progress: Progress) -> None:
@@ -216,20 +219,21 @@ class GRPO(DynamicScheduling):
         model = _plain(cfg.model)
         bucket = cfg.trainer.sync_bucket_bytes
         self.progress.stage("spawn")
-        rollout, reward, inference, trainer = await gather_or_cancel([
+        reward_spawn = [ctl.spawn(self.reward_worker, name="reward", devices=[0], init={
+            "model": model, "verifier": cfg.task.resolved_verifier})] if self.reward_worker else []
+        rollout, inference, trainer, *reward = await gather_or_cancel([
             ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init={
                 "model": model, "engine": _plain(cfg.rollout.engine), "bucket_bytes": bucket,
                 "shares_device": "rollout" in shared,
                 "backend": cfg.rollout.backend, "backend_config": _plain(cfg.rollout.sglang)}),  # engine_factory
-            ctl.spawn(RewardWorker, name="reward", devices=[0], init={
-                "model": model, "verifier": cfg.task.resolved_verifier}),
             ctl.spawn(InferenceWorker, name="inference", devices=devices["inference"], init={
                 "model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
                 "bucket_bytes": bucket, "shares_device": "inference" in shared}),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init={
                 "model": model, "engine": cfg.trainer.engine.to_wire(), "warmup_lr": cfg.trainer.warmup.lr,
                 "bucket_bytes": bucket, "shares_device": "trainer" in shared,
-                "backend": cfg.trainer.backend, "backend_config": _plain(cfg.trainer.megatron)})])  # engine_factory
+                "backend": cfg.trainer.backend, "backend_config": _plain(cfg.trainer.megatron)}),  # engine_factory
+            *reward_spawn])
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])
         await trainer.call("start", "trainer_dp" if trainer.world_size > 1 else None)
@@ -237,7 +241,7 @@ class GRPO(DynamicScheduling):
         await ctl.process_group("weight_sync", [(trainer, 0), rollout, inference])
         if cfg.scheduler.policy == "dynarl":
             await self._make_scheduler(rollout, trainer, devices)
-        return Groups(rollout, reward, inference, trainer)
+        return Groups(rollout, reward[0] if reward else None, inference, trainer)
 
     @property
     def tensor_parallel(self) -> int:
