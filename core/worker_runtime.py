@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import types
 from typing import Any, Awaitable, Callable
 
 from dynarl.core.worker import Worker, WorkerSpec
@@ -20,6 +21,7 @@ from dynarl.transport.data_plane import PayloadFetcher, PayloadServer
 from dynarl.transport.process_group import GroupMembership, host_store, join_group, leave_group
 
 Call = Callable[[str, list, dict], Awaitable[Any]]
+_UNSEEN = object()
 
 
 class WorkerRuntime:
@@ -37,6 +39,7 @@ class WorkerRuntime:
         self._channels: dict[str, ChannelClient] = {}
         self._groups: dict[str, GroupMembership] = {}
         self._hosted_stores: dict[str, Any] = {}
+        self._plain: dict[tuple[type, str], Any] = {}
         self._builtins: dict[str, Callable[..., Awaitable[Any]]] = {
             "__start__": self._start, "__stop__": self._stop, "__ping__": self._ping,
             "__pg_listen__": self._pg_listen, "__pg_join__": self._pg_join, "__pg_leave__": self._pg_leave,
@@ -59,14 +62,21 @@ class WorkerRuntime:
         return result
 
     def plain_method(self, method: str) -> Callable[..., Any] | None:
-        """The worker's method `method` when it is a plain (non-async) public one, for
-        the RPC fast path; None sends the call down serve(), which also reports errors."""
-        if self.worker is None or method.startswith("_"):
+        """The worker's method `method`, bound, when its class defines it as a plain
+        (non-async) public function, for the RPC fast path. Anything else (properties,
+        instance attributes, async methods, unknown names) is None: the call goes
+        down serve(), which also reports the errors. Looked up without running any
+        descriptor, and remembered per class."""
+        worker = self.worker
+        if worker is None or method.startswith("_") or method in getattr(worker, "__dict__", ()):
             return None
-        fn = getattr(self.worker, method, None)
-        if fn is None or not callable(fn) or inspect.iscoroutinefunction(fn) or isinstance(fn, type):
-            return None
-        return fn
+        key = (type(worker), method)
+        fn = self._plain.get(key, _UNSEEN)
+        if fn is _UNSEEN:
+            attr = inspect.getattr_static(type(worker), method, None)
+            plain = isinstance(attr, types.FunctionType) and not inspect.iscoroutinefunction(attr)
+            fn = self._plain[key] = attr if plain else None
+        return None if fn is None else fn.__get__(worker)
 
     # --- services for the Worker ----------------------------------------------
     def channel(self, name: str, *, prefetch: int, window: int) -> ChannelClient:

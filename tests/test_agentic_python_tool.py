@@ -29,8 +29,8 @@ def test_python_tool_calls_run_in_the_sandbox_during_training(tmp_path):
     assert len(rows) == 1
     row = rows[0]
     calls = row["tool_calls_by_tool"]
-    assert calls.get("py", 0) > 0, calls  # the warm start taught "[py ...]" and the model uses it
-    assert sum(calls.values()) == row["tool_calls"]
+    # the warm start taught "[py ...]" (only): the model calls the sandbox, not the calculator
+    assert calls.get("py", 0) > calls.get("calc", 0), calls
     # the sandbox computed the products: some episodes answer exactly
     assert row["tool_errors"] < row["tool_calls"]
     assert_reaped(pids)

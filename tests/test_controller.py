@@ -64,15 +64,28 @@ async def test_plain_methods_answer_like_async_ones(launcher):
         assert (await group.call("hello", 1))[0]["x"] == 1
 
 
-async def test_unsendable_plain_result_is_an_error():
+async def test_unsendable_plain_results_are_errors():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
         with pytest.raises(dynarl.RemoteError) as info:
             await group.call("unsendable")
         assert info.value.type_name == "TypeError" and "cannot send" in str(info.value)
+        with pytest.raises(dynarl.RemoteError) as info:
+            await asyncio.wait_for(group.call("deep"), 10)
+        assert info.value.type_name == "ValueError"
         assert await group.call("plain_rank") == [0]  # still serving
         pids = group.pids
     assert_reaped(pids)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_a_property_that_raises_is_an_error_and_the_worker_keeps_serving(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        with pytest.raises(dynarl.RemoteError) as info:
+            await asyncio.wait_for(group.call("broken"), 10)
+        assert info.value.type_name == "RuntimeError" and "property failed" in str(info.value)
+        assert await asyncio.wait_for(group.call("plain_rank"), 10) == [0]
 
 
 async def test_exception_in_user_code_still_reaps_everything():

@@ -70,3 +70,77 @@ async def test_a_call_cancelled_before_it_starts_does_not_block_the_fast_path():
     await asyncio.sleep(0.01)
     endpoint.handle(call(2, "plain_b"))
     assert order[-1] == "run plain_b" and sent[-1]["id"] == 2
+
+
+def make_wrapping_endpoint(order: list[str], sent: list[dict]) -> RpcEndpoint:
+    """plain_wrapped hands back a coroutine (a sync wrapper around async code)."""
+    endpoint = make_endpoint(order, sent)
+
+    async def body():
+        order.append("wrapped body starts")
+        return "wrapped"
+
+    def plain_method(method: str):
+        if method == "plain_wrapped":
+            return body
+        return None if not method.startswith("plain") else (lambda: order.append(f"run {method}") or method)
+
+    endpoint._plain_method = plain_method
+    return endpoint
+
+
+async def test_an_awaitable_from_a_plain_method_starts_before_later_calls():
+    order, sent = [], []
+    endpoint = make_wrapping_endpoint(order, sent)
+    endpoint.handle(call(1, "plain_wrapped"))
+    endpoint.handle(call(2, "plain_b"))
+    await asyncio.sleep(0.01)
+    assert order == ["wrapped body starts", "start plain_b"]
+    assert {b["id"]: b["v"] for b in sent} == {1: "wrapped", 2: "plain_b"}
+    assert endpoint.num_serving == 0 and endpoint.calls_served == 2
+
+
+async def test_a_caller_woken_by_a_reply_resumes_before_a_plain_call_that_came_after_it():
+    order, sent = [], []
+    endpoint = make_endpoint(order, sent)
+
+    async def caller():
+        await endpoint.call("remote")
+        order.append("caller resumed")
+
+    task = asyncio.ensure_future(caller())
+    await asyncio.sleep(0)  # the call is out
+    call_id = sent[-1]["id"]
+    endpoint.handle({"k": "reply", "id": call_id, "v": None})  # one drain: the reply, then a call
+    endpoint.handle(call(7, "plain_b"))
+    await task
+    await asyncio.sleep(0.01)
+    assert order == ["caller resumed", "start plain_b"]
+    endpoint.handle(call(8, "plain_c"))  # the next turn of the loop: the fast path again
+    assert order[-1] == "run plain_c"
+
+
+async def test_a_reply_that_cannot_be_encoded_becomes_an_error():
+    order, sent = [], []
+    endpoint = make_endpoint(order, sent)
+
+    def send_now(body: dict) -> bool:
+        if body["k"] == "reply":
+            raise ValueError("too deep")
+        sent.append(body)
+        return True
+
+    endpoint._send_now = send_now
+    endpoint.handle(call(1, "plain_a"))
+    await asyncio.sleep(0.01)
+    assert [(b["k"], b["id"], b["type"]) for b in sent] == [("error", 1, "ValueError")]
+    assert endpoint.num_serving == 0 and endpoint.calls_served == 1
+
+
+async def test_a_task_cancelled_before_it_starts_is_not_left_serving():
+    order, sent = [], []
+    endpoint = make_endpoint(order, sent)
+    endpoint.handle(call(1, "async_a"))
+    endpoint.handle({"k": "cancel", "id": 1})
+    await asyncio.sleep(0.01)
+    assert endpoint.num_serving == 0 and order == [] and sent == []

@@ -59,6 +59,16 @@ class Echo(dynarl.Worker):
     def plain_rank(self):
         return self.rank
 
+    @property
+    def broken(self):
+        raise RuntimeError("property failed")
+
+    def deep(self):
+        value = []
+        for _ in range(2000):  # deeper than msgpack packs
+            value = [value]
+        return value
+
 
 class Producer(dynarl.Worker):
     async def produce(self, channel, items, key=None):

@@ -49,6 +49,8 @@ class RpcEndpoint:
         self._unstarted: set[int] = set()
         """Served calls spawned but not yet running: while any is, a plain call waits
         its turn as a task too, so calls start in the order they arrived."""
+        self._waking = False
+        """A reply arrived this turn of the loop and its caller has not resumed yet."""
         self._on_event = on_event
         # Served calls are owned by the caller's TaskGroup when one is given.
         self._spawn = spawn or asyncio.ensure_future
@@ -103,21 +105,21 @@ class RpcEndpoint:
             else:
                 fut.set_exception(RemoteError(self.peer_name, method, str(body.get("type")),
                                               str(body.get("msg")), str(body.get("tb"))))
+            if self._plain_method is not None and not self._waking:
+                # the caller resumes on the loop's next turn: plain calls that arrive
+                # before then wait behind it, as they would as tasks
+                self._waking = True
+                asyncio.get_running_loop().call_soon(self._woken)
         elif kind == "call" and isinstance(body.get("m"), str) and isinstance(body.get("id"), int):
             if self._serve is None:
                 self._spawn(self._send_quietly(_error_body(body["id"], PermissionError("this peer serves no calls"))))
                 return
-            fn = self._plain_method(body["m"]) if self._plain_method is not None and not self._unstarted else None
-            if fn is not None:
-                self._answer_now(body, fn)
-                return
-            self._unstarted.add(body["id"])
-            self._serving[body["id"]] = self._spawn(self._run(body))
+            if not self._answered_now(body):
+                self._start_task(body["id"], self._run(body), unstarted=True)
         elif kind == "cancel":
             task = self._serving.get(body.get("id"))
             if task is not None:
                 task.cancel()
-                self._unstarted.discard(body.get("id"))  # it may never start
         elif kind == "event" and isinstance(body.get("e"), str):
             if self._on_event is not None:
                 self._on_event(body["e"], body.get("d"))
@@ -133,40 +135,59 @@ class RpcEndpoint:
                 fut.set_exception(exc)
         for task in list(self._serving.values()):
             task.cancel()
-        self._unstarted.clear()
 
-    def _answer_now(self, body: dict, fn: Callable[..., Any]) -> None:
+    # --- serving ------------------------------------------------------------------
+    def _answered_now(self, body: dict) -> bool:
+        """The fast path: True when the call was for a plain method, run here and
+        answered (or handed to a task that finishes it in its turn)."""
+        if self._plain_method is None or self._unstarted or self._waking:
+            return False
         call_id = body["id"]
+        try:
+            fn = self._plain_method(body["m"])
+        except Exception:
+            return False  # the task path reports it
+        if fn is None:
+            return False
         try:
             args, kwargs = _call_arguments(body)
             value = fn(*args, **kwargs)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
             reply = _error_body(call_id, exc)
         else:
             if inspect.isawaitable(value):  # a plain method that hands back an awaitable
-                self._serving[call_id] = self._spawn(self._finish(call_id, value))
-                return
+                self._start_task(call_id, self._run(body, value), unstarted=True, awaitable=value)
+                return True
             reply = {"k": "reply", "id": call_id, "v": value}
-        self.calls_served += 1
         try:
             if self._send_now(reply):
-                return
-        except TypeError as exc:  # the return value can't go on the wire
+                self.calls_served += 1
+                return True
+        except Exception as exc:  # the value can't go on the wire, or the socket failed
+            if reply["k"] == "error":
+                log.debug("send to %s failed: %s", self.peer_name, exc)
+                self.calls_served += 1
+                return True
             reply = _error_body(call_id, exc)
-        except Exception as exc:
-            log.debug("send to %s failed: %s", self.peer_name, exc)
-            return
-        # the socket is full (or the reply had to become an error): send it as a task
-        self._serving[call_id] = self._spawn(self._deliver(call_id, reply))
+        self._start_task(call_id, self._deliver(reply), unstarted=False)  # the socket is full: wait
+        return True
 
-    async def _finish(self, call_id: int, awaitable: Awaitable[Any]) -> None:
-        await self._run({"id": call_id}, awaitable)
+    def _start_task(self, call_id: int, coro: Awaitable[None], *, unstarted: bool,
+                    awaitable: Awaitable[Any] | None = None) -> None:
+        """Serves a call in a task, counted in num_serving until it is done, even if it
+        is cancelled before it starts."""
+        if unstarted:
+            self._unstarted.add(call_id)
+        task = self._spawn(coro)
+        self._serving[call_id] = task
 
-    async def _deliver(self, call_id: int, reply: dict) -> None:
-        try:
-            await self._send_quietly(reply)
-        finally:
-            self._serving.pop(call_id, None)
+        def done(t: asyncio.Task) -> None:
+            if self._serving.get(call_id) is t:
+                del self._serving[call_id]
+            self._unstarted.discard(call_id)
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # (no-op once awaited) cancelled first: never awaited, no warning
+        task.add_done_callback(done)
 
     async def _run(self, body: dict, awaiting: Awaitable[Any] | None = None) -> None:
         """Serves one call and sends its reply. `awaiting`: the value is already on its
@@ -181,19 +202,27 @@ class RpcEndpoint:
                 value = await self._serve(body["m"], args, kwargs)
             reply = {"k": "reply", "id": call_id, "v": value}
         except asyncio.CancelledError:
-            self._serving.pop(call_id, None)
             return  # the caller cancelled (or we are shutting down): no reply
         except Exception as exc:
             reply = _error_body(call_id, exc)
+        await self._deliver(reply)
+
+    async def _deliver(self, reply: dict) -> None:
+        """Sends a reply; one that cannot go on the wire becomes the error saying why.
+        The task stays in num_serving until this returns, so a worker that waits for
+        `num_serving == 0` before exiting delivers it."""
         try:
             await self._send(reply)
-        except TypeError as exc:  # the return value can't go on the wire
-            await self._send_quietly(_error_body(call_id, exc))
+        except Exception as exc:
+            if reply["k"] == "reply":
+                await self._send_quietly(_error_body(reply["id"], exc))
+            else:
+                log.debug("send to %s failed: %s", self.peer_name, exc)
         finally:
-            # Popped only once the reply is handed to the transport, so a worker
-            # that waits for `num_serving == 0` before exiting delivers it.
-            self._serving.pop(call_id, None)
             self.calls_served += 1
+
+    def _woken(self) -> None:
+        self._waking = False
 
     async def _send_quietly(self, body: dict) -> None:
         try:

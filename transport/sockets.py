@@ -85,7 +85,12 @@ class LoopSocket:
                     frames.append(sock.recv(_NOBLOCK, copy=False))
             except zmq.Again:
                 return
-            self._on_frames(frames)
+            try:
+                self._on_frames(frames)
+            except Exception:
+                # Keep draining: returning here would leave the FD's edge consumed
+                # with messages still queued, and the socket deaf for good.
+                log.exception("a message handler failed; the socket keeps serving")
 
     async def send_multipart(self, frames: list) -> None:
         while not self.try_send(frames):
