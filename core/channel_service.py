@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from dynarl.transport.channel import Channel, WouldBlock
+from dynarl.transport.channel import DEFAULT_CAPACITY, Channel, Entry, WouldBlock
 from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob
 
@@ -25,10 +25,16 @@ class ChannelService:
         self.rehomed: dict[tuple[str, int], Blob] = {}
         """Payloads whose producer stopped before they were fetched, by (address, id)."""
 
-    def channel(self, name: str, capacity: int = 1024) -> Channel:
+    def channel(self, name: str, capacity: int | None = None) -> Channel:
+        """The channel `name`, created on first use with `capacity` (default
+        DEFAULT_CAPACITY). Asking an existing channel for another capacity is an error,
+        not a silent mismatch (a worker may have created it first)."""
         channel = self.channels.get(name)
         if channel is None:
-            channel = self.channels[name] = Channel(name, capacity, resolve=self.resolve_item)
+            channel = self.channels[name] = Channel(name, capacity or DEFAULT_CAPACITY, resolve=self.resolve_item)
+        elif capacity is not None and capacity != channel.capacity:
+            raise ValueError(f"channel {name!r} exists with capacity {channel.capacity}, not {capacity}: "
+                             "create it with its capacity before any worker uses it")
         return channel
 
     async def resolve_item(self, item: Any) -> Any:
@@ -49,22 +55,28 @@ class ChannelService:
         op, name, *rest = args
         channel = self.channel(name)
         worker = handle.spec.worker_id
-        if op == "put_many":
-            for blob, key, weight, affinity in rest[0]:
-                await channel.put(blob, key, weight, affinity, producer=worker)
+        if op == "put_many":  # accepted whole; the reply says whether there is room for more
+            channel.put_many_nowait([tuple(row) for row in rest[0]], producer=worker)
+            return len(channel) < channel.capacity
+        if op == "wait_room":
+            await channel.wait_room()
             return None
-        if op == "get_many":
+        if op == "get_many":  # [item, weight, affinity] rows, so that the consumer can give them back
             key, max_items = rest
-            items = [await channel.get_raw(key, worker)]
-            while len(items) < max_items:
+            entries = [await channel.get_entry(key, worker)]
+            while len(entries) < max_items:
                 try:
-                    items.append(channel.get_raw_nowait(key, worker))
+                    entries.append(channel.take_nowait(key, worker))
                 except WouldBlock:
                     break
-            return [self._rehomed_or(item) for item in items]
+            return [[self._rehomed_or(e.item), e.weight, e.affinity] for e in entries]
         if op == "get_batch":
             target, key = rest
             return [self._rehomed_or(item) for item in await channel.get_batch_raw(target, key, worker)]
+        if op == "give_back":  # prefetched rows a stopping consumer did not take
+            key, rows = rest
+            channel.give_back(key, worker, [Entry(item, float(weight), affinity) for item, weight, affinity in rows])
+            return None
         if op == "statistics":
             return dataclasses.asdict(channel.statistics())
         raise ValueError(f"unknown channel operation {op!r}")

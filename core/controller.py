@@ -278,8 +278,8 @@ class Controller:
                         h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s")
 
     # --- channels -----------------------------------------------------------------
-    def channel(self, name: str, capacity: int = 1024) -> Channel:
-        """The channel `name`, created on first use."""
+    def channel(self, name: str, capacity: int | None = None) -> Channel:
+        """The channel `name`, created on first use (capacity: 1024 unless given)."""
         return self.channel_service.channel(name, capacity)
 
     def refresh_graph(self) -> Hypergraph:

@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 import types
@@ -21,6 +22,7 @@ from dynarl.transport.data_plane import PayloadFetcher, PayloadServer
 from dynarl.transport.process_group import GroupMembership, host_store, join_group, leave_group
 
 Call = Callable[[str, list, dict], Awaitable[Any]]
+log = logging.getLogger(__name__)
 _UNSEEN = object()
 
 
@@ -104,12 +106,30 @@ class WorkerRuntime:
         return {"pid": os.getpid()}
 
     async def _stop(self) -> None:
+        """Ordered, and each step runs even if one before it failed (the first error is
+        raised at the end): the channels get what this rank put (past their capacity
+        if need be) and back what it took but did not use; the worker's teardown; what
+        it put during teardown; its unfetched peer-to-peer payloads to the controller."""
+        errors: list[BaseException] = []
+
+        async def step(coro: Awaitable[Any]) -> None:
+            try:
+                await coro
+            except Exception as exc:
+                errors.append(exc)
+                log.warning("stopping %s: %r", self.spec.worker_id, exc)
+
         try:
             for client in self._channels.values():
-                await client.flush()
+                await step(client.flush(force=True))
+                await step(client.give_back())
             if self.worker is not None:
-                await self.worker.teardown()
-            await self._rehome_payloads()
+                await step(self.worker.teardown())
+            for client in self._channels.values():
+                await step(client.flush(force=True))
+            await step(self._rehome_payloads())
+            if errors:
+                raise errors[0]
         finally:
             for name in list(self._groups):
                 await self._pg_leave(name)

@@ -158,3 +158,96 @@ async def test_many_waiting_consumers_stay_fast_and_balanced():
     assert time.perf_counter() - start < 5.0
     assert set(got.values()) == {5}  # equal weights: every consumer served equally
     assert all(len(q) <= 1 for q in ch._by_consumer.values())  # no pile-up of served getters
+
+
+# --- nothing lost: cancelled gets, stopping workers, cancelled putters ------------------
+
+async def test_a_get_cancelled_after_its_item_was_handed_over_gives_it_back():
+    ch = Channel("c")
+    getter = asyncio.ensure_future(ch.get())
+    await asyncio.sleep(0)
+    await ch.put("x")  # handed straight to the waiting getter...
+    getter.cancel()    # ...which is cancelled before it runs again
+    await asyncio.gather(getter, return_exceptions=True)
+    assert getter.cancelled()
+    assert len(ch) == 1 and ch.statistics().gets == 0
+    assert await ch.get() == "x"
+
+
+async def test_a_cancelled_get_batch_takes_nothing():
+    ch = Channel("c")
+    await ch.put("a")
+    await ch.put("b")
+    batch = asyncio.ensure_future(ch.get_batch(5))
+    await asyncio.sleep(0)
+    batch.cancel()
+    await asyncio.gather(batch, return_exceptions=True)
+    assert len(ch) == 2 and ch.statistics().gets == 0
+    assert [await ch.get(), await ch.get()] == ["a", "b"]
+
+
+async def test_a_putter_cancelled_after_being_woken_passes_the_room_on():
+    ch = Channel("c", capacity=1)
+    await ch.put(0)
+    first = asyncio.ensure_future(ch.put(1))
+    second = asyncio.ensure_future(ch.put(2))
+    await asyncio.sleep(0)
+    assert await ch.get() == 0  # room for one: wakes `first`...
+    first.cancel()              # ...which is cancelled before it runs
+    await asyncio.gather(first, return_exceptions=True)
+    await asyncio.wait_for(second, 1)  # `second` got the room instead of waiting forever
+    assert await ch.get() == 2
+
+
+async def test_bookkeeping_of_used_keys_is_dropped():
+    ch = Channel("c")
+    for k in range(1000):
+        getter = asyncio.ensure_future(ch.get(key=k))
+        await asyncio.sleep(0)
+        await ch.put(k, key=k)
+        assert await getter == k
+    assert not ch._queues and not ch._getters and not ch._by_consumer
+
+
+async def test_asking_an_existing_channel_for_another_capacity_is_an_error():
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        assert ctl.channel("c", capacity=4).capacity == 4
+        assert ctl.channel("c").capacity == 4
+        with pytest.raises(ValueError, match="capacity 4, not 8"):
+            ctl.channel("c", capacity=8)
+
+
+@pytest.mark.parametrize("launcher", ["local", "inproc"])
+async def test_a_stopping_consumer_gives_back_what_it_prefetched(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        ch = ctl.channel("work")
+        for i in range(6):
+            await ch.put(i)
+        consumers = await ctl.spawn(Consumer, num_ranks=1)
+        assert await consumers.call("consume", "work", 1, prefetch=4) == [[0]]
+        assert len(ch) == 2  # 1 used, 3 prefetched
+        await consumers.stop()
+        assert len(ch) == 5 and [await ch.get() for _ in range(5)] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("launcher", ["local", "inproc"])
+async def test_a_stopping_producer_delivers_what_it_had_not_sent_even_to_a_full_channel(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        ch = ctl.channel("work", capacity=2)
+        producers = await ctl.spawn(Consumer, num_ranks=1)
+        assert await producers.call("produce_without_flush", "work", list(range(5))) == [5]
+        await asyncio.wait_for(producers.stop(), 10)
+        assert [await ch.get() for _ in range(5)] == list(range(5))
+
+
+@pytest.mark.parametrize("launcher", ["local", "inproc"])
+async def test_worker_gets_given_up_lose_no_item(launcher):
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        consumers = await ctl.spawn(Consumer, num_ranks=1)
+        ch = ctl.channel("work")
+        consuming = asyncio.ensure_future(consumers.call("consume_with_timeouts", "work", 10, 0.01))
+        for i in range(10):
+            await asyncio.sleep(0.013)  # items arrive around the consumer's time-outs
+            await ch.put(i)
+        assert sorted((await asyncio.wait_for(consuming, 20))[0]) == list(range(10))
+        assert len(ch) == 0

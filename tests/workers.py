@@ -93,6 +93,24 @@ class Consumer(dynarl.Worker):
         ch = self.channel(channel, prefetch=prefetch)
         return [await ch.get(key) for _ in range(n)]
 
+    async def consume_with_timeouts(self, channel, n, timeout_s):
+        """Gets n items, each get given up after timeout_s and retried (the item a
+        given-up get was handed must not be lost)."""
+        ch, got = self.channel(channel), []
+        while len(got) < n:
+            try:
+                got.append(await asyncio.wait_for(ch.get(), timeout_s))
+            except asyncio.TimeoutError:
+                pass
+        return got
+
+    async def produce_without_flush(self, channel, items):
+        """Puts and returns at once: the stop must deliver what is still unsent."""
+        ch = self.channel(channel, window=len(items))
+        for item in items:
+            await ch.put(item)
+        return len(items)
+
     async def consume_tensor(self, channel):
         item = await self.channel(channel).get()
         t = item["tensor"]

@@ -24,6 +24,12 @@ from dynarl.transport.errors import ChannelClosed
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob
 
 
+DEFAULT_CAPACITY = 1024
+COMPACT_ABOVE = 64
+"""A key's getter heap is compacted when it holds more than this and twice the
+getters alive at its last compaction (amortised O(1) per get)."""
+
+
 class WouldBlock(Exception):
     """get_nowait found nothing to take."""
 
@@ -64,7 +70,7 @@ class ChannelStatistics:
 
 
 class Channel:
-    def __init__(self, name: str, capacity: int = 1024,
+    def __init__(self, name: str, capacity: int = DEFAULT_CAPACITY,
                  resolve: Callable[[Any], Awaitable[Any]] | None = None) -> None:
         """`resolve` turns a stored item into the value a controller-side getter
         sees (decoding Blobs, fetching peer-to-peer payloads)."""
@@ -80,6 +86,7 @@ class Channel:
         self._putters: deque[asyncio.Future] = deque()
         self._served: dict[str, float] = defaultdict(float)
         self._producers: dict[str, int] = defaultdict(int)
+        self._live_at_compaction: dict[Hashable, int] = {}
         self._seq = itertools.count()
         self._size = 0
         self._weight = 0.0
@@ -94,19 +101,29 @@ class Channel:
     async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                   producer: str | None = None) -> None:
         """Waits while the channel is full (backpressure)."""
+        if weight < 0:
+            raise ValueError(f"weight must be >= 0, got {weight}")
+        await self.wait_room()
+        self.put_nowait(item, key, weight, affinity, producer)
+
+    async def wait_room(self) -> None:
+        """Returns once the channel holds fewer items than its capacity."""
         while True:
             if self.closed:
                 raise ChannelClosed(f"channel {self.name!r} is closed")
             if self._size < self.capacity:
-                break
+                return
             fut = asyncio.get_running_loop().create_future()
             self._putters.append(fut)
             try:
                 await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._wake_putter()  # woken, then cancelled: the room goes to the next putter
+                raise
             finally:
                 if fut in self._putters:
                     self._putters.remove(fut)
-        self.put_nowait(item, key, weight, affinity, producer)
 
     def put_nowait(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                    producer: str | None = None) -> None:
@@ -124,6 +141,38 @@ class Channel:
         self._queues[key].append(entry)
         self._size += 1
         self._weight += entry.weight
+
+    def put_many_nowait(self, items: list[tuple[Any, Hashable, float, str | None]], producer: str | None = None) -> None:
+        """Enqueues every item at once, past the capacity if need be: a worker's batch of
+        puts is accepted whole as it arrives (so none is lost to a cancelled wait), and
+        its client waits for room (wait_room) before it sends the next batch, which
+        bounds the overshoot to one batch (the client's window) per producer."""
+        if self.closed:
+            raise ChannelClosed(f"channel {self.name!r} is closed")
+        for _, _, weight, _ in items:
+            if weight < 0:
+                raise ValueError(f"weight must be >= 0, got {weight}")
+        for item, key, weight, affinity in items:
+            self.put_nowait(item, key, weight, affinity, producer)
+
+    def give_back(self, key: Hashable, consumer: str | None, entries: list[Entry]) -> None:
+        """Entries handed to `consumer` that it could not take after all (its get was
+        cancelled, it stopped with them prefetched) go back to the front of their queue,
+        in order, or straight to a consumer waiting for them; they count as not got."""
+        for entry in entries:
+            self.gets -= 1
+            self._served[consumer or ""] -= entry.weight
+        queued = []
+        for entry in entries:
+            getter = self._pick_getter(key, entry.affinity)
+            if getter is not None:
+                self._deliver(getter, entry)
+            else:
+                queued.append(entry)
+        if queued:
+            self._queues[key].extendleft(reversed(queued))
+            self._size += len(queued)
+            self._weight += sum(e.weight for e in queued)
 
     # --- get ------------------------------------------------------------------
     async def get(self, key: Hashable = None, consumer: str | None = None) -> Any:
@@ -148,20 +197,29 @@ class Channel:
     def get_raw_nowait(self, key: Hashable = None, consumer: str | None = None) -> Any:
         return self._take(key, consumer).item
 
+    async def get_entry(self, key: Hashable = None, consumer: str | None = None) -> Entry:
+        """get_raw with the item's weight and affinity (what give_back needs)."""
+        return await self._get_entry(key, consumer)
+
+    def take_nowait(self, key: Hashable = None, consumer: str | None = None) -> Entry:
+        return self._take(key, consumer)
+
     async def get_batch_raw(self, target_weight: float, key: Hashable = None,
                             consumer: str | None = None) -> list[Any]:
-        items: list[Any] = []
+        entries: list[Entry] = []
         total = 0.0
-        while total < target_weight:
-            try:
+        try:
+            while total < target_weight:
                 entry = await self._get_entry(key, consumer)
-            except ChannelClosed:
-                if items:
-                    return items
+                entries.append(entry)
+                total += entry.weight
+        except ChannelClosed:
+            if not entries:
                 raise
-            items.append(entry.item)
-            total += entry.weight
-        return items
+        except asyncio.CancelledError:
+            self.give_back(key, consumer, entries)  # a batch cut short takes nothing
+            raise
+        return [e.item for e in entries]
 
     async def _get_entry(self, key: Hashable, consumer: str | None) -> Entry:
         try:
@@ -171,15 +229,43 @@ class Channel:
         if self.closed:
             raise ChannelClosed(f"channel {self.name!r} is closed and drained")
         getter = _Getter(asyncio.get_running_loop().create_future(), key, consumer, next(self._seq))
-        heapq.heappush(self._getters[key], (self._served[consumer or ""], getter.seq, getter))
+        heap = self._getters[key]
+        heapq.heappush(heap, (self._served[consumer or ""], getter.seq, getter))
+        if len(heap) > max(COMPACT_ABOVE, 2 * self._live_at_compaction.get(key, 0)):
+            self._compact(key)
         mine = self._by_consumer[(key, consumer)]
         while mine and mine[0].gone:  # served through the heap meanwhile: drop, or they pile up
             mine.popleft()
         mine.append(getter)
         try:
             return await getter.future
+        except asyncio.CancelledError:
+            fut = getter.future
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.give_back(key, consumer, [fut.result()])  # delivered, then cancelled: not taken
+            raise
         finally:
             getter.gone = True
+            self._forget_idle(key, consumer)
+
+    def _compact(self, key: Hashable) -> None:
+        """Drops served and abandoned getters from a key's heap (they pile up under
+        affinity deliveries, which take getters from the per-consumer queues)."""
+        live = [(s, q, g) for s, q, g in self._getters[key] if not g.gone and not g.future.done()]
+        heapq.heapify(live)
+        self._getters[key] = live
+        self._live_at_compaction[key] = len(live)
+
+    def _forget_idle(self, key: Hashable, consumer: str | None) -> None:
+        """Per-key and per-consumer bookkeeping goes once it holds nothing (keys can be
+        many: one per episode or per rank)."""
+        mine = self._by_consumer.get((key, consumer))
+        if mine is not None and all(g.gone for g in mine):
+            del self._by_consumer[(key, consumer)]
+        heap = self._getters.get(key)
+        if heap is not None and all(g.gone or g.future.done() for _, _, g in heap):
+            del self._getters[key]
+            self._live_at_compaction.pop(key, None)
 
     def _take(self, key: Hashable, consumer: str | None) -> Entry:
         queue = self._queues.get(key)
@@ -188,6 +274,8 @@ class Channel:
         index = _preferred_index(queue, consumer)
         entry = queue[index]
         del queue[index]
+        if not queue:
+            del self._queues[key]
         self._size -= 1
         self._weight -= entry.weight
         self._account(consumer, entry)
@@ -221,7 +309,7 @@ class Channel:
     def statistics(self) -> ChannelStatistics:
         return ChannelStatistics(
             name=self.name, size=self._size, capacity=self.capacity, weight=self._weight,
-            per_key={str(k): len(q) for k, q in self._queues.items() if q},
+            per_key={repr(k) if not isinstance(k, str) else k: len(q) for k, q in self._queues.items() if q},
             puts=self.puts, gets=self.gets, waiting_putters=len(self._putters),
             waiting_getters=sum(1 for heap in self._getters.values() for _, _, g in heap
                                 if not g.gone and not g.future.done()),

@@ -2,9 +2,11 @@
 
 Puts are pipelined: put() hands the item (encoded once, as a Blob) to a local
 outbox and returns; one flusher sends the outbox in batches, at most one batch
-in flight. put() waits only when `window` items are unacknowledged, which keeps
-backpressure from the controller's bounded channel while a sequential producer
-still sends many items per round trip. `flush()` waits until all are accepted.
+in flight. The controller takes a batch whole and replies whether the channel has
+room; if not, the flusher waits for room before the next batch (so a channel holds
+at most its capacity plus one batch per producer, and no batch is ever half taken).
+put() waits when `window` items are unacknowledged. `flush()` waits until all are in
+the channel; `flush(force=True)` (a stopping worker) does not wait for room.
 
 Large items (over P2P_ABOVE_BYTES) stay with the producer and travel as a
 RemoteRef; the consumer fetches the bytes peer-to-peer (data_plane.py).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict, deque
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable
 
 from dynarl.transport.data_plane import P2P_ABOVE_BYTES, PayloadFetcher, PayloadLost, PayloadServer
@@ -25,6 +28,32 @@ from dynarl.transport.wire import Blob, RemoteRef, decode_blob, encode_blob
 Call = Callable[[str, list, dict], Awaitable[Any]]
 FETCH_ATTEMPT_S = 5.0
 FETCH_TIMEOUT_S = 120.0
+
+
+async def _error_of(awaitable: Awaitable[Any]) -> BaseException | None:
+    """Awaits; returns the exception instead of raising it (for tasks in a worker's
+    TaskGroup, where a failed task would stop the worker)."""
+    try:
+        await awaitable
+    except Exception as exc:
+        return exc
+    return None
+
+
+class ChannelPutFailed(Exception):
+    """Items put on a channel could not be delivered (the channel closed, the
+    controller went away); the message says how many."""
+
+
+@dataclass(slots=True)
+class _Taken:
+    """An item this consumer took from the channel and has not handed out yet."""
+    item: Any
+    """As it came: a Blob, plain data, or a RemoteRef."""
+    weight: float
+    affinity: str | None
+    fetch: asyncio.Future
+    """Its bytes: (Blob or plain data, None), or (None, the error)."""
 
 
 class ChannelClient:
@@ -44,9 +73,14 @@ class ChannelClient:
         self._unacked = 0
         self._changed = asyncio.Event()
         self._flusher: asyncio.Task | None = None
+        self._room_wait: asyncio.Task | None = None
+        self._forcing = False
+        """Stopping: what is unsent goes out without waiting for room."""
         self._error: BaseException | None = None
-        self._buffers: dict[Hashable, deque[asyncio.Future]] = defaultdict(deque)
+        self._buffers: dict[Hashable, deque[_Taken]] = defaultdict(deque)
+        self._filling: dict[Hashable, asyncio.Task] = {}
 
+    # --- put ------------------------------------------------------------------------
     async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None) -> None:
         self._raise_if_failed()
         while self._unacked >= self._window:
@@ -62,22 +96,125 @@ class ChannelClient:
         if self._flusher is None or self._flusher.done():
             self._flusher = self._spawn(self._flush_outbox())
 
-    async def flush(self) -> None:
+    async def flush(self, *, force: bool = False) -> None:
+        """Waits until every put item is in the channel. `force` (a stopping worker):
+        the rest goes out now, past the channel's capacity, instead of waiting for room."""
+        if force:
+            self._forcing = True
+            if self._room_wait is not None:
+                self._room_wait.cancel()
         while self._unacked:
             self._changed.clear()
             await self._changed.wait()
         self._raise_if_failed()
 
+    async def _flush_outbox(self) -> None:
+        """Sends the outbox batch by batch. The controller takes a batch whole and says
+        whether the channel has room; if not, the next batch waits for room (backpressure
+        without ever holding a batch half-accepted). Never raises but when cancelled: a
+        failure is kept and raised to the next put or flush."""
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            try:
+                room = await self._op("put_many", batch)
+            except BaseException as exc:
+                self._fail_unsent(len(batch), exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
+            self._unacked -= len(batch)
+            self._changed.set()
+            if room or self._forcing:
+                continue
+            waiter = self._room_wait = self._spawn(_error_of(self._op("wait_room")))
+            try:
+                await asyncio.wait([waiter])
+            except asyncio.CancelledError as exc:
+                waiter.cancel()
+                self._fail_unsent(0, exc)
+                raise
+            finally:
+                self._room_wait = None
+            error = None if waiter.cancelled() else waiter.result()
+            if error is not None and not self._forcing:
+                self._fail_unsent(0, error)
+                return
+
+    def _fail_unsent(self, in_flight: int, exc: BaseException) -> None:
+        lost = in_flight + len(self._outbox)
+        self._outbox = []
+        self._fail(ChannelPutFailed(f"{lost} items put on channel {self.name!r} were not delivered: {exc!r}"))
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._unacked = 0
+        self._changed.set()
+
+    # --- get ------------------------------------------------------------------------
     async def get(self, key: Hashable = None) -> Any:
+        """The next item. Cancelling a get loses nothing: a fetch from the channel in
+        flight goes on and its items wait here for the next get (or go back to the
+        channel when this worker stops)."""
         buffer = self._buffers[key]
-        if not buffer:
-            items = await self._op("get_many", key, self._prefetch)
-            buffer.extend(self._spawn(self._resolve(item)) for item in items)
-        return await buffer.popleft()
+        while not buffer:
+            fill = self._filling.get(key)
+            if fill is None:
+                fill = self._filling[key] = self._spawn(self._fill(key))
+            error = await asyncio.shield(fill)
+            if error is not None:
+                raise error
+        taken = buffer.popleft()
+        try:
+            value, error = await asyncio.shield(taken.fetch)
+        except asyncio.CancelledError:
+            buffer.appendleft(taken)
+            raise
+        if error is not None:
+            raise error
+        return decode_blob(value) if isinstance(value, Blob) else value
+
+    async def _fill(self, key: Hashable) -> BaseException | None:
+        """One round trip: up to `prefetch` items into the buffer, their peer-to-peer
+        payloads fetching at once. Returns the error instead of raising (a failed task
+        would take the worker's TaskGroup down)."""
+        try:
+            rows = await self._op("get_many", key, self._prefetch)
+            for item, weight, affinity in rows:
+                self._buffers[key].append(_Taken(item, weight, affinity, self._spawn(self._fetched(item))))
+            return None
+        except Exception as exc:
+            return exc
+        finally:
+            self._filling.pop(key, None)
+
+    async def _fetched(self, item: Any) -> tuple[Any, BaseException | None]:
+        try:
+            return (await self._fetch(item) if isinstance(item, RemoteRef) else item), None
+        except Exception as exc:
+            return None, exc
 
     async def get_batch(self, target_weight: float, key: Hashable = None) -> list[Any]:
         items = await self._op("get_batch", target_weight, key)
         return list(await asyncio.gather(*(self._resolve(item) for item in items)))
+
+    async def give_back(self) -> int:
+        """A stopping consumer: items it took but did not hand out go back to the
+        channel, in order (with their bytes where already fetched peer-to-peer: the
+        producer gave its copy away). A fetch from the channel still waiting for an
+        item is cancelled; the channel gives back an item it was just handed."""
+        for fill in list(self._filling.values()):
+            fill.cancel()
+        returned = 0
+        for key, buffer in list(self._buffers.items()):
+            rows = []
+            for taken in buffer:
+                value, error = await taken.fetch
+                rows.append([taken.item if error is not None else value, taken.weight, taken.affinity])
+            buffer.clear()
+            if rows:
+                await self._op("give_back", key, rows)
+                returned += len(rows)
+        return returned
 
     async def statistics(self) -> dict:
         return await self._op("statistics")
@@ -104,21 +241,6 @@ class ChannelClient:
             except RemoteError as exc:
                 if exc.type_name != "PayloadLost" or loop.time() > deadline:
                     raise PayloadLost(f"payload {ref.id} of {ref.address}: {exc.remote_message}") from None
-
-    async def _flush_outbox(self) -> None:
-        while self._outbox:
-            batch, self._outbox = self._outbox, []
-            try:
-                await self._op("put_many", batch)
-            except BaseException as exc:
-                self._error = exc
-                self._unacked = 0
-                self._changed.set()
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                return
-            self._unacked -= len(batch)
-            self._changed.set()
 
     async def _op(self, op: str, *args: Any) -> Any:
         try:
