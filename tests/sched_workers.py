@@ -48,6 +48,9 @@ class TimedEngine(dynarl.Worker):
         self._collect()
         self.paused = True
 
+    def workload_commit(self) -> None:
+        pass
+
     def workload_resume(self) -> None:
         self.paused = False
 

@@ -148,25 +148,27 @@ import dynarl  # noqa: E402
 from dynarl import ClusterConfig, RuntimeConfig  # noqa: E402
 from dynarl.components.experience import END  # noqa: E402
 from dynarl.components.rollout.worker import RolloutWorker  # noqa: E402
+from workload_workers import RefusingRolloutWorker  # noqa: E402
 from dynarl.core.migration.workload import workload_migrate  # noqa: E402
 
 GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
 
 
-async def _two_engines(ctl):
+async def _two_engines(ctl, cls=RolloutWorker):
     """Two tiny native rollout engines on devices 0 and 1, admitting prompts."""
     init = {"model": {"name": "tiny-0.5m", "path": None, "init_seed": 0},
             "engine": {"num_blocks": 512, "max_num_seqs": 256}, "bucket_bytes": 1 << 20}
-    group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0, 1], init=init)
+    group = await ctl.spawn(cls, name="rollout", devices=[0, 1], init=init)
     await group.call("begin_step")
     return group
 
 
-async def _generate(migrate: bool):
+async def _generate(migrate: bool, refuse: bool = False):
+    """`refuse`: the kept rank refuses the import, so the migration rolls back."""
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
-        group = await _two_engines(ctl)
+        group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker)
         for i in range(GROUPS):
             await ctl.channel("prompts").put({"index": i, "prompt_ids": [1, 2 + i, 3],
                                               "samples": [{"id": f"p{i}/{k}", "seed": 100 * i + k}
@@ -182,8 +184,14 @@ async def _generate(migrate: bool):
                 if all(r["utilization"] < 1.0 for r in m) and m[0]["running"] > 0 and m[0]["work_done"] > 0:
                     break
                 await asyncio.sleep(0.005)
-            moved = (await workload_migrate(ctl, group, [0])).moved
-            assert group.world_size == 1
+            if refuse:
+                from dynarl.core.migration.p2p import MigrationFailed
+                with pytest.raises(MigrationFailed, match="rolled back"):
+                    await workload_migrate(ctl, group, [0])
+                assert group.world_size == 2
+            else:
+                moved = (await workload_migrate(ctl, group, [0])).moved
+                assert group.world_size == 1
         stats = await generate
         out: dict[str, list[int]] = {}
         emitted = []
@@ -205,6 +213,16 @@ async def test_released_rollout_rank_hands_whole_groups_over_mid_generation():
     # the released rank's generate() returned its counters; tokens are counted once overall
     assert len(stats_m) == 2 and sum(s["tokens"] for s in stats_m) == GROUPS * SAMPLES * NEW_TOKENS
     assert sum(s["groups_exported"] for s in stats_m) == sum(s["groups_imported"] for s in stats_m) == moved
+
+
+async def test_a_rolled_back_migration_gives_the_real_workers_groups_back():
+    """The released rank stays open after its export until the migration commits, so
+    when the kept rank refuses the import its groups go back to it and finish there."""
+    reference, emitted, _, _ = await _generate(migrate=False)
+    rolled_back, emitted_r, stats_r, _ = await _generate(migrate=True, refuse=True)
+    assert emitted == emitted_r == list(range(GROUPS))  # every group downstream exactly once
+    assert rolled_back == reference
+    assert sum(s["tokens"] for s in stats_r) == GROUPS * SAMPLES * NEW_TOKENS
 
 
 async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does():

@@ -36,3 +36,16 @@ async def test_failed_restart_falls_back_to_the_original_devices():
             await reboot_migrate(ctl, result.group, [1], {"fail_on_devices": [0, 1]})
         assert "tool" not in ctl.groups
         assert info.value.saved_state == [{"count": 4}]
+
+
+async def test_a_restore_that_fails_everywhere_leaves_no_group_behind():
+    async with dynarl.Controller(CONFIG) as ctl:
+        group = await ctl.spawn(Counter, name="tool", devices=[0])
+        await group.call("add", 2)
+        with pytest.raises(MigrationFailed) as info:
+            await reboot_migrate(ctl, group, [1], {"fail_restore": True})
+        assert "tool" not in ctl.groups and not ctl.pool.placed.get("tool")  # spawned, not restored: stopped
+        assert info.value.saved_state == [{"count": 2}]
+        again = await ctl.spawn(Counter, name="tool", devices=[2])  # the name is free again
+        await again.call("reboot_restore", info.value.saved_state)
+        assert await again.call("add", 1) == [3]

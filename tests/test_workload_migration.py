@@ -78,3 +78,36 @@ async def test_a_failed_export_lets_the_kept_rank_go():
         results = await group.call("drain")
     assert sorted(results[0]) == [f"a{i}" for i in range(4)] and sorted(results[1]) == [f"b{i}" for i in range(4)]
 
+
+
+# --- rollback with several ranks: each item runs exactly once ----------------------------
+
+async def _ledger_after(init: dict, release: list[int], ranks: int = 3) -> tuple[dict, list[list[str]], bool]:
+    """Runs a failing migration over `ranks` engines; returns every request's tokens
+    (finished on any rank, before or after), and the requests finished per rank."""
+    config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=ranks))
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(EngineWorker, name="rollout", devices=list(range(ranks)), init=init)
+        await group.scatter("submit", [[requests(chr(ord("a") + r), 4)] for r in range(ranks)])
+        await group.call("run_steps", 3)
+        before = await group.call("finished")
+        with pytest.raises(MigrationFailed, match="rolled back"):
+            await workload_migrate(ctl, group, release)
+        assert group.world_size == ranks
+        held = await group.call("is_held")
+        after = await group.call("drain")
+    per_rank = [sorted(set(a) | set(b)) for a, b in zip(before, after)]
+    return {rid: t for part in after for rid, t in part.items()}, per_rank, any(held)
+
+
+@pytest.mark.parametrize("init, release, note", [
+    ({"fail_export": [2]}, [1, 2], "rank 2's export fails: rank 1's exported requests go back to it"),
+    ({"fail_import": [0]}, [2], "rank 1 imports, rank 0 refuses: rank 1's share stays, the rest goes back"),
+    ({"fail_load": [1]}, [2], "a kept rank's load fails: nothing moves, rank 0 is let go"),
+])
+async def test_a_failed_migration_runs_every_request_exactly_once(init, release, note):
+    finished, per_rank, held = await _ledger_after(init, release)
+    every = sorted(rid for part in per_rank for rid in part)
+    assert every == sorted(f"{p}{i}" for p in "abc" for i in range(4)), note  # each once, none lost
+    assert len(every) == len(set(every)), note
+    assert not held, note

@@ -160,10 +160,11 @@ class Hoarder(dynarl.Worker):
 class Counter(dynarl.Worker):
     """Keeps a count across a Reboot migration."""
 
-    def __init__(self, fail_on_devices=None) -> None:
+    def __init__(self, fail_on_devices=None, fail_restore=False) -> None:
         if fail_on_devices and self.devices[0] in fail_on_devices:
             raise RuntimeError(f"device {self.devices[0]} is broken")
         self.count = 0
+        self.fail_restore = fail_restore
 
     def add(self, n):
         self.count += n
@@ -176,4 +177,6 @@ class Counter(dynarl.Worker):
         return {"count": self.count}
 
     def reboot_restore(self, states):
+        if self.fail_restore:
+            raise RuntimeError("restore failed (fault injection)")
         self.count = sum(s["count"] for s in states)

@@ -14,13 +14,18 @@ def requests(prefix: str, count: int, max_new_tokens: int = 24) -> list[dict]:
 
 
 class EngineWorker(dynarl.Worker):
-    def __init__(self, fail_import: bool = False, fail_export: bool = False) -> None:
+    def __init__(self, fail_import: bool | list[int] = False, fail_export: bool | list[int] = False,
+                 fail_load: list[int] = ()) -> None:
+        """Fault injection: `fail_import` True refuses non-empty imports on rank 0, a
+        list on those ranks; `fail_export` True on every rank, a list on those;
+        `fail_load` on those ranks."""
         torch.manual_seed(0)
         self.engine = NativeRolloutEngine(Qwen2ForCausalLM(TINY_CONFIGS["tiny-0.5m"]),
                                           NativeEngineConfig(max_num_seqs=4))
         self.results: dict[str, list[int]] = {}
         self.fail_import = fail_import
         self.fail_export = fail_export
+        self.fail_load = list(fail_load)
         self.held = False
         """Set by workload_load, cleared by any workload_import: a real rank's generate
         may not end while it is held (components/rollout/worker.py)."""
@@ -49,17 +54,22 @@ class EngineWorker(dynarl.Worker):
     def workload_pause(self) -> None:
         self.engine.pause()
 
+    def workload_commit(self) -> None:
+        pass
+
     def workload_resume(self) -> None:
         self.engine.resume()
 
     def workload_export(self) -> list[dict]:
-        if self.fail_export:
+        if self.fail_export is True or (isinstance(self.fail_export, list) and self.rank in self.fail_export):
             raise RuntimeError("export failed (fault injection)")
         return [{"id": item.request.request_id, "weight": item.request.sampling.max_new_tokens
                  - len(item.output_token_ids), "inflight": item.to_wire()}
                 for item in self.engine.export_inflight()]
 
     def workload_load(self) -> float:
+        if self.rank in self.fail_load:
+            raise RuntimeError("load failed (fault injection)")
         self.held = True
         load = self.engine.load()
         return float(load.num_running + load.num_waiting)
@@ -68,8 +78,22 @@ class EngineWorker(dynarl.Worker):
         return self.held
 
     def workload_import(self, items: list[dict]) -> int:
-        if self.fail_import and items and self.rank == 0:  # only the receiving side refuses
+        refusing = [0] if self.fail_import is True else (self.fail_import or [])
+        if items and self.rank in refusing:  # only the receiving side refuses
             raise RuntimeError("import refused (fault injection)")  # and stays held
         self.held = False
         self.engine.import_inflight([InflightRequest.from_wire(item["inflight"]) for item in items])
         return len(items)
+
+
+from dynarl.components.rollout.worker import RolloutWorker  # noqa: E402
+
+
+class RefusingRolloutWorker(RolloutWorker):
+    """The real rollout worker, whose rank 1 refuses a non-empty import (a kept rank
+    that fails to take work over)."""
+
+    def workload_import(self, items: list[dict]) -> int:
+        if items and self.rank == 1:  # still held: the rollback's empty import lets it go
+            raise RuntimeError("import refused (fault injection)")
+        return super().workload_import(items)

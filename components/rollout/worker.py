@@ -97,13 +97,23 @@ class RolloutWorker(dynarl.Worker):
     async def workload_export(self) -> list[dict]:
         """Whole groups with samples still generating here: their finished samples
         stay in the group dict, their unfinished requests travel as in-flight state.
-        The rank's generate() then emits what it finished and returns."""
+        The rank's generate() emits what it finished and returns at workload_commit."""
         run = self.run
         if run is None or not run.paused:  # was over when paused: nothing to hand over
             return []
         items = run.export()
-        await run.finished.wait()  # generate() has flushed and returned its counters
+        run.hold = True  # open until the migration commits (or gives the items back)
         return items
+
+    async def workload_commit(self) -> None:
+        """The kept ranks have the exported work: this rank's generate() emits what it
+        finished and returns; waits for that, so its counters are in before it stops."""
+        run = self.run
+        if run is None or not run.handed_off:
+            return
+        run.hold = False
+        run.arrived.set()
+        await run.finished.wait()
 
     def workload_load(self) -> float:
         if self.run is None or self.run.closed:
@@ -217,7 +227,9 @@ class _Generation:
         return items
 
     def adopt(self, items: list[dict]) -> None:
-        """Takes whole groups over from a released rank: this rank completes and emits them."""
+        """Takes whole groups over from a released rank (or back, on this released
+        rank, from a migration rolled back): this rank completes and emits them."""
+        self.handed_off = False
         requests = []
         for item in items:
             group = item["group"]
@@ -257,6 +269,10 @@ class _Generation:
             if self.ready:
                 await self._emit()
             await self.outbox.flush()
+            if self.handed_off and self.hold:  # exported: the migration's commit or give-back comes next
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
             # Decide and close with no await in between: a migration's workload_load
             # either came before (hold: go on, the import follows) or sees `closed`.
             if self.handed_off or not (self.paused or self.hold or self.engine.has_work()):

@@ -42,13 +42,13 @@ async def reboot_migrate(ctl: "Controller", group: WorkerGroup, devices: list[in
             new = await ctl.spawn(group.cls, name=group.name, devices=target, init=init)
             await new.call("reboot_restore", states)
         except Exception as exc:
+            if group.name in ctl.groups:  # spawned but not restored: it must not linger
+                await ctl.stop_group(ctl.groups[group.name])
             if attempt == 1:
                 failure = MigrationFailed(f"reboot of {group.name!r} failed on {devices} and on {original}: "
                                           f"{exc!r}")
                 failure.saved_state = states  # nothing lost: the caller may restart it elsewhere
                 raise failure from exc
-            if group.name in ctl.groups:
-                await ctl.stop_group(ctl.groups[group.name])
             continue
         ctl.tracer.complete("reboot migration", "migration", "migrations", 0, started, loop.time(),
                             {"group": group.name, "devices": target})

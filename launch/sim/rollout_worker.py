@@ -100,7 +100,16 @@ class SimRolloutWorker(dynarl.Worker):
         run = self.run
         if run is None or run.closed:
             return []
-        return await run.export()
+        items = await run.export()
+        run.hold = True  # open until the migration commits (or gives the items back)
+        return items
+
+    def workload_commit(self) -> None:
+        """The kept ranks have the exported work: this rank's run may end."""
+        run = self.run
+        if run is not None and not run.closed:
+            run.hold = False
+            run.wake.set()
 
     def workload_load(self) -> float:
         run = self.run

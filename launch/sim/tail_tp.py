@@ -83,6 +83,7 @@ async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
         release = sorted(p for pair in pairs for p in pair)
         await g.rollout.call("workload_pause", ranks=release)
         exported = dict(zip(release, await g.rollout.call("workload_export", ranks=release)))
+        await g.rollout.call("workload_commit", ranks=release)  # their runs end: the wider engines take over
         firsts = [handles[a].spec.devices[0] for a, _ in pairs]
         members = {f: sorted(handles[p].spec.devices[0] + k for p in pair for k in range(tp))
                    for f, pair in zip(firsts, pairs)}
