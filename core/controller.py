@@ -19,6 +19,8 @@ import logging
 import secrets
 from typing import Any, Sequence
 
+import zmq
+
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.devices import DevicePool
 from dynarl.core.device_lock import LockManager
@@ -32,7 +34,7 @@ from dynarl.core.worker_handle import WorkerHandle
 from dynarl.core.channel_service import ChannelService
 from dynarl.transport.channel import Channel
 from dynarl.transport.data_plane import PayloadFetcher
-from dynarl.transport.errors import SpawnError
+from dynarl.transport.errors import SpawnError, WorkerLost
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import RouterServer
 from dynarl.transport.wire import Codec
@@ -61,6 +63,9 @@ class Controller:
         self._tg: asyncio.TaskGroup | None = None
         self._background: list[asyncio.Task] = []
         self._closed = False
+        self._shutdown: asyncio.Future | None = None
+        self._starting: set[WorkerHandle] = set()
+        """Ranks being started (not in their group yet): watched for liveness too."""
 
     # --- lifecycle ---------------------------------------------------------------
     async def __aenter__(self) -> "Controller":
@@ -101,9 +106,24 @@ class Controller:
         return False
 
     async def shutdown(self) -> None:
-        if self._closed:
-            return
+        """Closes the channels and stops every group, newest first. It runs to the end
+        even if its caller is cancelled meanwhile (a second Ctrl-C, an outer TaskGroup):
+        the workers are stopped either way (each stop is bounded by the grace period
+        and a kill), and the cancellation is raised once they are."""
         self._closed = True
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._shut_down())
+        cancelled = False
+        while not self._shutdown.done():
+            try:
+                await asyncio.shield(self._shutdown)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError()
+        self._shutdown.result()
+
+    async def _shut_down(self) -> None:
         for channel in self.channels.values():
             channel.close()
         for group in reversed(list(self.groups.values())):
@@ -174,6 +194,7 @@ class Controller:
             h.cls = cls
         loop = asyncio.get_running_loop()
         started = loop.time()
+        self._starting.update(handles)  # a setup() that blocks its loop or dies is reported
         try:
             async with asyncio.timeout(self.config.spawn_timeout_s):
                 await gather_or_cancel([self.launcher.spawn(h) for h in handles])
@@ -184,6 +205,8 @@ class Controller:
             if isinstance(exc, TimeoutError):
                 raise SpawnError(f"group {name!r} did not come up within {self.config.spawn_timeout_s} s") from None
             raise
+        finally:
+            self._starting.difference_update(handles)
         self.tracer.complete("spawn", "lifecycle", name, 0, started, loop.time(), {"ranks": len(handles)})
         return handles
 
@@ -253,7 +276,14 @@ class Controller:
             if handle.endpoint is not None:
                 handle.endpoint.handle(body)
             elif isinstance(body, dict) and body.get("k") == "event" and body.get("e") == "hello":
-                endpoint = RpcEndpoint(handle.name, lambda b: self.router.send(identity, b),
+                async def send(b: Any) -> None:
+                    try:
+                        await self.router.send(identity, b)
+                    except zmq.ZMQError as exc:  # (ROUTER_MANDATORY) the peer is gone
+                        handle.mark_lost(f"unreachable: {exc}")
+                        raise handle.lost or WorkerLost(handle.name, str(exc)) from None
+
+                endpoint = RpcEndpoint(handle.name, send,
                                        serve=lambda m, a, kw: self.serve_worker_call(handle, m, a, kw),
                                        on_event=handle.on_event, spawn=self.spawn_task)
                 handle.attach(endpoint, int((body.get("d") or {}).get("pid", 0)) or None)
@@ -267,15 +297,15 @@ class Controller:
         while True:
             await asyncio.sleep(cfg.heartbeat_interval_s)
             now = loop.time()
-            for group in list(self.groups.values()):
-                for h in group.handles:
-                    if not h.alive or h.endpoint is None:
-                        continue
-                    seen = self.router.last_seen.get(h.spec.worker_id.encode(), now)
-                    if now - seen > cfg.heartbeat_timeout_s:
-                        h.mark_lost(f"no heartbeat for {now - seen:.1f} s")
-                    elif h.loop_lag_s > cfg.hang_timeout_s:
-                        h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s")
+            watched = [h for group in list(self.groups.values()) for h in group.handles] + list(self._starting)
+            for h in watched:
+                if not h.alive or h.endpoint is None:
+                    continue
+                seen = self.router.last_seen.get(h.spec.worker_id.encode(), now)
+                if now - seen > cfg.heartbeat_timeout_s:
+                    h.mark_lost(f"no heartbeat for {now - seen:.1f} s")
+                elif h.loop_lag_s > cfg.hang_timeout_s:
+                    h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s")
 
     # --- channels -----------------------------------------------------------------
     def channel(self, name: str, capacity: int | None = None) -> Channel:

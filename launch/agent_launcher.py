@@ -3,12 +3,15 @@ started by that node's agent (launch/agent.py), which reports their exits."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from dynarl.core.launcher import Launcher, register_launcher
 from dynarl.launch.local import LocalLauncher
 from dynarl.transport.errors import SpawnError
 from dynarl.transport.rpc import RpcEndpoint
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -95,7 +98,8 @@ class AgentLauncher(Launcher):
 
     def kill(self, handle: "WorkerHandle") -> None:
         if isinstance(handle.process, RemoteWorker):
-            self._ctl.spawn_task(self._agent(handle.process.node).call("stop_worker", [handle.spec.worker_id, 0.0]))
+            self._ctl.spawn_task(_quietly(f"kill {handle.name}", self._agent(handle.process.node).call(
+                "stop_worker", [handle.spec.worker_id, 0.0])))
         else:
             self._local.kill(handle)
 
@@ -111,3 +115,12 @@ class AgentLauncher(Launcher):
 
 
 register_launcher("agent", AgentLauncher)
+
+
+async def _quietly(what: str, aw: Any) -> None:
+    """For fire-and-forget calls in the controller's TaskGroup: a failure (the agent is
+    gone) is logged, not raised, or it would cancel the whole job."""
+    try:
+        await aw
+    except Exception as exc:
+        log.warning("%s failed: %r", what, exc)

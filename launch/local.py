@@ -2,8 +2,10 @@
 
 The job secret and bootstrap data go to the child on its stdin (not argv or the
 environment, which other local users can read from /proc). Children start in
-their own session, so a kill takes their whole process group down with them,
-and they die with the controller (PR_SET_PDEATHSIG, set in worker_main).
+their own session, so a kill takes their whole process group down with them (and
+reaping a worker that exited takes down what it left in its session), and they die
+with the controller (PR_SET_PDEATHSIG, set in worker_main, which also checks that
+the controller did not die before that).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from dynarl.core.launcher import Launcher, register_launcher
+
+PARENT_PID_ENV = "DYNARL_PARENT_PID"
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -42,6 +46,9 @@ def bootstrap_line_for(ctl_address: str, secret: bytes, spec: "WorkerSpec", hear
 
 
 async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio.subprocess.Process:
+    # The worker checks that this process is still its parent once it has armed
+    # PR_SET_PDEATHSIG: a parent that died during its imports is then noticed too.
+    env = {**env, PARENT_PID_ENV: str(os.getpid())}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "dynarl.launch.worker_main", stdin=asyncio.subprocess.PIPE,
         env=env, start_new_session=True)
@@ -52,15 +59,23 @@ async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio
 
 
 async def reap(proc: asyncio.subprocess.Process, grace_s: float) -> int:
-    """Waits for exit; then SIGTERM to the process group; then SIGKILL. Returns the code."""
-    for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
-        if sig is not None:
-            _signal_group(proc.pid, sig)
-        try:
-            return await asyncio.wait_for(proc.wait(), wait_s)
-        except TimeoutError:
-            continue
-    raise AssertionError("unreachable")
+    """Waits for exit; then SIGTERM to the process group; then SIGKILL. Returns the code.
+    Whatever the worker started in its session goes too, also when the worker itself
+    exited cleanly or was killed alone."""
+    try:
+        for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
+            if sig is not None:
+                _signal_group(proc.pid, sig)
+            try:
+                return await asyncio.wait_for(proc.wait(), wait_s)
+            except TimeoutError:
+                continue
+        raise AssertionError("unreachable")
+    finally:
+        try:  # (a process group's id is not reused while any member lives)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -26,8 +26,10 @@ PR_SET_PDEATHSIG = 1
 
 def die_with_parent() -> None:
     """Linux: SIGKILL this process when its parent dies, so a killed controller
-    (or node agent) never leaves workers behind."""
-    parent = os.getppid()
+    (or node agent) never leaves workers behind. The parent's pid comes from the
+    launcher: one that died during this process's imports, before prctl, is seen
+    here as a different parent (init or a subreaper)."""
+    parent = int(os.environ.get("DYNARL_PARENT_PID") or os.getppid())
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:

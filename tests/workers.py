@@ -70,6 +70,22 @@ class Echo(dynarl.Worker):
         return value
 
 
+class BlockingSetup(dynarl.Worker):
+    """A setup() stuck in a blocking call (a hung collective init, say)."""
+
+    async def setup(self):
+        import time
+        time.sleep(60)
+
+
+class Parent(dynarl.Worker):
+    def start_child(self):
+        """A process this worker starts (in its session) and leaves running."""
+        import subprocess
+        self.child = subprocess.Popen(["sleep", "1000"])
+        return self.child.pid
+
+
 class Producer(dynarl.Worker):
     async def produce(self, channel, items, key=None):
         ch = self.channel(channel)

@@ -1,0 +1,78 @@
+"""Lifecycle failure modes of the controller: a rank whose setup() hangs, a cancel
+that arrives during shutdown, processes a worker leaves behind, a controller that
+dies while its worker is still starting."""
+NUM_GPUS = 0
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import dynarl
+from dynarl import RuntimeConfig
+from conftest import assert_reaped
+from workers import BlockingSetup, Echo, Parent
+
+
+async def test_a_setup_that_blocks_its_loop_is_reported_not_waited_for():
+    config = RuntimeConfig(launcher="local", hang_timeout_s=1.0, spawn_timeout_s=60.0)
+    async with dynarl.Controller(config) as ctl:
+        started = time.monotonic()
+        with pytest.raises(dynarl.WorkerLost, match="event loop blocked"):
+            await ctl.spawn(BlockingSetup, num_ranks=1)
+        assert time.monotonic() - started < 15
+        assert "blockingsetup" not in ctl.groups
+        pids = [h.pid for h in ctl._starting]  # nothing left being started
+        assert pids == []
+
+
+async def test_a_cancel_during_shutdown_still_stops_every_worker():
+    pids: list[int] = []
+    entered = asyncio.Event()
+
+    async def job() -> None:
+        async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+            group = await ctl.spawn(Echo, num_ranks=2)
+            pids.extend(group.pids)
+            entered.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.ensure_future(job())
+    await asyncio.wait_for(entered.wait(), 30)
+    task.cancel()          # leaves the `async with`: shutdown starts
+    await asyncio.sleep(0.05)
+    task.cancel()          # and is cancelled again in the middle of it
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 30)
+    assert len(pids) == 2
+    assert_reaped(pids)
+
+
+async def test_processes_a_worker_started_go_with_it():
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        group = await ctl.spawn(Parent, num_ranks=1)
+        child = (await group.call("start_child"))[0]
+        pids = group.pids
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # (the child, reparented, is reaped by init)
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.05)
+    assert_reaped(pids + [child])
+
+
+def test_a_worker_whose_launcher_died_before_it_armed_pdeathsig_exits():
+    """die_with_parent compares its parent with the launcher's pid: a launcher that
+    died during the worker's imports (the worker was reparented) is noticed."""
+    code = "from dynarl.launch.worker_main import die_with_parent; die_with_parent(); print('alive')"
+    env = {**os.environ, "DYNARL_PARENT_PID": "1"}  # not this child's parent
+    gone = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and "alive" not in gone.stdout
+    env["DYNARL_PARENT_PID"] = str(os.getpid())
+    kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0 and "alive" in kept.stdout
