@@ -6,6 +6,7 @@ which is sound only because every actor then lives in the loop.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable
 
 from dynarl.core.config import RuntimeConfig
@@ -18,6 +19,7 @@ def run(workflow: Workflow, config: RuntimeConfig | None = None, *, virtual_time
     config = config or RuntimeConfig()
 
     async def main() -> Any:
+        cancel_on_sigterm()
         async with Controller(config) as ctl:
             return await workflow(ctl)
 
@@ -28,3 +30,16 @@ def run(workflow: Workflow, config: RuntimeConfig | None = None, *, virtual_time
         return run_virtual(main())
     import uvloop
     return uvloop.run(main())
+
+
+def cancel_on_sigterm() -> None:
+    """SIGTERM (slurm's notice before it kills a job, `kill`) cancels the workflow like
+    Ctrl-C does, so the controller's ordered shutdown runs: workers tear down instead
+    of dying of PDEATHSIG with their state unsaved."""
+    import signal
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    try:
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        pass

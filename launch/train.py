@@ -20,6 +20,7 @@ step), ledger.jsonl (samples trained per step), data_report.json, trace.json
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -264,6 +265,10 @@ class Job:
             except KeyboardInterrupt:
                 print(f"dynarl train: interrupted; continue with: dynarl train --resume {self.run_dir}", file=sys.stderr)
                 return 130
+            except asyncio.CancelledError:  # SIGTERM (core/run.py cancel_on_sigterm): workers were stopped in order
+                print(f"dynarl train: terminated; continue with: dynarl train --resume {self.run_dir}",
+                      file=sys.stderr)
+                return 143
             except DynarlError as exc:  # a worker failed or was lost: its own traceback is in the message
                 print(f"dynarl train: failed: {exc}", file=sys.stderr)
                 return 1
@@ -279,7 +284,9 @@ class Job:
 
     async def _main(self, runtime: Any, progress: Any, controller: Any) -> None:
         from dynarl.core.controller import Controller
+        from dynarl.core.run import cancel_on_sigterm
 
+        cancel_on_sigterm()
         async with (controller or Controller)(runtime) as ctl:
             self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer, self.run_dir, progress)
             await self.workflow.run(self.checkpoint)

@@ -76,3 +76,39 @@ def test_a_worker_whose_launcher_died_before_it_armed_pdeathsig_exits():
     env["DYNARL_PARENT_PID"] = str(os.getpid())
     kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert kept.returncode == 0 and "alive" in kept.stdout
+
+
+SIGTERM_SCRIPT = """
+import asyncio, sys
+sys.path.insert(0, {tests!r})
+import dynarl
+from workers import Marker
+
+async def workflow(ctl):
+    group = await ctl.spawn(Marker, num_ranks=2, init={{"path": {path!r}}})
+    print(" ".join(map(str, group.pids)), flush=True)
+    await asyncio.sleep(60)
+
+try:
+    dynarl.run(workflow, dynarl.RuntimeConfig(launcher="local"))
+except asyncio.CancelledError:
+    sys.exit(143)
+"""
+
+
+def test_sigterm_to_the_controller_stops_the_workers_in_order(tmp_path):
+    """slurm sends SIGTERM before it kills a job: the workers' teardown must run."""
+    import signal
+    path = str(tmp_path / "marker")
+    script = SIGTERM_SCRIPT.format(tests=os.path.dirname(__file__), path=path)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+    assert all(open(f"{path}.{rank}").read() == "torn down" for rank in range(2))
+    assert_reaped(pids)

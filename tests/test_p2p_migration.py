@@ -53,10 +53,12 @@ async def test_dp2_to_1_to_2_and_uneven_2_to_3_keep_state_bitwise():
         assert set(result.phases) == {"create", "plan", "transfer", "install", "destroy"}
         assert_bitwise_equal(before, await gathered(result.group))
         assert_reaped(old_pids)  # destroyed only after the switch
+        assert "trainer_dp" not in ctl.process_groups.active  # no group outlives its members
         back = await p2p_migrate(ctl, result.group, [0, 1], {})
         assert_bitwise_equal(before, await gathered(back.group))
         three = await p2p_migrate(ctl, back.group, [0, 1, 2], {})
         assert_bitwise_equal(before, await gathered(three.group))
+        assert sorted(ctl.process_groups.active) == [three.dp_group]  # back's DP group went with back
         # and it trains on: the next step runs in the 3-rank DP group
         await three.group.scatter("train", [[make_batch(9)]] * 3)
 

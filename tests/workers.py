@@ -86,6 +86,17 @@ class Parent(dynarl.Worker):
         return self.child.pid
 
 
+class Marker(dynarl.Worker):
+    """Writes a file in teardown(): evidence of an ordered stop."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def teardown(self):
+        with open(f"{self.path}.{self.rank}", "w") as f:
+            f.write("torn down")
+
+
 class Producer(dynarl.Worker):
     async def produce(self, channel, items, key=None):
         ch = self.channel(channel)

@@ -118,7 +118,8 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
         raise MigrationFailed(f"P2P migration of {old.name!r} to devices {devices} rolled back: {exc!r}") from exc
     # The switch: only now do the old ranks go (back to the pool, or stopped).
     if standby is None:
-        await ctl.process_groups.destroy(transfer_group)
+        for name in [transfer_group, *_dp_groups_of(ctl, old, dp_group_prefix)]:  # none may outlive its members
+            await ctl.process_groups.destroy(name)
         await ctl.stop_group(old)
     elif not await _retire(ctl, old, [transfer_group, *_dp_groups_of(ctl, old, dp_group_prefix)], standby):
         await ctl.stop_group(old)
