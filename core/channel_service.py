@@ -43,7 +43,12 @@ class ChannelService:
             if blob is None:
                 if self.fetcher is None:
                     raise PayloadLost("a peer-to-peer item reached a controller without a data plane")
-                blob = await self.fetcher.fetch(item)
+                try:
+                    blob = await self.fetcher.fetch(item)
+                except PayloadLost:  # its producer may have stopped and re-homed it meanwhile
+                    blob = self.rehomed.pop((item.address, item.id), None)
+                    if blob is None:
+                        raise
             item = blob
         return decode_blob(item) if isinstance(item, Blob) else item
 

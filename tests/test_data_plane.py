@@ -2,6 +2,8 @@ NUM_GPUS = 0
 
 import asyncio
 
+import pytest
+
 import dynarl
 from dynarl import RuntimeConfig
 from dynarl.transport.wire import RemoteRef
@@ -62,3 +64,33 @@ async def test_consumer_holding_a_ref_of_a_stopped_producer_gets_the_bytes_from_
         value = await client._resolve(ref)  # no fetcher: straight to the controller
         assert value["i"] == 0 and float(value["t"][0]) == 0.0
         assert loop.time() - start < 1.0
+
+
+async def test_a_payload_that_arrives_after_its_fetch_timed_out_is_kept_for_the_retry():
+    """The producer lets a payload go when it answers; if the answer comes late, the
+    consumer keeps it for its next attempt instead of losing it."""
+    import asyncio
+    from dynarl.transport.data_plane import PayloadFetcher, PayloadLost, PayloadServer
+    from dynarl.transport.wire import Codec, encode_blob
+    codec = Codec(b"k" * 32)
+    server = PayloadServer(codec)
+    fetcher = PayloadFetcher(codec, asyncio.ensure_future)
+    ref = server.offer(encode_blob({"x": 1}))
+    serving = None
+    try:
+        with pytest.raises(PayloadLost, match="no answer"):
+            await fetcher.fetch(ref, timeout_s=0.05)  # the producer is not serving yet
+        serving = asyncio.ensure_future(server.serve())  # now it answers the request it holds
+        for _ in range(200):
+            if fetcher._late:
+                break
+            await asyncio.sleep(0.01)
+        assert server.held_bytes == 0  # the producer let it go
+        blob = await fetcher.fetch(ref, timeout_s=5)
+        from dynarl.transport.wire import decode_blob
+        assert decode_blob(blob) == {"x": 1}
+    finally:
+        if serving is not None:
+            serving.cancel()
+        fetcher.close()
+        server.close()

@@ -229,6 +229,7 @@ class ChannelClient:
         has the payload, from the controller, where a stopping producer re-homes it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + FETCH_TIMEOUT_S
+        pause = 0.05
         while True:
             try:
                 if self._fetcher is None:
@@ -240,7 +241,9 @@ class ChannelClient:
                 return await self._call("__payload__", ["fetch", ref.address, ref.id], {})
             except RemoteError as exc:
                 if exc.type_name != "PayloadLost" or loop.time() > deadline:
-                    raise PayloadLost(f"payload {ref.id} of {ref.address}: {exc.remote_message}") from None
+                    raise PayloadLost(exc.remote_message) from None
+            await asyncio.sleep(pause)  # the producer may be re-homing it right now
+            pause = min(1.0, 2 * pause)
 
     async def _op(self, op: str, *args: Any) -> Any:
         try:

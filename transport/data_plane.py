@@ -21,6 +21,7 @@ from dynarl.transport.sockets import LoopSocket
 from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
 
 P2P_ABOVE_BYTES = 256 << 10
+LATE_KEEP_S = 300.0
 
 
 class PayloadLost(DynarlError):
@@ -87,8 +88,14 @@ class PayloadFetcher:
         self._peers: dict[str, LoopSocket] = {}
         self._receivers: list[asyncio.Task] = []
         self._waiting: dict[tuple[str, int], asyncio.Future] = {}
+        self._late: dict[tuple[str, int], tuple[float, Blob]] = {}
+        """Payloads that arrived after their fetch had timed out: the producer has let
+        them go, so they wait here for the retry (kept LATE_KEEP_S at most)."""
 
     async def fetch(self, ref: RemoteRef, timeout_s: float = 60.0) -> Blob:
+        late = self._late.pop((ref.address, ref.id), None)
+        if late is not None:
+            return late[1]
         sock = self._peers.get(ref.address)
         if sock is None:
             sock = self._peers[ref.address] = LoopSocket(self._ctx, zmq.DEALER)
@@ -113,6 +120,8 @@ class PayloadFetcher:
                 return
             future = self._waiting.get((address, reply.get("id")))
             if future is None or future.done():
+                if not reply.get("missing") and isinstance(reply.get("blob"), Blob):
+                    self._keep_late((address, reply.get("id")), reply["blob"])
                 return
             if reply.get("missing"):
                 future.set_exception(PayloadLost(f"payload {reply['id']} at {address} was already taken or dropped"))
@@ -120,6 +129,12 @@ class PayloadFetcher:
                 future.set_result(reply["blob"])
 
         await sock.receive_forever(on_frames)
+
+    def _keep_late(self, key: tuple[str, int], blob: Blob) -> None:
+        now = asyncio.get_running_loop().time()
+        for k in [k for k, (at, _) in self._late.items() if now - at > LATE_KEEP_S]:
+            del self._late[k]
+        self._late[key] = (now, blob)
 
     def stop(self) -> None:
         """Cancels the receive loops (they run until cancelled)."""
