@@ -22,11 +22,13 @@ writes a private file under the run's temporary directory for the others.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import importlib
 import importlib.util
 import os
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -117,6 +119,7 @@ def job_secret(store: Any, node: int, single_host: bool) -> bytes:
     # One host: only the path travels through the (unauthenticated) store, never the secret.
     if node == 0:
         folder = tempfile.mkdtemp(prefix="dynarl-")
+        atexit.register(shutil.rmtree, folder, True)  # read by the other agents at their start only
         path = os.path.join(folder, "secret")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         secret = secrets.token_bytes(32)

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from dynarl.core.launcher import Launcher, register_launcher
 from dynarl.launch.local import LocalLauncher
-from dynarl.transport.errors import SpawnError
+from dynarl.transport.errors import SpawnError, WorkerLost
 from dynarl.transport.rpc import RpcEndpoint
 
 log = logging.getLogger(__name__)
+AGENT_CALL_S = 30.0
+"""Bound on a node agent's answer to a quick request (a port, a kill, shutdown)."""
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -76,7 +78,7 @@ class AgentLauncher(Launcher):
     async def free_port(self, node: int) -> int:
         if node == 0:
             return await self._local.free_port(0)
-        return await self._agent(node).call("free_port")
+        return await self._ask(node, "free_port", [], AGENT_CALL_S)
 
     async def spawn(self, handle: "WorkerHandle") -> None:
         node = handle.spec.node
@@ -86,26 +88,37 @@ class AgentLauncher(Launcher):
         ctl.expect(handle)
         self._handles[handle.spec.worker_id] = handle
         handle.process = RemoteWorker(node, handle.spec.worker_id)
-        handle.pid = await self._agent(node).call(
-            "spawn_worker", [handle.spec.to_wire(), ctl.config.heartbeat_interval_s, ctl.config.max_message_bytes])
+        handle.pid = await self._ask(node, "spawn_worker", [handle.spec.to_wire(), ctl.config.heartbeat_interval_s,
+                                                            ctl.config.max_message_bytes], ctl.config.spawn_timeout_s)
 
     async def stop(self, handle: "WorkerHandle", grace_s: float) -> None:
         if isinstance(handle.process, RemoteWorker):
             self._handles.pop(handle.spec.worker_id, None)
-            await self._agent(handle.process.node).call("stop_worker", [handle.spec.worker_id, grace_s])
+            await self._ask(handle.process.node, "stop_worker", [handle.spec.worker_id, grace_s],
+                            2 * grace_s + AGENT_CALL_S)
         else:
             await self._local.stop(handle, grace_s)
 
     def kill(self, handle: "WorkerHandle") -> None:
         if isinstance(handle.process, RemoteWorker):
-            self._ctl.spawn_task(_quietly(f"kill {handle.name}", self._agent(handle.process.node).call(
-                "stop_worker", [handle.spec.worker_id, 0.0])))
+            self._ctl.spawn_task(_quietly(f"kill {handle.name}", self._ask(
+                handle.process.node, "stop_worker", [handle.spec.worker_id, 0.0], AGENT_CALL_S)))
         else:
             self._local.kill(handle)
 
     async def close(self) -> None:
         await self._local.close()
-        await asyncio.gather(*(agent.call("shutdown") for agent in self.agents.values()), return_exceptions=True)
+        await asyncio.gather(*(self._ask(node, "shutdown", [], AGENT_CALL_S) for node in self.agents),
+                             return_exceptions=True)
+
+    async def _ask(self, node: int, method: str, args: list, timeout_s: float) -> Any:
+        """A call to a node agent, bounded: a frozen or vanished agent is an error, not
+        a hang of the controller."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._agent(node).call(method, args)
+        except TimeoutError:
+            raise WorkerLost(f"agent{node}", f"no answer to {method} within {timeout_s:.0f} s") from None
 
     def _agent(self, node: int) -> RpcEndpoint:
         agent = self.agents.get(node)

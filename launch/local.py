@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from dynarl.core.launcher import Launcher, register_launcher
 
 PARENT_PID_ENV = "DYNARL_PARENT_PID"
+KILLED_EXIT_S = 30.0
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -63,14 +64,16 @@ async def reap(proc: asyncio.subprocess.Process, grace_s: float) -> int:
     Whatever the worker started in its session goes too, also when the worker itself
     exited cleanly or was killed alone."""
     try:
-        for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
+        for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, KILLED_EXIT_S)):
             if sig is not None:
                 _signal_group(proc.pid, sig)
             try:
                 return await asyncio.wait_for(proc.wait(), wait_s)
             except TimeoutError:
                 continue
-        raise AssertionError("unreachable")
+        # still there after SIGKILL: stuck in the kernel (uninterruptible I/O); say so
+        # and go on, rather than hang the shutdown
+        raise ProcessLookupError(f"worker process {proc.pid} did not exit {KILLED_EXIT_S:.0f} s after SIGKILL")
     finally:
         try:  # (a process group's id is not reused while any member lives)
             os.killpg(proc.pid, signal.SIGKILL)
