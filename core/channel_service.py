@@ -78,6 +78,8 @@ class ChannelService:
         if op == "get_batch":
             target, key = rest
             return [self._rehomed_or(item) for item in await channel.get_batch_raw(target, key, worker)]
+        if op == "abandon":  # a stopping consumer: its waiting gets end (without an item)
+            return channel.abandon(worker)
         if op == "give_back":  # prefetched rows a stopping consumer did not take
             key, rows = rest
             channel.give_back(key, worker, [Entry(item, float(weight), affinity) for item, weight, affinity in rows])

@@ -85,7 +85,11 @@ class Controller:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        await self.shutdown()
+        cancelled: BaseException | None = None
+        try:
+            await self.shutdown()
+        except asyncio.CancelledError as again:  # cancelled during shutdown: still close everything
+            cancelled = again
         for task in self._background:
             task.cancel()
         if self.channel_service.fetcher is not None:
@@ -103,6 +107,8 @@ class Controller:
                 self.router.close()
             if self.config.trace_path:
                 self.tracer.write(self.config.trace_path)
+        if cancelled is not None:
+            raise cancelled
         return False
 
     async def shutdown(self) -> None:

@@ -37,6 +37,8 @@ def cancel_on_sigterm() -> None:
     Ctrl-C does, so the controller's ordered shutdown runs: workers tear down instead
     of dying of PDEATHSIG with their state unsaved."""
     import signal
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # the embedding program handles SIGTERM itself
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     try:

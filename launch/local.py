@@ -62,7 +62,10 @@ async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio
 async def reap(proc: asyncio.subprocess.Process, grace_s: float) -> int:
     """Waits for exit; then SIGTERM to the process group; then SIGKILL. Returns the code.
     Whatever the worker started in its session goes too, also when the worker itself
-    exited cleanly or was killed alone."""
+    exited cleanly or was killed alone (the launcher's watcher does the same the moment
+    it sees a worker exit; a process that had exited before this call is left to it,
+    since its pid may name another session by now)."""
+    was_running = proc.returncode is None
     try:
         for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, KILLED_EXIT_S)):
             if sig is not None:
@@ -75,10 +78,17 @@ async def reap(proc: asyncio.subprocess.Process, grace_s: float) -> int:
         # and go on, rather than hang the shutdown
         raise ProcessLookupError(f"worker process {proc.pid} did not exit {KILLED_EXIT_S:.0f} s after SIGKILL")
     finally:
-        try:  # (a process group's id is not reused while any member lives)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if was_running:
+            kill_session(proc.pid)
+
+
+def kill_session(pid: int) -> None:
+    """SIGKILL to what is left of a worker's session, right after the worker exited
+    (a process group's id is not reused while any member lives)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -121,6 +131,7 @@ class LocalLauncher(Launcher):
 
     async def _watch(self, handle: "WorkerHandle", proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
+        kill_session(proc.pid)
         self._procs.pop(handle.spec.worker_id, None)
         handle.mark_lost(f"process {proc.pid} exited with code {code}")
 

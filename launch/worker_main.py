@@ -29,7 +29,8 @@ def die_with_parent() -> None:
     (or node agent) never leaves workers behind. The parent's pid comes from the
     launcher: one that died during this process's imports, before prctl, is seen
     here as a different parent (init or a subreaper)."""
-    parent = int(os.environ.get("DYNARL_PARENT_PID") or os.getppid())
+    # popped: a process this worker starts must not inherit it and see the wrong parent
+    parent = int(os.environ.pop("DYNARL_PARENT_PID", "") or os.getppid())
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:

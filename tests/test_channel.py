@@ -251,3 +251,40 @@ async def test_worker_gets_given_up_lose_no_item(launcher):
             await ch.put(i)
         assert sorted((await asyncio.wait_for(consuming, 20))[0]) == list(range(10))
         assert len(ch) == 0
+
+
+async def test_a_full_channel_still_takes_the_controllers_put_after_a_worker_filled_it():
+    """A worker's flusher that had nothing more to send must not take the wake-up a
+    waiting putter needs (capacity 1: the worker's last item fills the channel)."""
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        ch = ctl.channel("work", capacity=1)
+        producer = await ctl.spawn(Producer, num_ranks=1)
+        assert await producer.call("produce", "work", ["a"]) == [1]
+        end = asyncio.ensure_future(ch.put("END"))
+        await asyncio.sleep(0.01)
+        assert await ch.get() == "a"
+        await asyncio.wait_for(end, 5)
+        assert await ch.get() == "END"
+
+
+@pytest.mark.parametrize("round_", range(3))
+async def test_stopping_a_consumer_in_the_middle_of_its_gets_loses_nothing(round_, tmp_path):
+    path = str(tmp_path / "eaten")
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        work = ctl.channel("work")
+        consumer = await ctl.spawn(Consumer, num_ranks=1)
+        eating = asyncio.ensure_future(consumer.call("eat_to_file", "work", path))
+        n = 0
+        for _ in range(50):
+            await work.put(n)
+            n += 1
+            await asyncio.sleep(0.0002)
+        stopping = asyncio.ensure_future(consumer.stop())
+        while not stopping.done():  # items keep arriving while the consumer is being stopped
+            await work.put(n)
+            n += 1
+            await asyncio.sleep(0.0002)
+        await asyncio.gather(eating, return_exceptions=True)
+        left = [work.get_nowait() for _ in range(len(work))]
+    eaten = [int(line) for line in open(path)]
+    assert sorted(eaten + left) == list(range(n)), sorted(set(range(n)) - set(eaten + left))  # each once

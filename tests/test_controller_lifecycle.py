@@ -32,9 +32,11 @@ async def test_a_setup_that_blocks_its_loop_is_reported_not_waited_for():
 async def test_a_cancel_during_shutdown_still_stops_every_worker():
     pids: list[int] = []
     entered = asyncio.Event()
+    controllers = []
 
     async def job() -> None:
         async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+            controllers.append(ctl)
             group = await ctl.spawn(Echo, num_ranks=2)
             pids.extend(group.pids)
             entered.set()
@@ -49,6 +51,8 @@ async def test_a_cancel_during_shutdown_still_stops_every_worker():
         await asyncio.wait_for(task, 30)
     assert len(pids) == 2
     assert_reaped(pids)
+    ipc_dir = controllers[0].router._ipc_dir  # the sockets were closed too (a context left open
+    assert ipc_dir and not os.path.exists(ipc_dir)  # blocks a later garbage collection forever)
 
 
 async def test_processes_a_worker_started_go_with_it():

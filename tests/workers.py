@@ -131,6 +131,15 @@ class Consumer(dynarl.Worker):
                 pass
         return got
 
+    async def eat_to_file(self, channel, path):
+        """Gets until stopped, writing each item down at once (a consumer that is
+        nearly always waiting in get())."""
+        inbox = self.channel(channel, prefetch=2)
+        with open(path, "a") as f:
+            while True:
+                f.write(f"{await inbox.get()}\n")
+                f.flush()
+
     async def produce_without_flush(self, channel, items):
         """Puts and returns at once: the stop must deliver what is still unsent."""
         ch = self.channel(channel, window=len(items))

@@ -84,6 +84,7 @@ class Channel:
         """Per key: a heap of (weight served to the consumer when pushed, seq, getter)."""
         self._by_consumer: dict[tuple[Hashable, str | None], deque[_Getter]] = defaultdict(deque)
         self._putters: deque[asyncio.Future] = deque()
+        self._room_waiters: list[asyncio.Future] = []
         self._served: dict[str, float] = defaultdict(float)
         self._producers: dict[str, int] = defaultdict(int)
         self._live_at_compaction: dict[Hashable, int] = {}
@@ -103,11 +104,28 @@ class Channel:
         """Waits while the channel is full (backpressure)."""
         if weight < 0:
             raise ValueError(f"weight must be >= 0, got {weight}")
-        await self.wait_room()
+        await self._wait_turn()
         self.put_nowait(item, key, weight, affinity, producer)
 
     async def wait_room(self) -> None:
-        """Returns once the channel holds fewer items than its capacity."""
+        """Returns once the channel holds fewer items than its capacity (a worker's
+        flusher, before it sends its next batch). Takes no turn from the putters:
+        every such waiter is told at each take."""
+        while True:
+            if self.closed:
+                raise ChannelClosed(f"channel {self.name!r} is closed")
+            if self._size < self.capacity:
+                return
+            fut = asyncio.get_running_loop().create_future()
+            self._room_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._room_waiters:
+                    self._room_waiters.remove(fut)
+
+    async def _wait_turn(self) -> None:
+        """A putter's wait for room: one putter is woken per take."""
         while True:
             if self.closed:
                 raise ChannelClosed(f"channel {self.name!r} is closed")
@@ -280,7 +298,22 @@ class Channel:
         self._weight -= entry.weight
         self._account(consumer, entry)
         self._wake_putter()
+        self._wake_room_waiters()
         return entry
+
+    def abandon(self, consumer: str) -> int:
+        """A stopping consumer's waiting getters end with ChannelClosed; an item already
+        handed to one stays handed (its get returns it). Returns how many were waiting."""
+        count = 0
+        for (key, who), waiting in list(self._by_consumer.items()):
+            if who != consumer:
+                continue
+            for getter in waiting:
+                if not getter.gone and not getter.future.done():
+                    getter.gone = True
+                    getter.future.set_exception(ChannelClosed(f"{consumer} stopped waiting on {self.name!r}"))
+                    count += 1
+        return count
 
     def close(self) -> None:
         """No more puts. Getters drain what is queued, then get ChannelClosed."""
@@ -293,7 +326,7 @@ class Channel:
                     getter.future.set_exception(ChannelClosed(f"channel {self.name!r} is closed"))
         self._getters.clear()
         self._by_consumer.clear()
-        for fut in self._putters:
+        for fut in [*self._putters, *self._room_waiters]:
             if not fut.done():
                 fut.set_result(None)  # they wake, see `closed` and raise
 
@@ -344,6 +377,12 @@ class Channel:
     def _account(self, consumer: str | None, entry: Entry) -> None:
         self.gets += 1
         self._served[consumer or ""] += entry.weight
+
+    def _wake_room_waiters(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def _wake_putter(self) -> None:
         while self._putters:

@@ -28,6 +28,9 @@ from dynarl.transport.wire import Blob, RemoteRef, decode_blob, encode_blob
 Call = Callable[[str, list, dict], Awaitable[Any]]
 FETCH_ATTEMPT_S = 5.0
 FETCH_TIMEOUT_S = 120.0
+GIVE_BACK_FETCH_S = 1.0
+"""How long a stopping consumer waits for payloads already being fetched before it
+gives their refs back instead (its stop has a grace period of seconds)."""
 
 
 async def _error_of(awaitable: Awaitable[Any]) -> BaseException | None:
@@ -76,6 +79,10 @@ class ChannelClient:
         self._room_wait: asyncio.Task | None = None
         self._forcing = False
         """Stopping: what is unsent goes out without waiting for room."""
+        self._full = False
+        """The channel said it had no room after our last batch."""
+        self._stopping = False
+        """give_back() ran: no more gets."""
         self._error: BaseException | None = None
         self._buffers: dict[Hashable, deque[_Taken]] = defaultdict(deque)
         self._filling: dict[Hashable, asyncio.Task] = {}
@@ -110,10 +117,24 @@ class ChannelClient:
 
     async def _flush_outbox(self) -> None:
         """Sends the outbox batch by batch. The controller takes a batch whole and says
-        whether the channel has room; if not, the next batch waits for room (backpressure
-        without ever holding a batch half-accepted). Never raises but when cancelled: a
-        failure is kept and raised to the next put or flush."""
+        whether the channel has room; if not, the next batch (when there is one) first
+        waits for room: backpressure without ever holding a batch half-taken. Never
+        raises but when cancelled: a failure is kept and raised to the next put or flush."""
         while self._outbox:
+            if self._full and not self._forcing:
+                waiter = self._room_wait = self._spawn(_error_of(self._op("wait_room")))
+                try:
+                    await asyncio.wait([waiter])
+                except asyncio.CancelledError as exc:
+                    waiter.cancel()
+                    self._fail_unsent(0, exc)
+                    raise
+                finally:
+                    self._room_wait = None
+                error = None if waiter.cancelled() else waiter.result()
+                if error is not None and not self._forcing:
+                    self._fail_unsent(0, error)
+                    return
             batch, self._outbox = self._outbox, []
             try:
                 room = await self._op("put_many", batch)
@@ -122,23 +143,9 @@ class ChannelClient:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 return
+            self._full = not room
             self._unacked -= len(batch)
             self._changed.set()
-            if room or self._forcing:
-                continue
-            waiter = self._room_wait = self._spawn(_error_of(self._op("wait_room")))
-            try:
-                await asyncio.wait([waiter])
-            except asyncio.CancelledError as exc:
-                waiter.cancel()
-                self._fail_unsent(0, exc)
-                raise
-            finally:
-                self._room_wait = None
-            error = None if waiter.cancelled() else waiter.result()
-            if error is not None and not self._forcing:
-                self._fail_unsent(0, error)
-                return
 
     def _fail_unsent(self, in_flight: int, exc: BaseException) -> None:
         lost = in_flight + len(self._outbox)
@@ -155,6 +162,8 @@ class ChannelClient:
         """The next item. Cancelling a get loses nothing: a fetch from the channel in
         flight goes on and its items wait here for the next get (or go back to the
         channel when this worker stops)."""
+        if self._stopping:
+            raise ChannelClosed(f"channel {self.name!r}: this worker is stopping")
         buffer = self._buffers[key]
         while not buffer:
             fill = self._filling.get(key)
@@ -185,7 +194,8 @@ class ChannelClient:
         except Exception as exc:
             return exc
         finally:
-            self._filling.pop(key, None)
+            if self._filling.get(key) is asyncio.current_task():
+                del self._filling[key]
 
     async def _fetched(self, item: Any) -> tuple[Any, BaseException | None]:
         try:
@@ -200,17 +210,22 @@ class ChannelClient:
     async def give_back(self) -> int:
         """A stopping consumer: items it took but did not hand out go back to the
         channel, in order (with their bytes where already fetched peer-to-peer: the
-        producer gave its copy away). A fetch from the channel still waiting for an
-        item is cancelled; the channel gives back an item it was just handed."""
-        for fill in list(self._filling.values()):
-            fill.cancel()
+        producer gave its copy away). Gets still waiting are ended by the channel
+        (`abandon`) and awaited, not cancelled: an item the channel handed to one just
+        before arrives here and goes back with the rest. No get runs after this."""
+        self._stopping = True
+        if self._filling:
+            await self._op("abandon")
+            await asyncio.wait(list(self._filling.values()))
         returned = 0
         for key, buffer in list(self._buffers.items()):
-            rows = []
-            for taken in buffer:
-                value, error = await taken.fetch
-                rows.append([taken.item if error is not None else value, taken.weight, taken.affinity])
+            taken, rows = list(buffer), []
             buffer.clear()
+            if taken:  # a payload still on its way gets a moment; else its ref goes back
+                await asyncio.wait([t.fetch for t in taken], timeout=GIVE_BACK_FETCH_S)
+            for t in taken:
+                value, error = t.fetch.result() if t.fetch.done() else (None, True)
+                rows.append([t.item if error is not None else value, t.weight, t.affinity])
             if rows:
                 await self._op("give_back", key, rows)
                 returned += len(rows)

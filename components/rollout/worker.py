@@ -149,6 +149,9 @@ class RolloutWorker(dynarl.Worker):
         fetch = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: never take a second END
         try:
             await run.drive(fetch)
+        except BaseException:
+            run.finished.set()  # a workload_commit waiting for this run must not hang
+            raise
         finally:
             fetch.cancel()
             run.closed = True
