@@ -84,7 +84,7 @@ class Channel:
         """Per key: a heap of (weight served to the consumer when pushed, seq, getter)."""
         self._by_consumer: dict[tuple[Hashable, str | None], deque[_Getter]] = defaultdict(deque)
         self._putters: deque[asyncio.Future] = deque()
-        self._room_waiters: list[asyncio.Future] = []
+        self._room_waiters: deque[asyncio.Future] = deque()
         self._served: dict[str, float] = defaultdict(float)
         self._producers: dict[str, int] = defaultdict(int)
         self._live_at_compaction: dict[Hashable, int] = {}
@@ -111,37 +111,29 @@ class Channel:
         """Returns once the channel holds fewer items than its capacity (a worker's
         flusher, before it sends its next batch). Takes no turn from the putters:
         every such waiter is told at each take."""
-        while True:
-            if self.closed:
-                raise ChannelClosed(f"channel {self.name!r} is closed")
-            if self._size < self.capacity:
-                return
-            fut = asyncio.get_running_loop().create_future()
-            self._room_waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._room_waiters:
-                    self._room_waiters.remove(fut)
+        await self._until_room(self._room_waiters, takes_turn=False)
 
     async def _wait_turn(self) -> None:
         """A putter's wait for room: one putter is woken per take."""
+        await self._until_room(self._putters, takes_turn=True)
+
+    async def _until_room(self, waiters: deque[asyncio.Future], takes_turn: bool) -> None:
         while True:
             if self.closed:
                 raise ChannelClosed(f"channel {self.name!r} is closed")
             if self._size < self.capacity:
                 return
             fut = asyncio.get_running_loop().create_future()
-            self._putters.append(fut)
+            waiters.append(fut)
             try:
                 await fut
             except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
+                if takes_turn and fut.done() and not fut.cancelled():
                     self._wake_putter()  # woken, then cancelled: the room goes to the next putter
                 raise
             finally:
-                if fut in self._putters:
-                    self._putters.remove(fut)
+                if fut in waiters:
+                    waiters.remove(fut)
 
     def put_nowait(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                    producer: str | None = None) -> None:
@@ -251,10 +243,7 @@ class Channel:
         heapq.heappush(heap, (self._served[consumer or ""], getter.seq, getter))
         if len(heap) > max(COMPACT_ABOVE, 2 * self._live_at_compaction.get(key, 0)):
             self._compact(key)
-        mine = self._by_consumer[(key, consumer)]
-        while mine and mine[0].gone:  # served through the heap meanwhile: drop, or they pile up
-            mine.popleft()
-        mine.append(getter)
+        self._by_consumer[(key, consumer)].append(getter)  # (trimmed as gets end: _forget_idle)
         try:
             return await getter.future
         except asyncio.CancelledError:
@@ -276,14 +265,21 @@ class Channel:
 
     def _forget_idle(self, key: Hashable, consumer: str | None) -> None:
         """Per-key and per-consumer bookkeeping goes once it holds nothing (keys can be
-        many: one per episode or per rank)."""
+        many: one per episode or per rank). Trims only what is done at the front, like
+        the lazy deletion in _pick_getter, so a get costs O(1) here."""
         mine = self._by_consumer.get((key, consumer))
-        if mine is not None and all(g.gone for g in mine):
-            del self._by_consumer[(key, consumer)]
+        if mine is not None:
+            while mine and mine[0].gone:
+                mine.popleft()
+            if not mine:
+                del self._by_consumer[(key, consumer)]
         heap = self._getters.get(key)
-        if heap is not None and all(g.gone or g.future.done() for _, _, g in heap):
-            del self._getters[key]
-            self._live_at_compaction.pop(key, None)
+        if heap is not None:
+            while heap and (heap[0][2].gone or heap[0][2].future.done()):
+                heapq.heappop(heap)
+            if not heap:
+                del self._getters[key]
+                self._live_at_compaction.pop(key, None)
 
     def _take(self, key: Hashable, consumer: str | None) -> Entry:
         queue = self._queues.get(key)
@@ -379,7 +375,7 @@ class Channel:
         self._served[consumer or ""] += entry.weight
 
     def _wake_room_waiters(self) -> None:
-        waiters, self._room_waiters = self._room_waiters, []
+        waiters, self._room_waiters = self._room_waiters, deque()
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
