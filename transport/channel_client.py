@@ -33,6 +33,13 @@ GIVE_BACK_FETCH_S = 1.0
 gives their refs back instead (its stop has a grace period of seconds)."""
 
 
+def _decoded(value: Any, error: BaseException | None) -> Any:
+    """A _fetched result as the value a get returns (or its error raised)."""
+    if error is not None:
+        raise error
+    return decode_blob(value) if isinstance(value, Blob) else value
+
+
 async def _error_of(awaitable: Awaitable[Any]) -> BaseException | None:
     """Awaits; returns the exception instead of raising it (for tasks in a worker's
     TaskGroup, where a failed task would stop the worker)."""
@@ -57,6 +64,9 @@ class _Taken:
     affinity: str | None
     fetch: asyncio.Future
     """Its bytes: (Blob or plain data, None), or (None, the error)."""
+    key: Hashable = None
+    given_back: bool = False
+    """A stop gave it back to the channel while a get waited for its bytes."""
 
 
 class ChannelClient:
@@ -85,6 +95,8 @@ class ChannelClient:
         """give_back() ran: no more gets."""
         self._error: BaseException | None = None
         self._buffers: dict[Hashable, deque[_Taken]] = defaultdict(deque)
+        self._handing: list[_Taken] = []
+        """Taken off a buffer by a get still waiting for the bytes (give_back sees them)."""
         self._filling: dict[Hashable, asyncio.Task] = {}
 
     # --- put ------------------------------------------------------------------------
@@ -148,12 +160,10 @@ class ChannelClient:
             self._changed.set()
 
     def _fail_unsent(self, in_flight: int, exc: BaseException) -> None:
+        """Kept and raised to the next put or flush, which stop waiting."""
         lost = in_flight + len(self._outbox)
         self._outbox = []
-        self._fail(ChannelPutFailed(f"{lost} items put on channel {self.name!r} were not delivered: {exc!r}"))
-
-    def _fail(self, error: BaseException) -> None:
-        self._error = error
+        self._error = ChannelPutFailed(f"{lost} items put on channel {self.name!r} were not delivered: {exc!r}")
         self._unacked = 0
         self._changed.set()
 
@@ -162,10 +172,10 @@ class ChannelClient:
         """The next item. Cancelling a get loses nothing: a fetch from the channel in
         flight goes on and its items wait here for the next get (or go back to the
         channel when this worker stops)."""
-        if self._stopping:
-            raise ChannelClosed(f"channel {self.name!r}: this worker is stopping")
         buffer = self._buffers[key]
         while not buffer:
+            if self._stopping:  # (also for a get that waited on a fill while give_back ran)
+                raise ChannelClosed(f"channel {self.name!r}: this worker is stopping")
             fill = self._filling.get(key)
             if fill is None:
                 fill = self._filling[key] = self._spawn(self._fill(key))
@@ -173,14 +183,18 @@ class ChannelClient:
             if error is not None:
                 raise error
         taken = buffer.popleft()
+        self._handing.append(taken)
         try:
-            value, error = await asyncio.shield(taken.fetch)
+            fetched = await asyncio.shield(taken.fetch)
         except asyncio.CancelledError:
-            buffer.appendleft(taken)
+            if not taken.given_back:
+                buffer.appendleft(taken)
             raise
-        if error is not None:
-            raise error
-        return decode_blob(value) if isinstance(value, Blob) else value
+        finally:
+            self._handing.remove(taken)
+        if taken.given_back:
+            raise ChannelClosed(f"channel {self.name!r}: this worker is stopping")
+        return _decoded(*fetched)
 
     async def _fill(self, key: Hashable) -> BaseException | None:
         """One round trip: up to `prefetch` items into the buffer, their peer-to-peer
@@ -189,7 +203,7 @@ class ChannelClient:
         try:
             rows = await self._op("get_many", key, self._prefetch)
             for item, weight, affinity in rows:
-                self._buffers[key].append(_Taken(item, weight, affinity, self._spawn(self._fetched(item))))
+                self._buffers[key].append(_Taken(item, weight, affinity, self._spawn(self._fetched(item)), key))
             return None
         except Exception as exc:
             return exc
@@ -219,13 +233,16 @@ class ChannelClient:
             await asyncio.wait(list(self._filling.values()))
         returned = 0
         for key, buffer in list(self._buffers.items()):
-            taken, rows = list(buffer), []
+            # first those a get took off the buffer but is still waiting for: it will not return them
+            taken, rows = [t for t in self._handing if t.key == key] + list(buffer), []
             buffer.clear()
+            for t in taken:
+                t.given_back = True
             if taken:  # a payload still on its way gets a moment; else its ref goes back
                 await asyncio.wait([t.fetch for t in taken], timeout=GIVE_BACK_FETCH_S)
             for t in taken:
-                value, error = t.fetch.result() if t.fetch.done() else (None, True)
-                rows.append([t.item if error is not None else value, t.weight, t.affinity])
+                fetched = t.fetch.done() and t.fetch.result()[1] is None
+                rows.append([t.fetch.result()[0] if fetched else t.item, t.weight, t.affinity])
             if rows:
                 await self._op("give_back", key, rows)
                 returned += len(rows)
@@ -235,9 +252,7 @@ class ChannelClient:
         return await self._op("statistics")
 
     async def _resolve(self, item: Any) -> Any:
-        if isinstance(item, RemoteRef):
-            item = await self._fetch(item)
-        return decode_blob(item) if isinstance(item, Blob) else item
+        return _decoded(*await self._fetched(item))
 
     async def _fetch(self, ref: RemoteRef) -> Blob:
         """From the producer; if it does not answer in FETCH_ATTEMPT_S, or no longer
