@@ -288,3 +288,16 @@ async def test_stopping_a_consumer_in_the_middle_of_its_gets_loses_nothing(round
         left = [work.get_nowait() for _ in range(len(work))]
     eaten = [int(line) for line in open(path)]
     assert sorted(eaten + left) == list(range(n)), sorted(set(range(n)) - set(eaten + left))  # each once
+
+
+async def test_a_room_waiter_that_waits_again_is_still_told():
+    ch = Channel("c", capacity=1)
+    await ch.put("a")
+    waiter = asyncio.ensure_future(ch.wait_room())
+    await asyncio.sleep(0)
+    assert await ch.get() == "a"  # wakes the waiter...
+    ch.put_nowait("b")            # ...but the room is gone before it runs: it waits again
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    assert await ch.get() == "b"
+    await asyncio.wait_for(waiter, 1)

@@ -375,8 +375,8 @@ class Channel:
         self._served[consumer or ""] += entry.weight
 
     def _wake_room_waiters(self) -> None:
-        waiters, self._room_waiters = self._room_waiters, deque()
-        for fut in waiters:
+        while self._room_waiters:  # emptied in place: _until_room holds this deque
+            fut = self._room_waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
 
