@@ -46,6 +46,7 @@ from dynarl.launch.agent_launcher import AgentLauncher
 from dynarl.launch.worker_main import die_with_parent
 from dynarl.launch.local import bootstrap_line_for, free_local_port, reap, start_worker_process, worker_environment
 from dynarl.transport.errors import ConfigError
+from dynarl.transport.liveness import PeerWatch
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import DealerClient
 from dynarl.transport.wire import Codec
@@ -158,45 +159,73 @@ async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, st
         return await workflow(ctl, **kwargs)
 
 
-async def serve_node(node: int, address: str, secret: bytes, host: str) -> None:
-    """An agent of node > 0: starts, stops and kills workers when the controller asks."""
-    dealer = DealerClient(Codec(secret), address, f"agent/{node}".encode())
+async def serve_node(node: int, address: str, secret: bytes, host: str, *, heartbeat_interval_s: float = 0.5,
+                     controller_lost_s: float = 5.0) -> int:
+    """An agent of node > 0: starts, stops and kills workers when the controller asks.
+    Returns 0 after the controller's shutdown call, 1 when it lost the controller: no
+    connection to it for `controller_lost_s` (it died, or its host or the network
+    did). Then the agent kills its workers itself, so a controller gone without a
+    shutdown leaves nothing running on this node."""
+    dealer = DealerClient(Codec(secret), address, f"agent/{node}".encode(),
+                          heartbeat=(heartbeat_interval_s, controller_lost_s))
+    watch = PeerWatch(dealer.socket, controller_lost_s)
     procs: dict[str, asyncio.subprocess.Process] = {}
+    watchers: set[asyncio.Task] = set()
     done = asyncio.Event()
-    async with asyncio.TaskGroup() as tg:
-        endpoint: RpcEndpoint
+    code = 0
+    try:
+        async with asyncio.TaskGroup() as tg:
+            endpoint: RpcEndpoint
 
-        async def watch(worker_id: str, proc: asyncio.subprocess.Process) -> None:
-            code = await proc.wait()
-            procs.pop(worker_id, None)
-            await endpoint.event("worker_exit", {"worker_id": worker_id, "code": code})
+            async def watch_worker(worker_id: str, proc: asyncio.subprocess.Process) -> None:
+                code = await proc.wait()
+                procs.pop(worker_id, None)
+                await endpoint.event("worker_exit", {"worker_id": worker_id, "code": code})
 
-        async def serve(method: str, args: list, kwargs: dict) -> Any:
-            if method == "spawn_worker":
-                spec = WorkerSpec(**args[0])
-                line = bootstrap_line_for(address, secret, spec, args[1], args[2], host)
-                proc = await start_worker_process(line, worker_environment(spec.env()))
-                procs[spec.worker_id] = proc
-                tg.create_task(watch(spec.worker_id, proc))
-                return proc.pid
-            if method == "stop_worker":
-                proc = procs.get(args[0])
-                return None if proc is None else await reap(proc, args[1])
-            if method == "free_port":
-                return free_local_port(host)
-            if method == "shutdown":
+            async def serve(method: str, args: list, kwargs: dict) -> Any:
+                if method == "spawn_worker":
+                    spec = WorkerSpec(**args[0])
+                    line = bootstrap_line_for(address, secret, spec, args[1], args[2], host)
+                    proc = await start_worker_process(line, worker_environment(spec.env()))
+                    procs[spec.worker_id] = proc
+                    task = tg.create_task(watch_worker(spec.worker_id, proc))
+                    watchers.add(task)
+                    task.add_done_callback(watchers.discard)
+                    return proc.pid
+                if method == "stop_worker":
+                    proc = procs.get(args[0])
+                    return None if proc is None else await reap(proc, args[1])
+                if method == "free_port":
+                    return free_local_port(host)
+                if method == "shutdown":
+                    await asyncio.gather(*(reap(p, 0.0) for p in list(procs.values())), return_exceptions=True)
+                    done.set()
+                    return None
+                raise ValueError(f"unknown agent call {method!r}")
+
+            endpoint = RpcEndpoint("controller", dealer.send, serve=serve, spawn=tg.create_task)
+            receiver = tg.create_task(dealer.serve(endpoint.handle))
+            await endpoint.event("hello", {"node": node, "pid": os.getpid(), "host": host})
+            shutdown, lost = tg.create_task(done.wait()), tg.create_task(watch.lost())
+            await asyncio.wait([shutdown, lost], return_when=asyncio.FIRST_COMPLETED)
+            if shutdown.done():
+                lost.cancel()
+                await asyncio.sleep(0.05)  # let the shutdown reply go out
+            else:
+                code = 1
+                shutdown.cancel()
+                print(f"dynarl agent {node}: lost the controller at {address} (unreachable for "
+                      f"{lost.result():.1f} s); stopping its {len(procs)} worker(s) on this node",
+                      file=sys.stderr, flush=True)
                 await asyncio.gather(*(reap(p, 0.0) for p in list(procs.values())), return_exceptions=True)
-                done.set()
-                return None
-            raise ValueError(f"unknown agent call {method!r}")
-
-        endpoint = RpcEndpoint("controller", dealer.send, serve=serve, spawn=tg.create_task)
-        receiver = tg.create_task(dealer.serve(endpoint.handle))
-        await endpoint.event("hello", {"node": node, "pid": os.getpid(), "host": host})
-        await done.wait()
-        await asyncio.sleep(0.05)  # let the shutdown reply go out
-        receiver.cancel()
-    dealer.close(linger_ms=1000)
+                endpoint.fail(ConnectionError("the controller is gone"))  # ends calls being served
+                for task in list(watchers):  # their exit reports have no one to go to
+                    task.cancel()
+            receiver.cancel()
+    finally:
+        watch.close()
+        dealer.close(linger_ms=1000 if code == 0 else 0)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dynarl agent: workflow finished: {result!r}")
         return 0
     address = store.get(STORE_KEY).decode()
-    uvloop.run(serve_node(node, address, secret, host))
-    return 0
+    return uvloop.run(serve_node(node, address, secret, host, heartbeat_interval_s=runtime.heartbeat_interval_s,
+                                 controller_lost_s=runtime.heartbeat_timeout_s))
 
 
 if __name__ == "__main__":

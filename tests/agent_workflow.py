@@ -1,4 +1,5 @@
 """Workflow run by the two-agent torchrun test."""
+import asyncio
 import json
 import os
 
@@ -14,3 +15,9 @@ async def spread(ctl, out):
         json.dump({"pids": [r["pid"] for r in results], "parents": parents, "nodes": nodes,
                    "agent0": os.getpid()}, f)
     return "ok"
+
+
+async def spread_then_wait(ctl, out):
+    """Writes what `spread` writes, then runs until the controller is killed."""
+    await spread(ctl, out)
+    await asyncio.Future()

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from conftest import assert_reaped, marked_processes
 from dynarl.launch.local import free_local_port
@@ -99,3 +100,57 @@ def test_the_agent_rejects_a_train_config_for_another_launcher(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dynarl.launch.agent", str(config), "--run-dir", str(tmp_path / "r")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "runtime.launcher" in out.stderr
+
+
+def test_an_agent_that_loses_its_controller_stops_its_workers_and_exits(tmp_path):
+    """Agents started on their own (no torchrun to take them down): agent 0 (the
+    controller) is SIGKILLed while a group spreads over both nodes. Agent 1 notices
+    within its bound (runtime.heartbeat_timeout_s), says so, kills its worker and
+    exits 1; rank 0 dies with agent 0. Nothing is left running."""
+    out = tmp_path / "result.json"
+    config = tmp_path / "job.yaml"
+    config.write_text(f"""
+runtime:
+  launcher: agent
+  cluster: {{num_nodes: 2, devices_per_node: 1}}
+  heartbeat_timeout_s: 2.0
+workflow: agent_workflow:spread_then_wait
+workflow_kwargs: {{out: "{out}"}}
+""")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_local_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    env.pop("DYNARL_SECRET", None)
+    env.pop("DYNARL_SECRET_FILE", None)
+    agents = [subprocess.Popen([sys.executable, "-m", "dynarl.launch.agent", str(config)],
+                               env=dict(env, RANK=str(node)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True) for node in (0, 1)]
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() or not out.read_text():
+            assert all(a.poll() is None for a in agents), agents[1].stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the group did not start"
+            time.sleep(0.1)
+        time.sleep(0.2)  # the file is written in one go; let it land
+        result = json.loads(out.read_text())
+        assert result["nodes"] == [0, 1]
+        agents[0].kill()
+        killed = time.monotonic()
+        _, stderr = agents[1].communicate(timeout=30)
+        noticed = time.monotonic() - killed
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    assert agents[1].returncode == 1, stderr[-3000:]
+    assert "lost the controller" in stderr and "stopping its 1 worker(s)" in stderr, stderr[-3000:]
+    assert noticed < 2.0 + 5.0, f"agent 1 took {noticed:.1f} s to notice"  # the bound, plus start-up slack
+    deadline = time.monotonic() + 5
+    while True:  # rank 0 goes by PDEATHSIG as agent 0 dies; init reaps both ranks
+        try:
+            assert_reaped(result["pids"] + [agents[1].pid])
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import zmq
 
+from dynarl.transport.liveness import enable_heartbeats
 from dynarl.transport.wire import Codec, RejectCounter, WireError
 
 log = logging.getLogger(__name__)
@@ -185,13 +186,22 @@ class RouterServer:
 class DealerClient:
     """A worker's (or agent's) connection to the controller."""
 
-    def __init__(self, codec: Codec, address: str, identity: bytes) -> None:
+    def __init__(self, codec: Codec, address: str, identity: bytes,
+                 heartbeat: tuple[float, float] | None = None) -> None:
+        """`heartbeat`: (interval_s, timeout_s) of ZMTP heartbeats on the connection, so
+        that a PeerWatch on `socket` sees a dead host or a cut network (liveness.py)."""
         self.codec = codec
         self._ctx = zmq.Context()
         self._sock = LoopSocket(self._ctx, zmq.DEALER)
         self._sock.sock.setsockopt(zmq.IDENTITY, identity)
+        if heartbeat is not None:
+            enable_heartbeats(self._sock.sock, *heartbeat)
         self._sock.sock.connect(address)
         self.rejects = RejectCounter()
+
+    @property
+    def socket(self) -> zmq.Socket:
+        return self._sock.sock
 
     async def send(self, body: Any) -> None:
         await self._sock.send_multipart(self.codec.encode(body))

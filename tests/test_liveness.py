@@ -1,0 +1,104 @@
+"""PeerWatch (transport/liveness.py): a connecting socket learns that its one peer is
+gone: killed, frozen (no PONGs), or never there; a peer back within the grace is not
+lost. The peer is a bare ROUTER in a process of its own."""
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from conftest import assert_reaped
+from dynarl.launch.local import free_local_port
+from dynarl.transport.liveness import PeerWatch, enable_heartbeats
+
+ROUTER = "import sys, time, zmq; s = zmq.Context().socket(zmq.ROUTER); s.bind(sys.argv[1]); time.sleep(600)"
+HEARTBEAT_S, TIMEOUT_S, GRACE_S = 0.2, 0.8, 1.0
+
+
+def start_router(address: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", ROUTER, address])
+
+
+async def until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def dealer():
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 50)
+    enable_heartbeats(sock, HEARTBEAT_S, TIMEOUT_S)
+    yield sock
+    sock.close(0)
+    ctx.term()
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_a_peer_that_is_killed_or_frozen_is_lost(dealer, fault):
+    address = f"tcp://127.0.0.1:{free_local_port()}"
+    router = start_router(address)
+    try:
+        dealer.connect(address)
+        watch = PeerWatch(dealer, GRACE_S)
+        await until(lambda: watch.connected)
+        began = time.monotonic()
+        router.send_signal(signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        down_for = await asyncio.wait_for(watch.lost(), 10)
+        took = time.monotonic() - began
+        watch.close()
+    finally:
+        router.kill()
+        router.wait()
+    assert not watch.connected and watch.disconnects == 1
+    assert down_for >= GRACE_S
+    # killed: the connection closes at once; frozen: the PONGs stop, TIMEOUT_S later it drops
+    assert GRACE_S <= took < GRACE_S + (1.0 if fault == "killed" else TIMEOUT_S + 1.5), took
+    assert_reaped([router.pid])
+
+
+async def test_a_peer_back_within_the_grace_is_not_lost(dealer):
+    address = f"tcp://127.0.0.1:{free_local_port()}"
+    router = start_router(address)
+    try:
+        dealer.connect(address)
+        watch = PeerWatch(dealer, GRACE_S)
+        await until(lambda: watch.connected)
+        lost = asyncio.ensure_future(watch.lost())
+        router.kill()
+        router.wait()
+        await until(lambda: not watch.connected)
+        router = start_router(address)  # back on the same address, inside the grace
+        await until(lambda: watch.connected)
+        await asyncio.sleep(GRACE_S + 0.3)  # past the grace of the first disconnect
+        assert not lost.done()
+        lost.cancel()
+        watch.close()
+    finally:
+        router.kill()
+        router.wait()
+    assert watch.disconnects == 1
+    assert_reaped([router.pid])
+
+
+async def test_a_peer_that_never_answers_is_lost_after_the_grace(dealer):
+    dealer.connect(f"tcp://127.0.0.1:{free_local_port()}")  # nobody listens there
+    watch = PeerWatch(dealer, GRACE_S)
+    began = time.monotonic()
+    await asyncio.wait_for(watch.lost(), 10)
+    assert GRACE_S <= time.monotonic() - began < GRACE_S + 1.0
+    assert not watch.connected and watch.disconnects == 0
+    watch.close()
+    watch.close()  # idempotent
+
+
+async def test_the_grace_must_be_positive(dealer):
+    with pytest.raises(ValueError, match="lost_after_s"):
+        PeerWatch(dealer, 0)
