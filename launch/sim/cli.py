@@ -24,6 +24,7 @@ from dynarl.components.workloads.catalog import WORKLOADS
 from dynarl.components.workloads.trace import TraceError
 
 from .metrics import add_speedups, policy_metrics
+from .parallel import default_jobs
 from .report import table, to_json
 from .scenario import SimConfig, build_scenario
 
@@ -39,6 +40,16 @@ def device_counts(text: str) -> list[int]:
     if not counts or any(n < 1 for n in counts):
         raise argparse.ArgumentTypeError(f"--devices takes positive counts, got {text!r}")
     return counts
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
 
 
 DEFAULT_POLICIES = "colocated,spatial,rlinf-auto"
@@ -70,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
                    help="compare the local launcher (real processes, wall clock) with virtual time")
     p.add_argument("--time-scale", type=float, default=0.1,
                    help="--fidelity: real seconds per emulated second on the local launcher")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="policies (or --sweep rows) run at once, each in a process of its own; the output "
+                        "is the same (default: one per core, at most one per run)")
     return p
 
 
@@ -109,40 +123,59 @@ def main(argv: list[str] | None = None) -> int:
     for scn in scenarios:
         if len(scenarios) > 1:
             print(f"dynarl sim: {scn.config.devices} devices", file=sys.stderr)
-        result, runs = simulate(scn, timings=args.timings, log=sys.stderr)
+        folder = None
+        if args.plot:
+            folder = args.plot if len(scenarios) == 1 else os.path.join(args.plot, f"devices-{scn.config.devices}")
+        jobs = args.jobs or default_jobs(len(scn.config.policies))
+        result, _ = simulate(scn, timings=args.timings, log=sys.stderr, jobs=jobs, plot_dir=folder)
         results.append(result)
         if not args.json:
             print(table(result))
-        if args.plot:
-            from .plot import write_plots
-            folder = args.plot if len(scenarios) == 1 else os.path.join(args.plot, f"devices-{scn.config.devices}")
-            for path in write_plots(result, runs, scn, folder):
-                print(f"dynarl sim: wrote {path}", file=sys.stderr)
+        if folder is not None:
+            from .plot import write_policies
+            print(f"dynarl sim: wrote {write_policies(result, folder)}", file=sys.stderr)
     if args.json:
         print(to_json(results[0] if len(results) == 1 else {"runs": results}))
     return 0
 
 
-def simulate(scn, *, timings: bool = False, log: Any = None) -> tuple[dict[str, Any], dict]:
-    """Runs every policy of the scenario; returns (the result dict, the PolicyRuns)."""
+def simulate(scn, *, timings: bool = False, log: Any = None, jobs: int = 1,
+             plot_dir: str | None = None) -> tuple[dict[str, Any], dict]:
+    """Runs every policy of the scenario, `jobs` at a time (parallel.py: forked children,
+    same output); returns (the result dict, the PolicyRuns: only those run in this
+    process, i.e. all of them with jobs 1). `plot_dir`: each run writes its timeline
+    there, and the policies' bar chart follows."""
+    from .parallel import run_all
     from .profiler import profile_stages
     from .runner import run_policy
 
     cfg = scn.config
-    profiles = None
-    policies: dict[str, dict[str, Any]] = {}
-    runs = {}
-    for name in cfg.policies:
-        started = time.perf_counter()
-        if make_policy(name).needs_profile and profiles is None:
-            profiles = profile_stages(scn)
-        runs[name] = run_policy(scn, name, profiles)
-        policies[name] = policy_metrics(runs[name], scn, timings=timings)
-        wall = time.perf_counter() - started
-        if timings:
-            policies[name]["wall_s"] = wall
+    profiles = profile_stages(scn) if any(make_policy(n).needs_profile for n in cfg.policies) else None
+    runs: dict = {}
+
+    def task(name: str):
+        def run() -> dict[str, Any]:
+            started = time.perf_counter()
+            runs[name] = policy_run = run_policy(scn, name, profiles)
+            metrics = policy_metrics(policy_run, scn, timings=timings)
+            wall = time.perf_counter() - started
+            if timings:
+                metrics["wall_s"] = wall
+            paths = []
+            if plot_dir is not None:
+                from .plot import write_timeline
+                paths.append(write_timeline(name, policy_run, scn, plot_dir))
+            return {"metrics": metrics, "wall_s": wall, "paths": paths}
+        return run
+
+    def done(i: int, out: dict[str, Any]) -> None:
         if log is not None:
-            print(f"dynarl sim: {name} done in {wall:.1f} s wall", file=log)
+            print(f"dynarl sim: {cfg.policies[i]} done in {out['wall_s']:.1f} s wall", file=log)
+            for path in out["paths"]:
+                print(f"dynarl sim: wrote {path}", file=log)
+
+    outs = run_all([task(name) for name in cfg.policies], jobs, on_done=done)
+    policies: dict[str, dict[str, Any]] = {name: out["metrics"] for name, out in zip(cfg.policies, outs)}
     add_speedups(policies)
     result: dict[str, Any] = {
         "workload": cfg.workload, "kind": scn.workload.kind, "devices": cfg.devices, "seed": cfg.seed,

@@ -11,31 +11,46 @@ COLORS = {"rollout": "#4c72b0", "inference": "#dd8452", "trainer": "#55a868"}
 
 
 def write_plots(result: dict[str, Any], runs: dict, scn, directory: str) -> list[str]:
+    """Every run's timeline, then the bar chart of the policies; the paths written."""
+    return [write_timeline(name, run, scn, directory) for name, run in runs.items()] + [
+        write_policies(result, directory)]
+
+
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def write_timeline(name: str, run, scn, directory: str) -> str:
+    """timeline-<name>.png: devices held per component over time, and how many compute."""
+    plt = _pyplot()
     os.makedirs(directory, exist_ok=True)
-    paths = []
-    for name, run in runs.items():
-        fig, ax = plt.subplots(figsize=(10, 3.5))
-        times, stacks = ownership_steps(run.ownership)
-        ax.stackplot(times, *[stacks[c] for c in COMPONENTS], labels=COMPONENTS, step="post",
-                     colors=[COLORS[c] for c in COMPONENTS], alpha=0.55)
-        bt, busy = busy_steps(run.busy)
-        ax.step(bt, busy, where="post", color="black", linewidth=0.8, label="computing")
-        for it in run.iterations:
-            ax.axvline(it.end, color="grey", linestyle=":", linewidth=0.8)
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("devices")
-        ax.set_ylim(0, scn.config.devices * 1.05)
-        ax.set_title(f"{name}: {result['workload']} on {result['devices']} devices")
-        ax.legend(loc="upper right", fontsize=8)
-        path = os.path.join(directory, f"timeline-{name}.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    times, stacks = ownership_steps(run.ownership)
+    ax.stackplot(times, *[stacks[c] for c in COMPONENTS], labels=COMPONENTS, step="post",
+                 colors=[COLORS[c] for c in COMPONENTS], alpha=0.55)
+    bt, busy = busy_steps(run.busy)
+    ax.step(bt, busy, where="post", color="black", linewidth=0.8, label="computing")
+    for it in run.iterations:
+        ax.axvline(it.end, color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("devices")
+    ax.set_ylim(0, scn.config.devices * 1.05)
+    ax.set_title(f"{name}: {scn.config.workload} on {scn.config.devices} devices")
+    ax.legend(loc="upper right", fontsize=8)
+    path = os.path.join(directory, f"timeline-{name}.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_policies(result: dict[str, Any], directory: str) -> str:
+    """policies.png: iteration time per policy, its speedup over colocated, the bound."""
+    plt = _pyplot()
+    os.makedirs(directory, exist_ok=True)
     names = list(result["policies"])
     fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(names), 3.5))
     times = [result["policies"][n]["iter_time_s"] for n in names]
@@ -51,7 +66,7 @@ def write_plots(result: dict[str, Any], runs: dict, scn, directory: str) -> list
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return paths + [path]
+    return path
 
 
 def ownership_steps(spans: list[tuple[str, int, float, float]]) -> tuple[list[float], dict[str, list[int]]]:

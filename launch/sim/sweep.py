@@ -13,6 +13,7 @@ from typing import Any
 from dynarl.components.placement.dynarl import DEFAULT_CONFIG, Dynarl
 
 from .metrics import policy_metrics
+from .parallel import default_jobs, run_all
 from .scenario import SimConfig, build_scenario
 
 U_LOW = (0.01, 0.1, 0.2, 0.3, 0.5)
@@ -21,21 +22,33 @@ WORKLOAD = "math-1.5b"
 
 
 def sweep(devices: int, seed: int, iterations: int, warmup: int, prompts: int | None,
-          log: Any = None, workload: str = WORKLOAD) -> dict[str, Any]:
+          log: Any = None, workload: str = WORKLOAD, jobs: int = 1) -> dict[str, Any]:
+    """Every row is its own run of dynarl on one scenario, `jobs` at a time (parallel.py)."""
     from .runner import run_policy
     scn = build_scenario(SimConfig(workload=workload, devices=devices, policies=("dynarl",), seed=seed,
                                    iterations=iterations, warmup=warmup, prompts=prompts))
-    rows: dict[str, list[dict[str, Any]]] = {"u_low": [], "window_s": []}
-    for param, values in (("u_low", U_LOW), ("window_s", WINDOW_S)):
-        for v in values:
+    cells = [(param, v) for param, values in (("u_low", U_LOW), ("window_s", WINDOW_S)) for v in values]
+
+    def task(param: str, v: float):
+        def run() -> dict[str, Any]:
             started = time.perf_counter()
             config = replace(DEFAULT_CONFIG, **{param: v})
             m = policy_metrics(run_policy(scn, "dynarl", policy=Dynarl(config)), scn, timings=False)
-            rows[param].append({param: v, "tokens_per_s": m["tokens_per_s"], "iter_time_s": m["iter_time_s"],
-                                "migrations": sum(k["count"] for k in m["migrations"].values())})
-            if log is not None:
-                print(f"dynarl sim --sweep: {param}={v} done in {time.perf_counter() - started:.1f} s wall",
-                      file=log)
+            return {"row": {param: v, "tokens_per_s": m["tokens_per_s"], "iter_time_s": m["iter_time_s"],
+                            "migrations": sum(k["count"] for k in m["migrations"].values())},
+                    "wall_s": time.perf_counter() - started}
+        return run
+
+    def done(i: int, out: dict[str, Any]) -> None:
+        if log is not None:
+            param, v = cells[i]
+            print(f"dynarl sim --sweep: {param}={v} done in {out['wall_s']:.1f} s wall", file=log)
+
+    outs = run_all([task(param, v) for param, v in cells], jobs, on_done=done)
+    rows: dict[str, list[dict[str, Any]]] = {"u_low": [], "window_s": []}
+    for (param, _), out in zip(cells, outs):
+        rows[param].append(out["row"])
+    for param in rows:
         best = max(r["tokens_per_s"] for r in rows[param])
         for r in rows[param]:
             r["vs_best"] = r["tokens_per_s"] / best
@@ -58,7 +71,7 @@ def table(result: dict[str, Any]) -> str:
 
 def main(args) -> int:
     result = sweep(args.devices, args.seed, args.iterations, args.warmup, args.prompts, log=sys.stderr,
-                   workload=args.workload or WORKLOAD)
+                   workload=args.workload or WORKLOAD, jobs=args.jobs or default_jobs(len(U_LOW) + len(WINDOW_S)))
     if args.json:
         from .report import to_json
         print(to_json(result))
