@@ -1,5 +1,6 @@
 """`dynarl bench transport`: RPC round trip, channel throughput, runtime-group
-tensor bandwidth, and Ray's actor round trip side by side when Ray is importable.
+tensor bandwidth, the floor under the round trip (a bare ZeroMQ echo, zmq_floor.py),
+and Ray's actor round trip side by side when Ray is importable.
 
 All figures come from one run on this machine, so ratios are like for like.
 """
@@ -15,6 +16,7 @@ import time
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.controller import Controller
 from dynarl.launch.bench.transport_workers import BenchWorker
+from dynarl.launch.bench.zmq_floor import measure_zmq_floor
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -58,11 +60,23 @@ async def measure(args: argparse.Namespace) -> dict:
                                         workers.call("p2p_send", "bench", numel, args.p2p_repeats, ranks=[0]))
         out["p2p_tensor_mb_per_s"] = round(100 / statistics.median(times[0]))
         _progress(f"p2p: {out['p2p_tensor_mb_per_s']} MB/s for 100 MB over gloo")
+    return out
+
+
+def measure_floors_and_ray(out: dict, args: argparse.Namespace) -> None:
+    """The bare-ZeroMQ floors (zmq_floor.py; outside our loop: the loop variant runs its
+    own) and Ray, added to `out`."""
+    floor = percentile(measure_zmq_floor(args.rpc_calls), 0.50)
+    out["zmq_floor_rtt_us_p50"] = round(floor, 1)
+    out["zmq_loop_floor_rtt_us_p50"] = round(percentile(measure_zmq_floor(args.rpc_calls, loop=True), 0.50), 1)
+    _progress(f"floor: a bare ZeroMQ echo between two processes takes {out['zmq_floor_rtt_us_p50']} us "
+              f"blocking, {out['zmq_loop_floor_rtt_us_p50']} us driven by uvloop on both ends")
     ray_p50 = None if args.no_ray else measure_ray(args.rpc_calls)
     if ray_p50 is not None:
         out["ray_rtt_us_p50"] = round(ray_p50, 1)
         out["rtt_speedup_vs_ray"] = round(ray_p50 / out["rpc_rtt_us_p50"], 2)
-    return out
+        out["zmq_floor_speedup_vs_ray"] = round(ray_p50 / floor, 2)  # the most any RPC over ZeroMQ could reach
+        out["zmq_loop_floor_speedup_vs_ray"] = round(ray_p50 / out["zmq_loop_floor_rtt_us_p50"], 2)  # ... from a loop
 
 
 async def round_trips(handle, method: str, calls: int) -> list[float]:
@@ -131,6 +145,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import uvloop
     result = uvloop.run(measure(args))
+    measure_floors_and_ray(result, args)
     if args.json:
         print(json.dumps(result))
     else:
