@@ -46,7 +46,6 @@ from dynarl.launch.agent_launcher import AgentLauncher
 from dynarl.launch.worker_main import die_with_parent
 from dynarl.launch.local import bootstrap_line_for, free_local_port, reap, start_worker_process, worker_environment
 from dynarl.transport.errors import ConfigError
-from dynarl.transport.liveness import PeerWatch
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import DealerClient
 from dynarl.transport.wire import Codec
@@ -162,13 +161,14 @@ async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, st
 async def serve_node(node: int, address: str, secret: bytes, host: str, *, heartbeat_interval_s: float = 0.5,
                      controller_lost_s: float = 5.0) -> int:
     """An agent of node > 0: starts, stops and kills workers when the controller asks.
-    Returns 0 after the controller's shutdown call, 1 when it lost the controller: no
-    connection to it for `controller_lost_s` (it died, or its host or the network
-    did). Then the agent kills its workers itself, so a controller gone without a
-    shutdown leaves nothing running on this node."""
+    Returns 0 after the controller's shutdown call, 1 when it lost the controller:
+    unreachable for about `controller_lost_s` (its process died: half that; its host or
+    the network did: the heartbeats go unanswered; sockets.DealerClient `liveness`).
+    Then the agent kills its workers itself, so a controller gone without a shutdown
+    leaves nothing running on this node."""
     dealer = DealerClient(Codec(secret), address, f"agent/{node}".encode(),
-                          heartbeat=(heartbeat_interval_s, controller_lost_s))
-    watch = PeerWatch(dealer.socket, controller_lost_s)
+                          liveness=(heartbeat_interval_s, controller_lost_s))
+    watch = dealer.watch
     procs: dict[str, asyncio.subprocess.Process] = {}
     watchers: set[asyncio.Task] = set()
     done = asyncio.Event()
@@ -223,7 +223,6 @@ async def serve_node(node: int, address: str, secret: bytes, host: str, *, heart
                     task.cancel()
             receiver.cancel()
     finally:
-        watch.close()
         dealer.close(linger_ms=1000 if code == 0 else 0)
     return code
 

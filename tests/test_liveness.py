@@ -2,6 +2,7 @@
 gone: killed, frozen (no PONGs), or never there; a peer back within the grace is not
 lost. The peer is a bare ROUTER in a process of its own."""
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import zmq
 
 from conftest import assert_reaped
 from dynarl.launch.local import free_local_port
-from dynarl.transport.liveness import PeerWatch, enable_heartbeats
+from dynarl.transport.liveness import MAX_TTL_MS, PeerWatch, enable_heartbeats
+from dynarl.transport.sockets import DealerClient
+from dynarl.transport.wire import Codec
 
 ROUTER = "import sys, time, zmq; s = zmq.Context().socket(zmq.ROUTER); s.bind(sys.argv[1]); time.sleep(600)"
 HEARTBEAT_S, TIMEOUT_S, GRACE_S = 0.2, 0.8, 1.0
@@ -37,8 +40,19 @@ def dealer():
     sock.setsockopt(zmq.RECONNECT_IVL, 50)
     enable_heartbeats(sock, HEARTBEAT_S, TIMEOUT_S)
     yield sock
-    sock.close(0)
-    ctx.term()
+    ctx.destroy(linger=0)  # never hangs, whatever a failed test left open
+
+
+@contextlib.contextmanager
+def watched(dealer, address: str | None = None):
+    """A PeerWatch on `dealer` (made before it connects), connected to `address` or to
+    nobody; closed on the way out, however the test ends."""
+    watch = PeerWatch(dealer, GRACE_S)
+    dealer.connect(address or f"tcp://127.0.0.1:{free_local_port()}")
+    try:
+        yield watch
+    finally:
+        watch.close()
 
 
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
@@ -46,14 +60,12 @@ async def test_a_peer_that_is_killed_or_frozen_is_lost(dealer, fault):
     address = f"tcp://127.0.0.1:{free_local_port()}"
     router = start_router(address)
     try:
-        dealer.connect(address)
-        watch = PeerWatch(dealer, GRACE_S)
-        await until(lambda: watch.connected)
-        began = time.monotonic()
-        router.send_signal(signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
-        down_for = await asyncio.wait_for(watch.lost(), 10)
-        took = time.monotonic() - began
-        watch.close()
+        with watched(dealer, address) as watch:
+            await until(lambda: watch.connected)
+            began = time.monotonic()
+            router.send_signal(signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+            down_for = await asyncio.wait_for(watch.lost(), 10)
+            took = time.monotonic() - began
     finally:
         router.kill()
         router.wait()
@@ -68,19 +80,17 @@ async def test_a_peer_back_within_the_grace_is_not_lost(dealer):
     address = f"tcp://127.0.0.1:{free_local_port()}"
     router = start_router(address)
     try:
-        dealer.connect(address)
-        watch = PeerWatch(dealer, GRACE_S)
-        await until(lambda: watch.connected)
-        lost = asyncio.ensure_future(watch.lost())
-        router.kill()
-        router.wait()
-        await until(lambda: not watch.connected)
-        router = start_router(address)  # back on the same address, inside the grace
-        await until(lambda: watch.connected)
-        await asyncio.sleep(GRACE_S + 0.3)  # past the grace of the first disconnect
-        assert not lost.done()
-        lost.cancel()
-        watch.close()
+        with watched(dealer, address) as watch:
+            await until(lambda: watch.connected)
+            lost = asyncio.ensure_future(watch.lost())
+            router.kill()
+            router.wait()
+            await until(lambda: not watch.connected)
+            router = start_router(address)  # back on the same address, inside the grace
+            await until(lambda: watch.connected)
+            await asyncio.sleep(GRACE_S + 0.3)  # past the grace of the first disconnect
+            assert not lost.done()
+            lost.cancel()
     finally:
         router.kill()
         router.wait()
@@ -89,16 +99,42 @@ async def test_a_peer_back_within_the_grace_is_not_lost(dealer):
 
 
 async def test_a_peer_that_never_answers_is_lost_after_the_grace(dealer):
-    dealer.connect(f"tcp://127.0.0.1:{free_local_port()}")  # nobody listens there
-    watch = PeerWatch(dealer, GRACE_S)
-    began = time.monotonic()
-    await asyncio.wait_for(watch.lost(), 10)
-    assert GRACE_S <= time.monotonic() - began < GRACE_S + 1.0
-    assert not watch.connected and watch.disconnects == 0
-    watch.close()
+    with watched(dealer) as watch:  # nobody listens there
+        began = time.monotonic()
+        await asyncio.wait_for(watch.lost(), 10)
+        assert GRACE_S <= time.monotonic() - began < GRACE_S + 1.0
+        assert not watch.connected and watch.disconnects == 0
     watch.close()  # idempotent
+
+
+async def test_a_dealer_client_with_liveness_watches_its_controller():
+    """DealerClient(liveness=(interval, lost_after)) makes its watch before it connects,
+    and its peer counts as lost lost_after / 2 after its process died."""
+    address = f"tcp://127.0.0.1:{free_local_port()}"
+    router = start_router(address)
+    client = None
+    try:
+        client = DealerClient(Codec(b"s" * 32), address, b"agent/1", liveness=(HEARTBEAT_S, 2 * GRACE_S))
+        await until(lambda: client.watch.connected)
+        router.kill()
+        began = time.monotonic()
+        await asyncio.wait_for(client.watch.lost(), 10)
+        assert GRACE_S <= time.monotonic() - began < GRACE_S + 1.0
+    finally:
+        router.kill()
+        router.wait()
+        if client is not None:
+            client.close()
+    assert_reaped([router.pid])
 
 
 async def test_the_grace_must_be_positive(dealer):
     with pytest.raises(ValueError, match="lost_after_s"):
         PeerWatch(dealer, 0)
+
+
+def test_heartbeats_accept_any_timeout(dealer):
+    """The TTL travels in deciseconds in 16 bits: a long timeout is capped, not refused."""
+    enable_heartbeats(dealer, 0.5, 7200.0)
+    assert dealer.getsockopt(zmq.HEARTBEAT_TTL) == MAX_TTL_MS
+    assert dealer.getsockopt(zmq.HEARTBEAT_TIMEOUT) == 7_200_000

@@ -16,6 +16,7 @@ import asyncio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+MAX_TTL_MS = 6_553_500
 _WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 _UP, _DOWN = int(zmq.EVENT_HANDSHAKE_SUCCEEDED), int(zmq.EVENT_DISCONNECTED)
 
@@ -25,13 +26,16 @@ def enable_heartbeats(sock: zmq.Socket, interval_s: float, timeout_s: float) -> 
     connection (and tells the peer the same TTL). Set before connect()."""
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(timeout_s * 1000)))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(timeout_s * 1000)) // 100 * 100)  # (deciseconds on the wire)
+    # deciseconds in a 16-bit field on the wire: libzmq refuses more than 6553.5 s
+    sock.setsockopt(zmq.HEARTBEAT_TTL, min(MAX_TTL_MS, max(100, int(timeout_s * 1000))))
 
 
 class PeerWatch:
-    """Watches `sock`'s connection (one peer) from the running loop. `connected` is the
-    current state; `lost()` returns once the peer has been unreachable for `lost_after_s`
-    (counted from the start if it never connects). close() before closing `sock`."""
+    """Watches `sock`'s connection (one peer) from the running loop. Make it before
+    sock.connect(): a handshake done before the monitor exists is never reported.
+    `connected` is the current state; `lost()` returns once the peer has been
+    unreachable for `lost_after_s` (counted from the start if it never connects).
+    close() before closing `sock`."""
 
     def __init__(self, sock: zmq.Socket, lost_after_s: float) -> None:
         if lost_after_s <= 0:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import zmq
 
-from dynarl.transport.liveness import enable_heartbeats
+from dynarl.transport.liveness import PeerWatch, enable_heartbeats
 from dynarl.transport.wire import Codec, RejectCounter, WireError
 
 log = logging.getLogger(__name__)
@@ -187,21 +187,24 @@ class DealerClient:
     """A worker's (or agent's) connection to the controller."""
 
     def __init__(self, codec: Codec, address: str, identity: bytes,
-                 heartbeat: tuple[float, float] | None = None) -> None:
-        """`heartbeat`: (interval_s, timeout_s) of ZMTP heartbeats on the connection, so
-        that a PeerWatch on `socket` sees a dead host or a cut network (liveness.py)."""
+                 liveness: tuple[float, float] | None = None) -> None:
+        """`liveness`: (interval_s, lost_after_s): watch the controller (`self.watch`, a
+        PeerWatch, liveness.py): ZMTP heartbeats every interval_s, the connection dropped
+        after lost_after_s / 2 without an answer, and the peer lost once unreachable for
+        lost_after_s / 2 more, so a dead host is seen within ~lost_after_s, a dead process
+        (its connection closes at once) within lost_after_s / 2. Needs a running loop."""
         self.codec = codec
         self._ctx = zmq.Context()
         self._sock = LoopSocket(self._ctx, zmq.DEALER)
         self._sock.sock.setsockopt(zmq.IDENTITY, identity)
-        if heartbeat is not None:
-            enable_heartbeats(self._sock.sock, *heartbeat)
+        self.watch: PeerWatch | None = None
+        if liveness is not None:
+            interval_s, lost_after_s = liveness
+            enable_heartbeats(self._sock.sock, interval_s, lost_after_s / 2)
+            # before connect(): a handshake that completes first would never be reported
+            self.watch = PeerWatch(self._sock.sock, lost_after_s / 2)
         self._sock.sock.connect(address)
         self.rejects = RejectCounter()
-
-    @property
-    def socket(self) -> zmq.Socket:
-        return self._sock.sock
 
     async def send(self, body: Any) -> None:
         await self._sock.send_multipart(self.codec.encode(body))
@@ -224,6 +227,8 @@ class DealerClient:
 
     def close(self, linger_ms: int = 0) -> None:
         """`linger_ms` > 0 lets queued messages (a last reply) go out first."""
+        if self.watch is not None:
+            self.watch.close()  # its monitor socket would keep the context from terminating
         self._sock.close(linger_ms)
         self._ctx.term()
 
