@@ -24,13 +24,14 @@ from dynarl.transport.wire import Codec
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Linux: SIGKILL this process when its parent dies, so a killed controller
-    (or node agent) never leaves workers behind. The parent's pid comes from the
-    launcher: one that died during this process's imports, before prctl, is seen
-    here as a different parent (init or a subreaper)."""
+    (or node agent) never leaves workers behind. The parent's pid is `parent`, else
+    the launcher's (DYNARL_PARENT_PID): one that died during this process's imports,
+    before prctl, is seen here as a different parent (init or a subreaper)."""
     # popped: a process this worker starts must not inherit it and see the wrong parent
-    parent = int(os.environ.pop("DYNARL_PARENT_PID", "") or os.getppid())
+    launcher = os.environ.pop("DYNARL_PARENT_PID", "")
+    parent = parent or int(launcher or os.getppid())
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:

@@ -5,6 +5,7 @@ traceback and takes the others down; no child outlives the call. And `dynarl sim
 prints the same JSON with one job as with several."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -54,9 +55,70 @@ def test_a_failing_run_is_raised_with_its_traceback_and_the_others_are_killed(tm
     assert_reaped([int(p) for p in pids.read_text().split()])
 
 
-def test_a_run_that_dies_without_a_result_is_reported():
-    with pytest.raises(ChildFailed, match="died without a result"):
+def test_a_run_that_dies_without_a_result_is_reported_with_its_exit_code():
+    with pytest.raises(ChildFailed, match=r"died without a result \(exit code 3\)"):
         run_all([lambda: os._exit(3), square(1)], jobs=2)
+    with pytest.raises(ChildFailed, match=r"exit code -9"):
+        run_all([lambda: os.kill(os.getpid(), signal.SIGKILL), square(1)], jobs=2)
+
+
+def test_results_have_the_same_types_with_one_job_or_several():
+    task = lambda: {1: (1, 2), "x": [0.1, float("inf")]}  # noqa: E731
+    assert run_all([task], jobs=1) == run_all([task, task], jobs=2)[:1] == [{"1": [1, 2], "x": [0.1, float("inf")]}]
+
+
+DRIVER = """
+import os, sys, time
+from dynarl.launch.sim.parallel import run_all
+def slow():
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(60)
+    return {}
+run_all([slow, slow], jobs=2)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
+def test_children_go_when_the_parent_is_killed_or_interrupted(tmp_path, signum):
+    """SIGKILL to the parent alone: the children die with it (PR_SET_PDEATHSIG). SIGINT to
+    the whole process group, as a terminal's Ctrl-C: the children ignore it, and the
+    parent stops with KeyboardInterrupt (not a child's failure) and kills them."""
+    pids = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", DRIVER, str(pids)], stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids.exists() or len(pids.read_text().split()) < 2:
+            assert time.monotonic() < deadline and parent.poll() is None, "the children did not start"
+            time.sleep(0.05)
+        if signum == signal.SIGINT:
+            os.killpg(parent.pid, signum)  # the terminal's Ctrl-C goes to the whole group
+        else:
+            os.kill(parent.pid, signum)  # the parent alone
+        _, stderr = parent.communicate(timeout=30)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+    children = [int(p) for p in pids.read_text().split()]
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert_reaped(children)
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in stderr and "ChildFailed" not in stderr, stderr[-2000:]
+
+
+def test_the_sweep_gives_the_same_rows_with_one_job_or_several():
+    from dynarl.launch.sim.sweep import sweep
+    kw = dict(devices=8, seed=0, iterations=2, warmup=1, prompts=4)
+    assert sweep(**kw, jobs=1) == sweep(**kw, jobs=3)
 
 
 def test_jobs_are_bounded():

@@ -14,7 +14,6 @@ and raise with the child's traceback.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -23,10 +22,10 @@ import signal
 import traceback
 from typing import Any, Callable, Sequence
 
+from dynarl.launch.worker_main import die_with_parent
+
 Task = Callable[[], Any]
 """A run: returns JSON-able data."""
-
-PR_SET_PDEATHSIG = 1
 
 
 class ChildFailed(RuntimeError):
@@ -44,13 +43,14 @@ def default_jobs(tasks: int) -> int:
 
 def run_all(tasks: Sequence[Task], jobs: int, on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
     """Each task's result, in task order; at most `jobs` children at a time (jobs 1: all
-    in this process, no fork). `on_done(index, result)` as each finishes."""
+    in this process, no fork). `on_done(index, result)` as each finishes. Results go
+    through JSON either way, so their types do not depend on `jobs`."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     if jobs == 1 or len(tasks) <= 1:
         results = []
         for i, task in enumerate(tasks):
-            results.append(task())
+            results.append(json.loads(json.dumps(task())))
             if on_done is not None:
                 on_done(i, results[-1])
         return results
@@ -62,11 +62,7 @@ def run_all(tasks: Sequence[Task], jobs: int, on_done: Callable[[int, Any], None
         while queue or running:
             while queue and len(running) < jobs:
                 i = queue.pop(0)
-                read, write = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_child, args=(tasks[i], write, os.getpid()), daemon=True)
-                proc.start()
-                write.close()
-                running[i] = (proc, read)
+                _start(ctx, tasks[i], i, running)
             ready = multiprocessing.connection.wait([read for _, read in running.values()])
             for i, (proc, read) in list(running.items()):
                 if read not in ready:
@@ -74,6 +70,7 @@ def run_all(tasks: Sequence[Task], jobs: int, on_done: Callable[[int, Any], None
                 try:
                     status, payload = json.loads(read.recv_bytes())
                 except EOFError:
+                    proc.join()  # the pipe closes before the child can be reaped
                     status, payload = "error", f"the run died without a result (exit code {proc.exitcode})"
                 read.close()
                 proc.join()
@@ -85,20 +82,32 @@ def run_all(tasks: Sequence[Task], jobs: int, on_done: Callable[[int, Any], None
                     on_done(i, payload)
     finally:
         for proc, read in running.values():
-            proc.kill()
-            proc.join()
+            if proc.pid is not None:  # started
+                proc.kill()
+                proc.join()
             read.close()
     return results
 
 
-def _child(task: Task, write: Any, parent: int) -> None:
+def _start(ctx: Any, task: Task, index: int, running: dict[int, tuple[Any, Any]]) -> None:
+    """Forks a child for `task`, recorded in `running` before it exists (a Ctrl-C in
+    between still finds it), with SIGINT blocked across the fork: the child ignores it
+    before unblocking, so a Ctrl-C reaches only this process, which kills the child."""
+    read, write = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(task, write, os.getpid()), daemon=True)
+    running[index] = (proc, read)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which kills us
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        write.close()
+
+
+def _child(task: Task, write: Any, parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it kills us
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    die_with_parent(parent)
     try:
         message = json.dumps(["ok", task()])
     except BaseException:
