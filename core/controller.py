@@ -309,7 +309,10 @@ class Controller:
                     continue
                 seen = self.router.last_seen.get(h.spec.worker_id.encode(), now)
                 if now - seen > cfg.heartbeat_timeout_s:
-                    h.mark_lost(f"no heartbeat for {now - seen:.1f} s")
+                    # its heartbeat thread is silent: the process is frozen (SIGSTOP, swapped
+                    # out), its host or the network is gone, or a C call holds the GIL
+                    h.mark_lost(f"no heartbeat for {now - seen:.1f} s (process frozen or unreachable, "
+                                "or a native call holding the GIL)")
                 elif h.loop_lag_s > cfg.hang_timeout_s:
                     h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s")
 
