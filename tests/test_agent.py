@@ -13,16 +13,22 @@ from dynarl.launch.local import free_local_port
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_two_agents_under_torchrun_run_a_group_spread_over_both_nodes(tmp_path):
+def spread_job(tmp_path, workflow: str, runtime_extra: str = "") -> tuple:
+    """A two-node workflow config running tests/agent_workflow.py's `workflow`; (config, its out file)."""
     out = tmp_path / "result.json"
     config = tmp_path / "job.yaml"
     config.write_text(f"""
 runtime:
   launcher: agent
   cluster: {{num_nodes: 2, devices_per_node: 1}}
-workflow: agent_workflow:spread
+{runtime_extra}workflow: agent_workflow:{workflow}
 workflow_kwargs: {{out: "{out}"}}
 """)
+    return config, out
+
+
+def test_two_agents_under_torchrun_run_a_group_spread_over_both_nodes(tmp_path):
+    config, out = spread_job(tmp_path, "spread")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     env.pop("DYNARL_SECRET", None)
     env.pop("DYNARL_SECRET_FILE", None)
@@ -107,16 +113,7 @@ def test_an_agent_that_loses_its_controller_stops_its_workers_and_exits(tmp_path
     controller) is SIGKILLed while a group spreads over both nodes. Agent 1 notices
     within its bound (runtime.heartbeat_timeout_s), says so, kills its worker and
     exits 1; rank 0 dies with agent 0. Nothing is left running."""
-    out = tmp_path / "result.json"
-    config = tmp_path / "job.yaml"
-    config.write_text(f"""
-runtime:
-  launcher: agent
-  cluster: {{num_nodes: 2, devices_per_node: 1}}
-  heartbeat_timeout_s: 2.0
-workflow: agent_workflow:spread_then_wait
-workflow_kwargs: {{out: "{out}"}}
-""")
+    config, out = spread_job(tmp_path, "spread_then_wait", "  heartbeat_timeout_s: 2.0\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_local_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     env.pop("DYNARL_SECRET", None)
