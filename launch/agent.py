@@ -168,7 +168,6 @@ async def serve_node(node: int, address: str, secret: bytes, host: str, *, heart
     leaves nothing running on this node."""
     dealer = DealerClient(Codec(secret), address, f"agent/{node}".encode(),
                           liveness=(heartbeat_interval_s, controller_lost_s))
-    watch = dealer.watch
     procs: dict[str, asyncio.subprocess.Process] = {}
     watchers: set[asyncio.Task] = set()
     done = asyncio.Event()
@@ -178,9 +177,9 @@ async def serve_node(node: int, address: str, secret: bytes, host: str, *, heart
             endpoint: RpcEndpoint
 
             async def watch_worker(worker_id: str, proc: asyncio.subprocess.Process) -> None:
-                code = await proc.wait()
+                exit_code = await proc.wait()
                 procs.pop(worker_id, None)
-                await endpoint.event("worker_exit", {"worker_id": worker_id, "code": code})
+                await endpoint.event("worker_exit", {"worker_id": worker_id, "code": exit_code})
 
             async def serve(method: str, args: list, kwargs: dict) -> Any:
                 if method == "spawn_worker":
@@ -206,7 +205,7 @@ async def serve_node(node: int, address: str, secret: bytes, host: str, *, heart
             endpoint = RpcEndpoint("controller", dealer.send, serve=serve, spawn=tg.create_task)
             receiver = tg.create_task(dealer.serve(endpoint.handle))
             await endpoint.event("hello", {"node": node, "pid": os.getpid(), "host": host})
-            shutdown, lost = tg.create_task(done.wait()), tg.create_task(watch.lost())
+            shutdown, lost = tg.create_task(done.wait()), tg.create_task(dealer.watch.lost())
             await asyncio.wait([shutdown, lost], return_when=asyncio.FIRST_COMPLETED)
             if shutdown.done():
                 lost.cancel()
