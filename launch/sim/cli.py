@@ -144,7 +144,7 @@ def simulate(scn, *, timings: bool = False, log: Any = None, jobs: int = 1,
     """Runs every policy of the scenario, `jobs` at a time (parallel.py: forked children,
     same output); returns (the result dict, the PolicyRuns: only those run in this
     process, i.e. all of them with jobs 1). `plot_dir`: each run writes its timeline
-    there, and the policies' bar chart follows."""
+    there (the policies' bar chart needs every result: plot.write_policies, after)."""
     from .parallel import run_all
     from .profiler import profile_stages
     from .runner import run_policy
