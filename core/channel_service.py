@@ -6,15 +6,22 @@ payload (RemoteRef); a controller-side getter gets them decoded and fetched.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 from dynarl.transport.channel import DEFAULT_CAPACITY, Channel, Entry, WouldBlock
+from dynarl.transport.channel_client import FETCH_TIMEOUT_S
 from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob
 
 if TYPE_CHECKING:
     from dynarl.core.worker_handle import WorkerHandle
+
+log = logging.getLogger(__name__)
+
+REHOMED_KEEP_S = 2 * FETCH_TIMEOUT_S
 
 
 class ChannelService:
@@ -22,8 +29,10 @@ class ChannelService:
         self.channels = channels
         self.fetcher: PayloadFetcher | None = None
         """Set when the controller has sockets (not under the inproc launcher)."""
-        self.rehomed: dict[tuple[str, int], Blob] = {}
-        """Payloads whose producer stopped before they were fetched, by (address, id)."""
+        self.rehomed: dict[tuple[str, int], tuple[float, Blob]] = {}
+        """Payloads whose producer stopped while a consumer held their ref, by (address,
+        id): when they came, and the bytes."""
+        self.rehomed_dropped = 0
 
     def channel(self, name: str, capacity: int | None = None) -> Channel:
         """The channel `name`, created on first use with `capacity` (default
@@ -39,14 +48,15 @@ class ChannelService:
 
     async def resolve_item(self, item: Any) -> Any:
         if isinstance(item, RemoteRef):
-            blob = self.rehomed.pop((item.address, item.id), None)
+            blob = self._take_rehomed(item)
             if blob is None:
                 if self.fetcher is None:
                     raise PayloadLost("a peer-to-peer item reached a controller without a data plane")
                 try:
                     blob = await self.fetcher.fetch(item)
+                    await self.fetcher.release(item)
                 except PayloadLost:  # its producer may have stopped and re-homed it meanwhile
-                    blob = self.rehomed.pop((item.address, item.id), None)
+                    blob = self._take_rehomed(item)
                     if blob is None:
                         raise
             item = blob
@@ -82,27 +92,56 @@ class ChannelService:
             return channel.abandon(worker)
         if op == "give_back":  # prefetched rows a stopping consumer did not take
             key, rows = rest
-            channel.give_back(key, worker, [Entry(item, float(weight), affinity) for item, weight, affinity in rows])
+            channel.give_back(key, worker, [Entry(self._rehomed_or(item), float(weight), affinity)
+                                            for item, weight, affinity in rows])
             return None
         if op == "statistics":
             return dataclasses.asdict(channel.statistics())
         raise ValueError(f"unknown channel operation {op!r}")
 
     def _rehomed_or(self, item: Any) -> Any:
-        """A ref whose producer stopped travels as its bytes instead."""
+        """A ref whose producer stopped travels as its bytes instead (so that no ref in
+        a channel ever points at bytes only this service holds)."""
         if isinstance(item, RemoteRef):
-            return self.rehomed.pop((item.address, item.id), item)
+            blob = self._take_rehomed(item)
+            return item if blob is None else blob
         return item
+
+    def _take_rehomed(self, ref: RemoteRef) -> Blob | None:
+        kept = self.rehomed.pop((ref.address, ref.id), None)
+        return None if kept is None else kept[1]
 
     def _serve_payload(self, op: str, address: str, ref_id: int, blob: Blob | None = None) -> Any:
         if op == "rehome":
             ref = RemoteRef(address, ref_id, blob.nbytes)
             if not any(ch.replace_item(ref, blob) for ch in self.channels.values()):
-                self.rehomed[(address, ref_id)] = blob  # a consumer already holds the ref
+                self._drop_unclaimed()
+                self.rehomed[(address, ref_id)] = (self._now(), blob)  # a consumer holds the ref
             return None
-        if op == "fetch":
-            blob = self.rehomed.pop((address, ref_id), None)
-            if blob is None:
+        if op == "fetch":  # kept until that consumer releases it (it may stop before the answer)
+            kept = self.rehomed.get((address, ref_id))
+            if kept is None:
                 raise PayloadLost(f"payload {ref_id} of {address} is gone")
-            return blob
+            return kept[1]
+        if op == "release":
+            self.rehomed.pop((address, ref_id), None)
+            return None
         raise ValueError(f"unknown payload operation {op!r}")
+
+    def _drop_unclaimed(self) -> None:
+        """Re-homed payloads are only ever wanted by a consumer that held the ref when
+        its producer stopped, and such a consumer gives up fetching within
+        FETCH_TIMEOUT_S: past REHOMED_KEEP_S nobody will claim one (its consumer died,
+        or got the bytes and released them to the stopped producer), so it goes."""
+        now = self._now()
+        stale = [k for k, (at, _) in self.rehomed.items() if now - at > REHOMED_KEEP_S]
+        for k in stale:
+            del self.rehomed[k]
+        if stale:
+            self.rehomed_dropped += len(stale)
+            log.warning("dropped %d re-homed payloads no consumer claimed within %.0f s",
+                        len(stale), REHOMED_KEEP_S)
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()

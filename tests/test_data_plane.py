@@ -67,8 +67,8 @@ async def test_consumer_holding_a_ref_of_a_stopped_producer_gets_the_bytes_from_
 
 
 async def test_a_payload_that_arrives_after_its_fetch_timed_out_is_kept_for_the_retry():
-    """The producer lets a payload go when it answers; if the answer comes late, the
-    consumer keeps it for its next attempt instead of losing it."""
+    """If the answer comes after the fetch gave up, the consumer keeps it for its next
+    attempt; the producer keeps its copy until the consumer releases it."""
     import asyncio
     from dynarl.transport.data_plane import PayloadFetcher, PayloadLost, PayloadServer
     from dynarl.transport.wire import Codec, encode_blob
@@ -85,12 +85,86 @@ async def test_a_payload_that_arrives_after_its_fetch_timed_out_is_kept_for_the_
             if fetcher._late:
                 break
             await asyncio.sleep(0.01)
-        assert server.held_bytes == 0  # the producer let it go
+        assert fetcher._late and server.held_bytes > 0  # answered, and still held
         blob = await fetcher.fetch(ref, timeout_s=5)
         from dynarl.transport.wire import decode_blob
-        assert decode_blob(blob) == {"x": 1}
+        assert decode_blob(blob) == {"x": 1} and not fetcher._late
+        await fetcher.release(ref)
+        for _ in range(200):
+            if server.held_bytes == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert server.held_bytes == 0  # released: the producer let it go
     finally:
         if serving is not None:
             serving.cancel()
         fetcher.close()
         server.close()
+
+
+async def test_a_consumer_stopping_while_its_fetch_is_unanswered_loses_nothing():
+    """A stopping consumer gives back the ref of a payload whose producer has not
+    answered yet. The producer answers later, to the stopped consumer: it must still
+    hold the bytes for whoever gets the ref next (it drops them only when the consumer
+    that keeps the item says so)."""
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        producer = await ctl.spawn(Hoarder, num_ranks=1)
+        await producer.call("put_large", "big", 1, NUMEL)
+        first = await ctl.spawn(Consumer, num_ranks=1)
+        frozen = asyncio.ensure_future(producer.call("freeze", 2.0))
+        await asyncio.sleep(0.2)
+        getting = asyncio.ensure_future(first.call("consume", "big", 1))
+        channel = ctl.channel("big")
+        while len(channel):  # the first consumer took the ref and is fetching
+            await asyncio.sleep(0.02)
+        await first.stop()
+        assert len(channel) == 1
+        ref = channel.get_raw_nowait()
+        assert isinstance(ref, RemoteRef)  # given back unfetched
+        channel.put_nowait(ref)
+        with pytest.raises(Exception):
+            await getting
+        assert await frozen == [2.0]  # the producer answered the stopped consumer's fetch
+        await asyncio.sleep(0.2)
+        second = await ctl.spawn(Consumer, num_ranks=1)
+        got = (await asyncio.wait_for(second.call("consume", "big", 1), 15))[0]
+        assert got[0]["i"] == 0 and float(got[0]["t"].sum()) == 0.0
+
+
+async def test_rehomed_payloads_are_kept_until_released_and_dropped_when_nobody_claims_them(monkeypatch):
+    from dynarl.core import channel_service
+    from dynarl.transport.data_plane import PayloadLost
+    from dynarl.transport.wire import decode_blob, encode_blob
+    service = channel_service.ChannelService({})
+    now = [100.0]
+    monkeypatch.setattr(service, "_now", lambda: now[0])
+    service._serve_payload("rehome", "tcp://p:1", 1, encode_blob("one"))
+    # A fetch does not take it: the fetching consumer may stop before the answer reaches it.
+    assert decode_blob(service._serve_payload("fetch", "tcp://p:1", 1)) == "one"
+    assert decode_blob(service._serve_payload("fetch", "tcp://p:1", 1)) == "one"
+    service._serve_payload("release", "tcp://p:1", 1)
+    with pytest.raises(PayloadLost):
+        service._serve_payload("fetch", "tcp://p:1", 1)
+    service._serve_payload("rehome", "tcp://p:1", 2, encode_blob("two"))
+    now[0] += channel_service.REHOMED_KEEP_S - 1
+    service._serve_payload("rehome", "tcp://p:1", 3, encode_blob("three"))
+    assert set(service.rehomed) == {("tcp://p:1", 2), ("tcp://p:1", 3)} and service.rehomed_dropped == 0
+    now[0] += 2  # 2 is past its keep: nobody can still be fetching it
+    service._serve_payload("rehome", "tcp://p:1", 4, encode_blob("four"))
+    assert set(service.rehomed) == {("tcp://p:1", 3), ("tcp://p:1", 4)} and service.rehomed_dropped == 1
+
+
+async def test_a_ref_given_back_while_its_bytes_are_rehomed_goes_back_as_the_bytes():
+    from dynarl.core import channel_service
+    from dynarl.transport.wire import Blob, encode_blob
+    service = channel_service.ChannelService({})
+    ref = RemoteRef("tcp://p:1", 7, 10)
+    service._serve_payload("rehome", ref.address, ref.id, encode_blob("seven"))
+
+    class Handle:  # the consumer's handle: only its id matters here
+        class spec:
+            worker_id = "consumer-0"
+
+    await service.serve(Handle, "__channel__", ["give_back", "out", None, [[ref, 1.0, None]]])
+    item = service.channel("out").get_raw_nowait()
+    assert isinstance(item, Blob) and not service.rehomed

@@ -192,6 +192,12 @@ class Hoarder(dynarl.Worker):
         await ch.flush()
         return count
 
+    def freeze(self, seconds):
+        """Blocks this rank's loop (a long native call): its payloads go unanswered."""
+        import time
+        time.sleep(seconds)
+        return seconds
+
 
 class Counter(dynarl.Worker):
     """Keeps a count across a Reboot migration."""

@@ -67,6 +67,9 @@ class _Taken:
     key: Hashable = None
     given_back: bool = False
     """A stop gave it back to the channel while a get waited for its bytes."""
+    ref_returned: bool = False
+    """What went back was the ref itself (its bytes had not come): a fetch that ends
+    later must not release the producer's copy, the next consumer needs it."""
 
 
 class ChannelClient:
@@ -203,7 +206,9 @@ class ChannelClient:
         try:
             rows = await self._op("get_many", key, self._prefetch)
             for item, weight, affinity in rows:
-                self._buffers[key].append(_Taken(item, weight, affinity, self._spawn(self._fetched(item)), key))
+                taken = _Taken(item, weight, affinity, None, key)  # type: ignore[arg-type]
+                taken.fetch = self._spawn(self._fetched(item, taken))
+                self._buffers[key].append(taken)
             return None
         except Exception as exc:
             return exc
@@ -211,11 +216,19 @@ class ChannelClient:
             if self._filling.get(key) is asyncio.current_task():
                 del self._filling[key]
 
-    async def _fetched(self, item: Any) -> tuple[Any, BaseException | None]:
+    async def _fetched(self, item: Any, taken: _Taken | None = None) -> tuple[Any, BaseException | None]:
+        """The item's bytes (a ref's fetched, then released where they came from unless
+        a stop has meanwhile given the ref itself back), or the error."""
+        if not isinstance(item, RemoteRef):
+            return item, None
         try:
-            return (await self._fetch(item) if isinstance(item, RemoteRef) else item), None
+            blob, from_controller = await self._fetch(item)
         except Exception as exc:
             return None, exc
+        if taken is None or not taken.ref_returned:
+            # Decided here, with no await since the fetch: give_back sees this task done.
+            self._spawn(_error_of(self._release(item, from_controller)))
+        return blob, None
 
     async def get_batch(self, target_weight: float, key: Hashable = None) -> list[Any]:
         items = await self._op("get_batch", target_weight, key)
@@ -242,6 +255,7 @@ class ChannelClient:
                 await asyncio.wait([t.fetch for t in taken], timeout=GIVE_BACK_FETCH_S)
             for t in taken:
                 fetched = t.fetch.done() and t.fetch.result()[1] is None
+                t.ref_returned = not fetched
                 rows.append([t.fetch.result()[0] if fetched else t.item, t.weight, t.affinity])
             if rows:
                 await self._op("give_back", key, rows)
@@ -254,9 +268,16 @@ class ChannelClient:
     async def _resolve(self, item: Any) -> Any:
         return _decoded(*await self._fetched(item))
 
-    async def _fetch(self, ref: RemoteRef) -> Blob:
+    async def _release(self, ref: RemoteRef, from_controller: bool) -> None:
+        if from_controller:
+            await self._call("__payload__", ["release", ref.address, ref.id], {})
+        elif self._fetcher is not None:
+            await self._fetcher.release(ref)
+
+    async def _fetch(self, ref: RemoteRef) -> tuple[Blob, bool]:
         """From the producer; if it does not answer in FETCH_ATTEMPT_S, or no longer
-        has the payload, from the controller, where a stopping producer re-homes it."""
+        has the payload, from the controller, where a stopping producer re-homes it.
+        Returns the bytes and whether they came from the controller."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + FETCH_TIMEOUT_S
         pause = 0.05
@@ -264,11 +285,11 @@ class ChannelClient:
             try:
                 if self._fetcher is None:
                     raise PayloadLost("this worker has no data plane")
-                return await self._fetcher.fetch(ref, timeout_s=FETCH_ATTEMPT_S)
+                return await self._fetcher.fetch(ref, timeout_s=FETCH_ATTEMPT_S), False
             except PayloadLost:
                 pass
             try:
-                return await self._call("__payload__", ["fetch", ref.address, ref.id], {})
+                return await self._call("__payload__", ["fetch", ref.address, ref.id], {}), True
             except RemoteError as exc:
                 if exc.type_name != "PayloadLost" or loop.time() > deadline:
                     raise PayloadLost(exc.remote_message) from None

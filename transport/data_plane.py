@@ -2,11 +2,15 @@
 
 A producer keeps a large item in its PayloadServer and puts only a RemoteRef
 (address, id, size) into the channel; the consumer that gets the ref fetches the
-bytes straight from the producer, once, and the producer then drops them. The
-controller routes refs like any item, so ordering, weights, affinity and
-backpressure are unchanged, while the bytes cross one hop instead of two.
+bytes straight from the producer. The controller routes refs like any item, so
+ordering, weights, affinity and backpressure are unchanged, while the bytes cross
+one hop instead of two.
 
-If the producer is gone before the fetch, the fetch fails with PayloadLost.
+The producer drops the bytes when the consumer that keeps the item releases them,
+not when it answers the fetch: a consumer that stops while its fetch is unanswered
+gives the ref back to the channel, and the answer that reaches it later must not
+have been the only copy. If the producer is gone before the fetch, the fetch fails
+with PayloadLost.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ class PayloadLost(DynarlError):
 
 
 class PayloadServer:
-    """Holds offered payloads until their single fetch."""
+    """Holds offered payloads until the consumer that keeps one releases it."""
 
     def __init__(self, codec: Codec, host: str = "127.0.0.1") -> None:
         self._codec = codec
@@ -63,11 +67,14 @@ class PayloadServer:
             identity = frames[0].bytes
             try:
                 request = self._codec.decode(frames[1:])
+                if "release" in request:
+                    self._store.pop(int(request["release"]), None)
+                    return
                 ref_id = int(request["fetch"])
             except (WireError, KeyError, TypeError, ValueError):
                 self.rejected += 1
                 return
-            blob = self._store.pop(ref_id, None)
+            blob = self._store.get(ref_id)
             reply = {"id": ref_id, "blob": blob} if blob is not None else {"id": ref_id, "missing": True}
             loop.create_task(self._sock.send_multipart([identity, *self._codec.encode(reply)]))
 
@@ -89,8 +96,8 @@ class PayloadFetcher:
         self._receivers: list[asyncio.Task] = []
         self._waiting: dict[tuple[str, int], asyncio.Future] = {}
         self._late: dict[tuple[str, int], tuple[float, Blob]] = {}
-        """Payloads that arrived after their fetch had timed out: the producer has let
-        them go, so they wait here for the retry (kept LATE_KEEP_S at most)."""
+        """Payloads that arrived after their fetch had timed out, kept for the retry
+        (LATE_KEEP_S at most) so that it need not cross the network again."""
 
     async def fetch(self, ref: RemoteRef, timeout_s: float = 60.0) -> Blob:
         late = self._late.pop((ref.address, ref.id), None)
@@ -111,6 +118,13 @@ class PayloadFetcher:
             raise PayloadLost(f"no answer from {ref.address} for payload {ref.id} within {timeout_s} s") from None
         finally:
             self._waiting.pop((ref.address, ref.id), None)
+
+    async def release(self, ref: RemoteRef) -> None:
+        """Tells the producer that this consumer keeps the item: it may drop its copy.
+        Not answered; a producer that is gone needs no release."""
+        sock = self._peers.get(ref.address)
+        if sock is not None:
+            await sock.send_multipart(self._codec.encode({"release": ref.id}))
 
     async def _receive(self, address: str, sock: LoopSocket) -> None:
         def on_frames(frames: list) -> None:
