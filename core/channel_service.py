@@ -54,7 +54,7 @@ class ChannelService:
                     raise PayloadLost("a peer-to-peer item reached a controller without a data plane")
                 try:
                     blob = await self.fetcher.fetch(item)
-                    await self.fetcher.release(item)
+                    await self._release(item)
                 except PayloadLost:  # its producer may have stopped and re-homed it meanwhile
                     blob = self._take_rehomed(item)
                     if blob is None:
@@ -98,6 +98,15 @@ class ChannelService:
         if op == "statistics":
             return dataclasses.asdict(channel.statistics())
         raise ValueError(f"unknown channel operation {op!r}")
+
+    async def _release(self, ref: RemoteRef) -> None:
+        """The producer may drop its copy. A release that fails costs only memory there
+        (it re-homes the copy when it stops, where it is dropped unclaimed), so it must
+        not fail the get that already has the bytes."""
+        try:
+            await self.fetcher.release(ref)
+        except Exception as exc:
+            log.debug("release of payload %d at %s failed: %r", ref.id, ref.address, exc)
 
     def _rehomed_or(self, item: Any) -> Any:
         """A ref whose producer stopped travels as its bytes instead (so that no ref in

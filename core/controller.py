@@ -112,7 +112,7 @@ class Controller:
         return False
 
     async def shutdown(self) -> None:
-        """Closes the channels and stops every group, newest first. It runs to the end
+        """Closes the channels and stops every group (side by side). It runs to the end
         even if its caller is cancelled meanwhile (a second Ctrl-C, an outer TaskGroup):
         the workers are stopped either way (each stop is bounded by the grace period
         and a kill), and the cancellation is raised once they are."""
@@ -132,8 +132,12 @@ class Controller:
     async def _shut_down(self) -> None:
         for channel in self.channels.values():
             channel.close()
-        for group in reversed(list(self.groups.values())):
-            await _best_effort(f"stop group {group.name}", self.stop_group(group))
+        # All groups at once: each stop is bounded by the grace period, so the shutdown
+        # takes one grace period, not one per group; and ranks that share a process
+        # group (a trainer and its standby) leave it together instead of one waiting
+        # on a peer that has not been asked to stop yet.
+        await asyncio.gather(*(_best_effort(f"stop group {group.name}", self.stop_group(group))
+                               for group in list(self.groups.values())))
         await _best_effort("close launcher", self.launcher.close())
 
     def spawn_task(self, coro: Any, name: str | None = None) -> asyncio.Task:

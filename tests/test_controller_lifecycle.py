@@ -14,7 +14,7 @@ import pytest
 import dynarl
 from dynarl import RuntimeConfig
 from conftest import assert_reaped
-from workers import BlockingSetup, Echo, Parent
+from workers import BlockingSetup, Echo, Parent, SlowTeardown
 
 
 async def test_a_setup_that_blocks_its_loop_is_reported_not_waited_for():
@@ -115,4 +115,16 @@ def test_sigterm_to_the_controller_stops_the_workers_in_order(tmp_path):
         proc.kill()
         proc.wait()
     assert all(open(f"{path}.{rank}").read() == "torn down" for rank in range(2))
+    assert_reaped(pids)
+
+
+async def test_groups_stop_side_by_side_at_shutdown(tmp_path):
+    """Each teardown takes 1 s: stopped one group after another, the last would begin
+    only when the others had ended (and shutdown would take a grace period per group)."""
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        groups = [await ctl.spawn(SlowTeardown, name=f"g{i}", num_ranks=1, init={"path": str(tmp_path / f"g{i}")})
+                  for i in range(3)]
+        pids = [h.pid for g in groups for h in g.handles]
+    spans = [[float(x) for x in (tmp_path / f"g{i}").read_text().split()] for i in range(3)]
+    assert max(began for began, _ in spans) < min(ended for _, ended in spans)
     assert_reaped(pids)

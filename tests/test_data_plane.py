@@ -28,6 +28,11 @@ async def test_large_items_travel_peer_to_peer_and_arrive_intact():
         assert all(float(g["t"].sum()) == g["i"] * NUMEL for g in got)
         last = await channel.get()  # a controller-side get fetches peer-to-peer too
         assert last["i"] == 2 and float(last["t"][0]) == 2.0
+        for _ in range(100):  # both getters released what they kept: the producer let go
+            if await producer.call("held_bytes") == [0]:
+                break
+            await asyncio.sleep(0.05)
+        assert await producer.call("held_bytes") == [0]
 
 
 async def test_payloads_survive_their_producer_stopping():

@@ -97,6 +97,20 @@ class Marker(dynarl.Worker):
             f.write("torn down")
 
 
+class SlowTeardown(dynarl.Worker):
+    """Its teardown takes `hold_s`; it writes when it began and ended."""
+
+    def __init__(self, path: str, hold_s: float = 1.0) -> None:
+        self.path, self.hold_s = path, hold_s
+
+    async def teardown(self):
+        import time
+        began = time.time()
+        await asyncio.sleep(self.hold_s)
+        with open(self.path, "w") as f:
+            f.write(f"{began} {time.time()}")
+
+
 class Producer(dynarl.Worker):
     async def produce(self, channel, items, key=None):
         ch = self.channel(channel)
@@ -191,6 +205,10 @@ class Hoarder(dynarl.Worker):
             await ch.put({"i": i, "t": torch.full((numel,), float(i))})
         await ch.flush()
         return count
+
+    def held_bytes(self):
+        """Bytes of payloads this rank still holds for consumers."""
+        return self._runtime._payloads.held_bytes
 
     def freeze(self, seconds):
         """Blocks this rank's loop (a long native call): its payloads go unanswered."""
