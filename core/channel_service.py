@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from dynarl.transport.channel import DEFAULT_CAPACITY, Channel, Entry, WouldBlock
-from dynarl.transport.channel_client import FETCH_TIMEOUT_S
+from dynarl.transport.channel_client import FETCH_ATTEMPT_S, FETCH_TIMEOUT_S
 from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob
 
@@ -24,14 +24,21 @@ log = logging.getLogger(__name__)
 REHOMED_KEEP_S = 2 * FETCH_TIMEOUT_S
 
 
+@dataclasses.dataclass(slots=True)
+class Rehomed:
+    """A payload whose producer stopped while a consumer held its ref."""
+    blob: Blob
+    served_at: float | None
+    """When a fetch of it was last answered (by the producer or here); None: never."""
+
+
 class ChannelService:
     def __init__(self, channels: dict[str, Channel]) -> None:
         self.channels = channels
         self.fetcher: PayloadFetcher | None = None
         """Set when the controller has sockets (not under the inproc launcher)."""
-        self.rehomed: dict[tuple[str, int], tuple[float, Blob]] = {}
-        """Payloads whose producer stopped while a consumer held their ref, by (address,
-        id): when they came, and the bytes."""
+        self.rehomed: dict[tuple[str, int], Rehomed] = {}
+        """Payloads whose producer stopped while a consumer held their ref, by (address, id)."""
         self.rehomed_dropped = 0
 
     def channel(self, name: str, capacity: int | None = None) -> Channel:
@@ -48,19 +55,32 @@ class ChannelService:
 
     async def resolve_item(self, item: Any) -> Any:
         if isinstance(item, RemoteRef):
-            blob = self._take_rehomed(item)
-            if blob is None:
-                if self.fetcher is None:
-                    raise PayloadLost("a peer-to-peer item reached a controller without a data plane")
-                try:
-                    blob = await self.fetcher.fetch(item)
-                    await self._release(item)
-                except PayloadLost:  # its producer may have stopped and re-homed it meanwhile
-                    blob = self._take_rehomed(item)
-                    if blob is None:
-                        raise
-            item = blob
+            item = await self._fetch(item)
         return decode_blob(item) if isinstance(item, Blob) else item
+
+    async def _fetch(self, ref: RemoteRef) -> Blob:
+        """A controller-side get's payload: from the producer, or re-homed here. A
+        producer that is stopping has let go of its payloads before they arrive here,
+        so a miss is retried (with backoff) until FETCH_TIMEOUT_S, as workers do."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FETCH_TIMEOUT_S
+        pause = 0.05
+        while True:
+            blob = self._take_rehomed(ref)
+            if blob is not None:
+                return blob
+            if self.fetcher is None:
+                raise PayloadLost("a peer-to-peer item reached a controller without a data plane")
+            try:
+                blob = await self.fetcher.fetch(ref, timeout_s=FETCH_ATTEMPT_S)
+            except PayloadLost:
+                if loop.time() > deadline:
+                    raise
+            else:
+                await self._release(ref)
+                return blob
+            await asyncio.sleep(pause)
+            pause = min(1.0, 2 * pause)
 
     async def serve(self, handle: "WorkerHandle", method: str, args: list) -> Any:
         if method == "__payload__":
@@ -118,37 +138,46 @@ class ChannelService:
 
     def _take_rehomed(self, ref: RemoteRef) -> Blob | None:
         kept = self.rehomed.pop((ref.address, ref.id), None)
-        return None if kept is None else kept[1]
+        return None if kept is None else kept.blob
 
-    def _serve_payload(self, op: str, address: str, ref_id: int, blob: Blob | None = None) -> Any:
+    def _serve_payload(self, op: str, address: str, ref_id: int, blob: Blob | None = None,
+                       served: bool = False) -> Any:
+        self._drop_unclaimed()
+        key = (address, ref_id)
         if op == "rehome":
             ref = RemoteRef(address, ref_id, blob.nbytes)
             if not any(ch.replace_item(ref, blob) for ch in self.channels.values()):
-                self._drop_unclaimed()
-                self.rehomed[(address, ref_id)] = (self._now(), blob)  # a consumer holds the ref
+                self.rehomed[key] = Rehomed(blob, self._now() if served else None)  # a consumer holds the ref
             return None
         if op == "fetch":  # kept until that consumer releases it (it may stop before the answer)
-            kept = self.rehomed.get((address, ref_id))
+            kept = self.rehomed.get(key)
             if kept is None:
                 raise PayloadLost(f"payload {ref_id} of {address} is gone")
-            return kept[1]
+            kept.served_at = self._now()
+            return kept.blob
         if op == "release":
-            self.rehomed.pop((address, ref_id), None)
+            self.rehomed.pop(key, None)
             return None
         raise ValueError(f"unknown payload operation {op!r}")
 
     def _drop_unclaimed(self) -> None:
-        """Re-homed payloads are only ever wanted by a consumer that held the ref when
-        its producer stopped, and such a consumer gives up fetching within
-        FETCH_TIMEOUT_S: past REHOMED_KEEP_S nobody will claim one (its consumer died,
-        or got the bytes and released them to the stopped producer), so it goes."""
+        """A re-homed payload that was served (by its producer before it stopped, or by
+        this service) is in the hands of the consumer that fetched it, whose release
+        may have been lost with the stopped producer or with the consumer itself; a
+        consumer still fetching it gives up within FETCH_TIMEOUT_S. So past
+        REHOMED_KEEP_S after its last serving, nobody will claim it and it goes. One
+        never served is kept: the consumer that holds its ref may not fetch it for a
+        long time (a batch still filling, a ref held by controller code)."""
+        if not self.rehomed:
+            return
         now = self._now()
-        stale = [k for k, (at, _) in self.rehomed.items() if now - at > REHOMED_KEEP_S]
+        stale = [k for k, kept in self.rehomed.items()
+                 if kept.served_at is not None and now - kept.served_at > REHOMED_KEEP_S]
         for k in stale:
             del self.rehomed[k]
         if stale:
             self.rehomed_dropped += len(stale)
-            log.warning("dropped %d re-homed payloads no consumer claimed within %.0f s",
+            log.warning("dropped %d re-homed payloads served over %.0f s ago and never released",
                         len(stale), REHOMED_KEEP_S)
 
     @staticmethod

@@ -7,7 +7,7 @@ builds process groups at runtime and shuts everything down in order.
 
 Every long-running task (socket receive loop, liveness monitor, served calls,
 process watchers) is owned by the controller's TaskGroup. Shutdown is ordered
-and best-effort: close channels, stop groups (newest first), reap processes,
+and best-effort: close channels, stop groups (side by side), reap processes,
 stop tasks, close sockets, write the trace. Each step logs its failure and the
 next one still runs, so no process is left behind, also on Ctrl-C or when user
 code raises.

@@ -141,8 +141,8 @@ class WorkerRuntime:
         process: hand them to the controller, which keeps them for their consumer."""
         if self._payloads is None:
             return
-        for ref, blob in self._payloads.take_all():
-            await self._call_controller("__payload__", ["rehome", ref.address, ref.id, blob], {})
+        for ref, blob, served in self._payloads.take_all():
+            await self._call_controller("__payload__", ["rehome", ref.address, ref.id, blob, served], {})
 
     async def _ping(self) -> int:
         return os.getpid()

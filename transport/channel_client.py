@@ -190,6 +190,8 @@ class ChannelClient:
         try:
             fetched = await asyncio.shield(taken.fetch)
         except asyncio.CancelledError:
+            if taken.ref_returned and taken.fetch.cancelled():  # give_back ended its fetch
+                raise ChannelClosed(f"channel {self.name!r}: this worker is stopping") from None
             if not taken.given_back:
                 buffer.appendleft(taken)
             raise
@@ -257,6 +259,8 @@ class ChannelClient:
                 fetched = t.fetch.done() and t.fetch.result()[1] is None
                 t.ref_returned = not fetched
                 rows.append([t.fetch.result()[0] if fetched else t.item, t.weight, t.affinity])
+                if t.ref_returned:  # the producer keeps the bytes for the next consumer
+                    t.fetch.cancel()
             if rows:
                 await self._op("give_back", key, rows)
                 returned += len(rows)

@@ -42,6 +42,8 @@ class PayloadServer:
         self._sock.sock.bind(f"tcp://{host}:0")
         self.address = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._store: dict[int, Blob] = {}
+        self._served: set[int] = set()
+        """Held payloads a fetch was answered for."""
         self._ids = itertools.count(1)
         self.rejected = 0
 
@@ -50,9 +52,13 @@ class PayloadServer:
         self._store[ref_id] = blob
         return RemoteRef(self.address, ref_id, blob.nbytes)
 
-    def take_all(self) -> list[tuple[RemoteRef, Blob]]:
-        held = [(RemoteRef(self.address, ref_id, blob.nbytes), blob) for ref_id, blob in self._store.items()]
+    def take_all(self) -> list[tuple[RemoteRef, Blob, bool]]:
+        """Everything still held, each with whether a fetch was already answered (then a
+        consumer most likely has the bytes and its release is on the way or lost)."""
+        held = [(RemoteRef(self.address, ref_id, blob.nbytes), blob, ref_id in self._served)
+                for ref_id, blob in self._store.items()]
         self._store.clear()
+        self._served.clear()
         return held
 
     @property
@@ -68,13 +74,17 @@ class PayloadServer:
             try:
                 request = self._codec.decode(frames[1:])
                 if "release" in request:
-                    self._store.pop(int(request["release"]), None)
+                    released = int(request["release"])
+                    self._store.pop(released, None)
+                    self._served.discard(released)
                     return
                 ref_id = int(request["fetch"])
             except (WireError, KeyError, TypeError, ValueError):
                 self.rejected += 1
                 return
             blob = self._store.get(ref_id)
+            if blob is not None:
+                self._served.add(ref_id)
             reply = {"id": ref_id, "blob": blob} if blob is not None else {"id": ref_id, "missing": True}
             loop.create_task(self._sock.send_multipart([identity, *self._codec.encode(reply)]))
 
@@ -98,10 +108,15 @@ class PayloadFetcher:
         self._late: dict[tuple[str, int], tuple[float, Blob]] = {}
         """Payloads that arrived after their fetch had timed out, kept for the retry
         (LATE_KEEP_S at most) so that it need not cross the network again."""
+        self._done: dict[tuple[str, int], float] = {}
+        """Fetches that succeeded lately: a second answer to them (a retry's request and
+        the timed-out one both answered) is dropped, not kept in _late."""
 
     async def fetch(self, ref: RemoteRef, timeout_s: float = 60.0) -> Blob:
-        late = self._late.pop((ref.address, ref.id), None)
+        key = (ref.address, ref.id)
+        late = self._late.pop(key, None)
         if late is not None:
+            self._mark_done(key)
             return late[1]
         sock = self._peers.get(ref.address)
         if sock is None:
@@ -113,7 +128,9 @@ class PayloadFetcher:
         try:
             await sock.send_multipart(self._codec.encode({"fetch": ref.id}))
             async with asyncio.timeout(timeout_s):
-                return await future
+                blob = await future
+            self._mark_done(key)
+            return blob
         except TimeoutError:
             raise PayloadLost(f"no answer from {ref.address} for payload {ref.id} within {timeout_s} s") from None
         finally:
@@ -132,10 +149,11 @@ class PayloadFetcher:
                 reply = self._codec.decode(frames)
             except WireError:
                 return
-            future = self._waiting.get((address, reply.get("id")))
+            key = (address, reply.get("id"))
+            future = self._waiting.get(key)
             if future is None or future.done():
-                if not reply.get("missing") and isinstance(reply.get("blob"), Blob):
-                    self._keep_late((address, reply.get("id")), reply["blob"])
+                if not reply.get("missing") and isinstance(reply.get("blob"), Blob) and key not in self._done:
+                    self._keep_late(key, reply["blob"])
                 return
             if reply.get("missing"):
                 future.set_exception(PayloadLost(f"payload {reply['id']} at {address} was already taken or dropped"))
@@ -149,6 +167,16 @@ class PayloadFetcher:
         for k in [k for k, (at, _) in self._late.items() if now - at > LATE_KEEP_S]:
             del self._late[k]
         self._late[key] = (now, blob)
+
+    def _mark_done(self, key: tuple[str, int]) -> None:
+        now = asyncio.get_running_loop().time()
+        while self._done:  # oldest first (insertion order)
+            oldest, at = next(iter(self._done.items()))
+            if now - at <= LATE_KEEP_S:
+                break
+            del self._done[oldest]
+        self._done.pop(key, None)
+        self._done[key] = now
 
     def stop(self) -> None:
         """Cancels the receive loops (they run until cancelled)."""
