@@ -1,16 +1,35 @@
 NUM_GPUS = 0
 
 import asyncio
+import contextlib
 
 import pytest
 
 import dynarl
 from dynarl import RuntimeConfig
-from dynarl.transport.wire import RemoteRef
+from dynarl.core import channel_service
+from dynarl.transport.data_plane import PayloadFetcher, PayloadLost, PayloadServer
+from dynarl.transport.wire import Blob, Codec, RemoteRef, decode_blob, encode_blob
 from conftest import assert_reaped
 from workers import Consumer, Hoarder
 
 NUMEL = 200_000  # 800 KB: above the peer-to-peer threshold
+
+
+@contextlib.asynccontextmanager
+async def producer_and_fetcher():
+    """A producer's PayloadServer, answering only once `serve()` is called, and a
+    consumer's PayloadFetcher; both closed at the end."""
+    codec = Codec(b"k" * 32)
+    server, fetcher = PayloadServer(codec), PayloadFetcher(codec, asyncio.ensure_future)
+    serving: list[asyncio.Task] = []
+    try:
+        yield server, fetcher, lambda: serving.append(asyncio.ensure_future(server.serve()))
+    finally:
+        for task in serving:
+            task.cancel()
+        fetcher.close()
+        server.close()
 
 
 async def test_large_items_travel_peer_to_peer_and_arrive_intact():
@@ -75,37 +94,23 @@ async def test_consumer_holding_a_ref_of_a_stopped_producer_gets_the_bytes_from_
 async def test_a_payload_that_arrives_after_its_fetch_timed_out_is_kept_for_the_retry():
     """If the answer comes after the fetch gave up, the consumer keeps it for its next
     attempt; the producer keeps its copy until the consumer releases it."""
-    import asyncio
-    from dynarl.transport.data_plane import PayloadFetcher, PayloadLost, PayloadServer
-    from dynarl.transport.wire import Codec, encode_blob
-    codec = Codec(b"k" * 32)
-    server = PayloadServer(codec)
-    fetcher = PayloadFetcher(codec, asyncio.ensure_future)
-    ref = server.offer(encode_blob({"x": 1}))
-    serving = None
-    try:
+    async with producer_and_fetcher() as (server, fetcher, serve):
+        ref = server.offer(encode_blob({"x": 1}))
         with pytest.raises(PayloadLost, match="no answer"):
             await fetcher.fetch(ref, timeout_s=0.05)  # the producer is not serving yet
-        serving = asyncio.ensure_future(server.serve())  # now it answers the request it holds
+        serve()  # now it answers the request it holds
         for _ in range(200):
             if fetcher._late:
                 break
             await asyncio.sleep(0.01)
         assert fetcher._late and server.held_bytes > 0  # answered, and still held
-        blob = await fetcher.fetch(ref, timeout_s=5)
-        from dynarl.transport.wire import decode_blob
-        assert decode_blob(blob) == {"x": 1} and not fetcher._late
+        assert decode_blob(await fetcher.fetch(ref, timeout_s=5)) == {"x": 1} and not fetcher._late
         await fetcher.release(ref)
         for _ in range(200):
             if server.held_bytes == 0:
                 break
             await asyncio.sleep(0.01)
         assert server.held_bytes == 0  # released: the producer let it go
-    finally:
-        if serving is not None:
-            serving.cancel()
-        fetcher.close()
-        server.close()
 
 
 async def test_a_consumer_stopping_while_its_fetch_is_unanswered_loses_nothing():
@@ -143,9 +148,6 @@ async def test_a_consumer_stopping_while_its_fetch_is_unanswered_loses_nothing()
 
 
 async def test_rehomed_payloads_are_kept_until_released_and_dropped_only_when_served_long_ago(monkeypatch):
-    from dynarl.core import channel_service
-    from dynarl.transport.data_plane import PayloadLost
-    from dynarl.transport.wire import decode_blob, encode_blob
     service = channel_service.ChannelService({})
     now = [100.0]
     monkeypatch.setattr(service, "_now", lambda: now[0])
@@ -177,42 +179,24 @@ async def test_rehomed_payloads_are_kept_until_released_and_dropped_only_when_se
 async def test_a_second_answer_to_a_fetch_that_succeeded_is_not_kept():
     """A retry against a slow producer sends a second request; both get answered. The
     answer that comes after the fetch succeeded must not stay in the consumer's memory."""
-    from dynarl.transport.data_plane import PayloadFetcher, PayloadLost, PayloadServer
-    from dynarl.transport.wire import Codec, decode_blob, encode_blob
-    codec = Codec(b"k" * 32)
-    server = PayloadServer(codec)
-    fetcher = PayloadFetcher(codec, asyncio.ensure_future)
-    ref = server.offer(encode_blob({"x": 2}))
-    serving = None
-    try:
+    async with producer_and_fetcher() as (server, fetcher, serve):
+        ref = server.offer(encode_blob({"x": 2}))
         with pytest.raises(PayloadLost, match="no answer"):
             await fetcher.fetch(ref, timeout_s=0.05)  # request 1 waits at the producer
-        serving = asyncio.ensure_future(server.serve())
-        fetching = asyncio.ensure_future(fetcher.fetch(ref, timeout_s=5))  # request 2
-        assert decode_blob(await fetching) == {"x": 2}
+        serve()
+        assert decode_blob(await fetcher.fetch(ref, timeout_s=5)) == {"x": 2}  # request 2
         await asyncio.sleep(0.3)  # the other answer arrives meanwhile
         assert not fetcher._late
-    finally:
-        if serving is not None:
-            serving.cancel()
-        fetcher.close()
-        server.close()
 
 
 async def test_a_controller_side_get_waits_for_a_payload_its_stopping_producer_is_rehoming():
     """The producer has let go of its payloads and is handing them over: a controller
     fetch in that window misses at the producer and must wait for the hand-over."""
-    from dynarl.core import channel_service
-    from dynarl.transport.data_plane import PayloadFetcher
-    from dynarl.transport.wire import Codec, encode_blob
-    codec = Codec(b"k" * 32)
-    service = channel_service.ChannelService({})
-    service.fetcher = PayloadFetcher(codec, asyncio.ensure_future)
-    from dynarl.transport.data_plane import PayloadServer
-    server = PayloadServer(codec)
-    ref = server.offer(encode_blob("late"))
-    serving = asyncio.ensure_future(server.serve())
-    try:
+    async with producer_and_fetcher() as (server, fetcher, serve):
+        service = channel_service.ChannelService({})
+        service.fetcher = fetcher
+        ref = server.offer(encode_blob("late"))
+        serve()
         (held_ref, blob, served), = server.take_all()  # the producer's stop has begun
         assert held_ref == ref and not served
 
@@ -224,15 +208,9 @@ async def test_a_controller_side_get_waits_for_a_payload_its_stopping_producer_i
         assert await asyncio.wait_for(service.resolve_item(ref), 10) == "late"
         await handing
         assert not service.rehomed
-    finally:
-        serving.cancel()
-        service.fetcher.close()
-        server.close()
 
 
 async def test_a_ref_given_back_while_its_bytes_are_rehomed_goes_back_as_the_bytes():
-    from dynarl.core import channel_service
-    from dynarl.transport.wire import Blob, encode_blob
     service = channel_service.ChannelService({})
     ref = RemoteRef("tcp://p:1", 7, 10)
     service._serve_payload("rehome", ref.address, ref.id, encode_blob("seven"))

@@ -151,7 +151,9 @@ class PayloadFetcher:
                 return
             key = (address, reply.get("id"))
             future = self._waiting.get(key)
-            if future is None or future.done():
+            if future is not None and future.done():
+                return  # a second answer to a fetch already answered
+            if future is None:
                 if not reply.get("missing") and isinstance(reply.get("blob"), Blob) and key not in self._done:
                     self._keep_late(key, reply["blob"])
                 return
