@@ -53,3 +53,27 @@ def _events(run):
     for c, n, s, e in run.ownership:
         by_time.setdefault(s, {k: 0 for k in COMPONENTS})[c] += n
     return sorted(by_time.items())
+
+
+def test_a_widening_whose_export_fails_rolls_back_and_loses_nothing(monkeypatch):
+    """The export ran (the engines handed their groups over), then failed: the groups go
+    back to their engines, which resume at the base TP; the runner checks every sample
+    still reached the trainer exactly once."""
+    from dynarl.core.migration.p2p import MigrationFailed
+    from dynarl.launch.sim import tail_tp
+    failed = []
+
+    async def export_then_fail(group, release, exported):
+        await tail_tp.export_each.__wrapped__(group, release, exported)
+        failed.append(sum(len(items) for items in exported.values()))
+        raise MigrationFailed("injected: the export's reply was lost")
+
+    export_then_fail.__wrapped__ = tail_tp.export_each
+    monkeypatch.setattr(tail_tp, "export_each", export_then_fail)
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("dynarl-tailtp",)}))
+    run = run_policy(scn, "dynarl-tailtp")
+    assert failed and any(failed), "no widening was tried with groups to hand over"
+    assert not run.migrations.get("reboot")  # none went through
+    assert not [1 for _, _, width in run.busy if width == WIDEN * scn.rollout_tp]
+    for rec in run.iterations:
+        assert rec.tokens == sum(s.generated_tokens for g in scn.batches[rec.index] for s in g.samples)

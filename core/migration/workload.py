@@ -83,7 +83,7 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
             if not all(load == float("inf") for load in released):
                 raise MigrationFailed("no kept rank can take work")
         await group.call("workload_pause", ranks=release)
-        await _export_each(group, release, exported)
+        await export_each(group, release, exported)
         items = [item for p in release for item in exported[p]]
         targets = assign([float(item["weight"]) for item in items], dict(zip(keep, loads)))
         for item, target in zip(items, targets):
@@ -96,7 +96,7 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
         # still give their items back to them.
         await asyncio.gather(*(group.handles[p].call("workload_commit") for p in release), return_exceptions=True)
     except BaseException as exc:
-        lost = await _roll_back(group, keep, release, exported, placed, per_rank)
+        lost = await roll_back(group, keep, release, exported, placed, per_rank)
         if isinstance(exc, asyncio.CancelledError):
             raise
         note = f"; {lost} exported items could not be given back" if lost else ""
@@ -108,7 +108,7 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     return WorkloadResult(len(items), freed, loop.time() - started)
 
 
-async def _export_each(group: WorkerGroup, release: list[int], exported: dict[int, list[dict]]) -> None:
+async def export_each(group: WorkerGroup, release: list[int], exported: dict[int, list[dict]]) -> None:
     """workload_export on every released rank, recording each rank's items as they
     come; a failed export fails the migration with the others' items recorded, and a
     cancellation waits for the exports under way (their items must not vanish)."""
@@ -133,7 +133,7 @@ def _record_exports(release: list[int], results: list[Any], exported: dict[int, 
     return failed
 
 
-async def _roll_back(group: WorkerGroup, keep: list[int], release: list[int], exported: dict[int, list[dict]],
+async def roll_back(group: WorkerGroup, keep: list[int], release: list[int], exported: dict[int, list[dict]],
                      placed: set[int], per_rank: dict[int, list[dict]]) -> int:
     """Undoes a migration that failed: items a kept rank imported stay there; the rest
     go back to the released rank they came from; every held rank is let go; the

@@ -177,7 +177,10 @@ class Migrator:
             credit = self.credit.pop(d.target, 0)
             await self._move(g, d.target, d.devices - credit, live)
             if self.tail_tp:
-                await widen(g, live, self)
+                try:
+                    await widen(g, live, self)
+                except MigrationFailed:
+                    pass  # rolled back: the engines go on at the base TP
 
     async def _move(self, g: SimGroups, target: str, devices: int, live: LiveIteration) -> None:
         if devices < self.scn.rollout_tp:

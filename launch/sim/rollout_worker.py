@@ -132,7 +132,12 @@ class SimRolloutWorker(dynarl.Worker):
         return len(items)
 
     def workload_resume(self) -> None:
+        """A rolled-back migration: the engine steps again, and the run's driver, which
+        waited while the engine was paused, is woken to drive it (the groups given back
+        were imported before the resume)."""
         self.engine.resume()
+        if self.run is not None:
+            self.run.wake.set()
 
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int = 1) -> dict[str, Any]:
         """Consumes prompt groups from `get` until END; puts finished groups on `put` in

@@ -12,6 +12,10 @@ faster. It is a reboot of those engines, paid in full:
     weights over the network (charged to its first step); it imports the groups and
     re-prefills their tokens (in its own emulation).
 
+A pause or export that fails rolls back (each engine gets its own groups back and
+resumes at the base TP; MigrationFailed, which the Migrator lets pass); after the
+commit the old engines are gone and a failure ends the run.
+
 The devices stay the rollout's throughout (no ownership change). Pairs are formed
 within a node (TP spans one NVLink domain), each of an engine with requests and an
 idle one the donor keeps (widen_pairs), so the requests get twice the devices. At the
@@ -25,6 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from dynarl.components import costmodel as cm
 from dynarl.components.experience import END
+from dynarl.core.migration.p2p import MigrationFailed
+from dynarl.core.migration.workload import export_each, roll_back
 
 from .iteration import LiveIteration, SimGroups
 from .scenario import nic_or_link
@@ -79,10 +85,23 @@ async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
     # Registered before anything moves, so the rollout is not done while its groups are in between.
     slots = [loop.create_future() for _ in pairs]
     live.extras["rollout"].extend(slots)
+    release = sorted(p for pair in pairs for p in pair)
+    exported: dict[int, list[dict]] = {}
     try:
-        release = sorted(p for pair in pairs for p in pair)
         await g.rollout.call("workload_pause", ranks=release)
-        exported = dict(zip(release, await g.rollout.call("workload_export", ranks=release)))
+        await export_each(g.rollout, release, exported)
+    except BaseException as exc:
+        # Nothing has moved yet: every engine gets its own groups back and resumes, and
+        # the iteration goes on at the base TP.
+        lost = await roll_back(g.rollout, [], release, exported, set(), {})
+        for slot in slots:
+            if not slot.done():
+                slot.set_result(None)
+        if not isinstance(exc, Exception):
+            raise
+        note = f"; {lost} exported groups could not be given back" if lost else ""
+        raise MigrationFailed(f"tail-TP widening rolled back: {exc}{note}") from exc
+    try:
         await g.rollout.call("workload_commit", ranks=release)  # their runs end: the wider engines take over
         firsts = [handles[a].spec.devices[0] for a, _ in pairs]
         members = {f: sorted(handles[p].spec.devices[0] + k for p in pair for k in range(tp))
