@@ -34,7 +34,13 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     except ConfigError:
         raise
     except (ValueError, TypeError) as exc:
-        raise ConfigError(path or cls.__name__, str(exc)) from None
+        # A check that names its field first ("steps must be >= 1") reports that field's
+        # path (run.steps: must be >= 1), so the message points at the value to change.
+        message = str(exc)
+        field, _, rest = message.partition(" ")
+        if field in names and rest:
+            raise ConfigError(_join(path, field), rest) from None
+        raise ConfigError(path or cls.__name__, message) from None
 
 
 def to_dict(obj: Any) -> Any:

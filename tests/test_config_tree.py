@@ -16,7 +16,7 @@ def test_build_and_round_trip():
     pytest.param({"launcher": "ray"}, "launcher", "choose from 'local', 'inproc', 'agent'", id="literal"),
     pytest.param({"cluster": {"devices_per_nod": 2}}, "cluster.devices_per_nod", "allowed keys", id="typo"),
     pytest.param({"cluster": {"num_nodes": "two"}}, "cluster.num_nodes", "expected an integer", id="type"),
-    pytest.param({"cluster": {"num_nodes": 0}}, "cluster", "num_nodes must be >= 1", id="range"),
+    pytest.param({"cluster": {"num_nodes": 0}}, "cluster.num_nodes", "cluster.num_nodes: must be >= 1", id="range"),
     pytest.param({"heartbeat_timeout_s": True}, "heartbeat_timeout_s", "expected a number", id="bool-not-number"),
     pytest.param({"trace_path": 3}, "trace_path", "fits none", id="optional"),
 ])

@@ -22,7 +22,8 @@ from dynarl.launch.train import UsageError, prepare
                  id="more-ranks-than-devices"),
     pytest.param(("placement.mode", "spatial"), "placement.mode", "= 6 devices but the cluster has 2",
                  id="placement-does-not-fit"),
-    pytest.param(("trainer.engine.lr", -1), "trainer.engine", "lr must be >= 0", id="range"),
+    pytest.param(("trainer.engine.lr", -1), "trainer.engine.lr", "must be >= 0", id="range"),
+    pytest.param(("rollout.top_p", 5), "rollout.top_p", "must be in (0, 1]", id="sampling"),
     pytest.param(("placement.pools", [["rollout"], ["trainer"]]), "placement.pools", "only used by mode 'hybrid'",
                  id="pools-without-hybrid"),
 ])
@@ -73,4 +74,4 @@ def test_cli_errors_from_a_yaml_file_and_a_range(tmp_path):
     assert "rollout.num_ranks: expected an integer, got 'two'" in result.stderr
     result = cli("run.steps=0", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "run: steps must be >= 1, got 0" in result.stderr
+    assert "run.steps: must be >= 1, got 0" in result.stderr

@@ -56,6 +56,13 @@ class RolloutSection:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2: GRPO compares samples within a group")
+        # The engines check these too, but only once the workers are up: say it at load.
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,8 +72,9 @@ class InferenceSection:
     """Sequences per forward pass."""
 
     def __post_init__(self) -> None:
-        if self.num_ranks < 1 or self.micro_batch_size < 1:
-            raise ValueError("num_ranks and micro_batch_size must be >= 1")
+        for name in ("num_ranks", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True, slots=True)
