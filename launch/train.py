@@ -153,6 +153,10 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
             raise UsageError(f"--resume {resume}: no complete checkpoint to resume from")
         run_dir = resume
     cfg = resolve_config(config_path, overrides, resume)
+    if checkpoint is not None:  # before config.yaml is rewritten with the new values
+        mismatch = ckpt.resume_mismatch(checkpoint[1], cfg.run.seed, cfg.run.prompts_per_step)
+        if mismatch is not None:
+            raise UsageError(f"--resume {resume}: {mismatch}")
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
     source, tokenizer = _task(cfg)
@@ -233,6 +237,14 @@ class Job:
         self.run_dir, self.checkpoint = run_dir, checkpoint
         self.workflow: Any = None
 
+    def _how_to_continue(self) -> str:
+        from dynarl.components.workflows import checkpoints as ckpt
+        found = ckpt.latest_checkpoint(self.run_dir)
+        if found is not None:
+            return f"continue from step {found[1].step} with: dynarl train --resume {self.run_dir}"
+        return (f"no checkpoint was written yet (run.checkpoint_every={self.cfg.run.checkpoint_every}), so "
+                f"there is nothing to resume: start again with another --run-dir, or remove {self.run_dir}")
+
     def run(self, controller: Any = None) -> int:
         """controller(runtime): an async context manager giving the Controller; None =
         `Controller(runtime)` (the node agent passes one built on its AgentLauncher)."""
@@ -263,11 +275,10 @@ class Job:
             try:
                 uvloop.run(self._main(runtime, progress, controller))
             except KeyboardInterrupt:
-                print(f"dynarl train: interrupted; continue with: dynarl train --resume {self.run_dir}", file=sys.stderr)
+                print(f"dynarl train: interrupted; {self._how_to_continue()}", file=sys.stderr)
                 return 130
             except asyncio.CancelledError:  # SIGTERM (core/run.py cancel_on_sigterm): workers were stopped in order
-                print(f"dynarl train: terminated; continue with: dynarl train --resume {self.run_dir}",
-                      file=sys.stderr)
+                print(f"dynarl train: terminated; {self._how_to_continue()}", file=sys.stderr)
                 return 143
             except DynarlError as exc:  # a worker failed or was lost: its own traceback is in the message
                 print(f"dynarl train: failed: {exc}", file=sys.stderr)

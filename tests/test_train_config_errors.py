@@ -75,3 +75,25 @@ def test_cli_errors_from_a_yaml_file_and_a_range(tmp_path):
     result = cli("run.steps=0", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "run.steps: must be >= 1, got 0" in result.stderr
+
+
+def test_resume_with_other_data_settings_fails_before_anything_is_rewritten(tmp_path):
+    from dynarl.components.workflows import checkpoints as ckpt
+    (tmp_path / "config.yaml").write_text("run: {steps: 3, prompts_per_step: 4}\n")
+    os.makedirs(ckpt.checkpoint_dir(str(tmp_path), 2))
+    ckpt.write_state(ckpt.checkpoint_dir(str(tmp_path), 2),
+                     ckpt.CheckpointState(step=2, trainer_step=2, seed=0, prompts_per_step=4))
+    with pytest.raises(UsageError, match="step 2 was written with run.seed=0, run.prompts_per_step=4"):
+        prepare(None, [("run.prompts_per_step", 8)], None, str(tmp_path))
+    assert (tmp_path / "config.yaml").read_text() == "run: {steps: 3, prompts_per_step: 4}\n"
+    assert prepare(None, [("run.steps", 5)], None, str(tmp_path)).checkpoint[1].step == 2  # same data: fine
+
+
+def test_an_interrupted_run_says_how_to_continue_only_when_it_can(tmp_path):
+    from dynarl.components.workflows import checkpoints as ckpt
+    job = prepare(None, [], str(tmp_path / "run"), None)
+    os.makedirs(job.run_dir)
+    assert "nothing to resume" in job._how_to_continue() and "--resume" not in job._how_to_continue()
+    os.makedirs(ckpt.checkpoint_dir(job.run_dir, 0))
+    ckpt.write_state(ckpt.checkpoint_dir(job.run_dir, 0), ckpt.CheckpointState(0, 0, 0, job.cfg.run.prompts_per_step))
+    assert job._how_to_continue() == f"continue from step 0 with: dynarl train --resume {job.run_dir}"

@@ -56,6 +56,15 @@ def complete_checkpoints(run_dir: str) -> list[tuple[str, CheckpointState]]:
     return sorted(found, key=lambda item: item[1].step)
 
 
+def resume_mismatch(state: CheckpointState, seed: int, prompts_per_step: int) -> str | None:
+    """Why a run with these settings cannot continue from `state`, or None: the data
+    order of the steps after it depends on both."""
+    if (state.seed, state.prompts_per_step) == (seed, prompts_per_step):
+        return None
+    return (f"the checkpoint of step {state.step} was written with run.seed={state.seed}, "
+            f"run.prompts_per_step={state.prompts_per_step}: resume with the same values")
+
+
 def latest_checkpoint(run_dir: str) -> tuple[str, CheckpointState] | None:
     found = complete_checkpoints(run_dir)
     return found[-1] if found else None

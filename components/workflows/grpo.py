@@ -290,9 +290,9 @@ class GRPO(DynamicScheduling):
 
     async def restore(self, path: str, state: ckpt.CheckpointState) -> int:
         """Trainer state, ledger and data cursor from a checkpoint; steps after it are rolled back."""
-        if (state.seed, state.prompts_per_step) != (self.cfg.run.seed, self.cfg.run.prompts_per_step):
-            raise ValueError(f"checkpoint {path} was written with run.seed={state.seed}, "
-                             f"run.prompts_per_step={state.prompts_per_step}: resume with the same values")
+        mismatch = ckpt.resume_mismatch(state, self.cfg.run.seed, self.cfg.run.prompts_per_step)
+        if mismatch is not None:  # (dynarl train checks this before any worker starts)
+            raise ValueError(f"{path}: {mismatch}")
         trainer = self.g.trainer
         await held(self.ctl, trainer, self.clock, "restore", "load_checkpoint",
                    lambda: trainer.call("load_checkpoint", path))
