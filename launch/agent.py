@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 from datetime import timedelta
@@ -107,10 +108,39 @@ def load_workflow(ref: str) -> Any:
     return getattr(module, name)
 
 
+def read_secret_file(path: str, what: str) -> bytes:
+    """The hex key in `path`, which must be a regular file of this user that nobody else
+    may read or write, in a folder nobody else may write (what ssh asks of a key). On
+    one host the path comes through the unauthenticated store, where another local user
+    could have put one of theirs: they cannot make a file that passes this."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ConfigError(what, f"cannot open the secret file {path!r}: {exc.strerror}") from None
+    try:
+        info, folder = os.fstat(fd), os.stat(os.path.dirname(os.path.abspath(path)))
+        uid = os.getuid()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
+            raise ConfigError(what, f"the secret file {path!r} must be a regular file of uid {uid} with no "
+                              f"access for group or others (mode {stat.S_IMODE(info.st_mode):o}, "
+                              f"owner {info.st_uid}): chmod 600 it")
+        if folder.st_uid not in (uid, 0) or folder.st_mode & 0o022 and not folder.st_mode & stat.S_ISVTX:
+            raise ConfigError(what, f"the folder of the secret file {path!r} may be written by others")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            text = f.read().decode(errors="replace").strip()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(what, f"the secret file {path!r} does not hold a hex key") from None
+
+
 def job_secret(store: Any, node: int, single_host: bool) -> bytes:
     if os.environ.get("DYNARL_SECRET_FILE"):
-        with open(os.environ["DYNARL_SECRET_FILE"], "rb") as f:
-            return bytes.fromhex(f.read().decode().strip())
+        return read_secret_file(os.environ["DYNARL_SECRET_FILE"], "DYNARL_SECRET_FILE")
     if os.environ.get("DYNARL_SECRET"):
         return bytes.fromhex(os.environ["DYNARL_SECRET"])
     if not single_host:
@@ -127,9 +157,7 @@ def job_secret(store: Any, node: int, single_host: bool) -> bytes:
         os.close(fd)
         store.set("dynarl/secret_path", path)
         return secret
-    path = store.get("dynarl/secret_path").decode()
-    with open(path, "rb") as f:
-        return bytes.fromhex(f.read().decode().strip())
+    return read_secret_file(store.get("dynarl/secret_path").decode(), "dynarl/secret_path (from the store)")
 
 
 def rendezvous_store(node: int, num_agents: int) -> Any:
