@@ -31,7 +31,8 @@ class RuntimeConfig:
     controller's loop (tests, simulation); agent: node agents started by torchrun/srun."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     bind_host: str = "127.0.0.1"
-    """Address the controller's socket binds to. Loopback unless workers run on other nodes."""
+    """Address the controller's socket binds to. Loopback unless workers run on other
+    nodes (then 0.0.0.0 or node 0's address; launch/node_host.py says what is advertised)."""
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
     """A worker silent for this long is reported as WorkerLost."""

@@ -29,7 +29,6 @@ import importlib.util
 import os
 import secrets
 import shutil
-import socket
 import stat
 import sys
 import tempfile
@@ -46,6 +45,8 @@ from dynarl.core.worker import WorkerSpec
 from dynarl.launch.agent_launcher import AgentLauncher
 from dynarl.launch.worker_main import die_with_parent
 from dynarl.launch.local import bootstrap_line_for, free_local_port, reap, start_worker_process, worker_environment
+from dynarl.launch.node_host import advertised_host
+from dynarl.transport.endpoints import with_host
 from dynarl.transport.errors import ConfigError
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import DealerClient
@@ -172,17 +173,19 @@ def rendezvous_store(node: int, num_agents: int) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def agent_controller(runtime: RuntimeConfig, store: Any, secret: bytes):
-    """Agent 0's controller: published in the store, ready once every other agent said hello."""
-    launcher = AgentLauncher(node_host=runtime.bind_host)
+async def agent_controller(runtime: RuntimeConfig, store: Any, secret: bytes, host: str):
+    """Agent 0's controller: published in the store (at `host`, node 0's advertised
+    address: the router may be bound to a wildcard), ready once every other agent said hello."""
+    launcher = AgentLauncher(node_host=host)
     async with Controller(runtime, launcher=launcher, secret=secret) as ctl:
-        store.set(STORE_KEY, ctl.router.address)
+        store.set(STORE_KEY, with_host(ctl.router.address, host))
         await launcher.wait_for_agents(runtime.cluster.num_nodes - 1, runtime.spawn_timeout_s)
         yield ctl
 
 
-async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, store: Any, secret: bytes) -> Any:
-    async with agent_controller(runtime, store, secret) as ctl:
+async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, store: Any, secret: bytes,
+                         host: str) -> Any:
+    async with agent_controller(runtime, store, secret, host) as ctl:
         return await workflow(ctl, **kwargs)
 
 
@@ -286,11 +289,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     single_host = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
     secret = job_secret(store, node, single_host)
-    host = runtime.bind_host if runtime.bind_host != "0.0.0.0" else socket.gethostname()
+    try:
+        host = advertised_host(runtime.bind_host, node, master_addr=os.environ.get("MASTER_ADDR"),
+                               override=os.environ.get("DYNARL_NODE_HOST"))
+    except (ValueError, OSError) as exc:
+        print(f"dynarl agent: cannot tell this node's address: {exc}", file=sys.stderr)
+        return 2
     if node == 0 and job is not None:
-        return job.run(controller=lambda rt: agent_controller(rt, store, secret))
+        return job.run(controller=lambda rt: agent_controller(rt, store, secret, host))
     if node == 0:
-        result = uvloop.run(run_controller(runtime, load_workflow(workflow_ref), kwargs, store, secret))
+        result = uvloop.run(run_controller(runtime, load_workflow(workflow_ref), kwargs, store, secret, host))
         print(f"dynarl agent: workflow finished: {result!r}")
         return 0
     address = store.get(STORE_KEY).decode()

@@ -16,6 +16,7 @@ import uvloop
 
 from dynarl.core.worker import WorkerSpec
 from dynarl.core.worker_runtime import WorkerRuntime
+from dynarl.launch.node_host import bind_host_for
 from dynarl.transport.data_plane import PayloadFetcher, PayloadServer
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import DealerClient, HeartbeatThread, LoopTicker
@@ -50,7 +51,8 @@ async def serve(boot: dict) -> None:
     ticker = LoopTicker(interval)
     heartbeat = HeartbeatThread(secret, boot["address"], identity, interval, ticker.lag)
     heartbeat.start()
-    payloads = PayloadServer(codec, boot.get("data_host", "127.0.0.1"))
+    data_host = boot.get("data_host", "127.0.0.1")  # this node's address as peers reach it
+    payloads = PayloadServer(codec, bind_host_for(data_host), advertise=data_host)
     fetcher: PayloadFetcher | None = None
     try:
         async with asyncio.TaskGroup() as tg:

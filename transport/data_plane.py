@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 
 from dynarl.transport.errors import DynarlError
+from dynarl.transport.endpoints import with_host
 from dynarl.transport.sockets import LoopSocket
 from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
 
@@ -35,12 +36,16 @@ class PayloadLost(DynarlError):
 class PayloadServer:
     """Holds offered payloads until the consumer that keeps one releases it."""
 
-    def __init__(self, codec: Codec, host: str = "127.0.0.1") -> None:
+    def __init__(self, codec: Codec, host: str = "127.0.0.1", advertise: str | None = None) -> None:
+        """Binds `host`; consumers are told `advertise` (default: the bound address),
+        which must name this node as they reach it when `host` is a wildcard."""
         self._codec = codec
         self._ctx = zmq.Context()
         self._sock = LoopSocket(self._ctx, zmq.ROUTER)
         self._sock.sock.bind(f"tcp://{host}:0")
         self.address = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if advertise is not None:
+            self.address = with_host(self.address, advertise)
         self._store: dict[int, Blob] = {}
         self._served: set[int] = set()
         """Held payloads a fetch was answered for."""
