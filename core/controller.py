@@ -73,8 +73,12 @@ class Controller:
         await self._tg.__aenter__()
         try:
             if getattr(self.launcher, "uses_sockets", True):
-                host = self.config.bind_host
-                self.router = RouterServer(self.codec, f"tcp://{host}:0")
+                # TCP only where workers on other hosts need it: a local job's workers
+                # use the 0700 IPC socket, and a TCP port would let any local user in
+                # (to be refused, but after the loop has read their bytes).
+                remote = getattr(self.launcher, "remote_workers", True)
+                bind = f"tcp://{self.config.bind_host}:0" if remote else None
+                self.router = RouterServer(self.codec, bind)
                 self._background.append(self._tg.create_task(self.router.serve(), name="router"))
                 self._background.append(self._tg.create_task(self._monitor(), name="liveness"))
                 self.channel_service.fetcher = PayloadFetcher(self.codec, self.spawn_task)

@@ -29,6 +29,8 @@ class RemoteWorker:
 class AgentLauncher(Launcher):
     name = "agent"
     uses_sockets = True
+    remote_workers = True
+    """Workers on other hosts connect over TCP."""
 
     def __init__(self, node_host: str = "127.0.0.1") -> None:
         self._local = LocalLauncher()

@@ -110,6 +110,8 @@ def free_local_port(host: str = "127.0.0.1") -> int:
 class LocalLauncher(Launcher):
     name = "local"
     uses_sockets = True
+    remote_workers = False
+    """Every worker is on this host: the controller binds no TCP port."""
 
     def __init__(self) -> None:
         self._ctl: "Controller | None" = None

@@ -141,7 +141,9 @@ async def _garbage_then_call(garbage):
         ctx = zmq.asyncio.Context()
         intruder = ctx.socket(zmq.DEALER)
         intruder.setsockopt(zmq.IDENTITY, identity + b"-intruder")
-        intruder.connect(ctl.router.address)
+        # (a local job binds no TCP port: only this user's processes reach its IPC socket)
+        assert ctl.router.address is None and ctl.router.local_address.startswith("ipc://")
+        intruder.connect(ctl.router.local_address)
         oversized = Codec(SECRET, max_message_bytes=1 << 30).encode({"b": b"x" * (2 << 20)})
         for frames in [*garbage, oversized, Codec(b"wrong-secret-0123456789").encode({"k": "call"})]:
             await intruder.send_multipart(frames)

@@ -121,16 +121,21 @@ class RouterServer:
     """The controller's socket. Routes each received body to the handler
     registered for the sender's identity; unknown senders go to `on_unknown`."""
 
-    def __init__(self, codec: Codec, bind: str = "tcp://127.0.0.1:0", *, local_ipc: bool = True) -> None:
-        """Binds `bind` (TCP, for peers on other nodes) and, with `local_ipc`, a
-        Unix socket in a fresh 0700 directory for peers on this host: ~10% faster
-        round trips here, and only this user can connect to it."""
+    def __init__(self, codec: Codec, bind: str | None = "tcp://127.0.0.1:0", *, local_ipc: bool = True) -> None:
+        """Binds `bind` (TCP, for peers on other nodes; None: none, so no other local
+        user can even connect) and, with `local_ipc`, a Unix socket in a fresh 0700
+        directory for peers on this host: ~10% faster round trips here, and only this
+        user can connect to it."""
+        if bind is None and not local_ipc:
+            raise ValueError("a RouterServer needs a TCP bind or the local IPC socket")
         self.codec = codec
         self._ctx = zmq.Context()
         self._sock = LoopSocket(self._ctx, zmq.ROUTER)
         self._sock.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.sock.bind(bind)
-        self.address: str = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address: str | None = None
+        if bind is not None:
+            self._sock.sock.bind(bind)
+            self.address = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._ipc_dir: str | None = None
         self.local_address = self.address
         if local_ipc:
