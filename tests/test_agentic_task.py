@@ -83,12 +83,12 @@ def test_source_serves_calc_and_keeps_warmup_apart():
     ({"workflow": "agentic"}, "task.kind"),                                    # agentic needs calc
     ({"task": {"kind": "calc"}}, "workflow"),                                  # calc needs agentic
     ({**AGENTIC, "workflow": "react"}, "workflow"),
-    ({**AGENTIC, "agentic": {"max_turns": 0}}, "agentic"),
+    ({**AGENTIC, "agentic": {"max_turns": 0}}, "agentic.max_turns"),
     ({**AGENTIC, "agentic": {"queue": "lifo"}}, "agentic.queue"),
     ({**AGENTIC, "agentic": {"affinity": "must"}}, "agentic.affinity"),
-    ({**AGENTIC, "task": {"kind": "calc", "calc": {"digits": [3]}}}, "task.calc"),
-    ({**AGENTIC, "task": {"kind": "calc", "calc": {"ops": "/"}}}, "task.calc"),
-    ({**AGENTIC, "task": {"kind": "calc", "calc": {"warmup_direct_frac": 1.5}}}, "task.calc"),
+    ({**AGENTIC, "task": {"kind": "calc", "calc": {"digits": [3]}}}, "task.calc.digits"),
+    ({**AGENTIC, "task": {"kind": "calc", "calc": {"ops": "/"}}}, "task.calc.ops"),
+    ({**AGENTIC, "task": {"kind": "calc", "calc": {"warmup_direct_frac": 1.5}}}, "task.calc.warmup_direct_frac"),
     ({**AGENTIC, "runtime": {"cluster": {"devices_per_node": 4}}, "placement": {"mode": "spatial"},
       "scheduler": {"policy": "dynarl"}, "rollout": {"num_ranks": 2}, "inference": {"num_ranks": 1},
       "trainer": {"num_ranks": 1}}, "scheduler.policy"),
