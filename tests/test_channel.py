@@ -301,3 +301,31 @@ async def test_a_room_waiter_that_waits_again_is_still_told():
     assert not waiter.done()
     assert await ch.get() == "b"
     await asyncio.wait_for(waiter, 1)
+
+
+async def test_a_stop_whose_waiting_get_ends_while_it_is_abandoned_still_gives_back():
+    """The channel ends the waiting get (abandon) and the get's fill is gone from the
+    consumer's books before the stop looks again: the stop must not trip over that."""
+    from dynarl.transport.channel_client import ChannelClient
+    fill_answered = asyncio.Event()
+    ops = []
+
+    async def call(method, args, kwargs):
+        op = args[0]
+        ops.append(op)
+        if op == "get_many":
+            await fill_answered.wait()
+            return []  # ended by the abandon, without an item
+        if op == "abandon":
+            fill_answered.set()
+            for _ in range(5):  # the fill finishes before this reply arrives
+                await asyncio.sleep(0)
+            return 1
+        return None
+
+    client = ChannelClient("work", call, prefetch=2, spawn=asyncio.ensure_future)
+    getting = asyncio.ensure_future(client.get())
+    await asyncio.sleep(0.01)
+    assert await client.give_back() == 0 and ops == ["get_many", "abandon"]
+    with pytest.raises(dynarl.ChannelClosed):
+        await getting

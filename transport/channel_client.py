@@ -243,9 +243,10 @@ class ChannelClient:
         (`abandon`) and awaited, not cancelled: an item the channel handed to one just
         before arrives here and goes back with the rest. No get runs after this."""
         self._stopping = True
-        if self._filling:
+        filling = list(self._filling.values())  # (a fill that ends meanwhile leaves _filling)
+        if filling:
             await self._op("abandon")
-            await asyncio.wait(list(self._filling.values()))
+            await asyncio.wait(filling)
         returned = 0
         for key, buffer in list(self._buffers.items()):
             # first those a get took off the buffer but is still waiting for: it will not return them

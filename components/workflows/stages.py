@@ -72,8 +72,10 @@ async def stage(ctl: "Controller", group: "WorkerGroup", method: str, *, get: st
             raise closer.exception()  # upstream failed: no END will come
         return await work
     finally:
-        work.cancel()
-        closer.cancel()
+        for task in (work, closer):
+            task.cancel()
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the one that matters was raised above
 
 
 async def held(ctl: "Controller", group: "WorkerGroup", clock: StageClock, label: str, name: str,
