@@ -19,11 +19,14 @@ BENCHES = {
 
 
 def _bench(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dynarl bench", description="Run a benchmark; ratios are measured side by side in one run.")
+    # `dynarl bench NAME --help` is the bench's own help: only the name is parsed here.
+    if argv and argv[0] in BENCHES:
+        return int(importlib.import_module(BENCHES[argv[0]]).main(argv[1:]) or 0)
+    parser = argparse.ArgumentParser(prog="dynarl bench", description="Run a benchmark; ratios are measured "
+                                     "side by side in one run. `dynarl bench NAME --help` lists its options.")
     parser.add_argument("name", choices=sorted(BENCHES))
-    args, rest = parser.parse_known_args(argv)
-    module = importlib.import_module(BENCHES[args.name])
-    return int(module.main(rest) or 0)
+    parser.parse_args(argv)  # exits with the usage (or the help)
+    return 2
 
 
 def _train(argv: list[str]) -> int:
@@ -45,10 +48,21 @@ COMMANDS = {
 }
 
 
+SUMMARIES = {
+    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic), ratios measured side by side",
+    "graph": "the static hypergraph of a workflow file (components and channels)",
+    "sim": "the real controller and scheduler on emulated devices, in virtual time",
+    "tool": "run one tool call (python in the sandbox, or the calculator) and print its JSON result",
+    "train": "RL post-training (GRPO); with no config, a small CPU job",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dynarl {" + ",".join(sorted(COMMANDS)) + "} ...")
+        print("usage: dynarl {" + ",".join(sorted(COMMANDS)) + "} ...\n\n" + "\n".join(
+            f"  {name:<6} {what}" for name, what in sorted(SUMMARIES.items())) +
+            "\n\n`dynarl COMMAND --help` for its options.")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
