@@ -34,8 +34,9 @@ def run(workflow: Workflow, config: RuntimeConfig | None = None, *, virtual_time
 
 def cancel_on_sigterm() -> None:
     """SIGTERM (slurm's notice before it kills a job, `kill`) cancels the workflow like
-    Ctrl-C does, so the controller's ordered shutdown runs: workers tear down instead
-    of dying of PDEATHSIG with their state unsaved."""
+    Ctrl-C does, so the controller's ordered shutdown runs: workers tear down (channels
+    flushed, payloads handed over) instead of dying of PDEATHSIG. It writes no
+    checkpoint: `dynarl train` resumes from its last one (run.checkpoint_every)."""
     import signal
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return  # the embedding program handles SIGTERM itself
