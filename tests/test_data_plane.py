@@ -40,6 +40,8 @@ async def test_large_items_travel_peer_to_peer_and_arrive_intact():
         stored = [channel.get_raw_nowait() for _ in range(3)]
         # The controller holds only references, not the bytes.
         assert all(isinstance(item, RemoteRef) and item.nbytes > 3 * NUMEL for item in stored)
+        # a local job's payload servers listen on a private Unix socket, not a TCP port
+        assert all(item.address.startswith("ipc://") for item in stored)
         for item in stored:
             channel.put_nowait(item)
         consumer = await ctl.spawn(Consumer, num_ranks=1)

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import zmq
@@ -38,14 +41,22 @@ class PayloadServer:
 
     def __init__(self, codec: Codec, host: str = "127.0.0.1", advertise: str | None = None) -> None:
         """Binds `host`; consumers are told `advertise` (default: the bound address),
-        which must name this node as they reach it when `host` is a wildcard."""
+        which must name this node as they reach it when `host` is a wildcard. On
+        loopback (every consumer is on this host) it binds a Unix socket in a fresh 0700
+        directory instead of a TCP port, so that no other local user can connect."""
         self._codec = codec
         self._ctx = zmq.Context()
         self._sock = LoopSocket(self._ctx, zmq.ROUTER)
-        self._sock.sock.bind(f"tcp://{host}:0")
-        self.address = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        if advertise is not None:
-            self.address = with_host(self.address, advertise)
+        self._ipc_dir: str | None = None
+        if host in ("127.0.0.1", "localhost", "::1") and advertise in (None, host):
+            self._ipc_dir = tempfile.mkdtemp(prefix="dynarl-p2p-")
+            self.address = f"ipc://{os.path.join(self._ipc_dir, 'payloads')}"
+            self._sock.sock.bind(self.address)
+        else:
+            self._sock.sock.bind(f"tcp://{host}:0")
+            self.address = self._sock.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            if advertise is not None:
+                self.address = with_host(self.address, advertise)
         self._store: dict[int, Blob] = {}
         self._served: set[int] = set()
         """Held payloads a fetch was answered for."""
@@ -98,6 +109,8 @@ class PayloadServer:
     def close(self) -> None:
         self._sock.close()
         self._ctx.term()
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
 class PayloadFetcher:
