@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dynarl.components.model.spec import ModelSpec
+from dynarl.components.rollout.base import SamplingParams
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.tasks.source import TaskConfig
@@ -56,13 +57,9 @@ class RolloutSection:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2: GRPO compares samples within a group")
-        # The engines check these too, but only once the workers are up: say it at load.
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        # The engines' own checks, run at load rather than once the workers are up.
+        SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                       max_new_tokens=self.max_new_tokens)
 
 
 @dataclass(kw_only=True, slots=True)
