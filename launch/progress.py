@@ -28,6 +28,8 @@ class PlainProgress:
         self.total = total_steps
         self.stream = stream
         self._last_warmup = -1.0
+        self._stepped = False
+        self._stage = ""
 
     def __enter__(self) -> "PlainProgress":
         return self
@@ -36,15 +38,22 @@ class PlainProgress:
         self.stream.flush()
 
     def stage(self, name: str) -> None:
-        pass  # a line per stage change would drown the step lines
+        # Until the steps begin, what is starting (spawn, profiling, warm start: tens of
+        # seconds); after that, a line per stage change would drown the step lines.
+        if not self._stepped and name != self._stage:
+            print(f"starting: {name}", file=self.stream, flush=True)
+        self._stage = name
 
     def warmup(self, done: int, total: int) -> None:
         now = time.monotonic()
-        if done == total or now - self._last_warmup > 5:
+        if done == total:
+            self._stepped = True  # the steps begin: their own lines say the rest
+        if total and (done == total or now - self._last_warmup > 5):
             self._last_warmup = now
             print(f"warm start {done}/{total}", file=self.stream, flush=True)
 
     def step(self, metrics: dict[str, Any]) -> None:
+        self._stepped = True
         print(step_line(metrics, self.total), file=self.stream, flush=True)
 
     def note(self, text: str) -> None:

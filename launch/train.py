@@ -157,6 +157,11 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
         mismatch = ckpt.resume_mismatch(checkpoint[1], cfg.run.seed, cfg.run.prompts_per_step)
         if mismatch is not None:
             raise UsageError(f"--resume {resume}: {mismatch}")
+        done = checkpoint[1].step
+        if done >= cfg.run.steps:
+            raise UsageError(f"--resume {resume}: its checkpoint has trained {done} steps and run.steps is "
+                             f"{cfg.run.steps}, so there is nothing to run; to train further, raise it "
+                             f"(e.g. run.steps={done + cfg.run.checkpoint_every})")
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
     source, tokenizer = _task(cfg)

@@ -97,3 +97,14 @@ def test_an_interrupted_run_says_how_to_continue_only_when_it_can(tmp_path):
     os.makedirs(ckpt.checkpoint_dir(job.run_dir, 0))
     ckpt.write_state(ckpt.checkpoint_dir(job.run_dir, 0), ckpt.CheckpointState(0, 0, 0, job.cfg.run.prompts_per_step))
     assert job._how_to_continue() == f"continue from step 0 with: dynarl train --resume {job.run_dir}"
+
+
+def test_resuming_a_run_that_has_all_its_steps_says_so_before_starting(tmp_path):
+    from dynarl.components.workflows import checkpoints as ckpt
+    (tmp_path / "config.yaml").write_text("run: {steps: 3}\n")
+    os.makedirs(ckpt.checkpoint_dir(str(tmp_path), 3))
+    per_step = load_config(None, []).run.prompts_per_step
+    ckpt.write_state(ckpt.checkpoint_dir(str(tmp_path), 3), ckpt.CheckpointState(3, 3, 0, per_step))
+    with pytest.raises(UsageError, match="trained 3 steps and run.steps is 3, so there is nothing to run"):
+        prepare(None, [], None, str(tmp_path))
+    assert prepare(None, [("run.steps", 4)], None, str(tmp_path)).checkpoint[1].step == 3
