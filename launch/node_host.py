@@ -11,8 +11,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+from dynarl.transport.endpoints import LOOPBACK
+
 WILDCARDS = frozenset({"0.0.0.0", "*", "::", "[::]", ""})
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def advertised_host(bind_host: str, node: int, *, master_addr: str | None, override: str | None = None,

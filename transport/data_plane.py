@@ -24,7 +24,7 @@ from typing import Any
 import zmq
 
 from dynarl.transport.errors import DynarlError
-from dynarl.transport.endpoints import with_host
+from dynarl.transport.endpoints import LOOPBACK, with_host
 from dynarl.transport.sockets import LoopSocket
 from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
 
@@ -48,7 +48,7 @@ class PayloadServer:
         self._ctx = zmq.Context()
         self._sock = LoopSocket(self._ctx, zmq.ROUTER)
         self._ipc_dir: str | None = None
-        if host in ("127.0.0.1", "localhost", "::1") and advertise in (None, host):
+        if host in LOOPBACK and advertise in (None, host):
             self._ipc_dir = tempfile.mkdtemp(prefix="dynarl-p2p-")
             self.address = f"ipc://{os.path.join(self._ipc_dir, 'payloads')}"
             self._sock.sock.bind(self.address)
@@ -152,7 +152,7 @@ class PayloadFetcher:
         except TimeoutError:
             raise PayloadLost(f"no answer from {ref.address} for payload {ref.id} within {timeout_s} s") from None
         finally:
-            self._waiting.pop((ref.address, ref.id), None)
+            self._waiting.pop(key, None)
 
     async def release(self, ref: RemoteRef) -> None:
         """Tells the producer that this consumer keeps the item: it may drop its copy.
