@@ -14,7 +14,6 @@ converted to megatron's layout, so switching the backend keeps the starting poli
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Mapping
 
 import torch
@@ -117,9 +116,3 @@ def weights_template(engine: Any, model: Mapping[str, Any]) -> torch.nn.Module:
 
     with torch.device("meta"):
         return Qwen2ForCausalLM(ModelSpec(**model).config())
-
-
-async def settle(result: Any) -> Any:
-    """An engine call's result, awaited if the backend made it a coroutine (the sglang
-    adapter's control calls are; the native engine's are synchronous)."""
-    return await result if inspect.isawaitable(result) else result

@@ -125,7 +125,7 @@ def test_capacity_is_never_exceeded_under_a_flood(seed, capacity, block_size, ma
         sched.schedule = checked_schedule
 
         def check(e):
-            load = e.load()
+            load = e.load_now()
             assert e.scheduler.used_tokens() <= e.capacity
             assert load.active_kv_tokens <= load.kv_capacity_tokens
             peaks.append(load.utilization)
@@ -145,7 +145,7 @@ def test_capacity_is_never_exceeded_under_a_flood(seed, capacity, block_size, ma
     if capacity < 1000:
         assert eng.scheduler.num_preemptions > 0  # the flood really ran out of KV
         assert max(peaks) > 0.8
-    assert eng.load().active_kv_tokens == 0
+    assert eng.load_now().active_kv_tokens == 0
 
 
 def test_export_then_import_continues_to_the_same_tokens():
@@ -162,9 +162,9 @@ def test_export_then_import_continues_to_the_same_tokens():
             a.add_request(r)
         driver = asyncio.create_task(drive(a))
         await asyncio.sleep(0.36)  # migrate mid-generation
-        a.pause()
-        items = [InflightRequest.from_wire(i.to_wire()) for i in a.export_inflight()]
-        assert a.load().num_running == a.load().num_waiting == 0 and a.load().active_kv_tokens == 0
+        await a.pause()
+        items = [InflightRequest.from_wire(i.to_wire()) for i in await a.export_inflight()]
+        assert (await a.load()).num_running == (await a.load()).num_waiting == 0 and (await a.load()).active_kv_tokens == 0
         partial = {i.request.request_id: len(i.output_token_ids) for i in items}
         b.import_inflight(items)
         before = {rid: r for rid, (r, _) in (await driver).items()}
@@ -209,9 +209,9 @@ def test_follow_up_turn_hits_the_prefix_cache_and_prefills_less():
         t0 = loop.time()
         [turn2] = await eng.generate([request("t2", history + [5, 6, 7], 10)])
         elapsed = loop.time() - t0
-        eng.update_weights(0, version=1)  # new weights: the old KV must not be reused
+        await eng.update_weights(0, version=1)  # new weights: the old KV must not be reused
         [turn3] = await eng.generate([request("t3", history + [5, 6, 7], 10)])
-        return turn2, elapsed, turn3, eng.load()
+        return turn2, elapsed, turn3, await eng.load()
 
     turn2, elapsed, turn3, load = run_virtual(main())
     ctx = 137 + 3
@@ -228,7 +228,7 @@ def test_grpo_siblings_share_prompt_kv_and_hit_the_cache():
         for i in range(4):
             eng.add_request(request(f"g{i}", prompt_of(64), 5, seed=i))
         results = await eng.step()
-        return eng.load(), results, await drive(eng)
+        return await eng.load(), results, await drive(eng)
 
     load, first, done = run_virtual(main())
     assert first == [] and load.num_running == 4
@@ -246,10 +246,10 @@ def test_load_reports_active_kv_over_capacity(coalesce):
         eng = engine(kv_capacity_tokens=1000, block_size=16, coalesce_steps=coalesce)
         eng.add_request(request("a", prompt_of(100), 50))
         eng.add_request(request("b", prompt_of(10, 3), 50))
-        before = eng.load()
+        before = await eng.load()
         driver = asyncio.create_task(drive(eng))
         await asyncio.sleep(two_steps * 1.0001)  # just after the second step ended
-        after = eng.load()
+        after = await eng.load()
         await driver
         return before, after
 
@@ -271,8 +271,8 @@ def test_abort_returns_partial_outputs_and_frees_kv(coalesce):
         eng.add_request(request("b", prompt_of(20, 1), 100))
         driver = asyncio.create_task(drive(eng))
         await asyncio.sleep((seven_steps + eight_steps) / 2)  # during the 8th step
-        aborted = eng.abort(["a", "missing"])
-        load = eng.load()
+        aborted = await eng.abort(["a", "missing"])
+        load = await eng.load()
         done = await driver
         return aborted, load, done["b"][1]
 
@@ -287,12 +287,12 @@ def test_abort_returns_partial_outputs_and_frees_kv(coalesce):
 def test_pause_holds_generation_until_resume():
     async def main():
         eng = engine()
-        eng.pause()
+        await eng.pause()
         loop = asyncio.get_running_loop()
         task = asyncio.create_task(eng.generate([request("a", prompt_of(10), 5)]))
         await asyncio.sleep(3.0)
         assert not task.done() and not eng.has_work() and eng.num_steps == 0
-        eng.resume()
+        await eng.resume()
         await task
         return loop.time()
 
@@ -304,7 +304,7 @@ def test_weight_update_is_charged_to_the_next_step_and_versions_results():
 
     async def main():
         eng = engine(tp=2)
-        eng.update_weights(buckets, version=4)
+        await eng.update_weights(buckets, version=4)
         loop = asyncio.get_running_loop()
         [r] = await eng.generate([request("a", prompt_of(10), 3)])
         return r, loop.time()
@@ -339,12 +339,12 @@ def test_release_memory_needs_an_idle_engine():
         eng.add_request(request("a", prompt_of(10), 3))
         await eng.step()
         with pytest.raises(RuntimeError, match="running"):
-            eng.release_memory()
+            await eng.release_memory()
         await drive(eng)
-        eng.release_memory()
+        await eng.release_memory()
         eng.add_request(request("b", prompt_of(10), 3))
         assert not eng.has_work() and await eng.step() == []
-        eng.resume_memory()
+        await eng.resume_memory()
         return await drive(eng)
 
     assert list(run_virtual(main())) == ["b"]
@@ -431,13 +431,13 @@ def test_bookkeeping_balances_under_aborts_weight_updates_and_migration(seed, ca
             step += 1
             for at, what in events:
                 if at == step and what == "abort":
-                    finished.update(r.request_id for r in eng.abort([f"r{seed % 25}", "r3"]))
+                    finished.update(r.request_id for r in await eng.abort([f"r{seed % 25}", "r3"]))
                 elif at == step and what == "weights":
-                    eng.update_weights(1000, version=step)
+                    await eng.update_weights(1000, version=step)
                 elif at == step and what == "export":
-                    eng.import_inflight(eng.export_inflight())
+                    eng.import_inflight(await eng.export_inflight())
             sched = eng.scheduler
-            assert sched.used_tokens() <= capacity and eng.load().active_kv_tokens <= capacity
+            assert sched.used_tokens() <= capacity and (await eng.load()).active_kv_tokens <= capacity
         return finished, eng.scheduler
 
     finished, sched = run_virtual(main())
@@ -478,15 +478,15 @@ async def scripted_run(coalesce, seed, capacity, events):
         for k, (at, kind, arg) in enumerate(sorted(events)):
             await asyncio.sleep(max(0.0, at - loop.time()))
             if kind == "abort":
-                record(eng.abort([f"r{arg % 12}"]))
+                record(await eng.abort([f"r{arg % 12}"]))
             elif kind == "weights":
-                eng.update_weights(arg * 10**8, version=k + 1)
+                await eng.update_weights(arg * 10**8, version=k + 1)
             elif kind == "migrate":
-                eng.import_inflight(eng.export_inflight())
+                eng.import_inflight(await eng.export_inflight())
             elif kind == "pause":
-                eng.pause()
+                await eng.pause()
                 await asyncio.sleep(0.05)
-                eng.resume()
+                await eng.resume()
             elif kind == "add":  # a follow-up turn of a finished request when there is one
                 done = sorted(rid for rid, r in results.items() if r[1] == "length")
                 prompt = prompt_of(arg % 90 + 1, arg)
@@ -496,7 +496,7 @@ async def scripted_run(coalesce, seed, capacity, events):
                 prompts[f"x{k}"] = prompt
                 eng.add_request(request(f"x{k}", prompt, arg % 40 + 1, seed=k))
                 expected.add(f"x{k}")
-            load = eng.load()
+            load = await eng.load()
             seen_loads.append((kind, load.active_kv_tokens, load.num_running, load.num_waiting))
         while not expected <= set(results):
             await asyncio.sleep(0.01)

@@ -175,7 +175,7 @@ def test_named_weights_buckets_feed_the_emulated_rollout():
     async def main():
         eng = EmulatedRolloutEngine(EmulatedRolloutConfig())
         for version, b in enumerate(buckets, 1):
-            eng.update_weights(b, version)
+            await eng.update_weights(b, version)
         await eng.step()
         return eng.busy_time, eng.weight_version
 

@@ -148,7 +148,7 @@ async def test_capacity_never_exceeded_under_a_flood(model):
     results = []
     while e.has_work():
         results += await e.step()
-        load = e.load()
+        load = await e.load()
         assert load.active_kv_tokens <= load.kv_capacity_tokens == 80
         assert e.stats()["used_blocks"] <= 20
         assert 0.0 <= load.utilization <= 1.0
@@ -164,10 +164,10 @@ async def test_export_then_import_finishes_like_an_uninterrupted_run(model, expe
         first.add_request(r)
     for _ in range(6):
         await first.step()
-    first.pause()
-    assert first.load().num_running == 3 and first.load().num_waiting == 2
-    exported = first.export_inflight()
-    assert not first.has_work() and first.load().active_kv_tokens == 0 and first.load().num_running == 0
+    await first.pause()
+    assert (await first.load()).num_running == 3 and (await first.load()).num_waiting == 2
+    exported = await first.export_inflight()
+    assert not first.has_work() and (await first.load()).active_kv_tokens == 0 and (await first.load()).num_running == 0
     assert any(item.output_token_ids for item in exported) and any(not item.output_token_ids for item in exported)
     wire = msgpack.unpackb(msgpack.packb([item.to_wire() for item in exported]))
     second = engine(model, block_size=8, enable_prefix_cache=False)  # a different engine layout
@@ -199,13 +199,13 @@ async def test_update_weights_sets_version_and_is_used(model):
     assert again[0].cached_tokens > 0
     torch.manual_seed(1)
     new = Qwen2ForCausalLM(CONFIG, init_std=0.1).eval()
-    e.update_weights(((name, t.clone()) for name, t in new.state_dict().items()), version=3)
+    await e.update_weights(((name, t.clone()) for name, t in new.state_dict().items()), version=3)
     (after,) = await e.generate([dataclasses.replace(request, request_id="after")])
     assert after.weight_version == 3 and e.weight_version == 3
     assert after.cached_tokens == 0  # the cache held KV of the old weights
     assert after.output_token_ids == reference(new, request)[0] != before[0].output_token_ids
     with pytest.raises(ValueError, match="model.nope"):
-        e.update_weights({"model.nope": torch.zeros(1)}, version=4)
+        await e.update_weights({"model.nope": torch.zeros(1)}, version=4)
 
 
 async def test_weight_update_mid_request_reports_the_last_version(model):
@@ -215,7 +215,7 @@ async def test_weight_update_mid_request_reports_the_last_version(model):
     e.add_request(REQUESTS[1])
     for _ in range(3):
         await e.step()
-    e.update_weights({"model.norm.weight": own.model.norm.weight.detach() * 1.5}, version=1)
+    await e.update_weights({"model.norm.weight": own.model.norm.weight.detach() * 1.5}, version=1)
     results = []
     while e.has_work():
         results += await e.step()
@@ -224,31 +224,31 @@ async def test_weight_update_mid_request_reports_the_last_version(model):
 
 async def test_pause_abort_and_generate(model):
     e = engine(model)
-    e.pause()
+    await e.pause()
     task = asyncio.create_task(e.generate(REQUESTS[:3]))
     await asyncio.sleep(0.01)
     assert not task.done() and not e.has_work() and await e.step() == []
-    assert e.load().num_waiting == 3
-    aborted = e.abort(["topk", "missing"])
+    assert (await e.load()).num_waiting == 3
+    aborted = await e.abort(["topk", "missing"])
     assert [(r.request_id, r.finish_reason, r.output_token_ids) for r in aborted] == [("topk", "abort", [])]
-    e.resume()
+    await e.resume()
     for _ in range(2000):  # generate() steps the engine in between our awaits
         await asyncio.sleep(0.001)
-        if e.load().num_running and all(s.num_output_tokens >= 2 for s in e.scheduler.running):
+        if (await e.load()).num_running and all(s.num_output_tokens >= 2 for s in e.scheduler.running):
             break
-    (mid,) = e.abort(["t1"])
+    (mid,) = await e.abort(["t1"])
     assert mid.finish_reason == "abort" and len(mid.output_token_ids) >= 2
     results = await task
     assert [r.finish_reason for r in results] == ["length", "abort", "abort"]
-    assert e.load().active_kv_tokens == 0 and not e.has_work()
+    assert (await e.load()).active_kv_tokens == 0 and not e.has_work()
 
 
 async def test_export_while_generate_waits(model):
     e = engine(model)
-    e.pause()
+    await e.pause()
     task = asyncio.create_task(e.generate(REQUESTS[:2]))
     await asyncio.sleep(0.01)
-    exported = e.export_inflight()
+    exported = await e.export_inflight()
     results = await asyncio.wait_for(task, 5)
     assert [r.finish_reason for r in results] == ["abort", "abort"] and len(exported) == 2
 
@@ -260,15 +260,15 @@ async def test_release_and_resume_memory(model, expected):
     for _ in range(4):
         await e.step()
     with pytest.raises(RuntimeError, match="running"):
-        e.release_memory()
-    e.pause()
-    inflight = e.export_inflight()
-    e.release_memory()
-    assert e.runner.cache is None and e.load().active_kv_tokens == 0 and e.scheduler.cache.num_blocks == 0
+        await e.release_memory()
+    await e.pause()
+    inflight = await e.export_inflight()
+    await e.release_memory()
+    assert e.runner.cache is None and (await e.load()).active_kv_tokens == 0 and e.scheduler.cache.num_blocks == 0
     e.import_inflight(inflight)  # queued while released
-    e.resume()
-    assert not e.has_work() and await e.step() == [] and e.load().num_waiting == len(REQUESTS)
-    e.resume_memory()
+    await e.resume()
+    assert not e.has_work() and await e.step() == [] and (await e.load()).num_waiting == len(REQUESTS)
+    await e.resume_memory()
     results = []
     while e.has_work():
         results += await e.step()

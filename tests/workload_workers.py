@@ -51,27 +51,27 @@ class EngineWorker(dynarl.Worker):
             await self.run_steps(1)
         return self.results
 
-    def workload_pause(self) -> None:
-        self.engine.pause()
+    async def workload_pause(self) -> None:
+        await self.engine.pause()
 
     def workload_commit(self) -> None:
         pass
 
-    def workload_resume(self) -> None:
-        self.engine.resume()
+    async def workload_resume(self) -> None:
+        await self.engine.resume()
 
-    def workload_export(self) -> list[dict]:
+    async def workload_export(self) -> list[dict]:
         if self.fail_export is True or (isinstance(self.fail_export, list) and self.rank in self.fail_export):
             raise RuntimeError("export failed (fault injection)")
         return [{"id": item.request.request_id, "weight": item.request.sampling.max_new_tokens
                  - len(item.output_token_ids), "inflight": item.to_wire()}
-                for item in self.engine.export_inflight()]
+                for item in await self.engine.export_inflight()]
 
-    def workload_load(self) -> float:
+    async def workload_load(self) -> float:
         if self.rank in self.fail_load:
             raise RuntimeError("load failed (fault injection)")
         self.held = True
-        load = self.engine.load()
+        load = await self.engine.load()
         return float(load.num_running + load.num_waiting)
 
     def is_held(self) -> bool:

@@ -20,9 +20,9 @@ from typing import Any
 import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.experience import END, Group
-from dynarl.components.engine_factory import make_rollout_engine, settle, weights_template
+from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, SamplingParams
-from dynarl.components.rollout.native.engine import NativeRolloutEngine
+from dynarl.components.rollout.base import RolloutEngine
 
 
 class RolloutWorker(dynarl.Worker):
@@ -42,7 +42,7 @@ class RolloutWorker(dynarl.Worker):
 
     async def setup(self) -> None:
         if self.shares_device:
-            await settle(self.engine.release_memory())  # starts off the device; onload brings the cache
+            await self.engine.release_memory()  # starts off the device; onload brings the cache
 
     async def teardown(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)  # sglang: its scheduler processes
@@ -51,16 +51,16 @@ class RolloutWorker(dynarl.Worker):
 
     async def onload(self) -> None:
         if self.shares_device:
-            await settle(self.engine.resume_memory())
+            await self.engine.resume_memory()
 
     async def offload(self) -> None:
         if self.shares_device:
-            await settle(self.engine.release_memory())
+            await self.engine.release_memory()
 
     async def receive_weights(self, group: str) -> int:
         named, version = await asyncio.to_thread(weight_sync.receive, self.process_group(group),
                                                  self.weights_template, self.bucket_bytes, self.engine.weight_version)
-        await settle(self.engine.update_weights(named, version))
+        await self.engine.update_weights(named, version)
         return version
 
     # --- the scheduler's view (core/scheduler/manager.py) ---------------------------
@@ -68,19 +68,16 @@ class RolloutWorker(dynarl.Worker):
         """Called before the step's prompts flow: this rank is admitting again."""
         self.admitting = True
 
-    def metrics(self) -> dict:
+    async def metrics(self) -> dict:
         """utilization: active KV tokens / KV capacity; but a rank that may still be
         handed prompts (it has not taken its END) is not in the long tail, so it
         reports 1.0 and is never a donor: a released rank has always consumed its
         END, and the kept ranks see every remaining prompt and their own ENDs."""
-        load = self.engine.load()
+        load = await self.engine.load()
         run = self.run
         remaining, decoding = 0.0, 0
         if run is not None:
-            cap = int(run.sampling["max_new_tokens"])
-            inflight = run.inflight_view()
-            decoding = sum(len(i.output_token_ids) for i in inflight)
-            remaining = float(sum(max(cap - len(i.output_token_ids), 0) for i in inflight))
+            decoding, remaining = load.generated_tokens, float(load.budget_tokens)
         return {"utilization": 1.0 if self.admitting else load.utilization,
                 "running": load.num_running, "waiting": load.num_waiting,
                 "work_done": float(self.tokens_done + decoding + (run.num_tokens if run is not None else 0)),
@@ -101,7 +98,7 @@ class RolloutWorker(dynarl.Worker):
         run = self.run
         if run is None or not run.paused:  # was over when paused: nothing to hand over
             return []
-        items = run.export()
+        items = await run.export()
         run.hold = True  # open until the migration commits (or gives the items back)
         return items
 
@@ -134,9 +131,9 @@ class RolloutWorker(dynarl.Worker):
 
     async def workload_resume(self) -> None:
         if self.run is not None:
-            self.run.resume()
+            await self.run.resume()
         else:  # a released rank rejoining its group (standby): its engine was left paused
-            self.engine.resume()
+            await self.engine.resume()
 
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int, sampling: dict[str, Any]) -> dict:
         """Consumes prompt groups from `get` until END; puts chunks of finished
@@ -169,7 +166,7 @@ class RolloutWorker(dynarl.Worker):
 class _Generation:
     """One step's generation on one rank: fetch prompts, step the engine, emit chunks."""
 
-    def __init__(self, engine: NativeRolloutEngine, outbox: Any, chunk_size: int, sampling: dict) -> None:
+    def __init__(self, engine: RolloutEngine, outbox: Any, chunk_size: int, sampling: dict) -> None:
         self.engine = engine
         self.outbox = outbox
         self.chunk_size = chunk_size
@@ -192,26 +189,23 @@ class _Generation:
         self.finished = asyncio.Event()
         self.closed = False
 
-    def inflight_view(self) -> list[Any]:
-        return list(self.engine._seqs.values())  # running + waiting sequences (output so far)
-
     async def pause(self) -> None:
         self.paused = True
-        self.engine.pause()
+        await self.engine.pause()
         self.arrived.set()
         await self.at_boundary.wait()
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         self.paused = False
         self.at_boundary.clear()
-        self.engine.resume()
+        await self.engine.resume()
         self.arrived.set()
 
-    def export(self) -> list[dict]:
+    async def export(self) -> list[dict]:
         """Whole groups that still have samples generating here (see RolloutWorker)."""
         if not self.paused:
             raise RuntimeError("export before pause")
-        inflight = {i.request.request_id: i for i in self.engine.export_inflight()}
+        inflight = {i.request.request_id: i for i in await self.engine.export_inflight()}
         by_group: dict[int, list[InflightRequest]] = {}
         for rid, item in inflight.items():
             group, _ = self.pending.pop(rid)

@@ -132,7 +132,7 @@ class Episodes:
             await asyncio.sleep(0)
         else:
             raise RuntimeError("episodes did not take their finished turns")
-        inflight = {item.request.request_id: item for item in self.run.engine.export_inflight()}
+        inflight = {item.request.request_id: item for item in await self.run.engine.export_inflight()}
         now = asyncio.get_running_loop().time() / self.worker.time_scale
         moved = []
         for ep, task in list(self.live.values()):

@@ -20,7 +20,7 @@ class GroupMigration:
         and no step is in flight): every unfinished group with its requests' tokens so far."""
         for _ in range(3):  # let the groups whose last sample just finished emit
             await asyncio.sleep(0)
-        inflight = {item.request.request_id: item for item in self.engine.export_inflight()}
+        inflight = {item.request.request_id: item for item in await self.engine.export_inflight()}
         items = []
         for index, (group, task) in list(self.open.items()):
             if any("turns" in s for s in group["samples"]):

@@ -51,7 +51,7 @@ class SimRolloutWorker(dynarl.Worker):
 
     def pressure(self) -> float:
         """The DataRouter's load: KV utilization or requests held / max_num_seqs, the larger."""
-        load = self.engine.load()
+        load = self.engine.load_now()
         held = (load.num_running + load.num_waiting) / self.engine.config.max_num_seqs
         return max(load.utilization, held)
 
@@ -60,26 +60,24 @@ class SimRolloutWorker(dynarl.Worker):
 
     async def onload(self) -> None:
         await half_switch(self.shares_device, self.time_scale)
-        self.engine.resume_memory()
+        await self.engine.resume_memory()
 
     async def offload(self) -> None:
         await half_switch(self.shares_device, self.time_scale)
         if self.shares_device:
-            self.engine.release_memory()
+            await self.engine.release_memory()
 
-    def receive_weights(self, version: int, num_bytes: int) -> int:
+    async def receive_weights(self, version: int, num_bytes: int) -> int:
         """The transfer is charged to the engine's next step (EmulatedRolloutEngine)."""
-        self.engine.update_weights(num_bytes, version)
+        await self.engine.update_weights(num_bytes, version)
         return version
 
     def load(self) -> dict[str, float]:
         """KV utilization (the donor signal), requests held, the output tokens those have
         made so far, and the mean length of the requests finished this iteration (what
         the scheduler's remaining-work estimate uses: no oracle lengths)."""
-        load = self.engine.load()
-        sched = self.engine.scheduler
-        generated = sum(s.num_output(sched.step) for s in sched.running.values()) + sum(
-            s.out_base for s in sched.waiting.values())
+        load = self.engine.load_now()
+        generated = load.generated_tokens
         run = self.run
         return {"utilization": load.utilization, "running": load.num_running, "waiting": load.num_waiting,
                 "generated": generated, "kv": load.active_kv_tokens, "capacity": load.kv_capacity_tokens,
@@ -89,8 +87,8 @@ class SimRolloutWorker(dynarl.Worker):
 
     # --- Workload migration (core/migration/workload.py's protocol) -------------------
 
-    def workload_pause(self) -> None:
-        self.engine.pause()
+    async def workload_pause(self) -> None:
+        await self.engine.pause()
 
     async def workload_export(self) -> list[dict]:
         """Hands over every unfinished prompt group with its requests' tokens so far, once
@@ -131,11 +129,11 @@ class SimRolloutWorker(dynarl.Worker):
         run.import_groups(items)
         return len(items)
 
-    def workload_resume(self) -> None:
+    async def workload_resume(self) -> None:
         """A rolled-back migration: the engine steps again, and the run's driver, which
         waited while the engine was paused, is woken to drive it (the groups given back
         were imported before the resume)."""
-        self.engine.resume()
+        await self.engine.resume()
         if self.run is not None:
             self.run.wake.set()
 

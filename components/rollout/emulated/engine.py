@@ -223,21 +223,35 @@ class EmulatedRolloutEngine:
             for w in waits:
                 w.cancel()
 
-    def load(self) -> EngineLoad:
+    async def load(self) -> EngineLoad:
+        return self.load_now()
+
+    def load_now(self) -> EngineLoad:
+        """load(), synchronously (nothing here waits): for callers inside a step of the
+        event loop that must not yield."""
         self._catch_up()
         sched = self.scheduler
+        made = [s.num_output(sched.step) for s in sched.running.values()] + [s.out_base for s in sched.waiting.values()]
+        targets = [s.target for s in sched.running.values()] + [s.target for s in sched.waiting.values()]
+        generated = sum(made)
         return EngineLoad(active_kv_tokens=sched.active_kv_tokens(), kv_capacity_tokens=self.capacity,
                           num_running=len(sched.running), num_waiting=len(sched.waiting),
-                          cache_hit_tokens=sched.cache_hit_tokens)
+                          cache_hit_tokens=sched.cache_hit_tokens, generated_tokens=generated,
+                          budget_tokens=sum(targets) - generated)
+
+    def running_request_ids(self) -> list[str]:
+        """Requests admitted and holding KV now (the agentic worker's queue waits)."""
+        self._catch_up()
+        return list(self.scheduler.running)
 
     # --- control ---------------------------------------------------------------
 
-    def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
+    async def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
         self._cut()
         removed = self.scheduler.remove(request_ids)
         return self._resolve([self._result(state, n, "abort") for state, n in removed])
 
-    def export_inflight(self) -> list[InflightRequest]:
+    async def export_inflight(self) -> list[InflightRequest]:
         """Take every running and waiting request out, with the tokens made so far, in
         admission order (as the native engine). A generate() waiting on them gets
         finish_reason 'abort'."""
@@ -250,18 +264,18 @@ class EmulatedRolloutEngine:
         self._resolve([self._result(state, n, "abort") for state, n in removed])
         return [state.inflight(n, vocab) for state, n in removed]
 
-    def pause(self) -> None:
+    async def pause(self) -> None:
         """Stop scheduling; running requests keep their KV. A step in flight completes."""
         self._cut()
         self._paused = True
         self._runnable.clear()
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         self._paused = False
         if not self._released:
             self._runnable.set()
 
-    def update_weights(self, named_tensors: Any, version: int) -> None:
+    async def update_weights(self, named_tensors: Any, version: int) -> None:
         """`named_tensors`: a byte count, or (name, bytes-or-array) pairs; anything else counts
         as the full model. The transfer (bytes split over TP ranks, at the link bandwidth)
         is charged to the next step. The prefix cache is dropped: its KV came from old weights."""
@@ -272,7 +286,7 @@ class EmulatedRolloutEngine:
             payload_bytes(named_tensors, self.model.weight_bytes), bandwidth, self.config.tp)
         self.scheduler.flush_cache()
 
-    def release_memory(self) -> None:
+    async def release_memory(self) -> None:
         """Free KV and weights (colocated role switch). Waiting requests stay queued."""
         if self.scheduler.running:
             raise RuntimeError(f"release_memory with {len(self.scheduler.running)} running requests; "
@@ -282,7 +296,7 @@ class EmulatedRolloutEngine:
         if self.scheduler.cache:
             self.scheduler.cache.evict_all()
 
-    def resume_memory(self) -> None:
+    async def resume_memory(self) -> None:
         self._released = False
         if not self._paused:
             self._runnable.set()

@@ -169,11 +169,15 @@ class NativeRolloutEngine:
             cached_tokens=seq.num_cached_tokens)
 
     # -- control --------------------------------------------------------------------
-    def load(self) -> EngineLoad:
+    async def load(self) -> EngineLoad:
         s = self.scheduler
+        held = self._seqs.values()
         return EngineLoad(active_kv_tokens=s.active_kv_tokens(), kv_capacity_tokens=s.blocks.capacity_tokens,
                           num_running=len(s.running), num_waiting=len(s.waiting),
-                          cache_hit_tokens=s.num_cached_tokens)
+                          cache_hit_tokens=s.num_cached_tokens,
+                          generated_tokens=sum(q.num_output_tokens for q in held),
+                          budget_tokens=sum(max(q.request.sampling.max_new_tokens - q.num_output_tokens, 0)
+                                            for q in held))
 
     def stats(self) -> dict[str, int]:
         """Counters beyond EngineLoad (benchmarks: prefix-cache savings, preemptions)."""
@@ -181,7 +185,7 @@ class NativeRolloutEngine:
         return {"prefill_tokens": s.num_prefill_tokens, "cached_prefill_tokens": s.num_cached_tokens,
                 "preemptions": s.num_preemptions, "used_blocks": s.blocks.num_used_blocks}
 
-    def abort(self, request_ids: Seq[str]) -> list[GenerationResult]:
+    async def abort(self, request_ids: Seq[str]) -> list[GenerationResult]:
         results = []
         for seq in self.scheduler.abort(request_ids):
             del self._seqs[seq.request_id]
@@ -189,13 +193,13 @@ class NativeRolloutEngine:
         self._record(results)
         return results
 
-    def pause(self) -> None:
+    async def pause(self) -> None:
         self.scheduler.paused = True
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         self.scheduler.paused = False
 
-    def export_inflight(self) -> list[InflightRequest]:
+    async def export_inflight(self) -> list[InflightRequest]:
         seqs = self.scheduler.take_all()
         self._seqs.clear()
         self._record([self._result(s) for s in seqs if s.request_id in self._watched])
@@ -209,14 +213,14 @@ class NativeRolloutEngine:
         for seq in seqs:
             self._add(seq)
 
-    def update_weights(self, named_tensors: Any, version: int) -> None:
+    async def update_weights(self, named_tensors: Any, version: int) -> None:
         """named_tensors: iterable of (HF name, tensor) or a mapping; any subset of the parameters."""
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         load_weights(self.model, items)
         self.weight_version = version
         self.scheduler.reset_prefix_cache()
 
-    def release_memory(self) -> None:
+    async def release_memory(self) -> None:
         """Drop the KV tensors and the prefix cache (colocated role switch); waiting
         requests stay queued. Like SGLang, refuses while requests are running."""
         if self.scheduler.running:
@@ -226,7 +230,7 @@ class NativeRolloutEngine:
         self.runner.release()
         self.released = True
 
-    def resume_memory(self) -> None:
+    async def resume_memory(self) -> None:
         self.runner.allocate()
         self.released = False
 

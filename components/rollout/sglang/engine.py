@@ -6,9 +6,9 @@ ours; every Engine method except async_generate calls loop.run_until_complete an
 fails inside a running loop (BACKENDS.md A1). So this adapter awaits
 `engine.async_generate` and the TokenizerManager's coroutines, and every method that
 talks to SGLang is a coroutine here: load, abort, pause, resume, export_inflight,
-update_weights (also _in_buckets, _from_payloads), release_memory, resume_memory. add_request, import_inflight, has_work
-and set_queue_key stay synchronous (they only start tasks). A worker written for
-both kinds awaits a method's result when it is awaitable.
+update_weights (also _in_buckets, _from_payloads), release_memory, resume_memory, as the
+RolloutEngine protocol has them (rollout/base.py). add_request, import_inflight,
+has_work, running_request_ids and set_queue_key stay synchronous (they only start tasks).
 
 Requests pass a gate of ours before reaching SGLang: closed while paused, released
 or exporting. SGLang parks a request that arrives while it is paused in the
@@ -28,7 +28,8 @@ from ...extras import require_extra
 from ...trainer.base import bucket_by_bytes
 from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
 from .config import SGLangConfig
-from .requests import Entry, RidAllocator, finished_before_start, generate_kwargs, local_result, result_from_output
+from .requests import (Entry, RidAllocator, finished_before_start, generate_kwargs, local_result,
+                       remaining_tokens, result_from_output)
 from .weights import BucketEncoder, NamedTensors, encode_buckets, flattened_bucket_encoder, push_payloads
 
 
@@ -172,11 +173,20 @@ class SGLangRolloutEngine:
         num_used_tokens excludes evictable prefix-cache tokens, so it is the active KV."""
         snapshots = await self.tm.get_loads()
         parked = sum(1 for e in self._entries.values() if not e.submitted)
+        # Requests are not streamed back: tokens made so far are known only for the
+        # imported part of a request (what another engine had made before the move).
+        generated = sum(len(e.prior_ids) for e in self._entries.values())
         return EngineLoad(active_kv_tokens=sum(s.num_used_tokens for s in snapshots),
                           kv_capacity_tokens=sum(s.max_total_num_tokens for s in snapshots),
                           num_running=sum(s.num_running_reqs for s in snapshots),
                           num_waiting=sum(s.num_waiting_reqs for s in snapshots) + parked,
-                          cache_hit_tokens=self._cache_hit_tokens)
+                          cache_hit_tokens=self._cache_hit_tokens, generated_tokens=generated,
+                          budget_tokens=sum(remaining_tokens(e) for e in self._entries.values()))
+
+    def running_request_ids(self) -> list[str]:
+        """Requests handed to SGLang (past our gate); SGLang does not say which of them
+        its scheduler has admitted, so a queued one counts as running here."""
+        return [rid for rid, e in self._entries.items() if e.submitted]
 
     async def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
         """Abort the given requests (unknown ids are ignored); returns their partial results."""
