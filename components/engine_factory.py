@@ -5,8 +5,13 @@ RolloutEngine, a trainer trainer/base.py's TrainerEngine. Backends with optional
 extras are imported only when selected (backends.py has already checked, at config
 load, that the extra is installed).
 
-    rollout   native (NativeRolloutEngine), sglang (SGLangRolloutEngine)
-    trainer   native (NativeTrainer), megatron (MegatronTrainer)
+    rollout    native (NativeRolloutEngine), sglang (SGLangRolloutEngine),
+               emulated (EmulatedRolloutEngine: cost-model time, `dynarl sim`)
+    inference  native (NativeInference), emulated (EmulatedInference)
+    trainer    native (NativeTrainer), megatron (MegatronTrainer), emulated (EmulatedTrainer)
+
+An emulated engine takes its settings (cost-model model and device, TP, time scale)
+from the backend config; the `model` section does not apply to it.
 
 Both trainers start from the same weights: the megatron model is loaded from the
 HF tensors ModelSpec names (the folder's, or the native model's seeded init),
@@ -14,6 +19,7 @@ converted to megatron's layout, so switching the backend keeps the starting poli
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Mapping
 
 import torch
@@ -23,7 +29,7 @@ from .trainer.base import TrainerConfig
 
 
 def make_rollout_engine(backend: str, model: Mapping[str, Any], engine: Mapping[str, Any],
-                        sglang: Mapping[str, Any] | None = None, weight_version: int = -1) -> Any:
+                        backend_config: Mapping[str, Any] | None = None, weight_version: int = -1) -> Any:
     """A rollout engine holding weight version `weight_version` (-1: none synced yet).
     sglang: call inside the worker's running loop (its TokenizerManager binds to it)."""
     if backend == "native":
@@ -34,8 +40,27 @@ def make_rollout_engine(backend: str, model: Mapping[str, Any], engine: Mapping[
     if backend == "sglang":
         from .rollout.sglang.engine import SGLangRolloutEngine
 
-        return SGLangRolloutEngine.start(sglang_config(model, sglang), weight_version)
-    raise ValueError(f"rollout backend {backend!r} has no engine here; choose 'native' or 'sglang'")
+        return SGLangRolloutEngine.start(sglang_config(model, backend_config), weight_version)
+    if backend == "emulated":
+        from .rollout.emulated.config import EmulatedRolloutConfig
+        from .rollout.emulated.engine import EmulatedRolloutEngine
+
+        return EmulatedRolloutEngine(EmulatedRolloutConfig(**(backend_config or {})), weight_version=weight_version)
+    raise ValueError(f"rollout backend {backend!r} has no engine here; choose 'native', 'sglang' or 'emulated'")
+
+
+def make_inference_engine(backend: str, model: Mapping[str, Any], micro_batch_size: int,
+                          emulated: Mapping[str, Any] | None = None, device: str = "cpu") -> Any:
+    """An inference engine (inference/base.py) holding no policy weights yet (version -1)."""
+    if backend == "native":
+        from .inference.native import NativeInference
+
+        return NativeInference(build_model(ModelSpec(**model)), micro_batch_size, device)
+    if backend == "emulated":
+        from .inference.emulated import EmulatedInference, EmulatedInferenceConfig
+
+        return EmulatedInference(EmulatedInferenceConfig(**(emulated or {})), weight_version=-1)
+    raise ValueError(f"inference backend {backend!r} has no engine here; choose 'native' or 'emulated'")
 
 
 def sglang_config(model: Mapping[str, Any], sglang: Mapping[str, Any] | None) -> Any:
@@ -51,10 +76,24 @@ def sglang_config(model: Mapping[str, Any], sglang: Mapping[str, Any] | None) ->
     return SGLangConfig(**settings)
 
 
-def make_trainer(backend: str, model: Mapping[str, Any], config: TrainerConfig,
-                 megatron: Mapping[str, Any] | None = None, group: Any = None) -> Any:
-    """One trainer rank. Collective over `group` (the trainer's data-parallel runtime
-    group, None for a single rank)."""
+async def make_trainer(backend: str, model: Mapping[str, Any], config: TrainerConfig,
+                       backend_config: Mapping[str, Any] | None = None, group: Any = None, *,
+                       rank: int = 0, world_size: int = 1) -> Any:
+    """One trainer rank, behind the async TrainerEngine contract. Collective over
+    `group` (the trainer's data-parallel runtime group, None for a single rank)."""
+    if backend == "emulated":
+        from .trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
+
+        size = group.size() if group is not None else 1
+        return EmulatedTrainer(config, emulation=EmulatedTrainerConfig(**(backend_config or {})),
+                               rank=group.rank() if group is not None else 0, world_size=size)
+    from .trainer.threaded import ThreadedTrainer
+
+    return ThreadedTrainer(await asyncio.to_thread(_blocking_trainer, backend, model, config, backend_config, group))
+
+
+def _blocking_trainer(backend: str, model: Mapping[str, Any], config: TrainerConfig,
+                      megatron: Mapping[str, Any] | None, group: Any) -> Any:
     spec = ModelSpec(**model)
     if backend == "native":
         from .trainer.native.trainer import NativeTrainer
@@ -70,7 +109,7 @@ def make_trainer(backend: str, model: Mapping[str, Any], config: TrainerConfig,
         start = read_state_dict(spec.path) if spec.path else dict(build_model(spec).state_dict())
         init_default_group(group)
         return MegatronTrainer(spec.config(), config, MegatronConfig(**(megatron or {})), hf_weights=start)
-    raise ValueError(f"trainer backend {backend!r} has no engine here; choose 'native' or 'megatron'")
+    raise ValueError(f"trainer backend {backend!r} has no engine here; choose 'native', 'megatron' or 'emulated'")
 
 
 def init_default_group(group: Any) -> None:
@@ -97,18 +136,24 @@ def hf_model(trainer: Any, model: Mapping[str, Any], bucket_bytes: int) -> torch
     from .model.io import load_weights
     from .trainer.native.trainer import NativeTrainer
 
-    if isinstance(trainer, NativeTrainer):
-        return trainer.model
+    engine = trainer.engine  # a ThreadedTrainer's blocking engine (this runs in a thread)
+    if isinstance(engine, NativeTrainer):
+        return engine.model
 
     native = build_model(ModelSpec(**model))
-    load_weights(native, [pair for bucket in trainer.named_weights(bucket_bytes) for pair in bucket], strict=True)
+    load_weights(native, [pair for bucket in engine.named_weights(bucket_bytes) for pair in bucket], strict=True)
     return native
 
 
-def weights_template(engine: Any, model: Mapping[str, Any]) -> torch.nn.Module:
+def weights_template(engine: Any, model: Mapping[str, Any]) -> torch.nn.Module | None:
     """The module weight_sync.receive plans its buckets from (names and shapes, in the
     native model's order): the native engine's own model, or for an engine that holds
-    no torch model (sglang) the native architecture on the meta device (no memory)."""
+    no torch model (sglang) the native architecture on the meta device (no memory);
+    None for an emulated engine (its weights are a byte count)."""
+    from .rollout.emulated.engine import EmulatedRolloutEngine
+
+    if isinstance(engine, EmulatedRolloutEngine):
+        return None
     own = getattr(engine, "model", None)
     if isinstance(own, torch.nn.Module):
         return own

@@ -10,16 +10,21 @@ pass `bucket_bytes`); the fingerprint (crc32 of every bucket's names and shapes)
 proves they did. Receivers check the version is newer than what they hold: a
 stale or repeated version is drained (so the collective completes) and refused.
 Tensors travel as float32 and are cast back to each parameter's dtype on load.
+
+On emulated devices (`dynarl sim`: the group is an EmulatedGroup) nothing is sent:
+the receiving engines charge the transfer of their model's bytes themselves.
 """
 from __future__ import annotations
 
+import asyncio
 import zlib
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from dynarl.components.trainer.base import bucket_by_bytes
+from dynarl.transport.process_group import EmulatedGroup
 
 Bucket = list[tuple[str, torch.Tensor]]
 
@@ -82,3 +87,25 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+async def send_async(group: Any, buckets: Sequence[Bucket], version: int) -> int:
+    """`send` in a thread; on an emulated group nothing moves and the bytes the
+    buckets describe ((name, num_bytes) pairs) are returned."""
+    if isinstance(group, EmulatedGroup):
+        return sum(int(n) for bucket in buckets for _, n in bucket)
+    return await asyncio.to_thread(send, group, buckets, version)
+
+
+async def receive_async(group: Any, model: torch.nn.Module | None, bucket_bytes: int, current_version: int,
+                        version: int) -> list[tuple[str, torch.Tensor]] | None:
+    """`receive` in a thread, checked against the `version` the workflow syncs; on an
+    emulated group None (the engine charges the whole model's transfer)."""
+    if isinstance(group, EmulatedGroup):
+        if version <= current_version:
+            raise StaleWeights(f"weight version {version} is not newer than the version held ({current_version})")
+        return None
+    named, sent = await asyncio.to_thread(receive, group, model, bucket_bytes, current_version)
+    if sent != version:
+        raise StaleWeights(f"the trainer sent weight version {sent}, the step expects {version}")
+    return named

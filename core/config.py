@@ -11,7 +11,10 @@ class ClusterConfig:
     """Nodes in the job; under `agent` this must equal the number of agents."""
     devices_per_node: int = 2
     """Accelerators per node, or logical CPU devices when device_kind is cpu."""
-    device_kind: Literal["cpu", "cuda"] = "cpu"
+    device_kind: Literal["cpu", "cuda", "emulated"] = "cpu"
+    """emulated: devices that exist only in a simulation (`dynarl sim`): workers run
+    emulated engines that spend cost-model time, and process groups are membership
+    records with no collectives (transport/process_group.py EmulatedGroup)."""
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:

@@ -16,6 +16,9 @@ from dynarl.core.worker_handle import WorkerHandle
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
 
+_DEFAULT_BACKEND = {"cuda": "nccl", "cpu": "gloo", "emulated": "emulated"}
+"""The collective backend of each device kind (emulated: membership records only)."""
+
 
 class RuntimeProcessGroup:
     def __init__(self, manager: "ProcessGroups", name: str, members: list[WorkerHandle],
@@ -53,7 +56,7 @@ class ProcessGroups:
             raise ValueError("a process group needs at least one member")
         if len(set(map(id, handles))) != len(handles):
             raise ValueError("a rank appears twice in the member list")
-        backend = backend or ("nccl" if self._ctl.config.cluster.device_kind == "cuda" else "gloo")
+        backend = backend or _DEFAULT_BACKEND[self._ctl.config.cluster.device_kind]
         loop = asyncio.get_running_loop()
         started = loop.time()
         if name in self.active:
@@ -61,7 +64,7 @@ class ProcessGroups:
         generation = self._generations.get(name, 0) + 1
         self._generations[name] = generation
         host = self._ctl.launcher.node_address(handles[0].spec.node)
-        port = await handles[0].call("__pg_listen__", [name, host])
+        port = 0 if backend == "emulated" else await handles[0].call("__pg_listen__", [name, host])
         await gather_or_cancel([
             h.call("__pg_join__", [name, generation, rank, len(handles), host, port, backend, timeout_s])
             for rank, h in enumerate(handles)])

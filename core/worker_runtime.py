@@ -156,13 +156,16 @@ class WorkerRuntime:
                        backend: str, timeout_s: float) -> None:
         if name in self._groups:
             await self._pg_leave(name)
+        if backend == "emulated":  # membership only: nothing blocks
+            self._groups[name] = join_group(name, generation, rank, size, host, port, backend, timeout_s)
+            return
         store = self._hosted_stores.get(name) if rank == 0 else None
         self._groups[name] = await asyncio.to_thread(
             join_group, name, generation, rank, size, host, port, backend, timeout_s, store)
 
     async def _pg_leave(self, name: str) -> None:
         membership = self._groups.pop(name, None)
-        if membership is not None:
+        if membership is not None and membership.store is not None:
             await asyncio.to_thread(leave_group, membership)
         self._hosted_stores.pop(name, None)
 

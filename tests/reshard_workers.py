@@ -11,6 +11,7 @@ from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.trainer.reshard import ReshardableTrainer
+from dynarl.components.trainer.threaded import ThreadedTrainer
 
 VOCAB = TINY_CONFIGS["tiny-0.5m"].vocab_size
 
@@ -39,10 +40,10 @@ class ReshardTrainer(ReshardableTrainer, dynarl.Worker):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(TINY_CONFIGS["tiny-0.5m"])
         group = self.process_group(dp_group) if dp_group else None
-        self.trainer = await asyncio.to_thread(NativeTrainer, model, TrainerConfig(lr=1e-3), group)
+        self.trainer = ThreadedTrainer(await asyncio.to_thread(NativeTrainer, model, TrainerConfig(lr=1e-3), group))
 
     async def train(self, batch: dict) -> dict:
-        return await asyncio.to_thread(self.trainer.train_step, TrainBatch.from_wire(batch))
+        return await self.trainer.train_step(TrainBatch.from_wire(batch))
 
     async def reshard_recv(self, group, transfers, start, end):
         if self.fail == "transfer" and self.rank == 0:

@@ -11,6 +11,7 @@ on CPU; megatron-core's own allocates on "cuda") on two spawned gloo ranks, TP=2
 
 tests/megatron_cpu.py's CUDA shims are applied only inside the spawned ranks."""
 import json
+import asyncio
 import os
 
 import pytest
@@ -32,6 +33,7 @@ FIRST, SECOND = 31, 32  # batch seeds
 
 def _ranks(rank: int, world: int, out: str) -> None:
     from dynarl.components.engine_factory import hf_model, make_trainer
+    from dynarl.components.trainer.threaded import ThreadedTrainer
     from dynarl.components.trainer.megatron.config import MegatronConfig
     from dynarl.components.trainer.megatron.trainer import MegatronTrainer
 
@@ -45,13 +47,14 @@ def _ranks(rank: int, world: int, out: str) -> None:
 
     t = trainer(1, hf_weights=load_file(os.path.join(out, "start.safetensors")))
     # the worker's path: engine_factory from an HF folder of the same weights
-    from_folder = make_trainer("megatron", {"path": os.path.join(out, "hf_folder")}, make_config(),
-                               {"tensor_parallel_size": 2, "dtype": "float32", "use_cpu_initialization": True,
-                                "use_distributed_optimizer": False, "optimizer": "adamw"})
+    from_folder = asyncio.run(make_trainer(
+        "megatron", {"path": os.path.join(out, "hf_folder")}, make_config(),
+        {"tensor_parallel_size": 2, "dtype": "float32", "use_cpu_initialization": True,
+         "use_distributed_optimizer": False, "optimizer": "adamw"})).engine
     same_start = all(torch.equal(w, from_folder.local_weights()[n]) for n, w in t.local_weights().items())
     first = t.train_step(make_batch(FIRST))
     after_first = {n: x.clone() for b in t.named_weights(1 << 20) for n, x in b}  # collective over TP
-    as_native = hf_model(t, {"name": "tiny-0.5m"}, 1 << 16)  # what save_model writes (collective over TP)
+    as_native = hf_model(ThreadedTrainer(t), {"name": "tiny-0.5m"}, 1 << 16)  # what save_model writes (collective over TP)
     if rank == 0:
         save_file(after_first, os.path.join(out, "after_first.safetensors"))
         save_file(dict(as_native.state_dict()), os.path.join(out, "as_native.safetensors"))

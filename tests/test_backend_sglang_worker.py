@@ -137,7 +137,7 @@ async def test_receive_weights_pushes_the_trainers_broadcast_into_sglang(worker)
     sender = threading.Thread(target=weight_sync.send, args=(members[0].group, buckets, 3))
     sender.start()
     try:
-        assert await w.receive_weights("sync") == 3
+        assert await w.receive_weights("sync", 3) == 3
     finally:
         sender.join(30)
         for m in members:

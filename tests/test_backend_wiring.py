@@ -11,7 +11,12 @@ import torch
 
 from dynarl import ConfigError
 from dynarl.components.backends import check_wired
-from dynarl.components.engine_factory import make_rollout_engine, make_trainer, sglang_config, weights_template
+from dynarl.components.engine_factory import (make_inference_engine, make_rollout_engine, make_trainer, sglang_config,
+                                             weights_template)
+from dynarl.components.inference.emulated import EmulatedInference
+from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
+from dynarl.components.trainer.emulated.engine import EmulatedTrainer
+from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.rollout.native.engine import NativeRolloutEngine
@@ -82,16 +87,27 @@ def test_train_refuses_an_unwired_combination_before_starting_anything():
 
 # ---- the factory -----------------------------------------------------------------------------
 
-def test_native_engines_come_from_the_factory():
+async def test_native_engines_come_from_the_factory():
     engine = make_rollout_engine("native", {"name": "tiny-0.5m"}, {"num_blocks": 64}, None)
     assert isinstance(engine, NativeRolloutEngine) and engine.weight_version == -1
     assert weights_template(engine, {"name": "tiny-0.5m"}) is engine.model
-    trainer = make_trainer("native", {"name": "tiny-0.5m"}, TrainerConfig())
-    assert isinstance(trainer, NativeTrainer)
-    with pytest.raises(ValueError, match="choose 'native' or 'sglang'"):
+    trainer = await make_trainer("native", {"name": "tiny-0.5m"}, TrainerConfig())
+    assert isinstance(trainer, ThreadedTrainer) and isinstance(trainer.engine, NativeTrainer)
+    with pytest.raises(ValueError, match="choose 'native', 'sglang' or 'emulated'"):
         make_rollout_engine("vllm", {"name": "tiny-0.5m"}, {}, None)
-    with pytest.raises(ValueError, match="choose 'native' or 'megatron'"):
-        make_trainer("deepspeed", {"name": "tiny-0.5m"}, TrainerConfig())
+    with pytest.raises(ValueError, match="choose 'native', 'megatron' or 'emulated'"):
+        await make_trainer("deepspeed", {"name": "tiny-0.5m"}, TrainerConfig())
+
+
+async def test_emulated_engines_come_from_the_factory():
+    """`dynarl sim`'s engines: settings from the backend config, no torch model."""
+    rollout = make_rollout_engine("emulated", {}, {}, {"model": "qwen2.5-7b", "tp": 2})
+    assert isinstance(rollout, EmulatedRolloutEngine) and rollout.config.tp == 2 and rollout.weight_version == -1
+    assert weights_template(rollout, {}) is None
+    inference = make_inference_engine("emulated", {}, 8, {"model": "qwen2.5-7b"})
+    assert isinstance(inference, EmulatedInference) and inference.weights_template is None
+    trainer = await make_trainer("emulated", {}, TrainerConfig(), {"model": "qwen2.5-7b"})
+    assert isinstance(trainer, EmulatedTrainer) and not trainer.needs_token_ids
 
 
 def test_engines_without_a_torch_model_get_a_meta_template_with_the_native_plan():

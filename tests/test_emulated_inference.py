@@ -42,7 +42,7 @@ def test_values_are_deterministic_and_follow_the_weights():
         seqs = sequences([40, 60])
         a = await inf.compute_logprobs(seqs, [5, 5])
         b = await inf.compute_logprobs(seqs, [5, 5])
-        inf.update_weights(None, version=1)
+        await inf.update_weights(None, version=1)
         t0 = asyncio.get_running_loop().time()
         c = await inf.compute_logprobs(seqs, [5, 5])
         return a, b, c, asyncio.get_running_loop().time() - t0, inf.forward_time([40, 60])

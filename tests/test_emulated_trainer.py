@@ -13,6 +13,7 @@ from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
 from dynarl.components.trainer.base import STATE_NAMES, TrainBatch, TrainerConfig, TrainerEngine
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 from dynarl.components.trainer.emulated.layout import build_layout, shard_ranges
+from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.core.virtual_time import run_virtual
 
 M7, H100 = cm.get_model("qwen2.5-7b"), cm.get_device("h100-80gb")
@@ -68,14 +69,15 @@ def test_qwen_layouts_hold_the_model_card_parameter_counts(name, card_params, ca
     assert sum(e - s for s, e in layout.shards["grad"]) == layout.total_numel
 
 
-def test_matches_the_trainer_protocol():
+@pytest.mark.parametrize("engine", [pytest.param(EmulatedTrainer, id="emulated"),
+                                    pytest.param(ThreadedTrainer, id="threaded")])
+def test_matches_the_trainer_protocol(engine):
     for name, member in inspect.getmembers(TrainerEngine, inspect.isfunction):
         if name.startswith("_"):
             continue
-        ours = getattr(EmulatedTrainer, name)
+        ours = getattr(engine, name)
         assert list(inspect.signature(ours).parameters) == list(inspect.signature(member).parameters), name
-    # the one deliberate difference: time passes on the loop, so train_step is awaited
-    assert inspect.iscoroutinefunction(EmulatedTrainer.train_step)
+        assert inspect.iscoroutinefunction(ours) == inspect.iscoroutinefunction(member), name
 
 
 @pytest.mark.parametrize("lengths", [
@@ -108,10 +110,10 @@ def test_recompute_and_mfu_change_the_step_time():
 def test_train_step_refuses_what_the_native_one_refuses():
     async def main():
         t = trainer()
-        t.offload()
+        await t.offload()
         with pytest.raises(RuntimeError, match="offloaded"):
             await t.train_step(batch([50]))
-        t.onload()
+        await t.onload()
         with pytest.raises(ValueError, match="ref_logprobs"):
             await trainer(config=TrainerConfig(kl_coef=0.1)).train_step(batch([50]))
         with pytest.raises(ValueError, match="mask"):
@@ -133,33 +135,33 @@ def test_state_shards_are_sizes_that_tile_the_layout():
     assert ranks[0].weight_bytes == 2 * total
 
 
-def test_import_state_shard_checks_the_owned_size_and_takes_the_step():
+async def test_import_state_shard_checks_the_owned_size_and_takes_the_step():
     src = trainer(rank=1, world_size=2)
     src.global_step = 7
     same = trainer(rank=1, world_size=2)
-    same.import_state_shard(src.export_state_shard())
+    await same.import_state_shard(src.export_state_shard())
     assert same.global_step == 7
     with pytest.raises(ValueError, match="owns"):
-        trainer(rank=0, world_size=3).import_state_shard(src.export_state_shard())
+        await trainer(rank=0, world_size=3).import_state_shard(src.export_state_shard())
     with pytest.raises(ValueError, match="lacks"):
-        same.import_state_shard({"step": 1})
+        await same.import_state_shard({"step": 1})
 
 
-def test_checkpoint_written_by_two_ranks_loads_on_three(tmp_path):
+async def test_checkpoint_written_by_two_ranks_loads_on_three(tmp_path):
     path = str(tmp_path / "ckpt")
     for r in range(2):
         t = trainer(rank=r, world_size=2)
         t.global_step = 5
-        t.save_checkpoint(path)
+        await t.save_checkpoint(path)
     for r in range(3):
         t = trainer(rank=r, world_size=3)
-        t.load_checkpoint(path)
+        await t.load_checkpoint(path)
         assert t.global_step == 5
     with pytest.raises(ValueError, match="does not match"):
-        trainer(model="qwen2.5-1.5b").load_checkpoint(path)
+        await trainer(model="qwen2.5-1.5b").load_checkpoint(path)
     os.remove(os.path.join(path, "shard-00001-of-00002.json"))
     with pytest.raises(FileNotFoundError):
-        trainer(rank=2, world_size=3).load_checkpoint(path)
+        await trainer(rank=2, world_size=3).load_checkpoint(path)
 
 
 def test_named_weights_buckets_feed_the_emulated_rollout():

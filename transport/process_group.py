@@ -13,6 +13,10 @@ group=pg)`, `all_reduce`, `all_gather_into_tensor`, `reduce_scatter_tensor`,
 and `group_src`/`group_dst`, never global ranks.
 
 These calls block (rendezvous), so callers run them in a thread.
+
+On emulated devices (`dynarl sim`) a group is an `EmulatedGroup`: its name, rank
+and size, with no store and no collectives; the emulated engines that use it
+spend the cost model's time for what a real group would carry.
 """
 from __future__ import annotations
 
@@ -30,6 +34,20 @@ class GroupMembership:
     store: Any
 
 
+@dataclass(frozen=True, slots=True)
+class EmulatedGroup:
+    """A process group of emulated devices: membership only."""
+    name: str
+    _rank: int
+    _size: int
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
 def host_store(host: str) -> Any:
     """Starts a TCPStore server on a free port; the caller reads `.port`."""
     import torch.distributed as dist
@@ -39,6 +57,8 @@ def host_store(host: str) -> Any:
 
 def join_group(name: str, generation: int, rank: int, size: int, host: str, port: int,
                backend: str, timeout_s: float, store: Any = None) -> GroupMembership:
+    if backend == "emulated":
+        return GroupMembership(name, rank, size, EmulatedGroup(name, rank, size), None)
     import torch.distributed as dist
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
@@ -53,7 +73,7 @@ def join_group(name: str, generation: int, rank: int, size: int, host: str, port
         options = dist.ProcessGroupNCCL.Options()
         impl, backend_type, device = dist.ProcessGroupNCCL(prefixed, rank, size, options), kind.NCCL, "cuda"
     else:
-        raise ValueError(f"unknown backend {backend!r}; choose gloo or nccl")
+        raise ValueError(f"unknown backend {backend!r}; choose gloo, nccl or emulated")
     group = dist.ProcessGroup(prefixed, rank, size)
     group._set_default_backend(backend_type)
     group._register_backend(torch.device(device), backend_type, impl)
@@ -64,6 +84,8 @@ def join_group(name: str, generation: int, rank: int, size: int, host: str, port
 
 
 def leave_group(membership: GroupMembership) -> None:
+    if isinstance(membership.group, EmulatedGroup):
+        return
     import torch.distributed as dist
     c10d = dist.distributed_c10d
     c10d._world.pg_group_ranks.pop(membership.group, None)

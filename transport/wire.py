@@ -19,6 +19,7 @@ A flipped mac-kind byte changes the algorithm and so fails verification too.
 """
 from __future__ import annotations
 
+import collections.abc
 import hmac
 import itertools
 import os
@@ -186,6 +187,8 @@ def _to_ext(obj: Any, frames: list[Any]) -> msgpack.ExtType:
         return msgpack.ExtType(EXT_BLOB, msgpack.packb([obj.body, first, len(obj.frames)], use_bin_type=True))
     if type(obj).__module__ == "torch" and type(obj).__name__ in ("Tensor", "Parameter"):
         return _tensor_to_ext(obj, frames)
+    if isinstance(obj, collections.abc.Sequence) and not isinstance(obj, (str, bytes, bytearray)):
+        return list(obj)  # a sequence built on first read (the emulated engines' outputs), or a range
     raise TypeError(f"cannot send a {type(obj).__module__}.{type(obj).__name__} over the wire "
                     "(send plain data, numpy arrays or torch tensors)")
 

@@ -1,9 +1,12 @@
-"""EmulatedInference: log-probs of the old/reference policy, timed by the cost model.
+"""EmulatedInference: the InferenceEngine contract (base.py), timed by the cost model.
 
 A forward-only pass over prompt + response tokens costs logprob_time(): one third
 of a training step over the same tokens. The values are synthetic but
 deterministic: a hash of (sequence tokens, weight version), one per response token,
-aligned with TrainBatch.old_logprobs / ref_logprobs.
+aligned with TrainBatch.old_logprobs / ref_logprobs. `logprobs` returns them as
+LazyLists (built on first read: a simulation that needs only the time never builds
+them); `compute_logprobs` builds them. Onload and offload are half a role switch
+each (COSTMODEL.md §3), spent on the loop.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import numpy as np
 
 from dynarl.components import costmodel
 from dynarl.components.rollout.emulated.engine import payload_bytes
-from dynarl.components.rollout.emulated.tokens import response_logprobs
+from dynarl.components.rollout.emulated.tokens import LazyList, response_logprobs
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,11 +46,14 @@ class EmulatedInferenceConfig:
 
 
 class EmulatedInference:
-    def __init__(self, config: EmulatedInferenceConfig | None = None):
+    weights_template = None
+    """Weights arrive as a byte count (update_weights), never as tensors."""
+
+    def __init__(self, config: EmulatedInferenceConfig | None = None, weight_version: int = 0):
         self.config = config or EmulatedInferenceConfig()
         self.model = costmodel.get_model(self.config.model)
         self.device = costmodel.get_device(self.config.device)
-        self.weight_version = 0
+        self.weight_version = weight_version
         self.busy_time = 0.0
         self._pending_delay = 0.0
 
@@ -60,6 +66,16 @@ class EmulatedInference:
         mean_len = sum(n * n for n in seq_lens) / tokens
         c = self.config
         return costmodel.logprob_time(self.model, self.device, tokens, mean_len, c.num_devices, c.mfu)
+
+    async def logprobs(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+                       reference: bool = False) -> list[LazyList]:
+        """One pass over prompt + response of each; the values as LazyLists (the
+        reference policy's differ: it is the weights before any update)."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        await self.forward([len(p) + len(r) for p, r in zip(prompts, responses)])
+        version = -1 if reference else self.weight_version
+        return [LazyList(len(r), _synthetic(p, r, version)) for p, r in zip(prompts, responses)]
 
     async def compute_logprobs(self, input_ids: Sequence[Sequence[int]],
                                prompt_lens: Sequence[int]) -> list[list[float]]:
@@ -85,7 +101,16 @@ class EmulatedInference:
     def _seed(self, ids: Sequence[int]) -> int:
         return zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()) ^ (self.weight_version << 32)
 
-    def update_weights(self, named_tensors: Any, version: int) -> None:
+    async def load_reference(self, path: str) -> None:
+        """The reference policy is the weights before any update (nothing to read)."""
+
+    async def onload(self) -> None:
+        await asyncio.sleep(costmodel.ROLE_SWITCH_S / 2 * self.config.time_scale)
+
+    async def offload(self) -> None:
+        await asyncio.sleep(costmodel.ROLE_SWITCH_S / 2 * self.config.time_scale)
+
+    async def update_weights(self, named_tensors: Any, version: int) -> None:
         """New policy weights (a byte count, (name, bytes) pairs, or anything = the full
         model); the transfer, split over the instance's devices at the link bandwidth,
         is charged to the next compute_logprobs, as in EmulatedRolloutEngine."""
@@ -93,3 +118,11 @@ class EmulatedInference:
         self._pending_delay += costmodel.weight_sync_time(
             payload_bytes(named_tensors, self.model.weight_bytes), self.device.link_bandwidth,
             self.config.num_devices)
+
+
+def _synthetic(prompt: Sequence[int], response: Sequence[int], version: int) -> Any:
+    def build() -> list[float]:
+        ids = list(prompt) + list(response)
+        seed = zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()) ^ ((version & 0xFFFFFFFF) << 32)
+        return response_logprobs(seed, 0, len(response))
+    return build

@@ -5,6 +5,8 @@
 - math: math-verify (HuggingFace's answer checker: LaTeX / expressions / numbers,
   equivalence via sympy). If the package is missing, a clearly reported fallback
   compares the last number (or the stripped text) of both sides.
+- none: no verifier, every reward 0: a simulated workload (`dynarl sim`), whose
+  responses are lengths without text.
 """
 from __future__ import annotations
 
@@ -62,8 +64,10 @@ def _last_number_match(response: str, answer: str) -> float:
     return exact_match(response, answer)
 
 
-def make_verifier(kind: str) -> tuple[Verifier, str]:
-    """(verifier, backend name for the run's report)."""
+def make_verifier(kind: str) -> tuple[Verifier | None, str]:
+    """(verifier, backend name for the run's report); None for 'none'."""
+    if kind == "none":
+        return None, "none"
     if kind == "count_up":
         return count_up_score, "count_up"
     if kind == "exact":
@@ -71,4 +75,4 @@ def make_verifier(kind: str) -> tuple[Verifier, str]:
     if kind == "math":
         verifier = MathVerifier()
         return verifier, verifier.backend
-    raise ValueError(f"unknown verifier {kind!r}; choose from 'count_up', 'exact', 'math'")
+    raise ValueError(f"unknown verifier {kind!r}; choose from 'count_up', 'exact', 'math', 'none'")

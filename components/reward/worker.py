@@ -1,4 +1,6 @@
-"""RewardWorker: scores each sample of each chunk with the task's verifier.
+"""RewardWorker: scores each sample of each chunk with the task's verifier, and
+turns each group's rewards into its GRPO advantages (experience.group_advantages:
+a streaming trainer takes samples one by one, not whole groups).
 
 A CPU component: it takes no device lock and runs beside whichever component
 holds the devices, chunk by chunk as rollout finishes groups.
@@ -8,27 +10,35 @@ from __future__ import annotations
 import time
 
 import dynarl
-from dynarl.components.experience import END
+from dynarl.components.experience import END, group_advantages
 from dynarl.components.model.spec import ModelSpec, build_tokenizer, safe_decode
 from dynarl.components.reward.verifiers import make_verifier
 
 
 class RewardWorker(dynarl.Worker):
-    def __init__(self, model: dict, verifier: str) -> None:
-        self.tokenizer = build_tokenizer(ModelSpec(**model))
+    def __init__(self, model: dict, verifier: str, adv_eps: float = 1e-6) -> None:
         self.verify, self.backend = make_verifier(verifier)
+        self.tokenizer = build_tokenizer(ModelSpec(**model)) if self.verify is not None else None
+        self.adv_eps = adv_eps
 
     async def score(self, get: str, put: str) -> dict:
         """Consumes chunks from `get` until END, puts them on `put` with a reward per sample."""
         inbox, outbox = self.channel(get), self.channel(put)
         started, num_samples = time.perf_counter(), 0
-        eos = self.tokenizer.eos_id
         while (chunk := await inbox.get()) is not END:
             for group in chunk:
                 for sample in group["samples"]:
-                    ids = [t for t in sample["output_ids"] if t != eos]
-                    sample["reward"] = float(self.verify(safe_decode(self.tokenizer, ids), group["answer"]))
+                    sample["reward"] = self._score(sample, group)
                     num_samples += 1
+                rewards = [s["reward"] for s in group["samples"]]
+                for sample, advantage in zip(group["samples"], group_advantages(rewards, self.adv_eps)):
+                    sample["advantage"] = advantage
             await outbox.put(chunk, weight=len(chunk))
         await outbox.flush()
         return {"samples": num_samples, "busy_s": time.perf_counter() - started, "verifier": self.backend}
+
+    def _score(self, sample: dict, group: dict) -> float:
+        if self.verify is None:
+            return 0.0
+        ids = [t for t in sample["output_ids"] if t != self.tokenizer.eos_id]
+        return float(self.verify(safe_decode(self.tokenizer, ids), group["answer"]))

@@ -107,6 +107,8 @@ class EngineLoad:
     """Output tokens the held (running and waiting) requests have made so far."""
     budget_tokens: int = 0
     """Output tokens the held requests may still make at most (max_new_tokens left)."""
+    num_preemptions: int = 0
+    """Requests preempted for KV since the engine started (0 where the engine does not say)."""
 
     @property
     def utilization(self) -> float:

@@ -19,6 +19,7 @@ from typing import Any
 
 import dynarl
 from dynarl.components import weight_sync
+from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END, Group
 from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, SamplingParams
@@ -57,9 +58,9 @@ class RolloutWorker(dynarl.Worker):
         if self.shares_device:
             await self.engine.release_memory()
 
-    async def receive_weights(self, group: str) -> int:
-        named, version = await asyncio.to_thread(weight_sync.receive, self.process_group(group),
-                                                 self.weights_template, self.bucket_bytes, self.engine.weight_version)
+    async def receive_weights(self, group: str, version: int) -> int:
+        named = await weight_sync.receive_async(self.process_group(group), self.weights_template,
+                                                self.bucket_bytes, self.engine.weight_version, version)
         await self.engine.update_weights(named, version)
         return version
 
@@ -143,6 +144,7 @@ class RolloutWorker(dynarl.Worker):
                                            f"the step needs v{version}")
         run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling)
         started = time.perf_counter()
+        preempted = (await self.engine.load()).num_preemptions
         fetch = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: never take a second END
         try:
             await run.drive(fetch)
@@ -157,7 +159,9 @@ class RolloutWorker(dynarl.Worker):
             self.run = None
         try:
             return {"groups": run.num_groups, "tokens": run.num_tokens, "engine_steps": run.num_steps,
-                    "busy_s": time.perf_counter() - started, "groups_exported": run.num_exported,
+                    "busy_s": time.perf_counter() - started, "busy": run.busy.intervals,
+                    "preemptions": (await self.engine.load()).num_preemptions - preempted,
+                    "groups_exported": run.num_exported,
                     "groups_imported": run.num_imported}
         finally:
             run.finished.set()
@@ -177,6 +181,8 @@ class _Generation:
         """group index -> samples still generating."""
         self.groups_by_index: dict[int, Group] = {}
         self.ready: list[Group] = []
+        self.busy = BusyLog()
+        """When the engine stepped (loop time)."""
         self.arrived = asyncio.Event()
         self.num_groups = self.num_tokens = self.num_steps = 0
         self.num_exported = self.num_imported = 0
@@ -250,8 +256,12 @@ class _Generation:
                     worker.admitting = False
                 return
             for k, sample in enumerate(group["samples"]):
+                # a sample may carry its own length (a simulated workload's: the emulated
+                # engine makes exactly max_new_tokens)
+                sampling = self.sampling if "max_new_tokens" not in sample else \
+                    {**self.sampling, "max_new_tokens": sample["max_new_tokens"]}
                 request = GenerationRequest(sample["id"], list(group["prompt_ids"]),
-                                            SamplingParams(**self.sampling, seed=sample["seed"]))
+                                            SamplingParams(**sampling, seed=sample["seed"]))
                 self.pending[sample["id"]] = (group, k)
                 self.engine.add_request(request)
             self.left[group["index"]] = len(group["samples"])
@@ -277,6 +287,7 @@ class _Generation:
                 return
 
     async def _drive(self, fetch: asyncio.Future) -> None:
+        loop = asyncio.get_running_loop()
         while self.paused or self.hold or not (fetch.done() and not self.engine.has_work()):
             if fetch.done() and fetch.exception() is not None:
                 raise fetch.exception()
@@ -296,7 +307,10 @@ class _Generation:
                                    return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 continue
-            for result in await self.engine.step():
+            begun = loop.time()
+            results = await self.engine.step()
+            self.busy.add(begun, loop.time())
+            for result in results:
                 await self._finished(result)
             self.num_steps += 1
             await asyncio.sleep(0)  # lets fetch add newly arrived prompts between steps

@@ -279,26 +279,41 @@ class TrainerConfig:
 
 
 class TrainerEngine(Protocol):
-    """The contract every trainer backend meets (one instance per data-parallel rank).
-    Methods marked collective must be called on every rank of the group."""
+    """The contract every trainer backend meets (one instance per data-parallel rank),
+    as the trainer worker and the P2P reshard see it. Calls that compute, communicate
+    or do I/O are coroutines: the blocking torch engines (native, megatron) are
+    wrapped in threaded.ThreadedTrainer, the emulated one spends cost-model time on
+    the loop. Methods marked collective must be called on every rank of the group."""
 
     rank: int
     world_size: int
     global_step: int
+    dp_rank: int
+    dp_size: int
+    """Data-parallel rank and size (tensor-parallel ranks of one DP rank share a part)."""
+    needs_token_ids: bool
+    """False: the engine reads only lengths (emulated), so batches may carry ranges."""
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """Collective. One optimizer step on this rank's part of the global batch.
-        Returns global metrics: loss, pg_loss, kl, entropy, grad_norm, tokens, clip_frac."""
+    async def train_step(self, batch: TrainBatch, config: TrainerConfig | None = None) -> dict[str, float]:
+        """Collective. One optimizer step on this rank's part of the global batch (with
+        `config` instead of the engine's own, e.g. the warm start's). Returns global
+        metrics: loss, pg_loss, kl, entropy, grad_norm, tokens, clip_frac."""
+    async def accumulate(self, batch: TrainBatch) -> None:
+        """Streaming: forward/backward of one part of this step's batch (its advantages
+        precomputed), added to the gradients. Not collective: ranks take parts as they come."""
+    async def apply(self) -> dict[str, float]:
+        """Collective. The optimizer step over everything accumulated since the last one:
+        the token-mean loss of the whole step, as train_step on the same samples."""
     def layout(self) -> StateLayout: ...
     def export_state_shard(self) -> dict[str, Any]:
         """This rank's owned ranges of STATE_NAMES, plus 'step'."""
-    def import_state_shard(self, shard: Mapping[str, Any]) -> None:
+    async def import_state_shard(self, shard: Mapping[str, Any]) -> None:
         """Collective. Install an exported shard for this rank's range, rebuild full weights."""
-    def save_checkpoint(self, path: str) -> None:
-        """Collective. Each rank writes its shard; rank 0 the metadata."""
-    def load_checkpoint(self, path: str) -> None:
-        """Collective. Works across world sizes (re-slices the shards)."""
-    def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    async def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, Any]]]:
         """Full weights for the rollout engine, in buckets of at most bucket_bytes."""
-    def onload(self) -> None: ...
-    def offload(self) -> None: ...
+    async def save_checkpoint(self, path: str) -> None:
+        """Collective. Each rank writes its shard; rank 0 the metadata."""
+    async def load_checkpoint(self, path: str) -> None:
+        """Collective. Works across world sizes (re-slices the shards)."""
+    async def onload(self) -> None: ...
+    async def offload(self) -> None: ...

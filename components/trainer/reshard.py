@@ -1,7 +1,8 @@
 """The worker side of P2P trainer resharding (core/migration/p2p.py drives it).
 
-A trainer worker that mixes in `ReshardableTrainer` (and keeps its NativeTrainer
-in `self.trainer`) can hand its ZeRO-1 state to a new set of ranks:
+A trainer worker that mixes in `ReshardableTrainer` (and keeps its trainer engine,
+a ThreadedTrainer over a NativeTrainer, in `self.trainer`) can hand its ZeRO-1
+state to a new set of ranks:
 - old ranks `reshard_send` the slices the plan assigns them, straight from their
   live state, to new ranks over a transfer process group;
 - new ranks `reshard_recv` into buffers laid out for their own range, checking
@@ -87,7 +88,7 @@ class ReshardableTrainer:
             raise RuntimeError("reshard_install before reshard_recv")
         shard: dict[str, torch.Tensor] = dict(self._received)
         shard["step"] = torch.tensor([step], dtype=torch.int64)
-        await asyncio.to_thread(self.trainer.import_state_shard, shard)
+        await self.trainer.import_state_shard(shard)
         self._received = None
         return await self.state_digest()
 
@@ -115,4 +116,4 @@ class ReshardableTrainer:
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 **{k: state[k].clone() for k in STATE_NAMES},
-                "params": {n: p.detach().clone() for n, p in self.trainer.model.named_parameters()}}
+                "params": {n: p.detach().clone() for n, p in self.trainer.engine.model.named_parameters()}}

@@ -1,10 +1,18 @@
 """TrainerWorker: one data-parallel rank of the trainer component.
 
 Wraps the configured trainer engine (engine_factory: NativeTrainer, ZeRO-1 over
-the runtime process group `dp_group` when there are several ranks, or
-MegatronTrainer, whose world is that same group). Besides the GRPO step it runs
-the supervised warm start, saves/loads checkpoints, and its rank 0 sends the
-weights to rollout and inference after every step (weight_sync.py).
+the runtime process group `dp_group` when there are several ranks, MegatronTrainer,
+whose world is that same group, or the emulated one), through the async
+TrainerEngine contract (trainer/base.py). Besides the GRPO step it runs the
+supervised warm start, saves/loads checkpoints, and its rank 0 sends the weights to
+rollout and inference after every step (weight_sync.py).
+
+Two ways to train a step: `train` takes this rank's part of the batch from the
+controller and steps on it (the batch is whole when the step begins); `train_stream`
+takes chunks from a channel as inference finishes them, accumulates their
+gradients, and steps after END (streaming gradient accumulation: the trainer starts
+while the rollout's tail still decodes). It returns what it trained: the sample ids
+and digests for the ledger, and each sample's reward, length, finish and version.
 
 Warm start = supervised fine-tuning through the same loss: with advantage 1 on
 every answer token and the sampling policy equal to the current one (no old
@@ -27,6 +35,9 @@ from dynarl.components import weight_sync
 from dynarl.components.engine_factory import hf_model, make_trainer
 from dynarl.components.model.io import save_pretrained
 from dynarl.components.model.spec import ModelSpec
+from dynarl.components import experience
+from dynarl.components.busy import BusyLog
+from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.reshard import ReshardableTrainer
 
@@ -42,10 +53,10 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
         self.trainer: Any = None
-        """A TrainerEngine: NativeTrainer or MegatronTrainer (engine_factory)."""
+        """A TrainerEngine (trainer/base.py), from engine_factory.make_trainer."""
         self.expected_samples = 0
         """Samples the workflow announced for this step and not yet trained."""
-        self.samples_done = 0
+        self.samples_done = self.tokens_done = 0
         self.training = False
 
     def expect(self, samples: int) -> None:
@@ -61,28 +72,49 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     async def start(self, dp_group: str | None = None) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
         group = self.process_group(dp_group) if dp_group else None
-        self.trainer = await asyncio.to_thread(make_trainer, self.backend, self.model, self.config,
-                                               self.backend_config, group)
-        return self.model_spec.config().num_parameters
+        self.trainer = await make_trainer(self.backend, self.model, self.config, self.backend_config, group)
+        return self.model_spec.config().num_parameters if self.backend != "emulated" else 0
 
     async def onload(self) -> None:
         if self.shares_device:
-            self.trainer.onload()
+            await self.trainer.onload()
 
     async def offload(self) -> None:
         if self.shares_device:
-            self.trainer.offload()
+            await self.trainer.offload()
 
     async def train(self, batch: dict) -> dict:
         """Collective. One GRPO step on this rank's part of the global batch."""
         self.training = True
         try:
-            result = await asyncio.to_thread(self.trainer.train_step, TrainBatch.from_wire(batch))
+            result = await self.trainer.train_step(TrainBatch.from_wire(batch))
         finally:
             self.training = False
         self.samples_done += self.expected_samples
         self.expected_samples = 0
         return result
+
+    async def train_stream(self, get: str, put: str | None = None, *, with_ref: bool = False) -> dict:
+        """Collective at its end. Chunks of scored groups (each sample with its
+        advantage) from `get` until END, accumulated as they come; then the step."""
+        inbox, loop = self.channel(get), asyncio.get_running_loop()
+        busy, trained = BusyLog(), experience.Trained()
+        self.training = True
+        try:
+            while (chunk := await inbox.get()) is not END:
+                batch = experience.stream_batch(chunk, with_ref, lengths_only=not self.trainer.needs_token_ids)
+                begun = loop.time()
+                await self.trainer.accumulate(batch)
+                busy.add(begun, loop.time())
+                trained.add(chunk, digests=self.trainer.needs_token_ids)
+                self.samples_done += len(batch)
+                self.tokens_done += sum(len(ids) for ids in batch.input_ids)
+            begun = loop.time()
+            metrics = await self.trainer.apply()
+            busy.add(begun, loop.time())
+        finally:
+            self.training = False
+        return {"metrics": metrics, "busy": busy.intervals, **trained.to_wire()}
 
     async def reshard_warm(self) -> None:
         """A warm standby's one-off warm-up (core/migration/standby.py): build a trainer
@@ -90,39 +122,35 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         this rank pays neither the lazy imports nor the first step's allocations."""
         await self.start(None)
         probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], advantages=[1.0, -1.0])
-        await asyncio.to_thread(self.trainer.train_step, probe)
+        await self.trainer.train_step(probe)
         await self.reshard_retire()
 
     async def warmup_step(self, batch: dict) -> dict:
         """Collective. One supervised step (advantage 1 on every response token)."""
-        self.trainer.config = self.warmup_config
-        try:
-            return await asyncio.to_thread(self.trainer.train_step, TrainBatch.from_wire(batch))
-        finally:
-            self.trainer.config = self.config
+        return await self.trainer.train_step(TrainBatch.from_wire(batch), self.warmup_config)
 
     def data_part(self) -> list[int]:
         """[index, count]: this rank's part of the global batch. Its data-parallel rank
         and size: tensor-parallel ranks of one DP rank train on the same part."""
-        return [getattr(self.trainer, "dp_rank", self.rank), getattr(self.trainer, "dp_size", self.world_size)]
+        return [self.trainer.dp_rank, self.trainer.dp_size]
 
     async def send_weights(self, group: str, version: int) -> int:
         """Rank 0 broadcasts the full weights over `group`; returns the bytes sent. Other
         ranks are called only when the export is collective (megatron gathers its TP
         slices): they build the same buckets with rank 0 and return 0."""
-        buckets = await asyncio.to_thread(lambda: list(self.trainer.named_weights(self.bucket_bytes)))
+        buckets = await self.trainer.weight_buckets(self.bucket_bytes)
         if self.rank != 0:
             return 0
-        return await asyncio.to_thread(weight_sync.send, self.process_group(group), buckets, version)
+        return await weight_sync.send_async(self.process_group(group), buckets, version)
 
     async def save_checkpoint(self, path: str) -> int:
         """Collective. Returns the optimizer step saved."""
-        await asyncio.to_thread(self.trainer.save_checkpoint, path)
+        await self.trainer.save_checkpoint(path)
         return self.trainer.global_step
 
     async def load_checkpoint(self, path: str) -> int:
         """Collective. Returns the optimizer step loaded."""
-        await asyncio.to_thread(self.trainer.load_checkpoint, path)
+        await self.trainer.load_checkpoint(path)
         return self.trainer.global_step
 
     async def save_model(self, path: str) -> None:

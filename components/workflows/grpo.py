@@ -161,8 +161,8 @@ class GRPO(DynamicScheduling):
         async with self._busy("trainer"), self._busy("rollout"):  # nor is a weight sync
             await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
                 g.trainer.call("send_weights", "weight_sync", version, ranks=self.export_ranks),
-                g.rollout.call("receive_weights", "weight_sync"),
-                g.inference.call("receive_weights", "weight_sync")]), lock=False, component="sync")
+                g.rollout.call("receive_weights", "weight_sync", version),
+                g.inference.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
 
     # --- the data -----------------------------------------------------------------
     def prompt_groups(self, step: int) -> list[Group]:

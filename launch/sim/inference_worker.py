@@ -15,7 +15,7 @@ import dynarl
 from dynarl.components.experience import END
 from dynarl.components.inference.emulated import EmulatedInference, EmulatedInferenceConfig
 
-from .switching import Parking, add_busy, half_switch
+from .switching import Parking, add_busy
 
 
 class SimInferenceWorker(Parking, dynarl.Worker):
@@ -26,13 +26,15 @@ class SimInferenceWorker(Parking, dynarl.Worker):
         self.done_samples = self.done_tokens = 0
 
     async def onload(self) -> None:
-        await half_switch(self.shares_device, self.engine.config.time_scale)
+        if self.shares_device:  # half a role switch each way (the engine spends it)
+            await self.engine.onload()
 
     async def offload(self) -> None:
-        await half_switch(self.shares_device, self.engine.config.time_scale)
+        if self.shares_device:
+            await self.engine.offload()
 
-    def receive_weights(self, version: int, num_bytes: int) -> int:
-        self.engine.update_weights(num_bytes, version)
+    async def receive_weights(self, version: int, num_bytes: int) -> int:
+        await self.engine.update_weights(num_bytes, version)
         return version
 
     async def compute_logprobs(self, get: str, put: str, *, version: int) -> dict[str, Any]:

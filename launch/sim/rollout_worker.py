@@ -28,7 +28,7 @@ from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
 
 from .episodes import Episodes
 from .group_migration import GroupMigration, token_ids, turn_output_ids
-from .switching import add_busy, half_switch
+from .switching import add_busy
 
 
 class SimRolloutWorker(dynarl.Worker):
@@ -59,11 +59,10 @@ class SimRolloutWorker(dynarl.Worker):
         return token_ids(rid, obs, self.vocab) if obs else []
 
     async def onload(self) -> None:
-        await half_switch(self.shares_device, self.time_scale)
-        await self.engine.resume_memory()
+        if self.shares_device:  # half a role switch each way (the engine spends it)
+            await self.engine.resume_memory()
 
     async def offload(self) -> None:
-        await half_switch(self.shares_device, self.time_scale)
         if self.shares_device:
             await self.engine.release_memory()
 

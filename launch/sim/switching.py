@@ -1,16 +1,7 @@
-"""Role switches on time-shared devices: what onload/offload cost an emulated worker."""
+"""Busy intervals and parking for the simulator's workers."""
 from __future__ import annotations
 
 import asyncio
-
-from dynarl.components.costmodel import ROLE_SWITCH_S
-
-
-async def half_switch(shares_device: bool, time_scale: float) -> None:
-    """Offloading one role and onloading the next cost ROLE_SWITCH_S together
-    (COSTMODEL.md §3); each half is spent on the side that moves."""
-    if shares_device:
-        await asyncio.sleep(ROLE_SWITCH_S / 2 * time_scale)
 
 
 def add_busy(busy: list[list[float]], start: float, end: float) -> None:

@@ -20,7 +20,7 @@ from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 
-from .switching import Parking, add_busy, half_switch
+from .switching import Parking, add_busy
 
 
 class SimTrainerWorker(Parking, dynarl.Worker):
@@ -33,12 +33,12 @@ class SimTrainerWorker(Parking, dynarl.Worker):
         self.done_samples = self.done_tokens = 0
 
     async def onload(self) -> None:
-        await half_switch(self.shares_device, self.trainer.emulation.time_scale)
-        self.trainer.onload()
+        if self.shares_device:  # half a role switch each way (the engine spends it)
+            await self.trainer.onload()
 
     async def offload(self) -> None:
-        await half_switch(self.shares_device, self.trainer.emulation.time_scale)
-        self.trainer.offload()
+        if self.shares_device:
+            await self.trainer.offload()
 
     def weight_bytes(self) -> int:
         return self.trainer.weight_bytes

@@ -54,12 +54,12 @@ class _Batch:
 
 
 class EmulatedRolloutEngine:
-    def __init__(self, config: EmulatedRolloutConfig | None = None):
+    def __init__(self, config: EmulatedRolloutConfig | None = None, weight_version: int = 0):
         self.config = config or EmulatedRolloutConfig()
         self.model = self.config.model_shape
         self.device = self.config.device_spec
         self.capacity = self.config.capacity_tokens()
-        self.weight_version = 0
+        self.weight_version = weight_version
         self.scheduler = Scheduler(self.config, self.capacity, self.model.vocab_size)
         self._ready: list[GenerationResult] = []
         self._waiters: dict[str, tuple[_Batch, int]] = {}
@@ -236,7 +236,8 @@ class EmulatedRolloutEngine:
         generated = sum(made)
         return EngineLoad(active_kv_tokens=sched.active_kv_tokens(), kv_capacity_tokens=self.capacity,
                           num_running=len(sched.running), num_waiting=len(sched.waiting),
-                          cache_hit_tokens=sched.cache_hit_tokens, generated_tokens=generated,
+                          cache_hit_tokens=sched.cache_hit_tokens, num_preemptions=sched.num_preemptions,
+                          generated_tokens=generated,
                           budget_tokens=sum(targets) - generated)
 
     def running_request_ids(self) -> list[str]:
@@ -287,7 +288,8 @@ class EmulatedRolloutEngine:
         self.scheduler.flush_cache()
 
     async def release_memory(self) -> None:
-        """Free KV and weights (colocated role switch). Waiting requests stay queued."""
+        """Free KV and weights (colocated role switch: half of one, COSTMODEL.md §3).
+        Waiting requests stay queued."""
         if self.scheduler.running:
             raise RuntimeError(f"release_memory with {len(self.scheduler.running)} running requests; "
                                "abort or export them first")
@@ -295,8 +297,11 @@ class EmulatedRolloutEngine:
         self._runnable.clear()
         if self.scheduler.cache:
             self.scheduler.cache.evict_all()
+        await asyncio.sleep(costmodel.ROLE_SWITCH_S / 2 * self.config.time_scale)
 
     async def resume_memory(self) -> None:
+        """Allocate KV and weights again (the other half of a role switch)."""
+        await asyncio.sleep(costmodel.ROLE_SWITCH_S / 2 * self.config.time_scale)
         self._released = False
         if not self._paused:
             self._runnable.set()

@@ -175,7 +175,7 @@ class NativeRolloutEngine:
         return EngineLoad(active_kv_tokens=s.active_kv_tokens(), kv_capacity_tokens=s.blocks.capacity_tokens,
                           num_running=len(s.running), num_waiting=len(s.waiting),
                           cache_hit_tokens=s.num_cached_tokens,
-                          generated_tokens=sum(q.num_output_tokens for q in held),
+                          num_preemptions=s.num_preemptions, generated_tokens=sum(q.num_output_tokens for q in held),
                           budget_tokens=sum(max(q.request.sampling.max_new_tokens - q.num_output_tokens, 0)
                                             for q in held))
 

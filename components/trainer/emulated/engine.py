@@ -7,9 +7,10 @@ a P2P reshard moves the same byte counts a real one would. Weights for rollout
 come as buckets of (name, num_bytes) that EmulatedRolloutEngine.update_weights
 accepts.
 
-Differences from the native trainer, all because there is no computation:
-- train_step is a coroutine: it sleeps train_time() on the running loop (native
-  train_step blocks in torch). Callers `await` it.
+It meets the async TrainerEngine contract (base.py) directly: train_step and
+accumulate sleep train_time() on the running loop; onload and offload are half a
+role switch each (COSTMODEL.md §3). Differences from the native trainer, all
+because there is no computation:
 - Loss metrics are 0.0; "tokens" counts this rank's loss tokens (native: global),
   and "time_s" is the cost-model time of the step.
 - Ranks never talk: a collective step's wait for the slowest rank is the caller's
@@ -61,6 +62,9 @@ class EmulatedTrainerConfig:
 
 
 class EmulatedTrainer:
+    needs_token_ids = False
+    """Only lengths are read: a batch's input_ids may be ranges."""
+
     def __init__(self, config: TrainerConfig | None = None, *, emulation: EmulatedTrainerConfig | None = None,
                  rank: int = 0, world_size: int = 1):
         if not 0 <= rank < world_size:
@@ -76,6 +80,16 @@ class EmulatedTrainer:
         self._start, self._end = self._layout.owned("master", rank)
         self._onloaded = True
         self.busy_time = 0.0
+        self._accumulated = 0
+        """Loss tokens accumulated since the last apply()."""
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
 
     @property
     def weight_bytes(self) -> int:
@@ -88,21 +102,39 @@ class EmulatedTrainer:
 
     # ---- training ---------------------------------------------------------------
 
-    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    async def train_step(self, batch: TrainBatch, config: TrainerConfig | None = None) -> dict[str, float]:
         """One optimizer step on this rank's part of the batch: sleeps train_time over
         its prompt + response tokens, with the token-weighted mean sequence length
         (attention cost grows with each sequence's own length)."""
+        dt = await self._forward_backward(batch, config or self.config)
+        self.global_step += 1
+        return self._metrics(batch.num_loss_tokens(), dt)
+
+    async def accumulate(self, batch: TrainBatch) -> None:
+        """Streaming: one part's forward/backward time; the step comes with apply()."""
+        self._accumulated += batch.num_loss_tokens()
+        await self._forward_backward(batch, self.config)
+
+    async def apply(self) -> dict[str, float]:
+        """The optimizer step over what was accumulated. Its time (the gradient
+        reduction, the AdamW update) is folded into the MFU, as train_step's."""
+        tokens, self._accumulated = self._accumulated, 0
+        self.global_step += 1
+        return self._metrics(tokens, 0.0)
+
+    async def _forward_backward(self, batch: TrainBatch, config: TrainerConfig) -> float:
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
-        if self.config.kl_coef > 0 and batch.ref_logprobs is None:
+        if config.kl_coef > 0 and batch.ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs batch.ref_logprobs")
-        loss_tokens = batch.num_loss_tokens()
-        if loss_tokens == 0:
+        if batch.num_loss_tokens() == 0:
             raise ValueError("the batch has no response tokens with mask 1")
         dt = self.step_time([len(ids) for ids in batch.input_ids])
         self.busy_time += dt
         await asyncio.sleep(dt * self.emulation.time_scale)
-        self.global_step += 1
+        return dt
+
+    def _metrics(self, loss_tokens: int, dt: float) -> dict[str, float]:
         return {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0,
                 "tokens": float(loss_tokens), "step": float(self.global_step), "time_s": dt}
 
@@ -126,7 +158,7 @@ class EmulatedTrainer:
         shard["step"] = self.global_step
         return shard
 
-    def import_state_shard(self, shard: Mapping[str, Any]) -> None:
+    async def import_state_shard(self, shard: Mapping[str, Any]) -> None:
         size = self._end - self._start
         for name in (*STATE_NAMES, "step"):
             if name not in shard:
@@ -137,7 +169,7 @@ class EmulatedTrainer:
                                  f"rank {self.rank} owns {size}")
         self.global_step = int(shard["step"])
 
-    def save_checkpoint(self, path: str) -> None:
+    async def save_checkpoint(self, path: str) -> None:
         """Each rank writes its shard sizes; rank 0 writes meta.json (layout, config, step)."""
         _write_json(os.path.join(path, _shard_file(self.rank, self.world_size)), self.export_state_shard())
         if self.rank == 0:
@@ -145,7 +177,7 @@ class EmulatedTrainer:
                     "config": self.config.to_wire(), "step": self.global_step}
             _write_json(os.path.join(path, "meta.json"), meta)
 
-    def load_checkpoint(self, path: str) -> None:
+    async def load_checkpoint(self, path: str) -> None:
         """Works across world sizes: checks that the old shard files covering this
         rank's range exist, then takes the step."""
         with open(os.path.join(path, "meta.json")) as f:
@@ -182,10 +214,15 @@ class EmulatedTrainer:
         if bucket:
             yield bucket
 
-    def offload(self) -> None:
-        self._onloaded = False
+    async def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, int]]]:
+        return list(self.named_weights(bucket_bytes))
 
-    def onload(self) -> None:
+    async def offload(self) -> None:
+        self._onloaded = False
+        await asyncio.sleep(costmodel.ROLE_SWITCH_S / 2 * self.emulation.time_scale)
+
+    async def onload(self) -> None:
+        await asyncio.sleep(costmodel.ROLE_SWITCH_S / 2 * self.emulation.time_scale)
         self._onloaded = True
 
     @property

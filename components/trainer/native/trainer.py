@@ -80,6 +80,8 @@ class NativeTrainer:
                                 if self._params[i].dim() >= 2]
         self._rng_state = torch.Generator().manual_seed(config.seed + self.rank).get_state()
         self._onloaded = True
+        self._pending: dict | None = None
+        """Streaming: the loss tokens and metric sums accumulated since the last step."""
 
     # ---- training ---------------------------------------------------------------
 
@@ -104,6 +106,50 @@ class NativeTrainer:
                 mb = build_micro_batch(batch, advantages, rows, self.device)
                 if mb.num_tokens:
                     sums += self._forward_backward(mb, num_tokens)
+        grad_norm = self._update()
+        self._all_reduce(sums)
+        self.global_step += 1
+        loss, pg_loss, kl, entropy, clip_frac = sums.tolist()
+        return {"loss": loss, "pg_loss": pg_loss, "kl": kl, "entropy": entropy, "clip_frac": clip_frac,
+                "grad_norm": grad_norm, "tokens": float(num_tokens), "step": float(self.global_step)}
+
+    def accumulate(self, batch: TrainBatch) -> None:
+        """Streaming gradient accumulation: forward/backward of one part of this step's
+        batch (advantages precomputed: `batch.advantages`, or whole groups), its loss
+        terms summed over tokens; `apply` divides by the step's global token count,
+        so the step equals one train_step over all the parts. Not collective."""
+        cfg = self.config
+        if not self._onloaded:
+            raise RuntimeError("trainer is offloaded; call onload() before accumulate()")
+        if self._pending is None:
+            self._pending = {"tokens": 0, "sums": torch.zeros(5, dtype=torch.float64, device=self.device)}
+            for p in self._params:
+                p.grad = None
+        advantages = step_advantages(batch, cfg)
+        self._pending["tokens"] += batch.num_loss_tokens()
+        self.model.train()
+        with self._own_rng():
+            for start in range(0, len(batch), cfg.micro_batch_size):
+                rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
+                mb = build_micro_batch(batch, advantages, rows, self.device)
+                if mb.num_tokens:
+                    self._pending["sums"] += self._forward_backward(mb, 1)
+
+    def apply(self) -> dict[str, float]:
+        """Collective. The optimizer step over every part accumulated since the last
+        step, on every rank (one that took no part joins with zero gradients)."""
+        pending = self._pending or {"tokens": 0, "sums": torch.zeros(5, dtype=torch.float64, device=self.device)}
+        self._pending = None
+        num_tokens = int(self._all_reduce(torch.tensor([float(pending["tokens"])], dtype=torch.float64,
+                                                       device=self.device)).item())
+        if num_tokens == 0:
+            raise ValueError("the step accumulated no response tokens with mask 1 on any rank")
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.div_(num_tokens)
+        sums = pending["sums"] / num_tokens
         grad_norm = self._update()
         self._all_reduce(sums)
         self.global_step += 1
