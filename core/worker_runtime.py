@@ -29,8 +29,12 @@ _UNSEEN = object()
 class WorkerRuntime:
     def __init__(self, spec: WorkerSpec, call_controller: Call,
                  spawn: Callable[[Awaitable[Any]], asyncio.Task], cls: type[Worker] | None = None,
-                 payloads: PayloadServer | None = None, fetcher: PayloadFetcher | None = None) -> None:
+                 payloads: PayloadServer | None = None, fetcher: PayloadFetcher | None = None,
+                 share_items: bool = False) -> None:
+        """`share_items`: channel items are not encoded (ranks in the controller's own
+        loop and memory: the inproc launcher)."""
         self.spec = spec
+        self._share_items = share_items
         self._cls = cls
         self._payloads = payloads
         self._fetcher = fetcher
@@ -85,7 +89,8 @@ class WorkerRuntime:
         client = self._channels.get(name)
         if client is None:
             client = ChannelClient(name, self._call_controller, prefetch=prefetch, window=window,
-                                   spawn=self._spawn, payloads=self._payloads, fetcher=self._fetcher)
+                                   spawn=self._spawn, payloads=self._payloads, fetcher=self._fetcher,
+                                   share_items=self._share_items)
             self._channels[name] = client
         return client
 

@@ -2,7 +2,7 @@
 
 Same Worker classes, same RpcEndpoint call/reply/error/cancel path as over ZMQ,
 but messages are handed over in memory (next loop iteration), without encoding:
-arguments are shared, not copied. This is what the simulator runs thousands of
+arguments are shared, not copied, and so are channel items. This is what the simulator runs thousands of
 emulated devices on, inside the virtual-time loop, deterministically.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ class InprocLauncher(Launcher):
             return send
 
         runtime = WorkerRuntime(handle.spec, lambda m, a, kw: endpoints["worker"].call(m, a, kw),
-                                ctl.spawn_task, cls=handle.cls)
+                                ctl.spawn_task, cls=handle.cls, share_items=True)
         endpoints["worker"] = RpcEndpoint("controller", courier("controller"), serve=runtime.serve,
                                           spawn=ctl.spawn_task)
         endpoints["controller"] = RpcEndpoint(

@@ -14,7 +14,7 @@ from dynarl.components.backends import check_backends
 from dynarl.components.model.io import read_config
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
-from dynarl.components.workflows.placement import plan_placement
+from dynarl.components.placement.plan import from_pools
 from dynarl.core.config import ClusterConfig
 from dynarl.core.config_tree import build
 from dynarl.core.scheduler.policy import DynarlConfig
@@ -91,7 +91,7 @@ def test_example_configs_resolve_on_cpu(path):
     assert ("sglang" in " ".join(notes)) == (not extras.is_available("sglang"))
     cluster = build(ClusterConfig, data["runtime"]["cluster"], "runtime.cluster")
     ranks = {c: data[c]["num_ranks"] for c in ("rollout", "inference", "trainer")}
-    plan = plan_placement(data["placement"]["mode"], cluster.num_devices, ranks, data["placement"].get("pools"))
-    assert all(max(devices) < cluster.num_devices for devices in plan.values())
+    plan = from_pools(data["placement"]["mode"], cluster.num_devices, ranks, data["placement"].get("pools"))
+    assert all(max(plan.rank_devices(c)) < cluster.num_devices for c in ranks)
     assert cluster.device_kind == "cuda"
     build(DynarlConfig, data["scheduler"].get("dynarl", {}), "scheduler.dynarl")

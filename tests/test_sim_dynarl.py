@@ -10,7 +10,8 @@ from dynarl.components.placement.policy import Migrate, PlanContext, Snapshot, m
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.launch.sim.cli import simulate
 from dynarl.launch.sim.report import to_json
-from dynarl.launch.sim.runner import _check_exactly_once, run_policy
+from dynarl.launch.sim.dynarl_harness import _check_exactly_once
+from dynarl.launch.sim.runner import run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
 from dynarl.launch.sim.snapshot import downstream_tokens_left, output_cap
 from dynarl.launch.sim.sweep import sweep

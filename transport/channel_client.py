@@ -75,9 +75,14 @@ class _Taken:
 class ChannelClient:
     def __init__(self, name: str, call: Call, *, prefetch: int = 1, window: int = 64,
                  spawn: Callable[[Awaitable[Any]], asyncio.Task],
-                 payloads: PayloadServer | None = None, fetcher: PayloadFetcher | None = None) -> None:
+                 payloads: PayloadServer | None = None, fetcher: PayloadFetcher | None = None,
+                 share_items: bool = False) -> None:
+        """`share_items`: put items go to the channel as they are, not encoded (the
+        inproc launcher, whose ranks share the controller's memory as its RPC arguments
+        do): a consumer gets the producer's object."""
         if prefetch < 1 or window < 1:
             raise ValueError("prefetch and window must be >= 1")
+        self._share_items = share_items
         self.name = name
         self._call = call
         self._prefetch = prefetch
@@ -109,10 +114,11 @@ class ChannelClient:
             self._changed.clear()
             await self._changed.wait()
             self._raise_if_failed()
-        blob = encode_blob(item)
-        wire_item: Any = blob
-        if self._payloads is not None and blob.nbytes > P2P_ABOVE_BYTES:
-            wire_item = self._payloads.offer(blob)
+        wire_item: Any = item
+        if not self._share_items:
+            blob = wire_item = encode_blob(item)
+            if self._payloads is not None and blob.nbytes > P2P_ABOVE_BYTES:
+                wire_item = self._payloads.offer(blob)
         self._outbox.append([wire_item, key, weight, affinity])
         self._unacked += 1
         if self._flusher is None or self._flusher.done():

@@ -20,6 +20,7 @@ import numpy as np
 from dynarl.components import costmodel
 from dynarl.components.rollout.emulated.engine import payload_bytes
 from dynarl.components.rollout.emulated.tokens import LazyList, response_logprobs
+from dynarl.components.trainer.emulated.layout import synced_weight_bytes
 
 
 @dataclass(kw_only=True, slots=True)
@@ -116,7 +117,7 @@ class EmulatedInference:
         is charged to the next compute_logprobs, as in EmulatedRolloutEngine."""
         self.weight_version = version
         self._pending_delay += costmodel.weight_sync_time(
-            payload_bytes(named_tensors, self.model.weight_bytes), self.device.link_bandwidth,
+            payload_bytes(named_tensors, synced_weight_bytes(self.model)), self.device.link_bandwidth,
             self.config.num_devices)
 
 

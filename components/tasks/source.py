@@ -27,8 +27,9 @@ class TaskConfig:
     count_up: CountUpConfig = field(default_factory=CountUpConfig)
     calc: CalcConfig = field(default_factory=CalcConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    verifier: Literal["auto", "count_up", "exact", "math"] = "auto"
-    """auto: count_up for the built-in task, exact for calc, math (math-verify) for a dataset."""
+    verifier: Literal["auto", "count_up", "exact", "math", "none"] = "auto"
+    """auto: count_up for the built-in task, exact for calc, math (math-verify) for a dataset;
+    none: every reward 0 (a simulated workload, `dynarl sim`)."""
 
     @property
     def resolved_verifier(self) -> str:

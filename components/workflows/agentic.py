@@ -66,7 +66,7 @@ class AgenticGRPO(GRPO):
     async def step(self, step: int) -> dict[str, Any]:
         g, label = self.g, f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
-        groups = self.prompt_groups(step)
+        groups = self.prompts.groups(step)
         ranks = g.rollout.world_size
         rollout = asyncio.ensure_future(held(self.ctl, g.rollout, self.clock, label, "serve_turns",
                                              lambda: g.rollout.scatter("serve_turns", [
@@ -81,11 +81,13 @@ class AgenticGRPO(GRPO):
         pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": self.clock.last_end("rollout") - begun}
 
         ids = experience.sample_ids(scored)
-        self.ledger.check(step, ids)
+        trained = experience.Trained()
+        trained.add(sorted(scored, key=lambda gr: gr["index"]))
+        self.check_trained(step, ids, trained)
         train = await self.train(episode_batch(scored, self.cfg.with_ref), label)
-        self.commit_step(step, ids, scored)
+        self.commit_step(step, ids, trained)
         await self.sync_weights(step + 1, label)
-        metrics = step_metrics(step, scored, train, rollout_stats, [{"verifier": "calc"}],
+        metrics = step_metrics(step, trained, train, rollout_stats, [{"verifier": "calc"}],
                                self.clock.durations(label), time.perf_counter() - started)
         return metrics | pipeline | episode_metrics(scored, driver, rollout_stats)
 

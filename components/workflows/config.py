@@ -20,14 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dynarl.components.model.spec import ModelSpec
+from dynarl.components.inference.emulated import EmulatedInferenceConfig
 from dynarl.components.rollout.base import SamplingParams
+from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
 from dynarl.components.workflows.agentic_config import AgenticSection
-from dynarl.components.workflows.placement import COMPONENTS, PlacementError, plan_placement, pools_for
+from dynarl.components.placement.plan import COMPONENTS, Placement, PlacementError, from_pools, pools_for
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.config_tree import apply_override, build, to_dict
 from dynarl.transport.errors import ConfigError
@@ -47,9 +50,12 @@ class RolloutSection:
     """Finished groups per channel item: the elastic-pipelining granularity."""
     engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
     backend: Literal["native", "emulated", "sglang"] = "native"
-    """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`."""
+    """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`;
+    emulated (cost-model time on emulated devices) is what `dynarl sim` runs."""
     sglang: SGLangConfig | None = None
     """SGLang engine settings when backend is sglang."""
+    emulated: EmulatedRolloutConfig | None = None
+    """The emulated engine's settings (cost-model model and device, TP) when backend is emulated."""
 
     def __post_init__(self) -> None:
         for name in ("num_ranks", "samples_per_prompt", "max_new_tokens", "chunk_size"):
@@ -67,6 +73,9 @@ class InferenceSection:
     num_ranks: int = 2
     micro_batch_size: int = 64
     """Sequences per forward pass."""
+    backend: Literal["native", "emulated"] = "native"
+    emulated: EmulatedInferenceConfig | None = None
+    """The emulated engine's settings when backend is emulated."""
 
     def __post_init__(self) -> None:
         for name in ("num_ranks", "micro_batch_size"):
@@ -99,6 +108,12 @@ class TrainerSection:
     """The engine behind the trainer workers; megatron needs `pip install 'dynarl[megatron]'`."""
     megatron: MegatronConfig | None = None
     """megatron-core settings (TP/PP, dtype, distributed optimizer) when backend is megatron."""
+    emulated: EmulatedTrainerConfig | None = None
+    """The emulated engine's settings when backend is emulated."""
+    streaming: bool = False
+    """true: each rank accumulates the gradients of chunks as inference finishes them
+    and the step comes after the last (so a trainer on devices of its own starts during
+    the rollout's tail); false: one step on the whole batch once it is complete."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -195,9 +210,20 @@ class TrainConfig:
     agentic: AgenticSection = field(default_factory=AgenticSection)
 
     def __post_init__(self) -> None:
-        if self.runtime.launcher == "inproc":
+        emulated = self.runtime.cluster.device_kind == "emulated"
+        if self.runtime.launcher == "inproc" and not emulated:
             raise ConfigError("runtime.launcher", "'inproc' cannot host torch.distributed groups for weight sync; "
                                                   "choose from 'local', 'agent'")
+        for path, backend in (("rollout.backend", self.rollout.backend), ("inference.backend",
+                              self.inference.backend), ("trainer.backend", self.trainer.backend)):
+            if (backend == "emulated") != emulated:
+                raise ConfigError(path, "'emulated' engines run on emulated devices only, and emulated devices "
+                                        "(runtime.cluster.device_kind) run only emulated engines")
+        if self.trainer.streaming and self.trainer.backend == "megatron":
+            raise ConfigError("trainer.streaming", "the megatron trainer steps on whole batches; set it false")
+        if self.trainer.streaming and self.scheduler.policy == "dynarl":
+            raise ConfigError("trainer.streaming", "scheduler.policy 'dynarl' moves devices to a trainer that "
+                                                   "steps on the whole batch; set it false")
         if self.placement.mode != "hybrid" and self.placement.pools:
             raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {self.placement.mode!r}")
         try:
@@ -215,14 +241,14 @@ class TrainConfig:
         except PlacementError as exc:
             raise ConfigError("placement.mode", f"{exc}; add devices (runtime.cluster.devices_per_node) "
                                                 "or lower the components' num_ranks") from None
-        if self.run.prompts_per_step < self.trainer.num_ranks:
+        if self.run.prompts_per_step < self.trainer.num_ranks and not self.trainer.streaming:
             raise ConfigError("run.prompts_per_step", f"{self.run.prompts_per_step} prompts cannot feed "
                                                       f"{self.trainer.num_ranks} trainer ranks (one group each at least)")
         if self.scheduler.policy == "dynarl":
             self._check_dynarl()
         self._check_workflow()
         max_len = self.model.config().max_position_embeddings
-        if self.rollout.max_new_tokens >= max_len:
+        if self.rollout.max_new_tokens >= max_len and not emulated:
             raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
 
     def _check_dynarl(self) -> None:
@@ -261,10 +287,15 @@ class TrainConfig:
         return {"rollout": self.rollout.num_ranks, "inference": self.inference.num_ranks,
                 "trainer": self.trainer.num_ranks}
 
+    def placement_plan(self) -> Placement:
+        """The placement of `placement.mode` (components/placement/plan.py)."""
+        return from_pools(self.placement.mode, self.runtime.cluster.num_devices, self.ranks(),
+                          self.placement.pools or None)
+
     def devices(self) -> dict[str, list[int]]:
-        """Device ids per component (placement.py)."""
-        return plan_placement(self.placement.mode, self.runtime.cluster.num_devices, self.ranks(),
-                              self.placement.pools or None)
+        """The device of each rank, per component."""
+        plan = self.placement_plan()
+        return {c: plan.rank_devices(c) for c in COMPONENTS}
 
     @property
     def with_ref(self) -> bool:

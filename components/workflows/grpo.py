@@ -9,7 +9,13 @@
 
 The same code runs in every placement mode: placement decides which devices the
 groups hold, device_lock time-shares the shared ones, and the chunked channels
-let a stage on its own devices start before its upstream has finished.
+let a stage on its own devices start before its upstream has finished. With
+`trainer.streaming` the trainer is a stage too: its ranks take scored samples from
+"experience" as inference finishes them and step after the last.
+
+`dynarl train` and `dynarl sim` run this class: the simulator gives it emulated
+engines on emulated devices, a workload's prompt groups (components/workloads/
+prompts.py) and its policy's placement, and drives `spawn` and `step` itself.
 """
 from __future__ import annotations
 
@@ -23,9 +29,10 @@ from typing import Any, Protocol
 from dynarl.components import experience
 from dynarl.components.experience import END, Group
 from dynarl.components.inference.worker import InferenceWorker
+from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.reward.worker import RewardWorker
 from dynarl.components.rollout.worker import RolloutWorker
-from dynarl.components.tasks.problem import stable_seed
+from dynarl.components.tasks.prompts import TaskPrompts
 from dynarl.components.tasks.source import ProblemSource
 from dynarl.components.trainer.base import TrainBatch, data_parts
 from dynarl.components.trainer.worker import TrainerWorker
@@ -33,7 +40,6 @@ from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling, _plain
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
-from dynarl.components.workflows.placement import shared_devices
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import step_metrics
 from dynarl.core.controller import Controller
@@ -45,6 +51,14 @@ class Progress(Protocol):
     def warmup(self, done: int, total: int) -> None: ...
     def step(self, metrics: dict[str, Any]) -> None: ...
     def note(self, text: str) -> None: ...
+
+
+class Prompts(Protocol):
+    """Where a step's prompt groups come from: a task (tasks/prompts.py) or a
+    simulated workload (workloads/prompts.py)."""
+    stop_token_ids: tuple[int, ...]
+
+    def groups(self, step: int) -> list[Group]: ...
 
 
 @dataclass(slots=True)
@@ -62,11 +76,19 @@ class GRPO(DynamicScheduling):
     reward_worker: type | None = RewardWorker
     """The group that scores rollouts; None: the workflow scores them itself."""
 
-    def __init__(self, ctl: Controller, cfg: TrainConfig, source: ProblemSource, tokenizer: Any,
-                 run_dir: str, progress: Progress) -> None:
+    def __init__(self, ctl: Controller, cfg: TrainConfig, source: ProblemSource | None, tokenizer: Any,
+                 run_dir: str | None, progress: Progress, *, prompts: Prompts | None = None,
+                 placement: Placement | None = None) -> None:
+        """`run_dir` None writes no files (a simulation); `prompts` defaults to the
+        task's (source and tokenizer), `placement` to cfg's."""
         self.ctl, self.cfg, self.source, self.tokenizer = ctl, cfg, source, tokenizer
         self.run_dir = run_dir
         self.progress = progress
+        self.prompts = prompts or TaskPrompts(source, tokenizer, prompts_per_step=cfg.run.prompts_per_step,
+                                              samples_per_prompt=cfg.rollout.samples_per_prompt, seed=cfg.run.seed)
+        self.placement = placement or cfg.placement_plan()
+        self.stage_results: dict[str, list[dict]] = {}
+        """The last step's per-rank results of each stage (busy intervals, counters)."""
         self.clock = StageClock(on_stage=progress.stage)
         self.ledger = SampleLedger()
         self.g: Groups | None = None
@@ -78,30 +100,32 @@ class GRPO(DynamicScheduling):
         self._ticking = False
 
     # --- the algorithm ---------------------------------------------------------------
-    def commit_step(self, step: int, ids: list[str], scored: list) -> None:
+    def commit_step(self, step: int, ids: list[str], trained: experience.Trained) -> None:
         """The step's samples are trained: into the ledger, in memory and on disk."""
-        entry = StepEntry(step, tuple(ids), tuple(experience.token_digests(scored)))
+        digest = dict(zip(trained.ids, trained.digests))
+        entry = StepEntry(step, tuple(ids), tuple(digest[i] for i in ids))
         self.ledger.commit(entry)
-        append_entry(os.path.join(self.run_dir, ckpt.LEDGER_FILE), entry)
+        if self.run_dir is not None:
+            append_entry(os.path.join(self.run_dir, ckpt.LEDGER_FILE), entry)
+
+    def check_trained(self, step: int, ids: list[str], trained: experience.Trained) -> None:
+        """Every sample of the step's batch was trained exactly once, and none before."""
+        if len(trained.ids) != len(ids) or set(trained.ids) != set(ids):
+            raise RuntimeError(f"step {step}: the trainer took {len(trained.ids)} samples "
+                               f"({len(set(trained.ids))} distinct), the batch has {len(ids)}")
+        self.ledger.check(step, ids)
 
     async def step(self, step: int) -> dict[str, Any]:
+        if self.cfg.trainer.streaming:
+            return await self.streaming_step(step)
         g, label = self.g, f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
-        groups = self.prompt_groups(step)
+        groups = self.prompts.groups(step)
         marks = None
         if self.scheduler is not None:
             marks = await self._begin_scheduling(sum(len(gr["samples"]) for gr in groups))
             ticker = self.ctl.spawn_task(self._tick_loop(), name=f"scheduler {label}")
-        for group in groups:
-            await self.ctl.channel("prompts").put(group)
-        for _ in range(g.rollout.world_size):
-            await self.ctl.channel("prompts").put(END)
-        rollout = asyncio.ensure_future(stage(
-            self.ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=self.clock, label=label,
-            version=step, chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling()))
-        reward = asyncio.ensure_future(stage(
-            self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
-            clock=self.clock, label=label))
+        rollout, reward = await self.start_rollout(groups, step, label)
         inference = asyncio.ensure_future(stage(
             self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
             clock=self.clock, label=label, version=step))
@@ -119,7 +143,9 @@ class GRPO(DynamicScheduling):
         pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": self.clock.last_end("rollout") - begun}
 
         ids = experience.sample_ids(scored)
-        self.ledger.check(step, ids)
+        trained = experience.Trained()
+        trained.add(sorted(scored, key=lambda gr: gr["index"]))
+        self.check_trained(step, ids, trained)
         batch = experience.train_batch(scored, self.cfg.with_ref)
         if marks is not None:
             self.g.trainer = self.scheduler.group("trainer")
@@ -128,15 +154,68 @@ class GRPO(DynamicScheduling):
         train = await self.train(batch, label)
         train_s = time.perf_counter() - train_begun
         train_end = asyncio.get_running_loop().time()
-        self.commit_step(step, ids, scored)
+        self.commit_step(step, ids, trained)
+        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats}
         sched = {}
         if marks is not None:
             await self._restore(label)
             sched = self._scheduling_metrics(marks, train_end, self.clock.last_end("rollout"), label)
             self._profile(rollout_stats, self.clock.last_end("rollout") - begun, len(ids), train_s, train_devices)
         await self.sync_weights(step + 1, label)
-        return step_metrics(step, scored, train, rollout_stats, reward_stats,
+        return step_metrics(step, trained, train, rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched
+
+    async def start_rollout(self, groups: list[Group], step: int, label: str) -> tuple[asyncio.Future, asyncio.Future]:
+        """The step's prompt groups go out; the rollout and reward stages start."""
+        g = self.g
+        for group in groups:
+            await self.ctl.channel("prompts").put(group)
+        for _ in range(g.rollout.world_size):
+            await self.ctl.channel("prompts").put(END)
+        rollout = asyncio.ensure_future(stage(
+            self.ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=self.clock, label=label,
+            version=step, chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling()))
+        reward = asyncio.ensure_future(stage(
+            self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
+            clock=self.clock, label=label))
+        return rollout, reward
+
+    async def streaming_step(self, step: int) -> dict[str, Any]:
+        """trainer.streaming: the trainer is a stage, its ranks accumulating the scored
+        samples inference sends one by one (each carries its group's advantage), and
+        stepping after END."""
+        g, label = self.g, f"step {step}"
+        started, begun = time.perf_counter(), asyncio.get_running_loop().time()
+        groups = self.prompts.groups(step)
+        rollout, reward = await self.start_rollout(groups, step, label)
+        inference = asyncio.ensure_future(stage(
+            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
+            clock=self.clock, label=label, version=step, split=True))
+        trainer = asyncio.ensure_future(stage(
+            self.ctl, g.trainer, "train_stream", get="experience", after=inference, clock=self.clock,
+            label=label, with_ref=self.cfg.with_ref))
+        rollout_stats, reward_stats, inference_stats, trainer_stats = await gather_or_cancel(
+            [rollout, reward, inference, trainer])
+        ids = [s["id"] for group in groups for s in group["samples"]]
+        trained = experience.Trained.merge(trainer_stats)
+        self.check_trained(step, ids, trained)
+        self.commit_step(step, ids, trained)
+        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats, "inference": inference_stats,
+                              "trainer": trainer_stats}
+        starts = [b[0][0] for b in (r["busy"] for r in trainer_stats) if b]
+        pipeline = {"first_chunk_s": (min(starts) if starts else begun) - begun,
+                    "rollout_end_s": self.clock.last_end("rollout") - begun}
+        await self.sync_weights(step + 1, label)
+        return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
+                            self.clock.durations(label), time.perf_counter() - started) | pipeline
+
+    def open_channels(self) -> None:
+        """Each channel holds a whole step: on time-shared devices a stage reads only
+        after the one before it has produced everything."""
+        samples = self.cfg.run.prompts_per_step * self.cfg.rollout.samples_per_prompt
+        capacity = max(1024, 2 * samples + 2 * self.placement.num_devices)
+        for name in ("prompts", "rollouts", "scored", "experience"):
+            self.ctl.channel(name, capacity=capacity)
 
     async def collect(self, num_groups: int) -> tuple[list[Group], float]:
         """The trainer's input: chunks from "experience" until all the step's groups
@@ -165,20 +244,10 @@ class GRPO(DynamicScheduling):
                 g.inference.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
 
     # --- the data -----------------------------------------------------------------
-    def prompt_groups(self, step: int) -> list[Group]:
-        n = self.cfg.run.prompts_per_step
-        groups = []
-        for index, problem in enumerate(self.source.problems(step * n, n)):
-            samples = [{"id": f"{problem.id}/{k}", "seed": stable_seed(self.cfg.run.seed, "sample", problem.id, k)}
-                       for k in range(self.cfg.rollout.samples_per_prompt)]
-            groups.append({"index": index, "problem": problem.id, "answer": problem.answer,
-                           "prompt_ids": self.tokenizer.encode(problem.prompt, add_bos=True), "samples": samples})
-        return groups
-
     def sampling(self) -> dict[str, Any]:
         r = self.cfg.rollout
         return {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-                "max_new_tokens": r.max_new_tokens, "stop_token_ids": [self.tokenizer.eos_id]}
+                "max_new_tokens": r.max_new_tokens, "stop_token_ids": list(self.prompts.stop_token_ids)}
 
     def warmup_batch(self, index: int) -> TrainBatch:
         """Supervised examples: prompt -> answer + EOS, advantage 1 on every answer token."""
@@ -196,6 +265,7 @@ class GRPO(DynamicScheduling):
 
     # --- the run ------------------------------------------------------------------
     async def run(self, resume: tuple[str, ckpt.CheckpointState] | None = None) -> None:
+        self.open_channels()
         self.g = await self.spawn()
         if resume is None:
             await self.warm_start()
@@ -214,25 +284,29 @@ class GRPO(DynamicScheduling):
 
     async def spawn(self) -> Groups:
         cfg, ctl = self.cfg, self.ctl
-        devices = cfg.devices()
-        shared = {c for users in shared_devices(devices).values() for c in users}
+        devices = {c: self.placement.rank_devices(c) for c in COMPONENTS}
+        shared = {c for c in COMPONENTS if self.placement.shares_devices(c)}
         model = _plain(cfg.model)
         bucket = cfg.trainer.sync_bucket_bytes
         self.progress.stage("spawn")
         reward_spawn = [ctl.spawn(self.reward_worker, name="reward", devices=[0], init={
-            "model": model, "verifier": cfg.task.resolved_verifier})] if self.reward_worker else []
-        rollout, inference, trainer, *reward = await gather_or_cancel([
+            "model": model, "verifier": cfg.task.resolved_verifier,
+            "adv_eps": cfg.trainer.engine.adv_eps})] if self.reward_worker else []
+        rollout_backend = cfg.rollout.sglang if cfg.rollout.backend == "sglang" else cfg.rollout.emulated
+        trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
+        rollout, inference, trainer, *reward = await gather_or_cancel([  # engines: engine_factory.py
             ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init={
                 "model": model, "engine": _plain(cfg.rollout.engine), "bucket_bytes": bucket,
                 "shares_device": "rollout" in shared,
-                "backend": cfg.rollout.backend, "backend_config": _plain(cfg.rollout.sglang)}),  # engine_factory
+                "backend": cfg.rollout.backend, "backend_config": _plain(rollout_backend)}),
             ctl.spawn(InferenceWorker, name="inference", devices=devices["inference"], init={
                 "model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
-                "bucket_bytes": bucket, "shares_device": "inference" in shared}),
+                "bucket_bytes": bucket, "shares_device": "inference" in shared,
+                "backend": cfg.inference.backend, "backend_config": _plain(cfg.inference.emulated)}),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init={
                 "model": model, "engine": cfg.trainer.engine.to_wire(), "warmup_lr": cfg.trainer.warmup.lr,
                 "bucket_bytes": bucket, "shares_device": "trainer" in shared,
-                "backend": cfg.trainer.backend, "backend_config": _plain(cfg.trainer.megatron)}),  # engine_factory
+                "backend": cfg.trainer.backend, "backend_config": _plain(trainer_backend)}),
             *reward_spawn])
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])

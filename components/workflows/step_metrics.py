@@ -4,18 +4,17 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from dynarl.components.experience import Group, samples
+from dynarl.components.experience import Trained
 
 STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 
 
-def step_metrics(step: int, groups: Sequence[Group], train: dict[str, float], rollout_stats: Sequence[dict],
+def step_metrics(step: int, trained: Trained, train: dict[str, float], rollout_stats: Sequence[dict],
                  reward_stats: Sequence[dict], stage_s: dict[str, float], step_time_s: float) -> dict[str, Any]:
-    done = samples(groups)
-    rewards = [s["reward"] for s in done]
-    lengths = sorted(len(s["output_ids"]) for s in done)
+    rewards = trained.rewards
+    lengths = sorted(trained.lengths)
     tokens = sum(r["tokens"] for r in rollout_stats)
-    n = len(done)
+    n = len(rewards)
     mean = sum(rewards) / n
     return {
         "step": step,
@@ -26,13 +25,13 @@ def step_metrics(step: int, groups: Sequence[Group], train: dict[str, float], ro
         "response_len_p50": lengths[n // 2],
         "response_len_p90": lengths[min(n - 1, int(0.9 * n))],
         "response_len_max": lengths[-1],
-        "truncated_frac": sum(s["finish"] == "length" for s in done) / n,
+        "truncated_frac": sum(f == "length" for f in trained.finishes) / n,
         "samples": n,
         "tokens": tokens,
         "tokens_per_s": tokens / step_time_s,
         "step_time_s": step_time_s,
         **{f"{name}_s": stage_s.get(name, 0.0) for name in STAGES},
-        "weight_version": min(s["version"] for s in done),
+        "weight_version": min(trained.versions),
         "loss": train["loss"], "entropy": train["entropy"], "grad_norm": train["grad_norm"],
         "kl": train["kl"], "clip_frac": train["clip_frac"],
         "verifier": reward_stats[0]["verifier"],

@@ -14,7 +14,7 @@ from typing import Any
 
 from dynarl.components.placement.plan import COMPONENTS
 
-from .runner import PolicyRun
+from .records import PolicyRun
 from .scenario import Scenario
 
 MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch")

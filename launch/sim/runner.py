@@ -1,84 +1,63 @@
-"""One policy's simulated run: the real Controller, inproc workers, virtual time.
+"""One policy's simulated run: the GRPO workflow of `dynarl train`
+(components/workflows/grpo.py), its workers on emulated engines, the inproc
+launcher and virtual time (or, for `--fidelity`, the local launcher on the wall clock).
 
-    place  -> spawn one WorkerGroup per component on the placement's devices
-    repeat -> run_iteration (iteration.py); decide() where the policy has a hook;
-              a Replan decision re-deploys the groups at the iteration boundary
-              (RLinf: checkpoint, stop, start elsewhere: a reboot migration)
+    place  -> the policy's placement; GRPO spawns its groups there
+    repeat -> GRPO.step (rollout -> reward -> inference -> streaming trainer ->
+              weight sync); at each iteration end a policy with a hook may re-plan:
+              the groups stop and start on the new placement (RLinf's reboot migration)
 
 Iteration i's window runs from the end of iteration i-1 (from its own start for
 i = 0) to its weight sync, so boundary work (re-plans) is paid by the next iteration.
 All times are emulated seconds since the run began: loop time / time_scale.
+
+The online policies (dynarl and its variants) and multi-turn workloads still run
+on the simulator's own workers and harness (dynarl_harness.py).
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 
 import dynarl
 from dynarl.components import costmodel as cm
-from dynarl.components.placement.plan import COMPONENTS, Placement
+from dynarl.components.placement.plan import COMPONENTS, Placement, with_unit
 from dynarl.components.placement.policy import Migrate, PlanContext, Replan, Snapshot, make_policy
-from dynarl.components.workflows.stages import StageClock
+from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
-from dynarl.core.worker_group import gather_or_cancel
 
-from .inference_worker import SimInferenceWorker
-from .iteration import LiveIteration, SimGroups, open_channels, run_iteration, sync_weights
-from .migrate import Migrator, min_devices
-from .rollout_worker import SimRolloutWorker
-from .scenario import Scenario, for_policy, nic_or_link
-from .snapshot import build_snapshot
-from .trainer_worker import SimTrainerWorker
+from .dynarl_harness import run_online
+from .migrate import min_devices
+from .records import IterationRecord, PolicyRun
+from .scenario import Scenario, for_policy, train_config
 
 REBOOT_S = cm.role_switch_time(restart=True)
 """A re-plan stops every group and starts it elsewhere: offload/onload plus an engine start."""
 
 
-@dataclass(slots=True)
-class IterationRecord:
-    index: int
-    start: float
-    end: float
-    busy_device_s: float
-    tokens: int
-    samples: int
-    stage_s: dict[str, float]
-    """Measured stage time: the busy seconds of the component's slowest rank."""
-    span_s: dict[str, float]
-    """Seconds each component held its devices (StageClock)."""
+class Quiet:
+    """GRPO's progress display, silent."""
 
-
-@dataclass(slots=True)
-class PolicyRun:
-    policy: str
-    placements: list[tuple[float, Placement]] = field(default_factory=list)
-    iterations: list[IterationRecord] = field(default_factory=list)
-    ownership: list[tuple[str, int, float, float]] = field(default_factory=list)
-    """(component, devices, start, end): who held which number of devices when."""
-    busy: list[tuple[float, float, int]] = field(default_factory=list)
-    """(start, end, devices) a component computed on."""
-    decision_ms: list[float] = field(default_factory=list)
-    migrations: dict[str, list[float]] = field(default_factory=dict)
-    """kind -> cost in seconds of each migration."""
-    notes: list[str] = field(default_factory=list)
-    preemptions: int = 0
-    reprefill_tokens: list[int] = field(default_factory=list)
-    """Per iteration: context tokens computed before that an engine computed again (agentic)."""
+    def stage(self, name: str) -> None: ...
+    def warmup(self, done: int, total: int) -> None: ...
+    def step(self, metrics: dict) -> None: ...
+    def note(self, text: str) -> None: ...
 
 
 def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=None) -> PolicyRun:
     """Runs one policy (`policy`: an instance to use instead of make_policy(name), e.g. a sweep's)."""
-    cfg = scn.config
     policy = policy or make_policy(name)
-    scn = for_policy(scn, policy)  # agentic: the policy's queue order and turn affinity (scenario.py)
+    if policy.decide_every_s is not None or scn.workload.kind != "math":
+        return run_online(scn, name, profiles, policy)
+    cfg = scn.config
+    scn = for_policy(scn, policy)
     ctx = PlanContext(num_devices=cfg.devices, granularity={"rollout": scn.rollout_tp}, work=scn.work(),
                       switch_s=cm.ROLE_SWITCH_S, micro_batches=cfg.micro_batches,
                       profiles=profiles if policy.needs_profile else None, min_devices=min_devices(scn))
     run = PolicyRun(name)
-    placement = policy.place(ctx)
-    capacity = max(1024, 2 * max(sum(len(g.samples) for g in b) for b in scn.batches) + 2 * cfg.devices)
+    placement = with_unit(policy.place(ctx), {"rollout": scn.rollout_tp})
 
     async def workflow(ctl: Controller) -> None:
         nonlocal placement
@@ -88,177 +67,103 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
         def now() -> float:
             return (loop.time() - origin) / cfg.time_scale
 
-        open_channels(ctl, capacity)
-        g = await spawn(ctl, scn, placement)
+        wf = await start(ctl, scn, placement)
         run.placements.append((now(), placement))
-        borrow = getattr(policy, "rollout_borrows", False)
-        tail_tp = getattr(policy, "tail_tp", False)
-        migrator = Migrator(ctl, scn, placement, lambda kind, s: run.migrations.setdefault(kind, []).append(s), now,
-                            borrow=borrow, tail_tp=tail_tp)
         previous_end: float | None = None
         for it in range(cfg.iterations):
-            start = now() if previous_end is None else previous_end
-            if it > 0:
-                await migrator.restore(g, it)  # paid by this iteration: its window began at the last end
-            elif borrow:
-                await asyncio.sleep(await migrator.lend(g, it) * cfg.time_scale)
-            clock = StageClock()
-            live = LiveIteration(it, borrowed=bool(migrator.lent))
-            work = asyncio.ensure_future(run_iteration(ctl, g, scn.batches[it], it, clock=clock, live=live,
-                                                       chunk_size=cfg.chunk_size, weight_bytes=scn.weight_bytes,
-                                                       sync_lock=migrator.lock))
-            ticker = asyncio.ensure_future(_ticker(ctl, g, policy, run, it, placement, now, scn, live, migrator))
-            home = asyncio.ensure_future(_home_after_rollout(g, live, migrator))
-            try:
-                done, _ = await asyncio.wait([work, ticker, home], return_when=asyncio.FIRST_COMPLETED)
-                for side in (ticker, home):
-                    if side in done:
-                        side.result()  # a failed hook ends the run
-                results = await work
-                async with migrator.lock:  # a migration in flight finishes before its task is cancelled
-                    ticker.cancel()
-                    home.cancel()
-            finally:
-                work.cancel()
-                ticker.cancel()
-                home.cancel()
+            begun = now() if previous_end is None else previous_end
+            await wf.step(it)
             end = now()
-            _record(run, scn, it, start, end, placement, results, clock, origin, cfg.time_scale, migrator)
+            record(run, scn, wf, it, begun, end, origin)
             previous_end = end
-            if policy.has_hook:
-                snapshot = Snapshot(iteration=it, now_s=end, at_iteration_end=True, placement=placement,
-                                    stage_s=run.iterations[-1].stage_s)
-                for decision in _timed(policy, snapshot, run):
-                    if isinstance(decision, Migrate):
-                        # Migrations happen inside an iteration (the ticker); between
-                        # iterations a policy re-plans the whole placement instead.
-                        raise ValueError("a policy asked to Migrate at an iteration's end: return Replan there")
-                    if isinstance(decision, Replan) and it + 1 < cfg.iterations:
-                        await migrator.stop_pools()  # the new placement's Migrator starts its own
-                        g = await _replan(ctl, scn, g, placement, decision, run, it)
-                        placement = decision.placement
-                        run.placements.append((now(), placement))
-                        migrator = Migrator(ctl, scn, placement, migrator.record, now, borrow=borrow,
-                                            tail_tp=tail_tp)
-                        migrator.own.events = [(now(), {c: placement.num_devices_of(c) for c in COMPONENTS})]
-        for group in g.all():
+            if not policy.has_hook:
+                continue
+            snapshot = Snapshot(iteration=it, now_s=end, at_iteration_end=True, placement=placement,
+                                stage_s=run.iterations[-1].stage_s)
+            for decision in timed(policy, snapshot, run):
+                if isinstance(decision, Migrate):
+                    raise ValueError("a policy asked to Migrate at an iteration's end: return Replan there")
+                if isinstance(decision, Replan) and it + 1 < cfg.iterations:
+                    new = with_unit(decision.placement, {"rollout": scn.rollout_tp})
+                    wf = await replan(ctl, scn, wf, placement, new, decision.reason, run, it)
+                    placement = new
+                    run.placements.append((now(), placement))
+        for group in groups_of(wf):
             await ctl.stop_group(group)
 
-    config = dynarl.RuntimeConfig(launcher=cfg.launcher, cluster=_cluster(cfg.devices),
-                                  spawn_timeout_s=600.0, heartbeat_timeout_s=30.0)
-    dynarl.run(workflow, config, virtual_time=cfg.launcher == "inproc")
+    config = train_config(scn, placement)
+    dynarl.run(workflow, config.runtime, virtual_time=cfg.launcher == "inproc")
     return run
 
 
-def _cluster(devices: int) -> dynarl.ClusterConfig:
-    per_node = 8 if devices % 8 == 0 else devices
-    return dynarl.ClusterConfig(num_nodes=devices // per_node, devices_per_node=per_node)
+async def start(ctl: Controller, scn: Scenario, placement: Placement, version: int = 0) -> GRPO:
+    """GRPO's groups on `placement`, holding weight version `version`."""
+    cfg = train_config(scn, placement)
+    wf = GRPO(ctl, cfg, None, None, None, Quiet(), placement=placement,
+              prompts=WorkloadPrompts(scn.batches, cm.get_model(scn.workload.model).vocab_size))
+    wf.open_channels()
+    wf.g = await wf.spawn()
+    await wf.sync_weights(version, "start")  # the engines hold no policy until the first sync
+    return wf
 
 
-async def spawn(ctl: Controller, scn: Scenario, placement: Placement) -> SimGroups:
-    engines = scn.engines
-    tp = scn.rollout_tp
-    rollout_engine = dict(engines["rollout"], weight_sync_bandwidth=nic_or_link(
-        placement.segment_of("rollout") == placement.segment_of("trainer"), scn.config.device))
-    rollout, inference, trainer = await gather_or_cancel([
-        ctl.spawn(SimRolloutWorker, name="rollout", devices=placement.device_ids("rollout")[::tp],
-                  init={"engine": rollout_engine, "shares_device": placement.shares_devices("rollout")}),
-        ctl.spawn(SimInferenceWorker, name="inference", devices=placement.device_ids("inference"),
-                  init={"engine": engines["inference"], "shares_device": placement.shares_devices("inference")}),
-        ctl.spawn(SimTrainerWorker, name="trainer", devices=placement.device_ids("trainer"),
-                  init={"engine": engines["trainer"], "shares_device": placement.shares_devices("trainer")})])
-    return SimGroups(rollout, inference, trainer)
+def groups_of(wf: GRPO) -> list:
+    g = wf.g
+    return [x for x in (g.rollout, g.reward, g.inference, g.trainer) if x is not None]
 
 
-async def _replan(ctl: Controller, scn: Scenario, g: SimGroups, old: Placement, decision: Replan,
-                  run: PolicyRun, it: int) -> SimGroups:
-    for group in g.all():
+async def replan(ctl: Controller, scn: Scenario, wf: GRPO, old: Placement, new: Placement, reason: str,
+                 run: PolicyRun, it: int) -> GRPO:
+    for group in groups_of(wf):
         await ctl.stop_group(group)
+    for name in ("weight_sync", "trainer_dp"):
+        await ctl.process_groups.destroy(name)
     await asyncio.sleep(REBOOT_S * scn.config.time_scale)
-    moved = sum(1 for c in COMPONENTS if old.device_ids(c) != decision.placement.device_ids(c))
+    moved = sum(1 for c in COMPONENTS if old.device_ids(c) != new.device_ids(c))
     run.migrations.setdefault("reboot", []).extend([REBOOT_S] * moved)
-    run.notes.append(f"after iteration {it}: {old.describe()} -> {decision.placement.describe()} ({decision.reason})")
-    g = await spawn(ctl, scn, decision.placement)
-    await sync_weights(g, it + 1, scn.weight_bytes)  # the new engines load the current policy
-    return g
+    run.notes.append(f"after iteration {it}: {old.describe()} -> {new.describe()} ({reason})")
+    moved_to = await start(ctl, scn, new, version=it + 1)  # the new engines load the current policy
+    moved_to.ledger = wf.ledger  # the run's samples, across the re-plan
+    return moved_to
 
 
-async def _home_after_rollout(g: SimGroups, live: LiveIteration, migrator: Migrator) -> None:
-    """Devices the rollout borrowed go back to inference and trainer once it is done at
-    the latest (without this, a policy that never migrates would leave them parked)."""
-    if not live.borrowed:
-        await asyncio.Future()  # nothing lent: wait to be cancelled
-    while "rollout" not in live.done:  # run_iteration registers it once the prompts are out
-        await asyncio.sleep(0)
-    await asyncio.wait([live.done["rollout"]])
-    await migrator.return_home(g, live)
-    await asyncio.Future()
-
-
-async def _ticker(ctl: Controller, g: SimGroups, policy, run: PolicyRun, it: int, placement: Placement,
-                  now, scn: Scenario, live: LiveIteration, migrator: Migrator) -> None:
-    """decide() every decide_every_s during the iteration; Migrate decisions are executed
-    at once (migrate.py), while the iteration goes on."""
-    if policy.decide_every_s is None:
-        await asyncio.Future()  # no online hook: wait to be cancelled
-    while True:
-        await asyncio.sleep(policy.decide_every_s * scn.config.time_scale)
-        snapshot = await build_snapshot(ctl, g, it, placement, now, scn, live, migrator)
-        for decision in _timed(policy, snapshot, run):
-            if not isinstance(decision, Migrate):
-                raise NotImplementedError(f"{type(decision).__name__} during an iteration")
-            await migrator.execute(g, decision, live)
-
-
-def _timed(policy, snapshot: Snapshot, run: PolicyRun) -> list:
+def timed(policy, snapshot: Snapshot, run: PolicyRun) -> list:
     started = time.perf_counter()
     decisions = policy.decide(snapshot)
     run.decision_ms.append((time.perf_counter() - started) * 1e3)
     return decisions
 
 
-def _record(run: PolicyRun, scn: Scenario, it: int, start: float, end: float, placement: Placement,
-            results: dict, clock: StageClock, origin: float, scale: float, migrator: Migrator) -> None:
-    _check_exactly_once(scn, it, results["trainer"])
+def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float) -> None:
+    """The iteration's device-seconds, stage times and spans, from the stages' results."""
+    scale, placement = scn.config.time_scale, wf.placement
     busy_ds = 0.0
     stage_s: dict[str, float] = {}
-    for component, per_rank in results.items():
+    for component in COMPONENTS:
+        unit = placement.unit_of(component)
         totals = []
-        for r in per_rank:
+        for r in wf.stage_results[component]:
             total = 0.0
             for s, e in r["busy"]:
                 s, e = (s - origin) / scale, (e - origin) / scale
                 total += e - s
-                run.busy.append((s, e, r["tp"]))
-            busy_ds += total * r["tp"]
+                run.busy.append((s, e, unit))
+            busy_ds += total * unit
             totals.append(total)
-            run.preemptions += r.get("preemptions", 0)
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
-    run.reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in results["rollout"]))
-    label = f"iteration {it}"
+    run.preemptions += sum(r["preemptions"] for r in wf.stage_results["rollout"])
+    label = f"step {it}"
     spans: dict[str, float] = {}
-    for span in clock.spans:
-        if span.label != label:
+    for span in wf.clock.spans:
+        if span.label != label or span.component not in COMPONENTS:
             continue
         spans[span.component] = spans.get(span.component, 0.0) + (span.end - span.start) / scale
         if placement.shares_devices(span.component):
             run.ownership.append((span.component, placement.num_devices_of(span.component),
                                   (span.start - origin) / scale, (span.end - origin) / scale))
-    if placement.mode == "spatial":  # per-device ownership may change during the iteration (migrations)
-        run.ownership.extend(migrator.own.spans(start, end))
-    else:
-        for c in COMPONENTS:
-            if not placement.shares_devices(c):
-                run.ownership.append((c, placement.num_devices_of(c), start, end))
+    for c in COMPONENTS:
+        if not placement.shares_devices(c):
+            run.ownership.append((c, placement.num_devices_of(c), start, end))
     tokens, samples = batch_tokens(scn.batches[it])
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
                                           stage_s=stage_s, span_s=spans))
-
-
-def _check_exactly_once(scn: Scenario, it: int, trainer_results: list[dict]) -> None:
-    """Every sample of the batch reached the trainer exactly once (migrations included)."""
-    ids = [i for r in trainer_results for i in r.pop("ids", ())]
-    expected = sum(len(grp.samples) for grp in scn.batches[it])
-    if len(ids) != expected or len(set(ids)) != expected:
-        raise RuntimeError(f"iteration {it}: the trainer got {len(ids)} samples ({len(set(ids))} distinct), "
-                           f"the batch has {expected}")

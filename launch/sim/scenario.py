@@ -9,14 +9,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynarl.components import costmodel as cm
+from dynarl.components.inference.emulated import EmulatedInferenceConfig
 from dynarl.components.placement.agentic import agentic_mode
+from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+from dynarl.components.tasks.source import TaskConfig
+from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.trainer.emulated.layout import build_layout
 from dynarl.components.workloads.catalog import get_workload, prompts_for
 from dynarl.components.workloads.generate import generate
 from dynarl.components.workloads.samples import Group
 from dynarl.components.workloads.spec import Workload
 from dynarl.components.workloads.trace import Trace, batch_of, load_trace
+from dynarl.core.config import ClusterConfig, RuntimeConfig
 
 from .bound import Bound, iteration_bound
 
@@ -137,3 +142,33 @@ def nic_or_link(shared_with_trainer: bool, device: str) -> float:
     """Weight-sync bandwidth: on the trainer's own devices (colocated) over NVLink, else one NIC."""
     spec = cm.get_device(device)
     return spec.link_bandwidth if shared_with_trainer else spec.nic_bandwidth
+
+
+def train_config(scn: Scenario, placement: Placement) -> "TrainConfig":
+    """The `dynarl train` config this scenario runs under a policy's placement: emulated
+    engines on emulated devices, the workload's batch, a streaming trainer (it starts
+    on the first scored samples, as a trainer on devices of its own can), no warm
+    start, rewards that cost nothing (verifier none)."""
+    from dynarl.components.workflows.config import (InferenceSection, PlacementSection, RolloutSection,
+                                                    RunSection, TrainConfig, TrainerSection, WarmupSection)
+    cfg, engines = scn.config, scn.engines
+    per_node = 8 if cfg.devices % 8 == 0 else cfg.devices
+    rollout = dict(engines["rollout"], weight_sync_bandwidth=nic_or_link(
+        placement.segment_of("rollout") == placement.segment_of("trainer"), cfg.device))
+    rollout.pop("affinity", None)  # (multi-turn routing: the online harness's)
+    ranks = {c: placement.num_ranks(c) for c in COMPONENTS}
+    pools = [list(s.components) for s in placement.segments] if placement.mode == "hybrid" else []
+    return TrainConfig(
+        runtime=RuntimeConfig(launcher=cfg.launcher, spawn_timeout_s=600.0, heartbeat_timeout_s=30.0,
+                              cluster=ClusterConfig(num_nodes=cfg.devices // per_node, devices_per_node=per_node,
+                                                    device_kind="emulated")),
+        rollout=RolloutSection(num_ranks=ranks["rollout"], samples_per_prompt=len(scn.batches[0][0].samples),
+                               chunk_size=cfg.chunk_size, backend="emulated",
+                               emulated=EmulatedRolloutConfig(**rollout)),
+        inference=InferenceSection(num_ranks=ranks["inference"], backend="emulated",
+                                   emulated=EmulatedInferenceConfig(**engines["inference"])),
+        trainer=TrainerSection(num_ranks=ranks["trainer"], backend="emulated", streaming=True,
+                               emulated=EmulatedTrainerConfig(**engines["trainer"]), warmup=WarmupSection(steps=0)),
+        placement=PlacementSection(mode=placement.mode, pools=pools),
+        run=RunSection(steps=cfg.iterations, prompts_per_step=len(scn.batches[0]), seed=cfg.seed),
+        task=TaskConfig(verifier="none"))

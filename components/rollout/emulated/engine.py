@@ -35,6 +35,7 @@ from dynarl.components import costmodel
 from dynarl.components.rollout.base import (EngineLoad, GenerationRequest, GenerationResult,
                                             InflightRequest, QueueKey)
 from dynarl.components.rollout.queue_keys import make_queue_key
+from dynarl.components.trainer.emulated.layout import synced_weight_bytes
 from dynarl.core.priority import PriorityConfig
 
 from .config import EmulatedRolloutConfig
@@ -284,7 +285,7 @@ class EmulatedRolloutEngine:
         self.weight_version = version
         bandwidth = self.config.weight_sync_bandwidth or self.device.link_bandwidth
         self._pending_delay += costmodel.weight_sync_time(
-            payload_bytes(named_tensors, self.model.weight_bytes), bandwidth, self.config.tp)
+            payload_bytes(named_tensors, synced_weight_bytes(self.model)), bandwidth, self.config.tp)
         self.scheduler.flush_cache()
 
     async def release_memory(self) -> None:

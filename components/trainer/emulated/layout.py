@@ -60,3 +60,10 @@ def _param_specs(model: ModelShape, dtype: str) -> tuple[tuple[ParamSpec, ...], 
 @functools.lru_cache(maxsize=64)
 def _shard_ranges(total: int, world_size: int) -> tuple[tuple[int, int], ...]:
     return tuple(shard_ranges(total, world_size))
+
+
+def synced_weight_bytes(model: ModelShape) -> int:
+    """The bytes of one full weight sync: every parameter of the architecture in
+    bfloat16, as the emulated trainer holds and sends them (its layout's count, not
+    the model card's rounded one)."""
+    return build_layout(model, 1).total_numel * 2

@@ -1,0 +1,40 @@
+"""A simulated workload's batches as the GRPO workflow's prompt groups.
+
+Each group holds synthetic prompt ids of the workload's prompt length (one list,
+shared by its samples) and samples that carry their response length as
+"max_new_tokens": the emulated rollout engine makes exactly that many tokens, so
+requests carry lengths, not text. Ids are a pure function of the prompt's id, so
+every policy of a run sees the same requests. A sample's id names its step too: a
+trace's requests come round again in later steps, and each is a new sample there.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from dynarl.components.rollout.emulated.tokens import response_tokens
+from dynarl.components.workloads.samples import Group
+
+
+class WorkloadPrompts:
+    stop_token_ids: tuple[int, ...] = ()
+    """Responses end at their length (finish 'length'), never on a stop token."""
+
+    def __init__(self, batches: list[list[Group]], vocab_size: int) -> None:
+        self.batches = batches
+        self.vocab_size = vocab_size
+
+    def groups(self, step: int) -> list[dict[str, Any]]:
+        """Step `step`'s groups (msgpack-safe dicts, experience.py's shape)."""
+        out = []
+        for index, group in enumerate(self.batches[step]):
+            prompt = token_ids(group.prompt_id, group.prompt_tokens, self.vocab_size)
+            out.append({"index": index, "problem": group.prompt_id, "answer": "", "prompt_ids": prompt,
+                        "samples": [{"id": f"{step}:{s.sample_id}", "seed": zlib.crc32(s.sample_id.encode()),
+                                     "max_new_tokens": s.response_tokens} for s in group.samples]})
+        return out
+
+
+def token_ids(key: str, length: int, vocab: int) -> list[int]:
+    """Deterministic synthetic ids for a prompt (or a tool output) named `key`."""
+    return response_tokens(zlib.crc32(key.encode()) ^ 0x7F4A7C15, 0, length, length, vocab)

@@ -1,0 +1,38 @@
+"""What one policy's simulated run records, for metrics.py and plot.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dynarl.components.placement.plan import Placement
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    index: int
+    start: float
+    end: float
+    busy_device_s: float
+    tokens: int
+    samples: int
+    stage_s: dict[str, float]
+    """Measured stage time: the busy seconds of the component's slowest rank."""
+    span_s: dict[str, float]
+    """Seconds each component held its devices (StageClock)."""
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    policy: str
+    placements: list[tuple[float, Placement]] = field(default_factory=list)
+    iterations: list[IterationRecord] = field(default_factory=list)
+    ownership: list[tuple[str, int, float, float]] = field(default_factory=list)
+    """(component, devices, start, end): who held which number of devices when."""
+    busy: list[tuple[float, float, int]] = field(default_factory=list)
+    """(start, end, devices) a component computed on."""
+    decision_ms: list[float] = field(default_factory=list)
+    migrations: dict[str, list[float]] = field(default_factory=dict)
+    """kind -> cost in seconds of each migration."""
+    notes: list[str] = field(default_factory=list)
+    preemptions: int = 0
+    reprefill_tokens: list[int] = field(default_factory=list)
+    """Per iteration: context tokens computed before that an engine computed again (agentic)."""
