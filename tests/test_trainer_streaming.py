@@ -12,7 +12,8 @@ from dynarl.components.experience import group_advantages, stream_batch
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.transport.process_group import join_group, leave_group
-from test_trainer import flat_params, make_batch, make_config, make_model, one_torch_thread  # noqa: F401
+from test_trainer import (  # noqa: F401  (one_torch_thread is an autouse fixture)
+    flat_params, make_batch, make_config, make_model, one_torch_thread)
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 """AdamW eps 1e-4 (as test_trainer_dp): at eps 1e-8 the first update is lr * sign(g), so a

@@ -15,7 +15,6 @@ All times are emulated seconds since the run began: loop time / time_scale.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import dynarl
 from dynarl.components import costmodel as cm
@@ -27,7 +26,7 @@ from dynarl.core.controller import Controller
 from dynarl.core.worker_group import gather_or_cancel
 
 from .inference_worker import SimInferenceWorker
-from .records import IterationRecord, PolicyRun
+from .records import IterationRecord, PolicyRun, timed
 from .iteration import LiveIteration, SimGroups, open_channels, run_iteration, sync_weights
 from .migrate import Migrator, min_devices
 from .rollout_worker import SimRolloutWorker
@@ -99,7 +98,7 @@ def run_online(scn: Scenario, name: str, profiles: dict | None = None, policy=No
             if policy.has_hook:
                 snapshot = Snapshot(iteration=it, now_s=end, at_iteration_end=True, placement=placement,
                                     stage_s=run.iterations[-1].stage_s)
-                for decision in _timed(policy, snapshot, run):
+                for decision in timed(policy, snapshot, run):
                     if isinstance(decision, Migrate):
                         # Migrations happen inside an iteration (the ticker); between
                         # iterations a policy re-plans the whole placement instead.
@@ -175,17 +174,10 @@ async def _ticker(ctl: Controller, g: SimGroups, policy, run: PolicyRun, it: int
     while True:
         await asyncio.sleep(policy.decide_every_s * scn.config.time_scale)
         snapshot = await build_snapshot(ctl, g, it, placement, now, scn, live, migrator)
-        for decision in _timed(policy, snapshot, run):
+        for decision in timed(policy, snapshot, run):
             if not isinstance(decision, Migrate):
                 raise NotImplementedError(f"{type(decision).__name__} during an iteration")
             await migrator.execute(g, decision, live)
-
-
-def _timed(policy, snapshot: Snapshot, run: PolicyRun) -> list:
-    started = time.perf_counter()
-    decisions = policy.decide(snapshot)
-    run.decision_ms.append((time.perf_counter() - started) * 1e3)
-    return decisions
 
 
 def _record(run: PolicyRun, scn: Scenario, it: int, start: float, end: float, placement: Placement,

@@ -1,6 +1,7 @@
 """What one policy's simulated run records, for metrics.py and plot.py."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from dynarl.components.placement.plan import Placement
@@ -36,3 +37,11 @@ class PolicyRun:
     preemptions: int = 0
     reprefill_tokens: list[int] = field(default_factory=list)
     """Per iteration: context tokens computed before that an engine computed again (agentic)."""
+
+
+def timed(policy, snapshot, run: PolicyRun) -> list:
+    """The policy's decisions, its wall-clock decision time recorded in `run`."""
+    started = time.perf_counter()
+    decisions = policy.decide(snapshot)
+    run.decision_ms.append((time.perf_counter() - started) * 1e3)
+    return decisions

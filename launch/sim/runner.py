@@ -17,7 +17,6 @@ on the simulator's own workers and harness (dynarl_harness.py).
 from __future__ import annotations
 
 import asyncio
-import time
 
 import dynarl
 from dynarl.components import costmodel as cm
@@ -30,7 +29,7 @@ from dynarl.core.controller import Controller
 
 from .dynarl_harness import run_online
 from .migrate import min_devices
-from .records import IterationRecord, PolicyRun
+from .records import IterationRecord, PolicyRun, timed
 from .scenario import Scenario, for_policy, train_config
 
 REBOOT_S = cm.role_switch_time(restart=True)
@@ -125,13 +124,6 @@ async def replan(ctl: Controller, scn: Scenario, wf: GRPO, old: Placement, new: 
     moved_to = await start(ctl, scn, new, version=it + 1)  # the new engines load the current policy
     moved_to.ledger = wf.ledger  # the run's samples, across the re-plan
     return moved_to
-
-
-def timed(policy, snapshot: Snapshot, run: PolicyRun) -> list:
-    started = time.perf_counter()
-    decisions = policy.decide(snapshot)
-    run.decision_ms.append((time.perf_counter() - started) * 1e3)
-    return decisions
 
 
 def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynarl.components import costmodel as cm
 from dynarl.components.inference.emulated import EmulatedInferenceConfig
@@ -24,6 +24,9 @@ from dynarl.components.workloads.trace import Trace, batch_of, load_trace
 from dynarl.core.config import ClusterConfig, RuntimeConfig
 
 from .bound import Bound, iteration_bound
+
+if TYPE_CHECKING:
+    from dynarl.components.workflows.config import TrainConfig
 
 
 @dataclass(kw_only=True, slots=True)

@@ -96,22 +96,9 @@ class NativeTrainer:
                                                        dtype=torch.float64, device=self.device)).item())
         if num_tokens == 0:
             raise ValueError("the global batch has no response tokens with mask 1")
-        self.model.train()
         for p in self._params:
             p.grad = None
-        sums = torch.zeros(5, dtype=torch.float64, device=self.device)
-        with self._own_rng():
-            for start in range(0, len(batch), cfg.micro_batch_size):
-                rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
-                mb = build_micro_batch(batch, advantages, rows, self.device)
-                if mb.num_tokens:
-                    sums += self._forward_backward(mb, num_tokens)
-        grad_norm = self._update()
-        self._all_reduce(sums)
-        self.global_step += 1
-        loss, pg_loss, kl, entropy, clip_frac = sums.tolist()
-        return {"loss": loss, "pg_loss": pg_loss, "kl": kl, "entropy": entropy, "clip_frac": clip_frac,
-                "grad_norm": grad_norm, "tokens": float(num_tokens), "step": float(self.global_step)}
+        return self._step(self._backward(batch, advantages, num_tokens), num_tokens)
 
     def accumulate(self, batch: TrainBatch) -> None:
         """Streaming gradient accumulation: forward/backward of one part of this step's
@@ -125,15 +112,8 @@ class NativeTrainer:
             self._pending = {"tokens": 0, "sums": torch.zeros(5, dtype=torch.float64, device=self.device)}
             for p in self._params:
                 p.grad = None
-        advantages = step_advantages(batch, cfg)
         self._pending["tokens"] += batch.num_loss_tokens()
-        self.model.train()
-        with self._own_rng():
-            for start in range(0, len(batch), cfg.micro_batch_size):
-                rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
-                mb = build_micro_batch(batch, advantages, rows, self.device)
-                if mb.num_tokens:
-                    self._pending["sums"] += self._forward_backward(mb, 1)
+        self._pending["sums"] += self._backward(batch, step_advantages(batch, cfg), 1)
 
     def apply(self) -> dict[str, float]:
         """Collective. The optimizer step over every part accumulated since the last
@@ -149,13 +129,30 @@ class NativeTrainer:
                 p.grad = torch.zeros_like(p)
             else:
                 p.grad.div_(num_tokens)
-        sums = pending["sums"] / num_tokens
+        return self._step(pending["sums"] / num_tokens, num_tokens)
+
+    def _step(self, sums: torch.Tensor, num_tokens: int) -> dict[str, float]:
+        """The optimizer step on the gradients in the parameters; the global metrics."""
         grad_norm = self._update()
         self._all_reduce(sums)
         self.global_step += 1
         loss, pg_loss, kl, entropy, clip_frac = sums.tolist()
         return {"loss": loss, "pg_loss": pg_loss, "kl": kl, "entropy": entropy, "clip_frac": clip_frac,
                 "grad_norm": grad_norm, "tokens": float(num_tokens), "step": float(self.global_step)}
+
+    def _backward(self, batch: TrainBatch, advantages: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """Forward/backward of `batch` micro-batch by micro-batch, the loss divided by
+        `num_tokens`; gradients add up in the parameters. Returns the loss terms' sums."""
+        cfg = self.config
+        self.model.train()
+        sums = torch.zeros(5, dtype=torch.float64, device=self.device)
+        with self._own_rng():
+            for start in range(0, len(batch), cfg.micro_batch_size):
+                rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
+                mb = build_micro_batch(batch, advantages, rows, self.device)
+                if mb.num_tokens:
+                    sums += self._forward_backward(mb, num_tokens)
+        return sums
 
     def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
         """Backward of this micro-batch's share of the global token-mean loss;
