@@ -51,3 +51,59 @@ def test_the_workflow_is_the_trainers_and_it_checks_every_sample(monkeypatch):
     monkeypatch.setattr(GRPO, "check_trained", drop_one)
     with pytest.raises(RuntimeError, match="the trainer took 127 samples"):
         runner.run_policy(scn, "spatial")
+
+
+def test_hooks_can_hold_a_stage_and_add_a_rank_while_the_step_runs():
+    """What a scheduler moving devices does with a streaming step (components/workflows/
+    live.py): the trainer's stage waits at its gate while its devices are lent; a new
+    trainer rank joins the running stage, gets its own END, and trains its share; every
+    sample is trained exactly once."""
+    import asyncio
+    import contextlib
+
+    import dynarl
+    from dynarl.components.placement.plan import spatial
+    from dynarl.launch.sim.scenario import train_config
+
+    scn = build_scenario(SimConfig(**SMALL, policies=("spatial",)))
+    placement = spatial({"rollout": 10, "inference": 2, "trainer": 4})
+    seen = {}
+
+    class Hooks:
+        async def before_step(self, live):
+            self.gate = live.gate("trainer")
+            live.rollout_lock = False
+
+        async def during_step(self, live):
+            await asyncio.sleep(20)
+            seen["gate_open_before"] = self.gate.done()
+            init = dict(wf.g.trainer.handles[0].spec.init_kwargs)
+            extra = await ctl.spawn(wf.g.trainer.cls, name="trainer-extra", devices=[15], init=init)
+            await extra.call("start", None)
+            call = extra.call("train_stream", "experience", None)
+            live.add_rank(ctl, "trainer", _first(call))
+            self.gate.set_result(None)
+            await asyncio.Future()
+
+        def sync_lock(self):
+            return contextlib.nullcontext()
+
+    async def workflow(c):
+        nonlocal ctl, wf
+        ctl = c
+        wf = await runner.start(ctl, scn, placement)
+        wf.hooks = Hooks()
+        await wf.step(0)
+        return wf.stage_results["trainer"]
+
+    ctl = wf = None
+    results = dynarl.run(workflow, train_config(scn, placement).runtime, virtual_time=True)
+    assert seen == {"gate_open_before": False}
+    assert len(results) == placement.num_ranks("trainer") + 1
+    ids = [i for r in results for i in r["ids"]]
+    assert len(ids) == len(set(ids)) == sum(len(g.samples) for g in scn.batches[0])
+    assert results[-1]["ids"] and all(r["ids"] for r in results)  # the new rank trained its share too
+
+
+async def _first(call):
+    return (await call)[0]

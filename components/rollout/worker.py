@@ -73,7 +73,10 @@ class RolloutWorker(dynarl.Worker):
         """utilization: active KV tokens / KV capacity; but a rank that may still be
         handed prompts (it has not taken its END) is not in the long tail, so it
         reports 1.0 and is never a donor: a released rank has always consumed its
-        END, and the kept ranks see every remaining prompt and their own ENDs."""
+        END, and the kept ranks see every remaining prompt and their own ENDs.
+        Also the raw numbers a view of the tail is made of: KV utilization, active and
+        total KV tokens, the tokens the held requests made so far, and the requests
+        finished in this step's generation with their tokens (no oracle lengths)."""
         load = await self.engine.load()
         run = self.run
         remaining, decoding = 0.0, 0
@@ -82,7 +85,11 @@ class RolloutWorker(dynarl.Worker):
         return {"utilization": 1.0 if self.admitting else load.utilization,
                 "running": load.num_running, "waiting": load.num_waiting,
                 "work_done": float(self.tokens_done + decoding + (run.num_tokens if run is not None else 0)),
-                "remaining_work": remaining}
+                "remaining_work": remaining, "kv_utilization": load.utilization, "kv": load.active_kv_tokens,
+                "capacity": load.kv_capacity_tokens, "generated": load.generated_tokens,
+                "finished": run.num_finished if run is not None else 0,
+                "finished_tokens": run.finished_tokens if run is not None else 0,
+                "active_run": run is not None and not run.closed}
 
     # --- Workload migration (core/migration/workload.py) ---------------------------
     async def workload_pause(self) -> None:
@@ -113,11 +120,14 @@ class RolloutWorker(dynarl.Worker):
         run.arrived.set()
         await run.finished.wait()
 
-    def workload_load(self) -> float:
+    async def workload_load(self) -> float:
+        """In the unit of the exported items' weights: the tokens the held requests made
+        so far (a request's expected remaining work grows with them), plus one each."""
         if self.run is None or self.run.closed:
             return float("inf")  # generation over: takes work only if no rank can (then import fails)
         self.run.hold = True  # a kept rank: its generate() waits for the import before it may return
-        return float(sum(self.run.left.values()))
+        load = await self.engine.load()
+        return float(load.generated_tokens + load.num_running + load.num_waiting)
 
     def workload_import(self, items: list[dict]) -> int:
         if self.run is not None:
@@ -186,6 +196,8 @@ class _Generation:
         self.arrived = asyncio.Event()
         self.num_groups = self.num_tokens = self.num_steps = 0
         self.num_exported = self.num_imported = 0
+        self.num_finished = self.finished_tokens = 0
+        """Requests finished here this step, and their output tokens."""
         self.paused = False
         self.hold = False
         """A migration is about to hand this rank work: do not return yet."""
@@ -222,7 +234,8 @@ class _Generation:
             if self.left.pop(index) != len(requests):
                 raise RuntimeError(f"group {index}: bookkeeping disagrees with the engine's requests")
             self.num_tokens += sum(len(r.output_token_ids) for r in requests)  # generated here
-            items.append({"id": f"group/{index}", "weight": float(len(requests)), "group": group,
+            weight = float(sum(max(len(r.output_token_ids), 1) for r in requests))  # as workload_load's
+            items.append({"id": f"group/{index}", "weight": weight, "group": group,
                           "inflight": [r.to_wire() for r in requests]})
         self.num_exported = len(items)
         self.handed_off = True
@@ -320,6 +333,8 @@ class _Generation:
         group["samples"][k].update(output_ids=result.output_token_ids, logprobs=result.output_logprobs,
                                    finish=result.finish_reason, version=result.weight_version)
         self.num_tokens += len(result.output_token_ids)
+        self.num_finished += 1
+        self.finished_tokens += len(result.output_token_ids)
         self.left[group["index"]] -= 1
         if self.left[group["index"]] == 0:
             self.ready.append(group)

@@ -56,7 +56,9 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         """A TrainerEngine (trainer/base.py), from engine_factory.make_trainer."""
         self.expected_samples = 0
         """Samples the workflow announced for this step and not yet trained."""
-        self.samples_done = self.tokens_done = 0
+        self.samples_done = 0
+        self.step_samples = self.step_tokens = 0
+        """What the streaming step in progress trained so far."""
         self.training = False
 
     def expect(self, samples: int) -> None:
@@ -65,9 +67,11 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         self.expected_samples = samples
 
     def metrics(self) -> dict:
-        """The scheduler's view: remaining work = samples waiting to be trained."""
+        """The scheduler's view: remaining work = samples waiting to be trained; and what
+        a streaming step trained so far (samples, their sequence tokens)."""
         return {"utilization": 1.0 if self.training else 0.0, "running": int(self.training), "waiting": 0,
-                "work_done": float(self.samples_done), "remaining_work": float(self.expected_samples)}
+                "work_done": float(self.samples_done), "remaining_work": float(self.expected_samples),
+                "samples": self.step_samples, "tokens": self.step_tokens}
 
     async def start(self, dp_group: str | None = None) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
@@ -99,6 +103,7 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         advantage) from `get` until END, accumulated as they come; then the step."""
         inbox, loop = self.channel(get), asyncio.get_running_loop()
         busy, trained = BusyLog(), experience.Trained()
+        self.step_samples = self.step_tokens = 0
         self.training = True
         try:
             while (chunk := await inbox.get()) is not END:
@@ -108,7 +113,8 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
                 busy.add(begun, loop.time())
                 trained.add(chunk, digests=self.trainer.needs_token_ids)
                 self.samples_done += len(batch)
-                self.tokens_done += sum(len(ids) for ids in batch.input_ids)
+                self.step_samples += len(batch)
+                self.step_tokens += sum(len(ids) for ids in batch.input_ids)
             begun = loop.time()
             metrics = await self.trainer.apply()
             busy.add(begun, loop.time())

@@ -92,8 +92,7 @@ class DynamicScheduling:
     async def _restore(self, label: str) -> None:
         """Back to the configured placement before the next step's generation: the
         trainer P2P-reshards onto its own devices, rollout's parked engines rejoin
-        (or, without them, new ones grow), and the weight-sync group is rebuilt if
-        its members changed."""
+        (or, without them, new ones grow)."""
         sched, loop = self.scheduler, asyncio.get_running_loop()
         trainer_mgr, rollout = sched.managers["trainer"], sched.group("rollout")
         if sorted(trainer_mgr.group.devices) != self.home["trainer"]:
@@ -117,14 +116,7 @@ class DynamicScheduling:
                 else:
                     await self.ctl.grow_group(rollout, missing, self.inits["rollout"])
                     sched._record("grow", "rollout", missing, begun)
-        self.g.trainer, self.g.rollout = trainer_mgr.group, rollout
-        # The standby pool hands the home devices back to the very processes that held
-        # them before the step, so the weight-sync group usually still has exactly its
-        # members: rebuild it only when they differ.
-        members = [self.g.trainer.handles[0], *self.g.rollout.handles, *self.g.inference.handles]
-        current = self.ctl.process_groups.active.get("weight_sync")
-        if current is None or [id(h) for h in current.members] != [id(h) for h in members]:
-            await self.ctl.process_group("weight_sync", [(self.g.trainer, 0), self.g.rollout, self.g.inference])
+        self.g.trainer, self.g.rollout = trainer_mgr.group, rollout  # (sync_weights rebuilds its group if need be)
 
     def _scheduling_metrics(self, marks: dict[str, int], train_end: float, rollout_end: float,
                             label: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ prompts.py) and its policy's placement, and drives `spawn` and `step` itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -40,6 +41,7 @@ from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling, _plain
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
+from dynarl.components.workflows.live import LiveStep, StepHooks
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import step_metrics
 from dynarl.core.controller import Controller
@@ -87,6 +89,10 @@ class GRPO(DynamicScheduling):
         self.prompts = prompts or TaskPrompts(source, tokenizer, prompts_per_step=cfg.run.prompts_per_step,
                                               samples_per_prompt=cfg.rollout.samples_per_prompt, seed=cfg.run.seed)
         self.placement = placement or cfg.placement_plan()
+        self.hooks: StepHooks | None = None
+        """A scheduler that moves devices during a streaming step plugs in here (live.py)."""
+        self.live: LiveStep | None = None
+        """The streaming step in progress (or the last one)."""
         self.stage_results: dict[str, list[dict]] = {}
         """The last step's per-rank results of each stage (busy intervals, counters)."""
         self.clock = StageClock(on_stage=progress.stage)
@@ -165,37 +171,43 @@ class GRPO(DynamicScheduling):
         return step_metrics(step, trained, train, rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched
 
-    async def start_rollout(self, groups: list[Group], step: int, label: str) -> tuple[asyncio.Future, asyncio.Future]:
+    async def start_rollout(self, groups: list[Group], step: int, label: str,
+                            live: LiveStep | None = None) -> tuple[asyncio.Future, asyncio.Future]:
         """The step's prompt groups go out; the rollout and reward stages start."""
         g = self.g
         for group in groups:
             await self.ctl.channel("prompts").put(group)
         for _ in range(g.rollout.world_size):
             await self.ctl.channel("prompts").put(END)
-        rollout = asyncio.ensure_future(stage(
+        rollout: Any = stage(
             self.ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=self.clock, label=label,
-            version=step, chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling()))
+            version=step, chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(),
+            lock=live is None or live.rollout_lock)
+        rollout = live.joined("rollout", rollout) if live is not None else asyncio.ensure_future(rollout)
         reward = asyncio.ensure_future(stage(
             self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
             clock=self.clock, label=label))
+        if live is not None:
+            live.done["reward"] = reward
         return rollout, reward
 
     async def streaming_step(self, step: int) -> dict[str, Any]:
         """trainer.streaming: the trainer is a stage, its ranks accumulating the scored
         samples inference sends one by one (each carries its group's advantage), and
-        stepping after END."""
-        g, label = self.g, f"step {step}"
+        stepping after END. With `hooks` (a scheduler moving devices during the step),
+        the stages run through a LiveStep (live.py) and the hooks run beside them."""
+        label = f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompts.groups(step)
-        rollout, reward = await self.start_rollout(groups, step, label)
-        inference = asyncio.ensure_future(stage(
-            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
-            clock=self.clock, label=label, version=step, split=True))
-        trainer = asyncio.ensure_future(stage(
-            self.ctl, g.trainer, "train_stream", get="experience", after=inference, clock=self.clock,
-            label=label, with_ref=self.cfg.with_ref))
-        rollout_stats, reward_stats, inference_stats, trainer_stats = await gather_or_cancel(
-            [rollout, reward, inference, trainer])
+        live = self.live = LiveStep(step)
+        if self.hooks is not None:
+            await self.hooks.before_step(live)
+        side = asyncio.ensure_future(self.hooks.during_step(live) if self.hooks is not None else asyncio.Future())
+        try:
+            results = await self._streaming_stages(groups, step, label, live, side)
+        finally:
+            side.cancel()
+        rollout_stats, reward_stats, inference_stats, trainer_stats = results
         ids = [s["id"] for group in groups for s in group["samples"]]
         trained = experience.Trained.merge(trainer_stats)
         self.check_trained(step, ids, trained)
@@ -205,9 +217,33 @@ class GRPO(DynamicScheduling):
         starts = [b[0][0] for b in (r["busy"] for r in trainer_stats) if b]
         pipeline = {"first_chunk_s": (min(starts) if starts else begun) - begun,
                     "rollout_end_s": self.clock.last_end("rollout") - begun}
-        await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline
+
+    async def _streaming_stages(self, groups: list[Group], step: int, label: str, live: LiveStep,
+                                side: asyncio.Future) -> list[list[dict]]:
+        """The stages, then the weight sync (under the hooks' lock); a failed side task
+        (the hooks') ends the step."""
+        g = self.g
+        rollout, reward = await self.start_rollout(groups, step, label, live)
+        inference = live.joined("inference", stage(
+            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
+            gate=live.gates.get("inference"), clock=self.clock, label=label, version=step, split=True))
+        trainer = live.joined("trainer", stage(
+            self.ctl, g.trainer, "train_stream", get="experience", after=inference, gate=live.gates.get("trainer"),
+            clock=self.clock, label=label, with_ref=self.cfg.with_ref))
+        work = asyncio.ensure_future(gather_or_cancel([rollout, reward, inference, trainer]))
+        try:
+            await asyncio.wait([work, side], return_when=asyncio.FIRST_COMPLETED)
+            if side.done():
+                side.result()  # a failed hook ends the step
+            results = await work
+            async with self.hooks.sync_lock() if self.hooks is not None else contextlib.nullcontext():
+                await self.sync_weights(step + 1, label)
+                side.cancel()  # under the lock: a move in flight has finished
+            return results
+        finally:
+            work.cancel()
 
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only
@@ -237,11 +273,22 @@ class GRPO(DynamicScheduling):
 
     async def sync_weights(self, version: int, label: str) -> None:
         g = self.g
+        await self.weight_sync_group()
         async with self._busy("trainer"), self._busy("rollout"):  # nor is a weight sync
             await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
                 g.trainer.call("send_weights", "weight_sync", version, ranks=self.export_ranks),
                 g.rollout.call("receive_weights", "weight_sync", version),
                 g.inference.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
+
+    async def weight_sync_group(self) -> None:
+        """The weight-sync group of the trainer's rank 0 and every rollout and inference
+        rank: rebuilt only when its members changed (moves during a step; a standby pool
+        usually hands the home devices back to the very processes that held them)."""
+        g = self.g
+        members = [g.trainer.handles[0], *g.rollout.handles, *g.inference.handles]
+        current = self.ctl.process_groups.active.get("weight_sync")
+        if current is None or [id(h) for h in current.members] != [id(h) for h in members]:
+            await self.ctl.process_group("weight_sync", [(g.trainer, 0), g.rollout, g.inference])
 
     # --- the data -----------------------------------------------------------------
     def sampling(self) -> dict[str, Any]:
@@ -312,7 +359,6 @@ class GRPO(DynamicScheduling):
             await ctl.process_group("trainer_dp", [trainer])
         await trainer.call("start", "trainer_dp" if trainer.world_size > 1 else None)
         await self._check_data_parts(trainer)
-        await ctl.process_group("weight_sync", [(trainer, 0), rollout, inference])
         if cfg.scheduler.policy == "dynarl":
             await self._make_scheduler(rollout, trainer, devices)
         return Groups(rollout, reward[0] if reward else None, inference, trainer)

@@ -59,10 +59,14 @@ class StageClock:
 
 async def stage(ctl: "Controller", group: "WorkerGroup", method: str, *, get: str | None = None,
                 put: str | None = None, after: asyncio.Future | None = None, lock: bool = True,
-                clock: StageClock, label: str, **kwargs: Any) -> list[Any]:
-    """Runs `method(get, put, **kwargs)` on every rank; returns the per-rank results."""
-    work = asyncio.ensure_future(held(ctl, group, clock, label, method, lambda: group.call(method, get, put, **kwargs),
-                                      lock=lock))
+                gate: asyncio.Future | None = None, clock: StageClock, label: str, **kwargs: Any) -> list[Any]:
+    """Runs `method(get, put, **kwargs)` on every rank; returns the per-rank results.
+    `gate`: the ranks are called once it is done (their devices held meanwhile)."""
+    async def call() -> list[Any]:
+        if gate is not None:
+            await gate
+        return await group.call(method, get, put, **kwargs)
+    work = asyncio.ensure_future(held(ctl, group, clock, label, method, call, lock=lock))
     if after is None:
         return await work
     closer = asyncio.ensure_future(_end_after(after, ctl, get, group.world_size))
