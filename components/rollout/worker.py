@@ -58,6 +58,10 @@ class RolloutWorker(dynarl.Worker):
         if self.shares_device:
             await self.engine.release_memory()
 
+    def weight_version(self) -> int:
+        """The policy version this rank's engine holds (-1: none yet)."""
+        return self.engine.weight_version
+
     async def receive_weights(self, group: str, version: int) -> int:
         named = await weight_sync.receive_async(self.process_group(group), self.weights_template,
                                                 self.bucket_bytes, self.engine.weight_version, version)

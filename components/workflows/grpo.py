@@ -243,7 +243,11 @@ class GRPO(DynamicScheduling):
                 side.cancel()  # under the lock: a move in flight has finished
             return results
         finally:
-            work.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.wait([work])  # the stages' own cleanup (device locks) has run
+            if not work.cancelled() and work.exception() is not None:
+                work.exception()  # retrieved: the error that matters is the one raised
 
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only

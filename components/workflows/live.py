@@ -31,6 +31,8 @@ UPSTREAM = {"inference": "reward", "trainer": "inference"}
 
 @dataclass(slots=True)
 class LiveStep:
+    INPUT = INPUT
+    UPSTREAM = UPSTREAM
     version: int
     done: dict[str, asyncio.Future] = field(default_factory=dict)
     """Component -> its stage and every extra rank finished (the per-rank results)."""
@@ -56,13 +58,14 @@ class LiveStep:
         self.extras[component].append(asyncio.ensure_future(call))
 
         async def end_after_upstream() -> None:
-            await asyncio.wait([self.done[UPSTREAM[component]]])
-            await ctl.channel(INPUT[component]).put(END)
+            await asyncio.wait([self.done[self.UPSTREAM[component]]])
+            inbox = ctl.channel(self.INPUT[component])  # the stage's own input: its edge is the stage's
+            await inbox.put(END)
         self.extras[component].append(asyncio.ensure_future(end_after_upstream()))
 
     def joined(self, component: str, stage: Awaitable[list[Any]]) -> asyncio.Future:
         """The component's stage and its extra ranks, as one future of all their results."""
-        self.done[component] = future = asyncio.ensure_future(_joined(stage, self.extras[component]))
+        self.done[component] = future = asyncio.ensure_future(joined(stage, self.extras[component]))
         return future
 
 
@@ -77,7 +80,8 @@ class StepHooks(Protocol):
         """Held for the weight sync: no move changes the groups while the weights go out."""
 
 
-async def _joined(stage: Awaitable[list[Any]], extras: list[asyncio.Future]) -> list[Any]:
+async def joined(stage: Awaitable[list[Any]], extras: list[asyncio.Future]) -> list[Any]:
+    """The stage's per-rank results, then each extra rank's (extras may be added meanwhile)."""
     stage_future = asyncio.ensure_future(stage)
     try:
         results = list(await stage_future)

@@ -78,8 +78,7 @@ async def stage(ctl: "Controller", group: "WorkerGroup", method: str, *, get: st
     finally:
         for task in (work, closer):
             task.cancel()
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: the one that matters was raised above
+            task.add_done_callback(_retrieved)  # (now or when it ends): the one that matters was raised above
 
 
 async def held(ctl: "Controller", group: "WorkerGroup", clock: StageClock, label: str, name: str,
@@ -97,6 +96,11 @@ async def held(ctl: "Controller", group: "WorkerGroup", clock: StageClock, label
             end = _now()
             clock.spans.append(Span(component, group.devices if lock else [], start, end, label))
             ctl.tracer.complete(f"{name} {label}", "stage", f"stage/{component}", 0, start, end)
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _end_after(upstream: asyncio.Future, ctl: "Controller", get: str, consumers: int) -> None:

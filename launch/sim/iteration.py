@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dynarl.components.experience import END
+from dynarl.components.workflows.live import LiveStep, joined
 from dynarl.components.workflows.stages import StageClock, stage
 from dynarl.components.workloads.samples import Group
 from dynarl.core.controller import Controller
@@ -47,66 +48,16 @@ def open_channels(ctl: Controller, capacity: int) -> None:
         ctl.channel(name, capacity=capacity)
 
 
-UPSTREAM = {"inference": "rollout", "trainer": "inference"}
-INPUT = {"rollout": "prompts", "inference": "rollouts", "trainer": "experience"}
-
-
 @dataclass(slots=True)
-class LiveIteration:
-    """An iteration in progress, for the online scheduler: ranks a component gains
-    mid-iteration (dynarl's receivers) run as extra tasks beside its stage. A stage
-    puts one END per rank it started with; each extra rank gets its own END once the
-    upstream component (stage and extras) is done, and the downstream waits for the
-    extras too, so nothing is cut off."""
-    version: int
-    done: dict[str, asyncio.Future] = field(default_factory=dict)
-    """Component -> its stage and every extra rank finished (per-rank results)."""
-    extras: dict[str, list[asyncio.Future]] = field(default_factory=lambda: {c: [] for c in INPUT})
-    finished_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Rollout engine -> (requests finished, their output tokens) this iteration, as of
-    its last report: every metrics poll, and the load read just before it is released
-    (so an engine given away keeps what it finished). The scheduler's view sums it."""
+class LiveIteration(LiveStep):
+    """The simulator's own iteration in progress (no reward stage: inference reads
+    "rollouts" straight from the rollout): live.py's LiveStep with this chain."""
+    INPUT = {"rollout": "prompts", "inference": "rollouts", "trainer": "experience"}
+    UPSTREAM = {"inference": "rollout", "trainer": "inference"}
     borrowed: bool = False
     """The rollout also runs on devices lent by parked inference and trainer ranks
     (migrate.Migrator.lend): parking, not device_lock, keeps them apart, so the
     rollout stage does not take the lock (it would hold the lenders' devices)."""
-
-    def note_finished(self, engines: list[str], loads: list[dict]) -> None:
-        """Records rollout engines' finished counts from their load reports."""
-        for engine, load in zip(engines, loads):
-            self.finished_seen[engine] = (load["finished"], load["finished_tokens"])
-
-    def accepts(self, component: str) -> bool:
-        return component in self.done and not self.done[component].done()
-
-    def add_rank(self, ctl: Controller, component: str, call: Any) -> None:
-        """`call`: the new rank's stage call (an awaitable of its result). Synchronous, so the
-        check of accepts() and the append cannot interleave with the component finishing."""
-        if not self.accepts(component):
-            raise RuntimeError(f"{component} has finished iteration {self.version}")
-        self.extras[component].append(asyncio.ensure_future(call))
-
-        async def end_after_upstream() -> None:
-            await asyncio.wait([self.done[UPSTREAM[component]]])
-            await ctl.channel(INPUT[component]).put(END)
-        self.extras[component].append(asyncio.ensure_future(end_after_upstream()))
-
-
-async def _joined(stage_future: asyncio.Future, extras: list[asyncio.Future]) -> list[Any]:
-    try:
-        results = list(await stage_future)
-        i = 0
-        while i < len(extras):  # extras may be added while we wait
-            value = await extras[i]
-            if value is not None:
-                results.append(value)
-            i += 1
-        return results
-    except BaseException:
-        stage_future.cancel()
-        for e in extras:
-            e.cancel()
-        raise
 
 
 async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], version: int, *, clock: StageClock,
@@ -122,15 +73,15 @@ async def run_iteration(ctl: Controller, g: SimGroups, batch: list[Group], versi
         await prompts.put(group.to_wire(index))
     for _ in range(g.rollout.world_size):
         await prompts.put(END)
-    rollout = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
+    rollout = asyncio.ensure_future(joined(asyncio.ensure_future(stage(
         ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=clock, label=label, version=version,
         chunk_size=chunk_size, lock=not live.borrowed)), live.extras["rollout"]))
     live.done["rollout"] = rollout
-    inference = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
+    inference = asyncio.ensure_future(joined(asyncio.ensure_future(stage(
         ctl, g.inference, "compute_logprobs", get="rollouts", put="experience", after=rollout, clock=clock,
         label=label, version=version)), live.extras["inference"]))
     live.done["inference"] = inference
-    trainer = asyncio.ensure_future(_joined(asyncio.ensure_future(stage(
+    trainer = asyncio.ensure_future(joined(asyncio.ensure_future(stage(
         ctl, g.trainer, "train", get="experience", put=None, after=inference, clock=clock, label=label,
         version=version)), live.extras["trainer"]))
     live.done["trainer"] = trainer

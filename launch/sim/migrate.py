@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from dynarl.components import costmodel as cm
 from dynarl.components.placement.plan import COMPONENTS, Placement
@@ -93,10 +94,92 @@ class Ownership:
         return out
 
 
+class SimRanks:
+    """How the Migrator talks to the simulator's own workers (rollout_worker.py and
+    friends: multi-turn workloads, dynarl-tailtp)."""
+    load_method, utilization, progress_method = "load", "utilization", "progress"
+
+    def __init__(self, scn: Scenario) -> None:
+        self.scn = scn
+
+    def pool_init(self, group) -> dict:
+        engine = self.scn.engines[group.name]
+        if group.name == "rollout":  # off the trainer's segment: weights come over a NIC
+            engine = dict(engine, weight_sync_bandwidth=nic_or_link(False, self.scn.config.device))
+        return {"engine": engine, "shares_device": False}
+
+    async def park(self, g, live) -> None:
+        await gather_or_cancel([g.inference.call("park"), g.trainer.call("park")])
+
+    async def unpark(self, g, live) -> None:
+        await gather_or_cancel([g.inference.call("unpark"), g.trainer.call("unpark")])
+
+    async def load_weights(self, g, group, ranks: list[int], version: int) -> None:
+        await group.call("receive_weights", version, self.scn.weight_bytes, ranks=ranks)
+
+    async def start(self, group, ranks: list[int]) -> None:
+        """Nothing: the simulator's trainer ranks build their trainer in __init__."""
+
+    def stage_call(self, group, component: str, p: int, version: int) -> Any:
+        if component == "trainer":
+            return _first(group.call("train", "experience", None, version=version, ranks=[p]))
+        return _first(group.call("compute_logprobs", "rollouts", "experience", version=version, ranks=[p]))
+
+
+class WorkflowRanks:
+    """How the Migrator talks to the GRPO workflow's workers (components/*/worker.py,
+    on emulated engines): their metrics, the stage gates of live.py for lending, the
+    weight-sync group for a new rank's weights."""
+    load_method, utilization, progress_method = "metrics", "kv_utilization", "metrics"
+
+    def __init__(self, wf) -> None:
+        self.wf = wf
+
+    def pool_init(self, group) -> dict:
+        init = dict(group.handles[0].spec.init_kwargs, shares_device=False)
+        if group.name == "rollout":  # off the trainer's segment: weights come over a NIC
+            init["backend_config"] = dict(init["backend_config"], weight_sync_bandwidth=nic_or_link(
+                False, self.wf.cfg.rollout.emulated.device))
+        return init
+
+    async def park(self, g, live) -> None:
+        for component in ("inference", "trainer"):
+            live.gate(component)
+
+    async def unpark(self, g, live) -> None:
+        for component in ("inference", "trainer"):
+            gate = live.gates.get(component)
+            if gate is not None and not gate.done():
+                gate.set_result(None)
+
+    async def load_weights(self, g, group, ranks: list[int], version: int) -> None:
+        """The ranks that do not hold `version` yet receive it (a parked rank may have)."""
+        held = await group.call("weight_version", ranks=ranks)
+        ranks = [p for p, v in zip(ranks, held) if v != version]
+        if not ranks:
+            return
+        await self.wf.weight_sync_group()
+        await gather_or_cancel([g.trainer.call("send_weights", "weight_sync", version, ranks=[0]),
+                                group.call("receive_weights", "weight_sync", version, ranks=ranks)])
+
+    async def start(self, group, ranks: list[int]) -> None:
+        await group.call("start", None, ranks=ranks)
+
+    def stage_call(self, group, component: str, p: int, version: int) -> Any:
+        if component == "trainer":
+            return _first(group.call("train_stream", "experience", None, with_ref=self.wf.cfg.with_ref, ranks=[p]))
+        return _first(group.call("compute_logprobs", "scored", "experience", version=version, split=True, ranks=[p]))
+
+
 class Migrator:
     def __init__(self, ctl: Controller, scn: Scenario, base: Placement, record, now, borrow: bool = False,
-                 tail_tp: bool = False) -> None:
+                 tail_tp: bool = False, ranks: SimRanks | WorkflowRanks | None = None) -> None:
         self.ctl, self.scn, self.base = ctl, scn, base
+        self.ranks = ranks or SimRanks(scn)
+        self.finished_seen: dict[str, tuple[int, int]] = {}
+        """Rollout engine -> (requests finished, their output tokens) this iteration, as of
+        its last report: every metrics poll, and the load read just before it is released
+        (so an engine given away keeps what it finished). The scheduler's view sums it."""
         self.record = record  # record(kind, seconds)
         self.now = now
         self.ts = scn.config.time_scale
@@ -120,12 +203,13 @@ class Migrator:
     def pool(self, group) -> StandbyPool:
         """The standby pool of `group`'s component (its name: rollout, inference, trainer)."""
         if group.name not in self.pools:
-            engine = self.scn.engines[group.name]
-            if group.name == "rollout":  # off the trainer's segment: weights come over a NIC
-                engine = dict(engine, weight_sync_bandwidth=nic_or_link(False, self.scn.config.device))
-            self.pools[group.name] = StandbyPool(self.ctl, group.cls, group.name,
-                                                 {"engine": engine, "shares_device": False})
+            self.pools[group.name] = StandbyPool(self.ctl, group.cls, group.name, self.ranks.pool_init(group))
         return self.pools[group.name]
+
+    def note_finished(self, engines: list[str], loads: list[dict]) -> None:
+        """Records rollout engines' finished counts from their load reports."""
+        for engine, load in zip(engines, loads):
+            self.finished_seen[engine] = (load["finished"], load["finished_tokens"])
 
     async def _release(self, g: SimGroups, positions: list[int], loads: list[dict],
                        live: LiveIteration) -> list[int] | None:
@@ -134,7 +218,7 @@ class Migrator:
         parked, unless engines may run at a wider TP (tail_tp), which could not rejoin
         as base engines: those are stopped. Returns the freed first devices, or None
         when the migration failed (nothing moved)."""
-        live.note_finished([g.rollout.handles[p].spec.worker_id for p in positions], loads)
+        self.note_finished([g.rollout.handles[p].spec.worker_id for p in positions], loads)
         park = None if self.tail_tp else self.pool(g.rollout)
         if any(load["active_run"] for load in loads):
             try:
@@ -185,11 +269,11 @@ class Migrator:
     async def _move(self, g: SimGroups, target: str, devices: int, live: LiveIteration) -> None:
         if devices < self.scn.rollout_tp:
             return
-        loads = await g.rollout.call("load")
+        loads = await g.rollout.call(self.ranks.load_method)
         width = [len(self.engine_devices(h.spec.devices[0])) for h in g.rollout.handles]
         # finished engines first, then the emptiest; never the last engine with a live run
         order = sorted(range(g.rollout.world_size),
-                       key=lambda p: (loads[p]["active_run"], loads[p]["utilization"], p))
+                       key=lambda p: (loads[p]["active_run"], loads[p][self.ranks.utilization], p))
         running = sum(1 for load in loads if load["active_run"])  # live runs not (yet) released
         release: list[int] = []
         taken = 0
@@ -223,10 +307,11 @@ class Migrator:
         group = g.trainer if target == "trainer" else g.inference
         new = await self.take(group, devices)
         if target == "trainer":
+            await self.ranks.start(group, new)
             await asyncio.sleep(p2p_cost_s(self.scn) * self.ts)
             kind = "p2p"
         else:
-            await group.call("receive_weights", live.version, self.scn.weight_bytes, ranks=new)
+            await self.ranks.load_weights(g, group, new, live.version)
             await asyncio.sleep(cm.role_switch_time() * self.ts)
             kind = "workload"
         self.record(kind, self.now() - begun)
@@ -234,16 +319,11 @@ class Migrator:
         if not live.accepts(target):
             return  # finished meanwhile: the devices wait for the iteration boundary
         for p in new:
-            if target == "trainer":
-                call = _first(group.call("train", "experience", None, version=live.version, ranks=[p]))
-            else:
-                call = _first(group.call("compute_logprobs", "rollouts", "experience", version=live.version,
-                                         ranks=[p]))
-            live.add_rank(self.ctl, target, call)
+            live.add_rank(self.ctl, target, self.ranks.stage_call(group, target, p, live.version))
 
     # --- the rollout borrows the parked components' devices (dynarl's start) -----------
 
-    async def lend(self, g: SimGroups, version: int) -> float:
+    async def lend(self, g: SimGroups, version: int, live: Any = None) -> float:
         """Parks inference and trainer (state offloaded to host memory) and starts rollout
         engines on their devices, so the rollout holds the whole cluster while nothing
         else has work (DynaRL Fig 13). Returns the seconds it costs (a role switch),
@@ -253,7 +333,7 @@ class Migrator:
         firsts = [home[i] for i in range(0, len(home) - tp + 1, tp) if home[i + tp - 1] - home[i] == tp - 1]
         if not firsts:
             return 0.0
-        await gather_or_cancel([g.inference.call("park"), g.trainer.call("park")])
+        await self.ranks.park(g, live)
         await self._grow_rollout(g, firsts, version)
         self.lent = firsts
         self.credit = {}
@@ -266,7 +346,7 @@ class Migrator:
         receive weight version `version` over the network."""
         new = await self.take(g.rollout, devices)
         await g.rollout.call("workload_resume", ranks=new)  # a parked engine was paused when it left
-        await g.rollout.call("receive_weights", version, self.scn.weight_bytes, ranks=new)
+        await self.ranks.load_weights(g, g.rollout, new, version)
 
     async def return_home(self, g: SimGroups, live: LiveIteration) -> None:
         """The lent engines go (their requests to the other engines), inference and
@@ -277,7 +357,7 @@ class Migrator:
 
     async def _return_home(self, g: SimGroups, live: LiveIteration) -> None:
         positions = [p for p, h in enumerate(g.rollout.handles) if h.spec.devices[0] in self.lent]
-        loads = await g.rollout.call("load", ranks=positions)
+        loads = await g.rollout.call(self.ranks.load_method, ranks=positions)
         begun = self.now()
         if await self._release(g, positions, loads, live) is None:
             return  # only the lent engines still run: they keep the devices until they finish
@@ -287,19 +367,20 @@ class Migrator:
         self.record("workload", self.now() - begun)
         # Both onload (trainer: its state from host memory; inference: the weights): a role switch.
         await asyncio.sleep(cm.role_switch_time() * self.ts)
-        await gather_or_cancel([g.inference.call("unpark"), g.trainer.call("unpark")])
+        await self.ranks.unpark(g, live)
         self.record("switch", cm.role_switch_time())
         self.own.change(self.now(), inference=len(self.home["inference"]), trainer=len(self.home["trainer"]))
         self.credit = {c: len(self.home[c]) for c in self.home}
 
-    async def restore(self, g: SimGroups, version: int) -> None:
+    async def restore(self, g: SimGroups, version: int, live: Any = None) -> None:
         """Back to the start placement at an iteration boundary (before iteration `version`)."""
+        self.finished_seen = {}
         extra_t = list(range(self.trainer_base, g.trainer.world_size))
         extra_i = list(range(self.inference_base, g.inference.world_size))
         wide = sorted(self.wide)  # first devices of the wide engines: back to base TP below
         if not extra_t and not extra_i and not wide:
             if self.borrow:
-                await asyncio.sleep(await self.lend(g, version) * self.ts)
+                await asyncio.sleep(await self.lend(g, version, live) * self.ts)
             return
         if extra_t:
             await self.pool(g.trainer).park(g.trainer, extra_t)
@@ -316,7 +397,7 @@ class Migrator:
             self.wide = {}
             await self._grow_rollout(g, wide, version)
             missing += wide
-        lend_s = await self.lend(g, version) if self.borrow else 0.0
+        lend_s = await self.lend(g, version, live) if self.borrow else 0.0
         # The trainer's state moves back (p2p) while the engines start (a role switch): in parallel.
         p2p = p2p_cost_s(self.scn) if extra_t else 0.0
         switch = cm.role_switch_time(restart=bool(wide))

@@ -11,8 +11,10 @@ Iteration i's window runs from the end of iteration i-1 (from its own start for
 i = 0) to its weight sync, so boundary work (re-plans) is paid by the next iteration.
 All times are emulated seconds since the run began: loop time / time_scale.
 
-The online policies (dynarl and its variants) and multi-turn workloads still run
-on the simulator's own workers and harness (dynarl_harness.py).
+An online policy (dynarl and its variants) moves devices during each step through
+the step's hooks (OnlineHooks: the Migrator of migrate.py and the view of
+snapshot.py, over the workflow's workers). Multi-turn workloads and dynarl-tailtp
+still run on the simulator's own workers and harness (dynarl_harness.py).
 """
 from __future__ import annotations
 
@@ -23,14 +25,17 @@ from dynarl.components import costmodel as cm
 from dynarl.components.placement.plan import COMPONENTS, Placement, with_unit
 from dynarl.components.placement.policy import Migrate, PlanContext, Replan, Snapshot, make_policy
 from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
+from dynarl.core.worker_group import gather_or_cancel
 
 from .dynarl_harness import run_online
-from .migrate import min_devices
+from .migrate import Migrator, WorkflowRanks, min_devices
 from .records import IterationRecord, PolicyRun, timed
 from .scenario import Scenario, for_policy, train_config
+from .snapshot import build_snapshot
 
 REBOOT_S = cm.role_switch_time(restart=True)
 """A re-plan stops every group and starts it elsewhere: offload/onload plus an engine start."""
@@ -48,7 +53,7 @@ class Quiet:
 def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=None) -> PolicyRun:
     """Runs one policy (`policy`: an instance to use instead of make_policy(name), e.g. a sweep's)."""
     policy = policy or make_policy(name)
-    if policy.decide_every_s is not None or scn.workload.kind != "math":
+    if scn.workload.kind != "math" or getattr(policy, "tail_tp", False):
         return run_online(scn, name, profiles, policy)
     cfg = scn.config
     scn = for_policy(scn, policy)
@@ -68,12 +73,17 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
 
         wf = await start(ctl, scn, placement)
         run.placements.append((now(), placement))
+        migrator = None
+        if policy.decide_every_s is not None:  # an online policy: it moves devices during the steps
+            migrator = Migrator(ctl, scn, placement, lambda kind, sec: run.migrations.setdefault(kind, []).append(sec),
+                                now, borrow=getattr(policy, "rollout_borrows", False), ranks=WorkflowRanks(wf))
+            wf.hooks = OnlineHooks(ctl, scn, wf, policy, run, placement, now, migrator)
         previous_end: float | None = None
         for it in range(cfg.iterations):
             begun = now() if previous_end is None else previous_end
             await wf.step(it)
             end = now()
-            record(run, scn, wf, it, begun, end, origin)
+            record(run, scn, wf, it, begun, end, origin, migrator)
             previous_end = end
             if not policy.has_hook:
                 continue
@@ -126,7 +136,58 @@ async def replan(ctl: Controller, scn: Scenario, wf: GRPO, old: Placement, new: 
     return moved_to
 
 
-def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float) -> None:
+class OnlineHooks:
+    """An online policy (dynarl and its variants) inside each GRPO step (StepHooks,
+    components/workflows/live.py): before it, back to the start placement (the
+    Migrator's restore; at the first, lending the parked components' devices to the
+    rollout); beside it, decide() every decide_every_s and each Migrate executed at
+    once, and the lent devices handed back once the rollout is done at the latest."""
+
+    def __init__(self, ctl: Controller, scn: Scenario, wf: GRPO, policy, run: PolicyRun, placement: Placement,
+                 now, migrator: Migrator) -> None:
+        self.ctl, self.scn, self.wf, self.policy, self.run = ctl, scn, wf, policy, run
+        self.placement, self.now, self.migrator = placement, now, migrator
+        self.borrowed = False
+
+    async def before_step(self, live: LiveStep) -> None:
+        m, g = self.migrator, self.wf.g
+        if live.version > 0:
+            await m.restore(g, live.version, live)  # paid by this iteration: its window began at the last end
+        elif m.borrow:
+            await asyncio.sleep(await m.lend(g, live.version, live) * self.scn.config.time_scale)
+        self.borrowed = bool(m.lent)
+        live.rollout_lock = not self.borrowed
+
+    async def during_step(self, live: LiveStep) -> None:
+        await gather_or_cancel([asyncio.ensure_future(self._ticker(live)),
+                                asyncio.ensure_future(self._home_after_rollout(live))])
+
+    def sync_lock(self) -> asyncio.Lock:
+        return self.migrator.lock
+
+    async def _home_after_rollout(self, live: LiveStep) -> None:
+        """Devices the rollout borrowed go back to inference and trainer once it is done at
+        the latest (without this, a policy that never migrates would leave them parked)."""
+        if not self.borrowed:
+            return
+        await asyncio.wait([live.done["rollout"]])
+        await self.migrator.return_home(self.wf.g, live)
+
+    async def _ticker(self, live: LiveStep) -> None:
+        """decide() every decide_every_s during the step; Migrate decisions are executed
+        at once (migrate.py), while the step goes on."""
+        while True:
+            await asyncio.sleep(self.policy.decide_every_s * self.scn.config.time_scale)
+            snapshot = await build_snapshot(self.ctl, self.wf.g, live.version, self.placement, self.now, self.scn,
+                                            live, self.migrator)
+            for decision in timed(self.policy, snapshot, self.run):
+                if not isinstance(decision, Migrate):
+                    raise ValueError(f"{type(decision).__name__} during an iteration: only Migrate is executed there")
+                await self.migrator.execute(self.wf.g, decision, live)
+
+
+def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float,
+           migrator: Migrator | None = None) -> None:
     """The iteration's device-seconds, stage times and spans, from the stages' results."""
     scale, placement = scn.config.time_scale, wf.placement
     busy_ds = 0.0
@@ -153,9 +214,12 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         if placement.shares_devices(span.component):
             run.ownership.append((span.component, placement.num_devices_of(span.component),
                                   (span.start - origin) / scale, (span.end - origin) / scale))
-    for c in COMPONENTS:
-        if not placement.shares_devices(c):
-            run.ownership.append((c, placement.num_devices_of(c), start, end))
+    if migrator is not None and placement.mode == "spatial":  # ownership changes within the step (moves)
+        run.ownership.extend(migrator.own.spans(start, end))
+    else:
+        for c in COMPONENTS:
+            if not placement.shares_devices(c):
+                run.ownership.append((c, placement.num_devices_of(c), start, end))
     tokens, samples = batch_tokens(scn.batches[it])
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
                                           stage_s=stage_s, span_s=spans))

@@ -20,17 +20,19 @@ from .scenario import Scenario
 
 async def build_snapshot(ctl: Controller, g: SimGroups, it: int, placement: Placement, now, scn: Scenario,
                          live: LiveIteration, migrator: Migrator) -> Snapshot:
-    loads = await g.rollout.call("load")
-    progress = {"inference": await g.inference.call("progress"), "trainer": await g.trainer.call("progress")}
+    ranks = migrator.ranks
+    loads = await g.rollout.call(ranks.load_method)
+    progress = {"inference": await g.inference.call(ranks.progress_method),
+                "trainer": await g.trainer.call(ranks.progress_method)}
     batch = scn.batches[it]
     samples = sum(len(grp.samples) for grp in batch)
     prompt_mean = sum(grp.prompt_tokens * len(grp.samples) for grp in batch) / samples
     active = sum(l["running"] + l["waiting"] for l in loads)
     generated = sum(l["generated"] for l in loads)
     made = generated / active if active else 0.0
-    live.note_finished([h.spec.worker_id for h in g.rollout.handles], loads)  # released engines keep theirs
-    finished = sum(n for n, _ in live.finished_seen.values())
-    finished_tokens = sum(t for _, t in live.finished_seen.values())
+    migrator.note_finished([h.spec.worker_id for h in g.rollout.handles], loads)  # released engines keep theirs
+    finished = sum(n for n, _ in migrator.finished_seen.values())
+    finished_tokens = sum(t for _, t in migrator.finished_seen.values())
     finished_mean = finished_tokens / finished if finished else 0.0
     seq_mean = prompt_mean + max(made, finished_mean)
     cap = output_cap(scn)
@@ -44,7 +46,7 @@ async def build_snapshot(ctl: Controller, g: SimGroups, it: int, placement: Plac
     depth = {name: len(ctl.channel(name)) for name in CHANNELS}
     return Snapshot(
         iteration=it, now_s=now(), at_iteration_end=False, placement=placement,
-        rollout_utilization=tuple(l["utilization"] for l in loads), queue_depth=depth,
+        rollout_utilization=tuple(l[ranks.utilization] for l in loads), queue_depth=depth,
         devices=migrator.own.current, rollout_engines=tuple(h.spec.worker_id for h in g.rollout.handles),
         rollout_active=active, rollout_generated=generated, rollout_finished_mean=finished_mean,
         rollout_max_new_tokens=cap,
