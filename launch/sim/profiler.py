@@ -1,8 +1,8 @@
 """Profiling for planners: each component's time for a batch at several device counts.
 
 As RLinf profiles before training, on a batch of its own (not one the run will
-use): rollout is measured by running the real rollout component (SimRolloutWorker
-through the controller, in virtual time) on up to SAMPLE_ENGINES engines with the
+use): rollout is measured by running the real rollout component (RolloutWorker
+on emulated engines, through the controller, in virtual time) on up to SAMPLE_ENGINES engines with the
 groups they would get at that device count, round-robin; its time is the slowest
 engine's. Inference and training are linear in the cost model, so each rank's share
 is timed with the engines' own cost functions, scheduled as the channel hands
@@ -14,16 +14,20 @@ import asyncio
 import heapq
 
 import dynarl
+from dynarl.components import costmodel as cm
 from dynarl.components.experience import END
 from dynarl.components.inference.emulated import EmulatedInference, EmulatedInferenceConfig
 from dynarl.components.placement.profile import StageProfile
+from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 from dynarl.components.workloads.generate import generate
+from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.components.workloads.samples import Group
 from dynarl.components.workloads.trace import batch_of
 from dynarl.core.worker_group import gather_or_cancel
 
 from .rollout_worker import SimRolloutWorker
+
 from .scenario import Scenario
 
 PROFILE_ITERATION = 2**31 - 1
@@ -47,25 +51,39 @@ def profile_stages(scn: Scenario) -> dict[str, StageProfile]:
 
 
 def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
+    """The real rollout worker on emulated engines (as a run's), on the groups `sampled`
+    of the engines would get; the slowest engine's time."""
     sampled = min(engines, SAMPLE_ENGINES)
     mine = [(i, g) for i, g in enumerate(batch) if i % engines < sampled]
+    multi_turn = any(s.is_multi_turn for _, g in mine for s in g.samples)
 
     async def workflow(ctl):
         ctl.channel("prompts", capacity=len(mine) + sampled + 1)
         ctl.channel("rollouts", capacity=len(mine) + 1)
-        group = await ctl.spawn(SimRolloutWorker, name="rollout", devices=[0] * sampled,
-                                init={"engine": dict(scn.engines["rollout"], time_scale=1.0)})
+        engine = {k: v for k, v in scn.engines["rollout"].items() if k != "affinity"}
+        if multi_turn:  # episodes: the simulator's own rollout worker, until they move onto the workflow
+            group = await ctl.spawn(SimRolloutWorker, name="rollout", devices=[0] * sampled,
+                                    init={"engine": dict(engine, time_scale=1.0)})
+            items, call = [g.to_wire(i) for i, g in mine], {"version": 0}
+        else:
+            group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0] * sampled, init={
+                "model": {}, "engine": {}, "bucket_bytes": 1 << 20, "backend": "emulated",
+                "backend_config": dict(engine, time_scale=1.0)})
+            items = WorkloadPrompts([[g for _, g in mine]], cm.get_model(scn.workload.model).vocab_size).groups(0)
+            # version -1: the profile's engines hold no policy weights (none is needed to time them)
+            call = {"version": -1, "chunk_size": 1, "sampling": {"max_new_tokens": 1}}
         loop = asyncio.get_running_loop()
         start = loop.time()
-        for i, g in mine:
-            await ctl.channel("prompts").put(g.to_wire(i))
+        for item in items:
+            await ctl.channel("prompts").put(item)
         for _ in range(sampled):
             await ctl.channel("prompts").put(END)
-        results = await gather_or_cancel([group.call("generate", "prompts", "rollouts", version=0)])
+        results = await gather_or_cancel([group.call("generate", "prompts", "rollouts", **call)])
         ends = [r["busy"][-1][1] for r in results[0] if r["busy"]]
         return max(ends, default=loop.time()) - start
 
-    config = dynarl.RuntimeConfig(launcher="inproc", cluster=dynarl.ClusterConfig(devices_per_node=1))
+    config = dynarl.RuntimeConfig(launcher="inproc", cluster=dynarl.ClusterConfig(devices_per_node=1,
+                                                                                  device_kind="emulated"))
     return max(dynarl.run(workflow, config, virtual_time=True), 1e-9)
 
 
