@@ -63,7 +63,9 @@ def run_all(tasks: Sequence[Task], jobs: int, on_done: Callable[[int, Any], None
             while queue and len(running) < jobs:
                 i = queue.pop(0)
                 _start(ctx, tasks[i], i, running)
-            ready = multiprocessing.connection.wait([read for _, read in running.values()])
+            # A timeout, so that a Ctrl-C whose signal another thread took (this thread
+            # blocks SIGINT across each fork) still stops the wait within a second.
+            ready = multiprocessing.connection.wait([read for _, read in running.values()], timeout=1.0)
             for i, (proc, read) in list(running.items()):
                 if read not in ready:
                     continue
