@@ -9,7 +9,7 @@ import pytest
 from dynarl.components.model.tokenizer import CharTokenizer
 from dynarl.components.tasks.tool_syntax import Answer, Call, Malformed, observation_text, parse_turn
 from dynarl.components.tools.calculator import calculate
-from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, next_action
+from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns, ScriptedTurns, next_action
 
 LIMITS = Limits(max_turns=3, max_new_tokens=20, max_context=100, max_observation_chars=24)
 
@@ -86,7 +86,7 @@ def run_scripted(turns: dict[str, list[str]], affinity: str, ranks: int = 2):
         calls.append(argument)
         return calculate(argument).to_dict()
 
-    driver = EpisodeDriver(tok, LIMITS, ranks, submit, call_tool, affinity=affinity, capacity=4)
+    driver = EpisodeDriver(ReactTurns(tok, LIMITS, call_tool), range(ranks), submit, affinity=affinity, capacity=4)
     episodes = [Episode(ep_id, tok.encode("12*34=", add_bos=True), seed=i) for i, ep_id in enumerate(turns)]
     asyncio.run(driver.run(episodes, results.get))
     return driver, episodes, submitted, calls
@@ -115,7 +115,7 @@ def test_driver_runs_calls_masks_observations_and_counts_malformed():
     assert driver.max_wait_s == pytest.approx(0.09)
     # tool_count travels with each turn: the queue key orders follow-ups by it
     assert [t["tool_count"] for _, t in submitted if t["id"].startswith("capped")] == [0, 1, 2]
-    assert all(n == 0 for n in driver.outstanding)
+    assert all(n == 0 for n in driver.outstanding.values())
 
 
 def test_affinity_sends_follow_ups_home_and_saves_reprefill():
@@ -131,3 +131,39 @@ def test_affinity_sends_follow_ups_home_and_saves_reprefill():
     moved = sum(1 for r, t in sub_none if t["id"].endswith("#1") and r != first[t["id"].rsplit("#")[0]])
     assert none.reprefill_tokens >= pref.reprefill_tokens
     assert none.reprefill_tokens == moved * 19 + (6 - moved) * 3
+
+
+def test_a_groups_episodes_start_together_and_a_leaving_rank_gets_its_end_and_no_more_turns():
+    """ScriptedTurns (the simulator's episodes): a group's first turns go to one rank (its
+    prompt is computed once); after leave(), no turn goes to that rank and it has its END."""
+    submitted, ended = [], []
+    results: asyncio.Queue = asyncio.Queue()
+    scripts = {f"g{g}e{i}": [[3, 0.0, 2], [4, 0.0, 0]] for g in range(2) for i in range(3)}
+    driver: EpisodeDriver | None = None
+
+    async def submit(rank, turn):
+        submitted.append((rank, turn["id"]))
+        if rank == "a" and turn["id"].endswith("#0") and "a" in driver.outstanding:
+            await driver.leave(["a"])  # released while its first turns run: they finish elsewhere
+        n = turn["max_new_tokens"]
+        await results.put({"id": turn["id"], "output_ids": [1] * n, "logprobs": [0.0] * n, "finish": "length",
+                           "version": 0, "cached_tokens": 0, "wait_s": 0.0, "rank": "b" if rank == "a" else rank})
+
+    async def end(rank):
+        ended.append(rank)
+
+    driver = EpisodeDriver(ScriptedTurns(scripts, vocab_size=100), ["a", "b", "c"], submit, affinity="prefer",
+                           end=end)
+    episodes = [Episode(ep, [5, 6, 7], seed=0, group=int(ep[1])) for ep in scripts]
+
+    async def main():
+        await driver.run(episodes, results.get)
+        await driver.close()
+    asyncio.run(main())
+    first = {ep: rank for rank, ep in submitted if ep.endswith("#0")}
+    assert first["g0e0#0"] == "a" and first["g0e1#0"] == first["g0e2#0"] != "a"  # a left: the group starts anew
+    assert all(rank != "a" for rank, ep in submitted[1:])  # nothing after the leave
+    assert len({first[f"g1e{i}#0"] for i in range(3)}) == 1  # group 1 started on one rank
+    assert ended == ["a", "b", "c"] and driver.routed_to == {}
+    assert [(e.turns, e.finish, e.tool_calls, len(e.response)) for e in episodes] == [(2, "answer", 1, 3 + 2 + 4)] * 6
+    assert driver.router.by_reason["group"] == 3  # g0e2, g1e1, g1e2 followed their group's first episode

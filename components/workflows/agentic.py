@@ -31,8 +31,10 @@ from dynarl.components.tasks.tool_syntax import CLOSE
 from dynarl.components.tools.worker import ToolWorker
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
-from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits
+from dynarl.components.costmodel import get_model
+from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns, ScriptedTurns
 from dynarl.components.workflows.grpo import GRPO, Groups
+from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import held, stage
 from dynarl.components.workflows.step_metrics import step_metrics
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -47,37 +49,40 @@ class AgenticGRPO(GRPO):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tools: WorkerGroup | None = None
+        self.driver: EpisodeDriver | None = None
+        """The step's episode driver (its counters feed the step's metrics)."""
         a = self.cfg.agentic
-        self.limits = Limits(max_turns=a.max_turns, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                             max_context=self.cfg.model.config().max_position_embeddings,
-                             max_observation_chars=a.max_observation_chars)
-        self.close_id = self.tokenizer.encode(CLOSE)[0]
+        self.scripted = a.episodes == "scripted"
+        if not self.scripted:
+            self.limits = Limits(max_turns=a.max_turns, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                 max_context=self.cfg.model.config().max_position_embeddings,
+                                 max_observation_chars=a.max_observation_chars)
+            self.close_id = self.tokenizer.encode(CLOSE)[0]
 
     async def spawn(self) -> Groups:
         groups = await super().spawn()
         a = self.cfg.agentic
-        self.tools = await self.ctl.spawn(ToolWorker, name="tools", devices=[0], init={
-            "config": {"timeout_s": a.python_timeout_s, "cpu_s": max(1, int(a.python_timeout_s)),
-                       "max_concurrency": 4}})
+        if not self.scripted:  # scripted tools are latencies, off every device
+            self.tools = await self.ctl.spawn(ToolWorker, name="tools", devices=[0], init={
+                "config": {"timeout_s": a.python_timeout_s, "cpu_s": max(1, int(a.python_timeout_s)),
+                           "max_concurrency": 4}})
         await groups.rollout.call("set_queue_policy", a.queue, a.max_bonus_s)
         return groups
 
     # --- the algorithm ---------------------------------------------------------------
     async def step(self, step: int) -> dict[str, Any]:
+        if self.cfg.trainer.streaming:
+            metrics = await self.streaming_step(step)
+            return metrics | episode_metrics(self.driver, self.stage_results["rollout"])
         g, label = self.g, f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompts.groups(step)
-        ranks = g.rollout.world_size
-        rollout = asyncio.ensure_future(held(self.ctl, g.rollout, self.clock, label, "serve_turns",
-                                             lambda: g.rollout.scatter("serve_turns", [
-                                                 [TURNS, TURN_RESULTS, r, step, self.sampling()]
-                                                 for r in range(ranks)])))
+        rollout, reward = await self.start_rollout(groups, step, label)
         inference = asyncio.ensure_future(stage(
-            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience",
+            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
             clock=self.clock, label=label, version=step))
-        driver = self.driver(ranks)
-        (scored, first_chunk), _, rollout_stats, _ = await gather_or_cancel(
-            [self.collect(len(groups)), self.play(groups, driver), rollout, inference])
+        (scored, first_chunk), rollout_stats, reward_stats, _ = await gather_or_cancel(
+            [self.collect(len(groups)), rollout, reward, inference])
         pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": self.clock.last_end("rollout") - begun}
 
         ids = experience.sample_ids(scored)
@@ -86,51 +91,91 @@ class AgenticGRPO(GRPO):
         self.check_trained(step, ids, trained)
         train = await self.train(episode_batch(scored, self.cfg.with_ref), label)
         self.commit_step(step, ids, trained)
+        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats}
         await self.sync_weights(step + 1, label)
-        metrics = step_metrics(step, trained, train, rollout_stats, [{"verifier": "calc"}],
+        metrics = step_metrics(step, trained, train, rollout_stats, reward_stats,
                                self.clock.durations(label), time.perf_counter() - started)
-        return metrics | pipeline | episode_metrics(scored, driver, rollout_stats)
+        return metrics | pipeline | episode_metrics(self.driver, rollout_stats)
 
-    def driver(self, ranks: int) -> EpisodeDriver:
+    async def start_rollout(self, groups: list[Group], step: int, label: str,
+                            live: LiveStep | None = None) -> tuple[asyncio.Future, asyncio.Future]:
+        """The rollout stage serves turns on every rank; beside it the episodes play
+        (the driver routes their turns, runs their tools, scores each finished group
+        onto "scored"): that is the step's reward stage, ending when every episode has."""
+        g = self.g
+        keys = [h.spec.worker_id for h in g.rollout.handles]
+        self.driver = driver = self.make_driver(keys, groups)
+        rollout: Any = held(self.ctl, g.rollout, self.clock, label, "serve_turns",
+                            lambda: g.rollout.scatter("serve_turns", [
+                                [TURNS, TURN_RESULTS, key, step, self.sampling()] for key in keys]),
+                            lock=live is None or live.rollout_lock)
+        rollout = live.joined("rollout", rollout) if live is not None else asyncio.ensure_future(rollout)
+        reward = asyncio.ensure_future(self.play(groups, driver))
+        if live is not None:
+            live.done["reward"] = reward
+        return rollout, reward
+
+    async def releasing(self, component: str, ranks: list[str]) -> None:
+        """Rollout ranks (worker ids) are about to be released by a migration: the
+        driver routes nothing more to them, and each gets its END behind its turns."""
+        if component == "rollout" and self.driver is not None:
+            await self.driver.leave(ranks)
+
+    def make_driver(self, keys: list[str], groups: list[Group]) -> EpisodeDriver:
         a, ctl = self.cfg.agentic, self.ctl
 
-        async def submit(rank: int, turn: dict) -> None:
-            await ctl.channel(TURNS).put(turn, key=rank)
+        async def submit(key: str, turn: dict) -> None:
+            await ctl.channel(TURNS).put(turn, key=key)
 
-        async def call_tool(tool: str, argument: str) -> dict:
-            if tool == "py":
-                return (await self.tools.call("python", argument, a.python_timeout_s))[0]
-            return (await self.tools.call("calculator", argument))[0]
+        async def end(key: str) -> None:
+            await ctl.channel(TURNS).put(END, key=key)
 
-        return EpisodeDriver(self.tokenizer, self.limits, ranks, submit, call_tool, affinity=a.affinity,
-                             capacity=self.cfg.rollout.engine.max_num_seqs, close_id=self.close_id,
-                             decode=functools.partial(safe_decode, self.tokenizer))
+        if self.scripted:
+            scripts = {s["id"]: s["turns"] for group in groups for s in group["samples"]}
+            e = self.cfg.rollout.emulated
+            turns: Any = ScriptedTurns(scripts, get_model(e.model).vocab_size, e.time_scale)
+        else:
+            async def call_tool(tool: str, argument: str) -> dict:
+                if tool == "py":
+                    return (await self.tools.call("python", argument, a.python_timeout_s))[0]
+                return (await self.tools.call("calculator", argument))[0]
+            turns = ReactTurns(self.tokenizer, self.limits, call_tool, close_id=self.close_id,
+                               decode=functools.partial(safe_decode, self.tokenizer))
+        r = self.cfg.rollout
+        engine = r.emulated if r.backend == "emulated" else r.engine
+        return EpisodeDriver(turns, keys, submit, affinity=a.affinity, end=end, capacity=engine.max_num_seqs)
 
-    async def play(self, groups: list[Group], driver: EpisodeDriver) -> None:
-        """Runs every episode; a group goes to "scored" as soon as its last episode ends."""
+    async def play(self, groups: list[Group], driver: EpisodeDriver) -> list[dict]:
+        """Runs every episode; a group goes to "scored", with its advantages, as soon as
+        its last episode ends. Returns the reward stage's result (one, here)."""
         episodes, where = [], {}
         for group in groups:
             for k, sample in enumerate(group["samples"]):
-                episodes.append(Episode(sample["id"], list(group["prompt_ids"]), sample["seed"]))
+                episodes.append(Episode(sample["id"], list(group["prompt_ids"]), sample["seed"],
+                                        group=group["index"]))
                 where[sample["id"]] = (group, k)
         left = {group["index"]: len(group["samples"]) for group in groups}
         scored = self.ctl.channel("scored")
+        verifier = "none" if self.scripted else "calc"
+        eps = self.cfg.trainer.engine.adv_eps
 
         async def on_done(ep: Episode) -> None:
             group, k = where[ep.id]
-            group["samples"][k].update(episode_sample(ep, group["answer"]))
+            group["samples"][k].update(episode_sample(ep, group["answer"], scored=not self.scripted))
             left[group["index"]] -= 1
             if left[group["index"]] == 0:
+                rewards = [s["reward"] for s in group["samples"]]
+                for s, adv in zip(group["samples"], experience.group_advantages(rewards, eps)):
+                    s["advantage"] = adv
                 await scored.put([group], weight=1)
 
-        results = self.ctl.channel(TURN_RESULTS)
-        await driver.run(episodes, results.get, on_done)
-        for rank in range(self.g.rollout.world_size):
-            await self.ctl.channel(TURNS).put(END, key=rank)
-        for _ in range(self.g.inference.world_size):
-            await scored.put(END)
+        await driver.run(episodes, self.ctl.channel(TURN_RESULTS).get, on_done)
+        await driver.close()
+        return [{"verifier": verifier, "busy": []}]
 
     def sampling(self) -> dict[str, Any]:
+        if self.scripted:
+            return super().sampling()
         return super().sampling() | {"stop_token_ids": [self.tokenizer.eos_id, self.close_id]}
 
     def warmup_batch(self, index: int) -> TrainBatch:
@@ -139,7 +184,6 @@ class AgenticGRPO(GRPO):
         return demonstration_batch(self.source.warmup_problems(index * size, size), self.tokenizer,
                                    self.cfg.agentic.max_observation_chars, calc.warmup_direct_frac,
                                    self.cfg.run.seed, calc.tool)
-
 
 def demonstration_batch(problems: list, tokenizer: Any, max_observation_chars: int, direct_frac: float,
                         seed: int, tool: str = "calc") -> TrainBatch:
@@ -166,11 +210,13 @@ def episode_reward(ep: Episode, answer: str) -> float:
     return calc_score(ep.answer, answer) if ep.finish == "answer" else 0.0
 
 
-def episode_sample(ep: Episode, answer: str) -> dict[str, Any]:
-    """What a finished episode adds to its sample dict (msgpack-safe)."""
+def episode_sample(ep: Episode, answer: str, scored: bool = True) -> dict[str, Any]:
+    """What a finished episode adds to its sample dict (msgpack-safe); `scored` False
+    (scripted episodes: nothing to verify) rewards 0."""
     return {"output_ids": ep.response, "logprobs": ep.logprobs, "mask": ep.mask, "finish": ep.finish,
-            "version": ep.version, "reward": episode_reward(ep, answer), "turns": ep.turns, "tool_calls": ep.tool_calls,
-            "malformed": ep.malformed, "tool_errors": ep.tool_errors}
+            "version": ep.version, "reward": episode_reward(ep, answer) if scored else 0.0,
+            "num_turns": ep.turns, "tool_calls": ep.tool_calls, "malformed": ep.malformed,
+            "tool_errors": ep.tool_errors}
 
 
 def episode_batch(groups: list[Group], with_ref: bool) -> TrainBatch:
@@ -181,18 +227,18 @@ def episode_batch(groups: list[Group], with_ref: bool) -> TrainBatch:
     return dataclasses.replace(batch, response_mask=masks)
 
 
-def episode_metrics(groups: list[Group], driver: EpisodeDriver, rollout_stats: list[dict]) -> dict[str, Any]:
-    done = experience.samples(groups)
+def episode_metrics(driver: EpisodeDriver, rollout_stats: list[dict]) -> dict[str, Any]:
+    done = driver.finished
     n = len(done)
     return {"episodes": n,
-            "tool_calls": sum(s["tool_calls"] for s in done),
+            "tool_calls": sum(e.tool_calls for e in done),
             "tool_calls_by_tool": dict(driver.calls_by_tool),
-            "tool_call_rate": sum(s["tool_calls"] > 0 for s in done) / n,
-            "malformed_calls": sum(s["malformed"] for s in done),
-            "tool_errors": sum(s["tool_errors"] for s in done),
+            "tool_call_rate": sum(e.tool_calls > 0 for e in done) / n,
+            "malformed_calls": sum(e.malformed for e in done),
+            "tool_errors": sum(e.tool_errors for e in done),
             "turns": driver.turns,
             "turns_mean": driver.turns / n,
-            "answered_frac": sum(s["finish"] == "answer" for s in done) / n,
+            "answered_frac": sum(e.finish == "answer" for e in done) / n,
             "reprefill_tokens": driver.reprefill_tokens,
             "cached_tokens": sum(r["cached_tokens"] for r in rollout_stats),
             "max_wait_s": driver.max_wait_s,

@@ -21,6 +21,10 @@ class AgenticSection:
     """A tool's output beyond this is cut before the model reads it."""
     python_timeout_s: float = 5.0
     """Wall-clock limit of one `[py ...]` call in the sandbox."""
+    episodes: Literal["react", "scripted"] = "react"
+    """react: the model's text decides each turn and the tools run in the sandbox;
+    scripted: each sample's script (a simulated workload's, dynarl sim) gives its
+    turns' lengths, tool latencies and observation lengths."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_observation_chars"):
@@ -28,5 +32,7 @@ class AgenticSection:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_bonus_s < 0:
             raise ValueError(f"max_bonus_s must be >= 0, got {self.max_bonus_s}")
+        if self.episodes not in ("react", "scripted"):
+            raise ValueError(f"episodes must be 'react' or 'scripted', got {self.episodes!r}")
         if self.python_timeout_s <= 0:
             raise ValueError(f"python_timeout_s must be > 0, got {self.python_timeout_s}")

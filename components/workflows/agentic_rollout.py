@@ -18,7 +18,8 @@ from typing import Any
 
 from dynarl.components import weight_sync
 from dynarl.components.experience import END
-from dynarl.components.rollout.base import GenerationRequest, SamplingParams
+from dynarl.components.busy import BusyLog
+from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.core.priority import PriorityConfig
@@ -47,66 +48,177 @@ class TurnWaits:
         return now - self.queued.pop(request_id, now) if wait is None else wait
 
 
-def turn_result(r: Any, wait_s: float) -> dict[str, Any]:
-    """A finished turn as the episode driver takes it (msgpack-safe)."""
-    return {"id": r.request_id, "output_ids": r.output_token_ids, "logprobs": r.output_logprobs,
-            "finish": r.finish_reason, "version": r.weight_version, "cached_tokens": r.cached_tokens,
-            "wait_s": wait_s}
+def turn_result(r: Any, wait_s: float, rank: Any = None, load: Any = None) -> dict[str, Any]:
+    """A finished turn as the episode driver takes it (msgpack-safe): with the rank that
+    served it and that engine's KV utilization after the step (the router's load)."""
+    out = {"id": r.request_id, "output_ids": list(r.output_token_ids), "logprobs": list(r.output_logprobs),
+           "finish": r.finish_reason, "version": r.weight_version, "cached_tokens": r.cached_tokens,
+           "wait_s": wait_s}
+    if rank is not None:
+        out["rank"] = rank
+    if load is not None:
+        out["kv_utilization"], out["kv_capacity"] = load.utilization, load.kv_capacity_tokens
+    return out
 
 
 class AgenticRolloutWorker(RolloutWorker):
     def set_queue_policy(self, policy: str, max_bonus_s: float) -> None:
         self.engine.set_queue_key(make_queue_key(policy, PriorityConfig(max_bonus_s=max_bonus_s)))
 
-    async def serve_turns(self, get: str, put: str, key: int, version: int, sampling: dict[str, Any]) -> dict:
+    async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> dict:
         """Turns {"id", "prompt_ids", "seed", "tool_count", "max_new_tokens"} from
-        `get` (under `key`) until END; each result goes to `put`. Returns counters."""
+        `get` (under `key`) until END; each result goes to `put` at once. Returns
+        counters and the engine's busy intervals. While it runs the rank takes part in
+        Workload migration as a generate() does (RolloutWorker's workload_* methods):
+        released, it exports its turns with their tokens so far once it has its END."""
         if self.engine.weight_version != version:
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
-        inbox, outbox = self.channel(get), self.channel(put)
-        loop = asyncio.get_running_loop()
-        arrived = asyncio.Event()
-        waits = TurnWaits()
-        counters = {"turns": 0, "tokens": 0, "cached_tokens": 0, "engine_steps": 0, "max_wait_s": 0.0}
-
-        async def fetch() -> None:
-            while (item := await inbox.get(key)) is not END:
-                now = loop.time()
-                self.engine.add_request(GenerationRequest(
-                    item["id"], list(item["prompt_ids"]),
-                    SamplingParams(**(sampling | {"max_new_tokens": item["max_new_tokens"]}), seed=item["seed"]),
-                    tool_count=item["tool_count"], arrival_time=now))
-                waits.arrived(item["id"], now)
-                arrived.set()
-
+        run = self.run = _TurnServe(self.engine, self.channel(put), key, sampling, self.time_scale)
+        preempted = (await self.engine.load()).num_preemptions
         started = time.perf_counter()
-        fetcher = asyncio.ensure_future(fetch())
+        fetch = run.fetch_task = asyncio.ensure_future(run.fetch(self.channel(get)))
         try:
-            while True:
-                if not self.engine.has_work():
-                    if fetcher.done():
-                        fetcher.result()
-                        break
-                    arrived.clear()
-                    waiter = asyncio.ensure_future(arrived.wait())
-                    await asyncio.wait([fetcher, waiter], return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    continue
-                results = await self.engine.step()
-                counters["engine_steps"] += 1
-                now = loop.time()
-                waits.after_step(self.engine, now)
-                for r in results:
-                    wait = waits.finished(r.request_id, now)
-                    counters["turns"] += 1
-                    counters["tokens"] += len(r.output_token_ids)
-                    counters["cached_tokens"] += r.cached_tokens
-                    counters["max_wait_s"] = max(counters["max_wait_s"], wait)
-                    await outbox.put(turn_result(r, wait))
-                await asyncio.sleep(0)  # lets fetch add turns that arrived meanwhile
+            await run.serve(fetch)
+        except BaseException:
+            run.finished.set()
+            raise
         finally:
-            fetcher.cancel()
-        await outbox.flush()
-        self.tokens_done += counters["tokens"]
-        return counters | {"busy_s": time.perf_counter() - started}
+            fetch.cancel()
+            run.closed = True
+            self.tokens_done += run.num_tokens
+            self.run = None
+        try:
+            await run.outbox.flush()
+            return run.counters | {"tokens": run.num_tokens, "busy_s": time.perf_counter() - started,
+                                   "busy": run.busy.intervals, "turns_exported": run.num_exported,
+                                   "turns_imported": run.num_imported,
+                                   "preemptions": (await self.engine.load()).num_preemptions - preempted}
+        finally:
+            run.finished.set()
+
+    @property
+    def time_scale(self) -> float:
+        """Loop seconds per engine second: an emulated engine's (priority windows and
+        waits are in engine seconds), 1 for real engines."""
+        return float(getattr(getattr(self.engine, "config", None), "time_scale", 1.0) or 1.0)
+
+
+class _TurnServe:
+    """One step's turn serving on one rank; the same migration surface as a
+    generate()'s run (rollout/worker.py): pause, export, adopt, resume, hold."""
+
+    def __init__(self, engine: Any, outbox: Any, key: Any, sampling: dict[str, Any], time_scale: float) -> None:
+        self.engine, self.outbox, self.key, self.sampling = engine, outbox, key, sampling
+        self.time_scale = time_scale
+        self.waits = TurnWaits()
+        self.busy = BusyLog()
+        self.counters = {"turns": 0, "cached_tokens": 0, "engine_steps": 0, "max_wait_s": 0.0}
+        self.num_tokens = self.num_finished = self.finished_tokens = 0
+        self.num_exported = self.num_imported = 0
+        self.arrived = asyncio.Event()
+        self.at_boundary = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.fetch_task: asyncio.Future | None = None
+        self.paused = self.hold = self.handed_off = self.closed = False
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time() / self.time_scale
+
+    async def fetch(self, inbox: Any) -> None:
+        while (item := await inbox.get(self.key)) is not END:
+            now = self.now()
+            self.engine.add_request(GenerationRequest(
+                item["id"], list(item["prompt_ids"]),
+                SamplingParams(**(self.sampling | {"max_new_tokens": item["max_new_tokens"]}), seed=item["seed"]),
+                tool_count=item["tool_count"], arrival_time=now))
+            self.waits.arrived(item["id"], now)
+            self.arrived.set()
+
+    async def serve(self, fetch: asyncio.Future) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if fetch.done() and not fetch.cancelled() and fetch.exception() is not None:
+                raise fetch.exception()
+            if self.paused:
+                await self._results(await self.engine.step())  # paused: only results already complete
+                self.at_boundary.set()  # between engine steps: safe to export
+                if self.handed_off and not self.hold:
+                    return  # exported and committed
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
+            if not self.engine.has_work():
+                if fetch.done() and not self.hold:
+                    return
+                self.arrived.clear()
+                waiter = asyncio.ensure_future(self.arrived.wait())
+                await asyncio.wait([waiter] if fetch.done() else [fetch, waiter], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                continue
+            begun = loop.time()
+            results = await self.engine.step()
+            self.busy.add(begun, loop.time())
+            self.counters["engine_steps"] += 1
+            self.waits.after_step(self.engine, self.now())
+            await self._results(results)
+            await asyncio.sleep(0)  # lets fetch add turns that arrived meanwhile
+
+    async def _results(self, results: list) -> None:
+        results = [r for r in results if r.finish_reason != "abort"]  # aborted: exported, finished elsewhere
+        if not results:
+            return
+        now, load = self.now(), await self.engine.load()
+        for r in results:
+            wait = self.waits.finished(r.request_id, now)
+            c = self.counters
+            c["turns"] += 1
+            c["cached_tokens"] += r.cached_tokens
+            c["max_wait_s"] = max(c["max_wait_s"], wait)
+            self.num_tokens += len(r.output_token_ids)
+            self.num_finished += 1
+            self.finished_tokens += len(r.output_token_ids)
+            await self.outbox.put(turn_result(r, wait, self.key, load))
+
+    # --- Workload migration (RolloutWorker's workload_* methods call these) ---------
+    async def pause(self) -> None:
+        self.paused = True
+        await self.engine.pause()
+        self.arrived.set()
+        await self.at_boundary.wait()
+
+    async def resume(self) -> None:
+        self.paused = False
+        self.at_boundary.clear()
+        await self.engine.resume()
+        self.arrived.set()
+
+    async def export(self) -> list[dict]:
+        """Every turn here (queued or running) with its tokens so far, once this rank has
+        its END (the driver routes nothing more here): one item per turn."""
+        if not self.paused:
+            raise RuntimeError("export before pause")
+        if self.fetch_task is not None:
+            await asyncio.wait([self.fetch_task])
+        items = []
+        for item in await self.engine.export_inflight():
+            self.waits.finished(item.request.request_id, self.now())
+            self.num_tokens += len(item.output_token_ids)  # generated here
+            items.append({"id": item.request.request_id, "weight": float(max(len(item.output_token_ids), 1)),
+                          "inflight": item.to_wire()})
+        self.num_exported = len(items)
+        self.handed_off = True
+        self.arrived.set()
+        return items
+
+    def adopt(self, items: list[dict]) -> None:
+        """Takes turns over from a released rank (or back, from a rolled-back migration)."""
+        self.handed_off = False
+        now = self.now()
+        inflight = [InflightRequest.from_wire(item["inflight"]) for item in items]
+        for r in inflight:
+            self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
+            self.waits.arrived(r.request.request_id, now)
+        self.engine.import_inflight(inflight)
+        self.num_imported += len(items)
+        self.arrived.set()

@@ -274,8 +274,13 @@ class TrainConfig:
 
     # --- task / workflow selection (the agentic workflow) ---------------------------------
     def _check_workflow(self) -> None:
-        """The calc task is built for tool calls and the agentic workflow runs only it."""
-        if self.workflow == "agentic" and self.task.kind != "calc":
+        """The calc task is built for tool calls and the agentic workflow runs only it
+        (or, with scripted episodes, a simulated workload's scripts on emulated engines)."""
+        scripted = self.workflow == "agentic" and self.agentic.episodes == "scripted"
+        if scripted and self.rollout.backend != "emulated":
+            raise ConfigError("agentic.episodes", "scripted episodes play a simulated workload's scripts "
+                                                  "(dynarl sim): they need rollout.backend emulated")
+        if self.workflow == "agentic" and not scripted and self.task.kind != "calc":
             raise ConfigError("task.kind", f"workflow 'agentic' trains the built-in tool task 'calc', "
                                            f"not {self.task.kind!r}")
         if self.task.kind == "calc" and self.workflow != "agentic":

@@ -9,9 +9,11 @@ One episode is a ReAct loop over a rollout engine and the tools:
     Answer    -> done; so is the turn cap or the context budget
 
 `next_action` is the pure decision; `EpisodeDriver` is the thin async loop around
-it, written against two callables (`submit` a turn to a rank, `call_tool`) so the
-training workflow (channels + ToolWorker) and `dynarl bench agentic` (engines in
-process) run the very same episode logic. Re-prefill is measured, not modelled:
+it, written against a callable that submits a turn to a rank and a `turns` strategy
+(what a finished turn leads to: ReactTurns parses the model's text and calls the
+tools; ScriptedTurns plays a simulated workload's script, for `dynarl sim`), so the
+training workflow, the simulator and `dynarl bench agentic` (engines in process)
+run the very same episode logic. Re-prefill is measured, not modelled:
 context the previous turn's engine had computed minus the prompt tokens the
 serving engine's prefix cache supplied.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from dynarl.components.tasks.problem import stable_seed
 from dynarl.components.tasks.tool_syntax import (Answer, Call, Malformed, malformed_observation,
@@ -46,6 +48,8 @@ class Episode:
     finish: str = ""
     """How the episode ended: 'answer', 'turn_cap', 'length' (context budget)."""
     version: int = -1
+    group: int | None = None
+    """Its prompt group: the group's episodes start on one rank (the prompt computed once)."""
     status: ItemStatus = field(default_factory=ItemStatus)
     computed: int = 0
     """Context tokens whose KV the last serving engine computed (prompt + model turns)."""
@@ -77,44 +81,171 @@ def next_action(reply: Call | Answer | Malformed, turns: int, context_len: int, 
     return "call" if isinstance(reply, Call) else "malformed"
 
 
-Submit = Callable[[int, dict[str, Any]], Awaitable[None]]
-"""(rank, turn request) -> queued on that rank."""
+Submit = Callable[[Any, dict[str, Any]], Awaitable[None]]
+"""(rank key, turn request) -> queued on that rank."""
 CallTool = Callable[[str, str], Awaitable[dict[str, Any]]]
 """(tool, argument) -> {"ok", "stdout", "error"}."""
 
 
+class ReactTurns:
+    """What a turn leads to when the model's text decides (ReAct): a parsed tool call
+    runs in the tools, a malformed one gets an error observation, an answer ends it."""
+
+    def __init__(self, tokenizer: Any, limits: Limits, call_tool: CallTool, *, close_id: int | None = None,
+                 decode: Callable[[list[int]], str] | None = None) -> None:
+        self.tokenizer, self.limits, self.call_tool = tokenizer, limits, call_tool
+        self.close_id = close_id if close_id is not None else tokenizer.encode("]")[0]
+        self.decode = decode or tokenizer.decode
+        self.calls_by_tool: Counter[str] = Counter()
+
+    def budget(self, ep: Episode) -> int:
+        """The next turn's max_new_tokens."""
+        return min(self.limits.max_new_tokens, self.limits.max_context - len(ep.context))
+
+    async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
+        """The observation the episode reads next (mask 0), or None when it is over."""
+        stopped_on_close = finish == "stop" and bool(out) and out[-1] == self.close_id
+        body = out[:-1] if out and out[-1] == self.tokenizer.eos_id else out
+        reply = parse_turn(self.decode(body), stopped_on_close)
+        action = next_action(reply, ep.turns, len(ep.context), self.limits)
+        if action == "answer":
+            ep.answer, ep.finish = reply.text, "answer"
+            return None
+        if action in ("turn_cap", "length"):
+            ep.finish = action
+            return None
+        if action == "call":
+            ep.tool_calls += 1
+            self.calls_by_tool[reply.tool] += 1
+            outcome = await self.call_tool(reply.tool, reply.argument)
+            if not outcome["ok"]:
+                ep.tool_errors += 1
+            text = observation_text(outcome["ok"], outcome["stdout"], outcome["error"],
+                                    self.limits.max_observation_chars)
+        else:
+            ep.malformed += 1
+            text = malformed_observation(reply.reason, self.limits.max_observation_chars)
+        return self.tokenizer.encode(text)
+
+
+class ScriptedTurns:
+    """What a turn leads to when a simulated workload's script decides (dynarl sim):
+    turn k makes exactly the script's tokens, then its tool runs for the script's
+    latency (off the device, in the run's time) and returns the script's number of
+    observation tokens (ids a pure function of the turn), until the last turn."""
+
+    def __init__(self, scripts: dict[str, list[list]], vocab_size: int, time_scale: float = 1.0) -> None:
+        self.scripts = scripts
+        """Episode id -> [[gen_tokens, tool_latency_s, obs_tokens], ...]."""
+        self.vocab_size, self.time_scale = vocab_size, time_scale
+        self.calls_by_tool: Counter[str] = Counter()
+
+    def budget(self, ep: Episode) -> int:
+        return int(self.scripts[ep.id][ep.turns][0])
+
+    async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
+        from dynarl.components.workloads.prompts import token_ids
+        script = self.scripts[ep.id]
+        k = ep.turns - 1  # the turn just finished
+        if k == len(script) - 1:
+            ep.finish = "answer"
+            return None
+        _, latency, obs = script[k]
+        ep.tool_calls += 1
+        self.calls_by_tool["script"] += 1
+        if latency > 0:
+            await asyncio.sleep(latency * self.time_scale)
+        return token_ids(f"{ep.id}#{k}", int(obs), self.vocab_size) if obs else []
+
+
+Turns = ReactTurns | ScriptedTurns
+
+
 class EpisodeDriver:
-    def __init__(self, tokenizer: Any, limits: Limits, num_ranks: int, submit: Submit, call_tool: CallTool, *,
-                 affinity: str = "prefer", capacity: int = 256, saturation: float = 0.9,
-                 close_id: int | None = None, decode: Callable[[list[int]], str] | None = None) -> None:
-        self.tokenizer, self.limits, self.num_ranks = tokenizer, limits, num_ranks
-        self.submit, self.call_tool = submit, call_tool
+    """Runs episodes turn by turn over rollout ranks named by `ranks` (any hashable
+    keys: the workflow's are worker ids); `turns` decides what each turn leads to.
+    Ranks may leave while it runs (`leave`, a migration): nothing more is routed to
+    them, and their turns come back from the ranks that took them over."""
+
+    def __init__(self, turns: Turns, ranks: Sequence[Any], submit: Submit, *, affinity: str = "prefer",
+                 capacity: int = 256, saturation: float = 0.9, end: Callable[[Any], Awaitable[None]] | None = None
+                 ) -> None:
+        self.turns_logic, self.submit, self.end = turns, submit, end
         self.affinity = affinity
         self.capacity = capacity
         """Outstanding turns at which a rank counts as full (load 1.0) for routing."""
         self.router = DataRouter(saturation=saturation)
-        self.close_id = close_id if close_id is not None else tokenizer.encode("]")[0]
-        self.decode = decode or tokenizer.decode
-        self.outstanding = [0] * num_ranks
-        """Turns out per rank; an episode has one at a time, on ep.status.last_worker."""
+        self.keys = {str(k): k for k in ranks}
+        self.outstanding: dict[Any, int] = {k: 0 for k in ranks}
+        """Turns out per rank still in the run."""
+        self.kv: dict[Any, float] = {k: 0.0 for k in ranks}
+        """Per rank: KV utilization as its last result reported it, plus the KV of the turns
+        routed to it since (so a burst between two reports does not all land on one rank)."""
+        self.kv_capacity: dict[Any, float] = {}
+        self.group_home: dict[int, Any] = {}
+        """Prompt group -> the rank its first episode started on."""
+        self.routed_to: dict[str, Any] = {}
+        """Turn id -> the rank it was routed to, until its result is in."""
+        self.finished: list[Episode] = []
         self.reprefill_tokens = 0
         self.max_wait_s = 0.0
         self.turns = 0
-        self.calls_by_tool: Counter[str] = Counter()
+
+    @property
+    def calls_by_tool(self) -> Counter[str]:
+        return self.turns_logic.calls_by_tool
+
+    def load(self, key: Any) -> float:
+        return min(1.0, max(self.outstanding[key] / self.capacity, self.kv[key]))
 
     async def route(self, ep: Episode) -> None:
-        loads = {str(r): WorkerState(min(1.0, n / self.capacity)) for r, n in enumerate(self.outstanding)}
-        rank = int(self.router.distribute(ep.status, loads).worker)
+        if not self.outstanding:
+            raise RuntimeError("episode driver: no rollout rank left to route to")
+        home = self.group_home.get(ep.group) if ep.turns == 0 else None
+        if home in self.outstanding:  # a sibling's first turn went there: its prompt is cached
+            rank = home
+            ep.status.last_worker = str(rank)
+            self.router.by_reason["group"] = self.router.by_reason.get("group", 0) + 1
+        else:
+            loads = {str(k): WorkerState(self.load(k)) for k in self.outstanding}
+            rank = self.keys[self.router.distribute(ep.status, loads).worker]
+            if ep.turns == 0 and ep.group is not None:
+                self.group_home[ep.group] = rank
         rid = f"{ep.id}#{ep.turns}"
         self.outstanding[rank] += 1
-        budget = self.limits.max_context - len(ep.context)
+        self.routed_to[rid] = rank
+        budget = self.turns_logic.budget(ep)
+        capacity = self.kv_capacity.get(rank)
+        if capacity:
+            self.kv[rank] += (len(ep.context) + budget) / capacity
         await self.submit(rank, {"id": rid, "prompt_ids": ep.context,
                                  "seed": stable_seed(ep.seed, "turn", ep.turns), "tool_count": ep.tool_calls,
-                                 "max_new_tokens": min(self.limits.max_new_tokens, budget)})
+                                 "max_new_tokens": budget})
+
+    async def leave(self, ranks: Sequence[Any]) -> None:
+        """`ranks` leave the run (a migration releases them): no turn is routed to them
+        from now on, and each gets its end marker (`end`) behind the turns it has."""
+        for key in ranks:
+            if key in self.outstanding:
+                del self.outstanding[key]
+                if self.end is not None:
+                    await self.end(key)
+
+    async def close(self) -> None:
+        """Every episode is over: the ranks still in the run get their end marker."""
+        if self.end is not None:
+            for key in list(self.outstanding):
+                await self.end(key)
 
     async def on_result(self, ep: Episode, result: dict[str, Any]) -> bool:
         """Takes one finished turn; True when the episode is over."""
-        self.outstanding[int(ep.status.last_worker)] -= 1
+        routed = self.routed_to.pop(result["id"], None)
+        if routed in self.outstanding:
+            self.outstanding[routed] -= 1
+        served = result.get("rank", routed)
+        if served in self.kv and "kv_utilization" in result:
+            self.kv[served] = float(result["kv_utilization"])
+            self.kv_capacity[served] = float(result["kv_capacity"])
         if ep.turns > 0:
             self.reprefill_tokens += max(0, ep.computed - result["cached_tokens"])
         self.turns += 1
@@ -126,31 +257,13 @@ class EpisodeDriver:
         ep.turns += 1
         ep.version = result["version"]
         ep.computed = len(ep.context)
+        ep.status.last_worker = str(served)  # the engine that holds its KV now
         ep.status.cached_prefix = ep.computed
         ep.status.steps = ep.turns
-        stopped_on_close = result["finish"] == "stop" and bool(out) and out[-1] == self.close_id
-        body = out[:-1] if out and out[-1] == self.tokenizer.eos_id else out
-        reply = parse_turn(self.decode(body), stopped_on_close)
-        action = next_action(reply, ep.turns, len(ep.context), self.limits)
-        if action == "answer":
-            ep.answer, ep.finish = reply.text, "answer"
+        obs = await self.turns_logic.reply(ep, out, result["finish"])
+        ep.status.tool_calls = ep.tool_calls
+        if obs is None:
             return True
-        if action in ("turn_cap", "length"):
-            ep.finish = action
-            return True
-        if action == "call":
-            ep.tool_calls += 1
-            ep.status.tool_calls = ep.tool_calls
-            self.calls_by_tool[reply.tool] += 1
-            outcome = await self.call_tool(reply.tool, reply.argument)
-            if not outcome["ok"]:
-                ep.tool_errors += 1
-            text = observation_text(outcome["ok"], outcome["stdout"], outcome["error"],
-                                    self.limits.max_observation_chars)
-        else:
-            ep.malformed += 1
-            text = malformed_observation(reply.reason, self.limits.max_observation_chars)
-        obs = self.tokenizer.encode(text)
         ep.response += obs
         ep.mask += [0] * len(obs)
         ep.logprobs += [0.0] * len(obs)
@@ -185,6 +298,7 @@ class EpisodeDriver:
                     tasks.create_task(handle(by_id[value["id"].rsplit("#", 1)[0]], value))
                     continue
                 left -= 1
+                self.finished.append(value)
                 if on_done is not None:
                     await on_done(value)
             feeder.cancel()  # every episode is over: no turn result is still coming

@@ -249,6 +249,11 @@ class GRPO(DynamicScheduling):
             if not work.cancelled() and work.exception() is not None:
                 work.exception()  # retrieved: the error that matters is the one raised
 
+    async def releasing(self, component: str, ranks: list[str]) -> None:
+        """A migration is about to release `ranks` (worker ids) of `component`: nothing to
+        do here (the prompt channel is shared); a workflow that routes work to ranks
+        (the agentic one) stops routing to them."""
+
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only
         after the one before it has produced everything."""

@@ -30,9 +30,19 @@ class WorkloadPrompts:
         for index, group in enumerate(self.batches[step]):
             prompt = token_ids(group.prompt_id, group.prompt_tokens, self.vocab_size)
             out.append({"index": index, "problem": group.prompt_id, "answer": "", "prompt_ids": prompt,
-                        "samples": [{"id": f"{step}:{s.sample_id}", "seed": zlib.crc32(s.sample_id.encode()),
-                                     "max_new_tokens": s.response_tokens} for s in group.samples]})
+                        "samples": [sample(step, s) for s in group.samples]})
         return out
+
+
+def sample(step: int, s: Any) -> dict[str, Any]:
+    """A single-turn sample carries its length; a multi-turn one its script (the
+    agentic workflow's ScriptedTurns): [[gen_tokens, tool_latency_s, obs_tokens], ...]."""
+    out = {"id": f"{step}:{s.sample_id}", "seed": zlib.crc32(s.sample_id.encode())}
+    if s.is_multi_turn:
+        out["turns"] = [[t.gen_tokens, t.tool_latency_s, t.obs_tokens] for t in s.turns]
+    else:
+        out["max_new_tokens"] = s.response_tokens
+    return out
 
 
 def token_ids(key: str, length: int, vocab: int) -> list[int]:

@@ -50,7 +50,7 @@ from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.workflows.agentic import demonstration_batch, episode_reward
 from dynarl.components.workflows.agentic_rollout import TurnWaits, turn_result
-from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits
+from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns
 from dynarl.core.priority import PriorityConfig
 
 RANKS = 2
@@ -111,8 +111,9 @@ async def run_mode(mode: str, model, args) -> dict:
             await asyncio.sleep(0)
 
     limits = Limits(max_turns=3, max_new_tokens=20, max_context=model.config.max_position_embeddings)
-    driver = EpisodeDriver(tok, limits, RANKS, submit, call_tool, affinity="prefer" if mode == "priority" else "none",
-                           capacity=args.capacity, decode=functools.partial(safe_decode, tok))
+    turns = ReactTurns(tok, limits, call_tool, decode=functools.partial(safe_decode, tok))
+    driver = EpisodeDriver(turns, range(RANKS), submit, affinity="prefer" if mode == "priority" else "none",
+                           capacity=args.capacity)
     source = ProblemSource(TaskConfig(kind="calc"), args.seed)
     problems = source.problems(0, args.episodes)
     episodes = [Episode(p.id, tok.encode(p.prompt, add_bos=True), seed=i) for i, p in enumerate(problems)]

@@ -108,6 +108,9 @@ class SimRanks:
             engine = dict(engine, weight_sync_bandwidth=nic_or_link(False, self.scn.config.device))
         return {"engine": engine, "shares_device": False}
 
+    async def releasing(self, g, positions: list[int]) -> None:
+        """Nothing: the simulator's turn router learns it from the released ranks."""
+
     async def park(self, g, live) -> None:
         await gather_or_cancel([g.inference.call("park"), g.trainer.call("park")])
 
@@ -141,6 +144,10 @@ class WorkflowRanks:
             init["backend_config"] = dict(init["backend_config"], weight_sync_bandwidth=nic_or_link(
                 False, self.wf.cfg.rollout.emulated.device))
         return init
+
+    async def releasing(self, g, positions: list[int]) -> None:
+        """The workflow stops routing work to the rollout ranks about to leave."""
+        await self.wf.releasing("rollout", [g.rollout.handles[p].spec.worker_id for p in positions])
 
     async def park(self, g, live) -> None:
         for component in ("inference", "trainer"):
@@ -221,6 +228,7 @@ class Migrator:
         self.note_finished([g.rollout.handles[p].spec.worker_id for p in positions], loads)
         park = None if self.tail_tp else self.pool(g.rollout)
         if any(load["active_run"] for load in loads):
+            await self.ranks.releasing(g, positions)
             try:
                 return (await workload_migrate(self.ctl, g.rollout, positions, park=park)).freed_devices
             except MigrationFailed:

@@ -24,6 +24,7 @@ import dynarl
 from dynarl.components import costmodel as cm
 from dynarl.components.placement.plan import COMPONENTS, Placement, with_unit
 from dynarl.components.placement.policy import Migrate, PlanContext, Replan, Snapshot, make_policy
+from dynarl.components.workflows.agentic import AgenticGRPO
 from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workloads.prompts import WorkloadPrompts
@@ -53,7 +54,7 @@ class Quiet:
 def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=None) -> PolicyRun:
     """Runs one policy (`policy`: an instance to use instead of make_policy(name), e.g. a sweep's)."""
     policy = policy or make_policy(name)
-    if scn.workload.kind != "math" or getattr(policy, "tail_tp", False):
+    if getattr(policy, "tail_tp", False):
         return run_online(scn, name, profiles, policy)
     cfg = scn.config
     scn = for_policy(scn, policy)
@@ -108,7 +109,8 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
 async def start(ctl: Controller, scn: Scenario, placement: Placement, version: int = 0) -> GRPO:
     """GRPO's groups on `placement`, holding weight version `version`."""
     cfg = train_config(scn, placement)
-    wf = GRPO(ctl, cfg, None, None, None, Quiet(), placement=placement,
+    workflow = AgenticGRPO if cfg.workflow == "agentic" else GRPO
+    wf = workflow(ctl, cfg, None, None, None, Quiet(), placement=placement,
               prompts=WorkloadPrompts(scn.batches, cm.get_model(scn.workload.model).vocab_size))
     wf.open_channels()
     wf.g = await wf.spawn()
@@ -220,6 +222,9 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         for c in COMPONENTS:
             if not placement.shares_devices(c):
                 run.ownership.append((c, placement.num_devices_of(c), start, end))
+    driver = getattr(wf, "driver", None)
+    if driver is not None:  # multi-turn: the context recomputed on another engine (or after eviction)
+        run.reprefill_tokens.append(driver.reprefill_tokens)
     tokens, samples = batch_tokens(scn.batches[it])
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
                                           stage_s=stage_s, span_s=spans))

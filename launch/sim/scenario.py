@@ -152,13 +152,14 @@ def train_config(scn: Scenario, placement: Placement) -> "TrainConfig":
     engines on emulated devices, the workload's batch, a streaming trainer (it starts
     on the first scored samples, as a trainer on devices of its own can), no warm
     start, rewards that cost nothing (verifier none)."""
+    from dynarl.components.workflows.agentic_config import AgenticSection
     from dynarl.components.workflows.config import (InferenceSection, PlacementSection, RolloutSection,
                                                     RunSection, TrainConfig, TrainerSection, WarmupSection)
     cfg, engines = scn.config, scn.engines
     per_node = 8 if cfg.devices % 8 == 0 else cfg.devices
     rollout = dict(engines["rollout"], weight_sync_bandwidth=nic_or_link(
         placement.segment_of("rollout") == placement.segment_of("trainer"), cfg.device))
-    rollout.pop("affinity", None)  # (multi-turn routing: the online harness's)
+    affinity = rollout.pop("affinity", "none")  # multi-turn: the agentic workflow's routing
     ranks = {c: placement.num_ranks(c) for c in COMPONENTS}
     pools = [list(s.components) for s in placement.segments] if placement.mode == "hybrid" else []
     return TrainConfig(
@@ -173,5 +174,8 @@ def train_config(scn: Scenario, placement: Placement) -> "TrainConfig":
         trainer=TrainerSection(num_ranks=ranks["trainer"], backend="emulated", streaming=True,
                                emulated=EmulatedTrainerConfig(**engines["trainer"]), warmup=WarmupSection(steps=0)),
         placement=PlacementSection(mode=placement.mode, pools=pools),
+        workflow="agentic" if scn.workload.kind == "agentic" else "grpo",
+        agentic=AgenticSection(episodes="scripted", queue=rollout.get("queue", "fifo"), affinity=affinity,
+                               max_bonus_s=EmulatedRolloutConfig(**rollout).priority_window_s),
         run=RunSection(steps=cfg.iterations, prompts_per_step=len(scn.batches[0]), seed=cfg.seed),
         task=TaskConfig(verifier="none"))
