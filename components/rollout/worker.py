@@ -212,16 +212,10 @@ class _Generation:
         self.closed = False
 
     async def pause(self) -> None:
-        self.paused = True
-        await self.engine.pause()
-        self.arrived.set()
-        await self.at_boundary.wait()
+        await pause_run(self)
 
     async def resume(self) -> None:
-        self.paused = False
-        self.at_boundary.clear()
-        await self.engine.resume()
-        self.arrived.set()
+        await resume_run(self)
 
     async def export(self) -> list[dict]:
         """Whole groups that still have samples generating here (see RolloutWorker)."""
@@ -348,3 +342,19 @@ class _Generation:
     async def _emit(self) -> None:
         chunk, self.ready = self.ready, []
         await self.outbox.put(chunk, weight=len(chunk))
+
+
+async def pause_run(run: Any) -> None:
+    """A step's run (a generation, or the agentic workflow's turn serving) stops at an
+    engine-step boundary: its drive loop sets `at_boundary` once the step in flight ends."""
+    run.paused = True
+    await run.engine.pause()
+    run.arrived.set()
+    await run.at_boundary.wait()
+
+
+async def resume_run(run: Any) -> None:
+    run.paused = False
+    run.at_boundary.clear()
+    await run.engine.resume()
+    run.arrived.set()

@@ -21,7 +21,7 @@ from dynarl.components.experience import END
 from dynarl.components.busy import BusyLog
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.queue_keys import make_queue_key
-from dynarl.components.rollout.worker import RolloutWorker
+from dynarl.components.rollout.worker import RolloutWorker, pause_run, resume_run
 from dynarl.core.priority import PriorityConfig
 
 
@@ -182,16 +182,10 @@ class _TurnServe:
 
     # --- Workload migration (RolloutWorker's workload_* methods call these) ---------
     async def pause(self) -> None:
-        self.paused = True
-        await self.engine.pause()
-        self.arrived.set()
-        await self.at_boundary.wait()
+        await pause_run(self)
 
     async def resume(self) -> None:
-        self.paused = False
-        self.at_boundary.clear()
-        await self.engine.resume()
-        self.arrived.set()
+        await resume_run(self)
 
     async def export(self) -> list[dict]:
         """Every turn here (queued or running) with its tokens so far, once this rank has
