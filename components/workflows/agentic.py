@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from dynarl.components import experience
+from dynarl.components.costmodel import get_model
 from dynarl.components.experience import END, Group
 from dynarl.components.model.spec import safe_decode
 from dynarl.components.tasks.calc import calc_score, demonstration, is_direct
@@ -31,7 +32,6 @@ from dynarl.components.tasks.tool_syntax import CLOSE
 from dynarl.components.tools.worker import ToolWorker
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
-from dynarl.components.costmodel import get_model
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns, ScriptedTurns
 from dynarl.components.workflows.grpo import GRPO, Groups
 from dynarl.components.workflows.live import LiveStep

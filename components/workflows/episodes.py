@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from dynarl.components.tasks.problem import stable_seed
+from dynarl.components.workloads.prompts import token_ids
 from dynarl.components.tasks.tool_syntax import (Answer, Call, Malformed, malformed_observation,
                                                  observation_text, parse_turn)
 from dynarl.core.data_router import DataRouter, ItemStatus, WorkerState
@@ -144,7 +145,6 @@ class ScriptedTurns:
         return int(self.scripts[ep.id][ep.turns][0])
 
     async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
-        from dynarl.components.workloads.prompts import token_ids
         script = self.scripts[ep.id]
         k = ep.turns - 1  # the turn just finished
         if k == len(script) - 1:
