@@ -5,12 +5,10 @@ import dataclasses
 import pytest
 
 from dynarl.components.placement.dynarl import Dynarl, DynarlConsolidate, rollout_tokens_left, tokens_left
-from dynarl.components.placement.plan import COMPONENTS
-from dynarl.components.placement.policy import Migrate, PlanContext, Snapshot, make_policy
+from dynarl.components.placement.policy import Migrate, PlanContext, Snapshot
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.launch.sim.cli import simulate
 from dynarl.launch.sim.report import to_json
-from dynarl.launch.sim.dynarl_harness import _check_exactly_once
 from dynarl.launch.sim.runner import run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
 from dynarl.launch.sim.snapshot import downstream_tokens_left, output_cap
@@ -63,16 +61,6 @@ def test_variants_run_on_the_same_batches(small):
     for name in ("dynarl-costaware", "dynarl-consolidate"):
         p = result["policies"][name]
         assert p["iter_time_s"] > 0 and p["decisions"] > 0
-
-
-def test_exactly_once_check_catches_a_lost_or_doubled_sample():
-    scn = build_scenario(SimConfig(**SMALL))
-    ids = [s.sample_id for g in scn.batches[0] for s in g.samples]
-    _check_exactly_once(scn, 0, [{"ids": ids[:5]}, {"ids": ids[5:]}])
-    with pytest.raises(RuntimeError, match="distinct"):
-        _check_exactly_once(scn, 0, [{"ids": ids[:-1] + ids[:1]}])
-    with pytest.raises(RuntimeError):
-        _check_exactly_once(scn, 0, [{"ids": ids[:-1]}])
 
 
 def snap(now, util, **kw):
@@ -146,7 +134,7 @@ def test_consolidate_donates_when_stragglers_fit_on_few_engines_and_dynarl_waits
 
 
 def test_dynarl_runs_agentic_episodes():
-    # agentic episodes now migrate too (launch/sim/episodes.py; tests/test_sim_agentic.py)
+    # agentic episodes migrate too (components/workflows/episodes.py; tests/test_sim_agentic.py)
     scn = build_scenario(SimConfig(workload="agentic-search-1.5b", devices=16, prompts=16, iterations=2, warmup=1))
     run = run_policy(scn, "dynarl")
     assert len(run.iterations) == 2 and run.decision_ms

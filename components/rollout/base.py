@@ -109,6 +109,8 @@ class EngineLoad:
     """Output tokens the held requests may still make at most (max_new_tokens left)."""
     num_preemptions: int = 0
     """Requests preempted for KV since the engine started (0 where the engine does not say)."""
+    devices: int = 1
+    """Devices the engine spans (its tensor-parallel size): its busy time counts that many times."""
 
     @property
     def utilization(self) -> float:

@@ -174,8 +174,8 @@ class RolloutWorker(dynarl.Worker):
         try:
             return {"groups": run.num_groups, "tokens": run.num_tokens, "engine_steps": run.num_steps,
                     "busy_s": time.perf_counter() - started, "busy": run.busy.intervals,
-                    "preemptions": (await self.engine.load()).num_preemptions - preempted,
-                    "groups_exported": run.num_exported,
+                    "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
+                    "devices": load.devices, "groups_exported": run.num_exported,
                     "groups_imported": run.num_imported}
         finally:
             run.finished.set()

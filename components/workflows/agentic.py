@@ -66,8 +66,10 @@ class AgenticGRPO(GRPO):
             self.tools = await self.ctl.spawn(ToolWorker, name="tools", devices=[0], init={
                 "config": {"timeout_s": a.python_timeout_s, "cpu_s": max(1, int(a.python_timeout_s)),
                            "max_concurrency": 4}})
-        await groups.rollout.call("set_queue_policy", a.queue, a.max_bonus_s)
         return groups
+
+    def rollout_init(self) -> dict[str, Any]:
+        return {"queue": self.cfg.agentic.queue, "max_bonus_s": self.cfg.agentic.max_bonus_s}
 
     # --- the algorithm ---------------------------------------------------------------
     async def step(self, step: int) -> dict[str, Any]:
@@ -120,6 +122,20 @@ class AgenticGRPO(GRPO):
         driver routes nothing more to them, and each gets its END behind its turns."""
         if component == "rollout" and self.driver is not None:
             await self.driver.leave(ranks)
+
+    async def joining(self, component: str, position: int, version: int) -> Any:
+        """A rollout rank joins the running step: the driver routes to it from now on,
+        and it serves turns until the driver's close."""
+        if component != "rollout" or self.driver is None:
+            raise ValueError(f"joining: only rollout ranks join a running agentic step, not {component}")
+        key = self.g.rollout.handles[position].spec.worker_id
+        self.driver.join([key])
+        results = await self.g.rollout.call("serve_turns", TURNS, TURN_RESULTS, key, version, self.sampling(),
+                                            ranks=[position])
+        return results[0]
+
+    async def joined(self, component: str, ranks: list[str]) -> None:
+        """Nothing: the driver ends every rank in the run once the episodes are over."""
 
     def make_driver(self, keys: list[str], groups: list[Group]) -> EpisodeDriver:
         a, ctl = self.cfg.agentic, self.ctl

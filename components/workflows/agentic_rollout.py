@@ -5,7 +5,7 @@ The controller routes each turn to a rank (DataRouter: a follow-up turn prefers
 the rank whose prefix cache holds its context) by putting it on channel `get`
 under that rank's key. The rank adds it to its engine with the episode's tool
 count and its arrival time, so the engine's queue key (FIFO or DynaRL priority,
-set by `set_queue_policy`) orders its waiting queue, and puts every finished
+set by its `queue` init argument) orders its waiting queue, and puts every finished
 turn on `put` at once: the episode's next step (a tool call) should not wait for
 a chunk. Each result carries the prompt tokens the prefix cache served and how
 long the turn waited for admission.
@@ -62,8 +62,12 @@ def turn_result(r: Any, wait_s: float, rank: Any = None, load: Any = None) -> di
 
 
 class AgenticRolloutWorker(RolloutWorker):
-    def set_queue_policy(self, policy: str, max_bonus_s: float) -> None:
-        self.engine.set_queue_key(make_queue_key(policy, PriorityConfig(max_bonus_s=max_bonus_s)))
+    def __init__(self, *args: Any, queue: str = "fifo", max_bonus_s: float = PriorityConfig().max_bonus_s,
+                 **kwargs: Any) -> None:
+        """`queue`, `max_bonus_s`: the engine's waiting-queue order (agentic.queue), part of
+        the rank's init so a rank started later (a move, a standby pool) has it too."""
+        super().__init__(*args, **kwargs)
+        self.engine.set_queue_key(make_queue_key(queue, PriorityConfig(max_bonus_s=max_bonus_s)))
 
     async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> dict:
         """Turns {"id", "prompt_ids", "seed", "tool_count", "max_new_tokens"} from
@@ -93,7 +97,8 @@ class AgenticRolloutWorker(RolloutWorker):
             return run.counters | {"tokens": run.num_tokens, "busy_s": time.perf_counter() - started,
                                    "busy": run.busy.intervals, "turns_exported": run.num_exported,
                                    "turns_imported": run.num_imported,
-                                   "preemptions": (await self.engine.load()).num_preemptions - preempted}
+                                   "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
+                                   "devices": load.devices}
         finally:
             run.finished.set()
 

@@ -1,4 +1,5 @@
-"""The DynaRL wiring of the GRPO job (scheduler.policy=dynarl), as a mixin of GRPO.
+"""The DynaRL wiring of the GRPO job (scheduler.policy=dynarl): the scheduler that
+GRPO's step calls before the rollout, after it and after the train step.
 
 Per step: a ticker (owned by the controller's TaskGroup) lets the GlobalScheduler
 move idle rollout engines to the trainer in the rollout's long tail (Workload out
@@ -15,7 +16,6 @@ processes; released rollout engines are parked too and rejoin on restore.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -36,25 +36,71 @@ TAIL_TICK_S = 0.01
 
 
 class DynamicScheduling:
-    """Mixed into GRPO: uses its ctl, cfg, g, clock and progress."""
+    """The scheduler inside one GRPO job (`wf`: its ctl, cfg, groups, clock, progress
+    and warm-start batches). Made by `start` once the groups are up; then, per step:
+    before_rollout, after_rollout (the trainer group to train on), after_train (back
+    home, the step's scheduling metrics); `busy(component)` around sections no move
+    may interrupt (a train step, a weight sync)."""
 
-    scheduler: GlobalScheduler | None = None
+    def __init__(self, wf: Any) -> None:
+        self.wf, self.ctl, self.cfg = wf, wf.ctl, wf.cfg
+        self.scheduler: GlobalScheduler | None = None
+        self.home: dict[str, list[int]] = {}
+        """The configured placement, restored at the end of every step."""
+        self.inits: dict[str, dict] = {}
+        self.standby: dict[str, StandbyPool] = {}
+        self._ticking = False
+        self._ticker: asyncio.Task | None = None
+        self._expected = 0
+        self._marks: dict[str, int] = {}
 
-    def _busy(self, name: str) -> Any:
-        if self.scheduler is None:
-            return contextlib.nullcontext()
+    @classmethod
+    async def start(cls, wf: Any, rollout: WorkerGroup, trainer: WorkerGroup,
+                    devices: dict[str, list[int]]) -> "DynamicScheduling":
+        self = cls(wf)
+        await self._make_scheduler(rollout, trainer, devices)
+        return self
+
+    def busy(self, name: str) -> Any:
+        """Held around a section of `name` that no move may interrupt."""
         return self.scheduler.managers[name].gate.busy()
 
-    async def _begin_scheduling(self, samples: int) -> dict[str, int]:
-        """Every rollout rank admits prompts again (no donor yet) and the trainer
-        knows the step's batch (its remaining work)."""
+    async def before_rollout(self, samples: int, label: str) -> None:
+        """Every rollout rank admits prompts again (no donor yet), the trainer knows the
+        step's batch (its remaining work), and the ticker starts."""
         for manager in self.scheduler.managers.values():
             manager.begin_cycle()
         self._expected = samples
-        await self.g.rollout.call("begin_step")
-        await self._announce(self.g.trainer)
+        await self.wf.g.rollout.call("begin_step")
+        await self._announce(self.wf.g.trainer)
+        self._marks = {"decisions": len(self.scheduler.log.decisions),
+                       "migrations": len(self.scheduler.log.migrations)}
         self._ticking = True
-        return {"decisions": len(self.scheduler.log.decisions), "migrations": len(self.scheduler.log.migrations)}
+        self._ticker = self.ctl.spawn_task(self._tick_loop(), name=f"scheduler {label}")
+
+    async def stop_ticking(self) -> None:
+        """The ticker stops; a move in progress completes (or rolls back) first."""
+        self._ticking = False
+        if self._ticker is not None:
+            ticker, self._ticker = self._ticker, None
+            await ticker
+
+    async def after_rollout(self) -> WorkerGroup:
+        """Generation is over: one more decision where the train step has not begun
+        (engines idle through the tail's end give their devices now). Returns the
+        trainer group to train on (a P2P move replaced it)."""
+        await self.stop_ticking()
+        await self._tick_once()
+        return self.scheduler.group("trainer")
+
+    async def after_train(self, label: str, rollout_stats: list[dict], rollout_s: float, samples: int,
+                          train_s: float, train_devices: int, train_end: float, rollout_end: float) -> dict[str, Any]:
+        """Back to the configured placement; the predictor learns from the step; returns
+        the step's scheduling metrics."""
+        await self._restore(label)
+        metrics = self._scheduling_metrics(self._marks, train_end, rollout_end, label)
+        self._profile(rollout_stats, rollout_s, samples, train_s, train_devices)
+        return metrics
 
     async def _tick_loop(self) -> None:
         """The scheduler's ticker for one step (owned by the controller's TaskGroup):
@@ -79,7 +125,7 @@ class DynamicScheduling:
         try:
             await self.scheduler.tick()
         except MigrationFailed as exc:  # rolled back: the component goes on where it was
-            self.progress.note(f"scheduler: {exc}")
+            self.wf.progress.note(f"scheduler: {exc}")
         moved = self.scheduler.group("trainer")
         if moved is not trainer:  # new ranks: they must know the batch they will train
             await self._announce(moved)
@@ -116,7 +162,7 @@ class DynamicScheduling:
                 else:
                     await self.ctl.grow_group(rollout, missing, self.inits["rollout"])
                     sched._record("grow", "rollout", missing, begun)
-        self.g.trainer, self.g.rollout = trainer_mgr.group, rollout  # (sync_weights rebuilds its group if need be)
+        self.wf.g.trainer, self.wf.g.rollout = trainer_mgr.group, rollout  # (sync_weights rebuilds its group if need be)
 
     def _scheduling_metrics(self, marks: dict[str, int], train_end: float, rollout_end: float,
                             label: str) -> dict[str, Any]:
@@ -131,7 +177,7 @@ class DynamicScheduling:
             key = f"{m.kind}:{m.component}"
             count[key] = count.get(key, 0) + 1
             seconds[key] = seconds.get(key, 0.0) + m.seconds
-            self.clock.spans.append(Span(f"migrate {m.kind}", list(m.devices), m.started, m.started + m.seconds,
+            self.wf.clock.spans.append(Span(f"migrate {m.kind}", list(m.devices), m.started, m.started + m.seconds,
                                          label))
             self.ctl.tracer.complete(f"{m.kind} {m.component} {label}", "migration", "devices", 0,
                                      m.started, m.started + m.seconds, {"devices": list(m.devices)})
@@ -155,14 +201,14 @@ class DynamicScheduling:
     def _donor_spans(self, migrations: list, label: str) -> None:
         """The rollout stage's span is recorded on the devices it held at its end; the
         engines it released mid-step generated on theirs until the move: show that."""
-        rollout = [s for s in self.clock.spans if s.component == "rollout" and s.label == label]
+        rollout = [s for s in self.wf.clock.spans if s.component == "rollout" and s.label == label]
         if not rollout:
             return
         start = min(s.start for s in rollout)
         for m in migrations:
             if m.kind == "workload" and m.component == "rollout" and m.started > start:
                 # its own label: the stage's time (durations) is the rollout span's, not this
-                self.clock.spans.append(Span("rollout", list(m.devices), start, m.started, f"{label} released"))
+                self.wf.clock.spans.append(Span("rollout", list(m.devices), start, m.started, f"{label} released"))
 
     def _profile(self, rollout_stats: list[dict], rollout_s: float, samples: int, train_s: float,
                  train_devices: int) -> None:
@@ -242,7 +288,7 @@ class DynamicScheduling:
         ids: list[list[int]] = []
         plens: list[int] = []
         for i in range(n):
-            part = self.warmup_batch(i)
+            part = self.wf.warmup_batch(i)
             ids, plens = ids + part.input_ids, plens + part.prompt_lens
             if len(ids) >= n:
                 break

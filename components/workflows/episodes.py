@@ -165,7 +165,8 @@ class EpisodeDriver:
     """Runs episodes turn by turn over rollout ranks named by `ranks` (any hashable
     keys: the workflow's are worker ids); `turns` decides what each turn leads to.
     Ranks may leave while it runs (`leave`, a migration): nothing more is routed to
-    them, and their turns come back from the ranks that took them over."""
+    them, and their turns come back from the ranks that took them over; and join
+    (`join`: a wider engine that took over two)."""
 
     def __init__(self, turns: Turns, ranks: Sequence[Any], submit: Submit, *, affinity: str = "prefer",
                  capacity: int = 256, saturation: float = 0.9, end: Callable[[Any], Awaitable[None]] | None = None
@@ -230,6 +231,14 @@ class EpisodeDriver:
                 del self.outstanding[key]
                 if self.end is not None:
                     await self.end(key)
+
+    def join(self, ranks: Sequence[Any]) -> None:
+        """`ranks` join the run (a wider engine started during it): turns are routed to
+        them from now on."""
+        for key in ranks:
+            self.keys[str(key)] = key
+            self.outstanding.setdefault(key, 0)
+            self.kv.setdefault(key, 0.0)
 
     async def close(self) -> None:
         """Every episode is over: the ranks still in the run get their end marker."""

@@ -72,7 +72,7 @@ class Groups:
     trainer: WorkerGroup
 
 
-class GRPO(DynamicScheduling):
+class GRPO:
     rollout_worker: type = RolloutWorker
     """The rollout rank's class; the agentic workflow serves turns with a subclass."""
     reward_worker: type | None = RewardWorker
@@ -98,12 +98,8 @@ class GRPO(DynamicScheduling):
         self.clock = StageClock(on_stage=progress.stage)
         self.ledger = SampleLedger()
         self.g: Groups | None = None
-        self.scheduler = None
-        """policy=dynarl: moves devices inside a step; the workflow reads groups through it."""
-        self.home: dict[str, list[int]] = {}
-        """The configured placement, restored at the end of every step."""
-        self.inits: dict[str, dict] = {}
-        self._ticking = False
+        self.scheduling: DynamicScheduling | None = None
+        """policy=dynarl: moves devices inside a (barrier) step (dynamic.py)."""
 
     # --- the algorithm ---------------------------------------------------------------
     def commit_step(self, step: int, ids: list[str], trained: experience.Trained) -> None:
@@ -127,10 +123,9 @@ class GRPO(DynamicScheduling):
         g, label = self.g, f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompts.groups(step)
-        marks = None
-        if self.scheduler is not None:
-            marks = await self._begin_scheduling(sum(len(gr["samples"]) for gr in groups))
-            ticker = self.ctl.spawn_task(self._tick_loop(), name=f"scheduler {label}")
+        sched = self.scheduling
+        if sched is not None:
+            await sched.before_rollout(sum(len(gr["samples"]) for gr in groups), label)
         rollout, reward = await self.start_rollout(groups, step, label)
         inference = asyncio.ensure_future(stage(
             self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
@@ -139,22 +134,18 @@ class GRPO(DynamicScheduling):
             (scored, first_chunk), rollout_stats, reward_stats, _ = await gather_or_cancel(
                 [self.collect(len(groups)), rollout, reward, inference])
         finally:
-            if marks is not None:
-                self._ticking = False
-                await ticker  # a move in progress completes (or rolls back) first
-        if marks is not None:
-            # One more decision where generation has ended and the train step has not
-            # begun: engines idle through the tail's end give their devices now.
-            await self._tick_once()
-        pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": self.clock.last_end("rollout") - begun}
+            if sched is not None:
+                await sched.stop_ticking()
+        if sched is not None:
+            self.g.trainer = await sched.after_rollout()
+        rollout_end = self.clock.last_end("rollout")
+        pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": rollout_end - begun}
 
         ids = experience.sample_ids(scored)
         trained = experience.Trained()
         trained.add(sorted(scored, key=lambda gr: gr["index"]))
         self.check_trained(step, ids, trained)
         batch = experience.train_batch(scored, self.cfg.with_ref)
-        if marks is not None:
-            self.g.trainer = self.scheduler.group("trainer")
         train_devices = len(self.g.trainer.devices)
         train_begun = time.perf_counter()
         train = await self.train(batch, label)
@@ -162,14 +153,11 @@ class GRPO(DynamicScheduling):
         train_end = asyncio.get_running_loop().time()
         self.commit_step(step, ids, trained)
         self.stage_results = {"rollout": rollout_stats, "reward": reward_stats}
-        sched = {}
-        if marks is not None:
-            await self._restore(label)
-            sched = self._scheduling_metrics(marks, train_end, self.clock.last_end("rollout"), label)
-            self._profile(rollout_stats, self.clock.last_end("rollout") - begun, len(ids), train_s, train_devices)
+        sched_metrics = {} if sched is None else await sched.after_train(
+            label, rollout_stats, rollout_end - begun, len(ids), train_s, train_devices, train_end, rollout_end)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, train, rollout_stats, reward_stats,
-                            self.clock.durations(label), time.perf_counter() - started) | pipeline | sched
+                            self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
 
     async def start_rollout(self, groups: list[Group], step: int, label: str,
                             live: LiveStep | None = None) -> tuple[asyncio.Future, asyncio.Future]:
@@ -254,6 +242,22 @@ class GRPO(DynamicScheduling):
         do here (the prompt channel is shared); a workflow that routes work to ranks
         (the agentic one) stops routing to them."""
 
+    async def joining(self, component: str, position: int, version: int) -> Any:
+        """A rank that joins `component` while its stage runs (tail-TP's wider rollout
+        engine): its stage call, on the stage's channels; returns its result."""
+        if component != "rollout":
+            raise ValueError(f"joining: only rollout ranks join a running step here, not {component}")
+        results = await self.g.rollout.call("generate", "prompts", "rollouts", version=version,
+                                            chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(),
+                                            ranks=[position])
+        return results[0]
+
+    async def joined(self, component: str, ranks: list[str]) -> None:
+        """The joined ranks (worker ids) have taken the work handed to them: each gets
+        its END on the prompts (drained by then: the joined ranks get no prompt)."""
+        for _ in ranks:
+            await self.ctl.channel("prompts").put(END)
+
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only
         after the one before it has produced everything."""
@@ -279,6 +283,10 @@ class GRPO(DynamicScheduling):
             results = await held(self.ctl, trainer, self.clock, label, method,
                                  lambda: trainer.scatter(method, shards), component="trainer")
         return results[0]  # global metrics: the same on every rank
+
+    def _busy(self, name: str) -> Any:
+        """No move interrupts `name` meanwhile (policy=dynarl)."""
+        return contextlib.nullcontext() if self.scheduling is None else self.scheduling.busy(name)
 
     async def sync_weights(self, version: int, label: str) -> None:
         g = self.g
@@ -354,7 +362,8 @@ class GRPO(DynamicScheduling):
             ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init={
                 "model": model, "engine": _plain(cfg.rollout.engine), "bucket_bytes": bucket,
                 "shares_device": "rollout" in shared,
-                "backend": cfg.rollout.backend, "backend_config": _plain(rollout_backend)}),
+                "backend": cfg.rollout.backend, "backend_config": _plain(rollout_backend),
+                **self.rollout_init()}),
             ctl.spawn(InferenceWorker, name="inference", devices=devices["inference"], init={
                 "model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
                 "bucket_bytes": bucket, "shares_device": "inference" in shared,
@@ -369,8 +378,12 @@ class GRPO(DynamicScheduling):
         await trainer.call("start", "trainer_dp" if trainer.world_size > 1 else None)
         await self._check_data_parts(trainer)
         if cfg.scheduler.policy == "dynarl":
-            await self._make_scheduler(rollout, trainer, devices)
+            self.scheduling = await DynamicScheduling.start(self, rollout, trainer, devices)
         return Groups(rollout, reward[0] if reward else None, inference, trainer)
+
+    def rollout_init(self) -> dict[str, Any]:
+        """Init arguments the workflow's rollout worker class adds (the agentic queue order)."""
+        return {}
 
     @property
     def tensor_parallel(self) -> int:

@@ -1,10 +1,10 @@
-"""`dynarl sim`: the real controller and workflow on emulated devices, in virtual time.
+"""`dynarl sim`: the real controller and `dynarl train`'s workflows on emulated devices, in virtual time.
 
-    workers: rollout_worker.py, inference_worker.py, trainer_worker.py
-    runner.py     one policy's run: spawn groups per placement, iterate, apply decisions
-    iteration.py  one GRPO iteration over channels (components/workflows/stages.py)
+    scenario.py   the workload's batches, engines and the `dynarl train` config a policy runs
+    runner.py     one policy's run: GRPO / AgenticGRPO steps, re-plans at a step's end,
+                  an online policy's hooks inside each step (migrate.py, snapshot.py, tail_tp.py)
     bound.py      work and critical-path lower bound of an iteration
     profiler.py   stage times at several device counts (for planners)
     metrics.py    per-policy figures from the run's records; report.py formats them
-    plot.py, fidelity.py, cli.py
+    sweep.py, parallel.py, plot.py, fidelity.py, engine_spread.py, cli.py
 """

@@ -34,13 +34,13 @@ from dynarl.components import costmodel as cm
 from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.placement.policy import Migrate
 from dynarl.components.trainer.base import STATE_NAMES
+from dynarl.components.workflows.live import LiveStep
 from dynarl.core.controller import Controller
 from dynarl.core.migration.p2p import MigrationFailed
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.migration.workload import workload_migrate
 from dynarl.core.worker_group import gather_or_cancel
 
-from .iteration import LiveIteration, SimGroups
 from .scenario import Scenario, nic_or_link
 from .tail_tp import widen
 
@@ -94,41 +94,6 @@ class Ownership:
         return out
 
 
-class SimRanks:
-    """How the Migrator talks to the simulator's own workers (rollout_worker.py and
-    friends: multi-turn workloads, dynarl-tailtp)."""
-    load_method, utilization, progress_method = "load", "utilization", "progress"
-
-    def __init__(self, scn: Scenario) -> None:
-        self.scn = scn
-
-    def pool_init(self, group) -> dict:
-        engine = self.scn.engines[group.name]
-        if group.name == "rollout":  # off the trainer's segment: weights come over a NIC
-            engine = dict(engine, weight_sync_bandwidth=nic_or_link(False, self.scn.config.device))
-        return {"engine": engine, "shares_device": False}
-
-    async def releasing(self, g, positions: list[int]) -> None:
-        """Nothing: the simulator's turn router learns it from the released ranks."""
-
-    async def park(self, g, live) -> None:
-        await gather_or_cancel([g.inference.call("park"), g.trainer.call("park")])
-
-    async def unpark(self, g, live) -> None:
-        await gather_or_cancel([g.inference.call("unpark"), g.trainer.call("unpark")])
-
-    async def load_weights(self, g, group, ranks: list[int], version: int) -> None:
-        await group.call("receive_weights", version, self.scn.weight_bytes, ranks=ranks)
-
-    async def start(self, group, ranks: list[int]) -> None:
-        """Nothing: the simulator's trainer ranks build their trainer in __init__."""
-
-    def stage_call(self, group, component: str, p: int, version: int) -> Any:
-        if component == "trainer":
-            return _first(group.call("train", "experience", None, version=version, ranks=[p]))
-        return _first(group.call("compute_logprobs", "rollouts", "experience", version=version, ranks=[p]))
-
-
 class WorkflowRanks:
     """How the Migrator talks to the GRPO workflow's workers (components/*/worker.py,
     on emulated engines): their metrics, the stage gates of live.py for lending, the
@@ -144,6 +109,18 @@ class WorkflowRanks:
             init["backend_config"] = dict(init["backend_config"], weight_sync_bandwidth=nic_or_link(
                 False, self.wf.cfg.rollout.emulated.device))
         return init
+
+    def wide_init(self, group, tp: int) -> dict:
+        """A rollout rank's init at tensor-parallel size `tp` (tail_tp.py's wider engines)."""
+        init = self.pool_init(group)
+        init["backend_config"] = dict(init["backend_config"], tp=tp)
+        return init
+
+    async def joining(self, component: str, position: int, version: int) -> Any:
+        return await self.wf.joining(component, position, version)
+
+    async def joined(self, component: str, ranks: list[str]) -> None:
+        await self.wf.joined(component, ranks)
 
     async def releasing(self, g, positions: list[int]) -> None:
         """The workflow stops routing work to the rollout ranks about to leave."""
@@ -180,9 +157,9 @@ class WorkflowRanks:
 
 class Migrator:
     def __init__(self, ctl: Controller, scn: Scenario, base: Placement, record, now, borrow: bool = False,
-                 tail_tp: bool = False, ranks: SimRanks | WorkflowRanks | None = None) -> None:
+                 tail_tp: bool = False, *, ranks: WorkflowRanks) -> None:
         self.ctl, self.scn, self.base = ctl, scn, base
-        self.ranks = ranks or SimRanks(scn)
+        self.ranks = ranks
         self.finished_seen: dict[str, tuple[int, int]] = {}
         """Rollout engine -> (requests finished, their output tokens) this iteration, as of
         its last report: every metrics poll, and the load read just before it is released
@@ -218,8 +195,8 @@ class Migrator:
         for engine, load in zip(engines, loads):
             self.finished_seen[engine] = (load["finished"], load["finished_tokens"])
 
-    async def _release(self, g: SimGroups, positions: list[int], loads: list[dict],
-                       live: LiveIteration) -> list[int] | None:
+    async def _release(self, g: Any, positions: list[int], loads: list[dict],
+                       live: LiveStep) -> list[int] | None:
         """Rollout engines at `positions` leave: their requests move to the others
         (Workload migration), or, with no live run among them, they just go. They are
         parked, unless engines may run at a wider TP (tail_tp), which could not rejoin
@@ -255,7 +232,7 @@ class Migrator:
         """The devices of the rollout engine whose first device is `first`."""
         return self.wide.get(first) or [first + k for k in range(self.scn.rollout_tp)]
 
-    async def execute(self, g: SimGroups, d: Migrate, live: LiveIteration) -> None:
+    async def execute(self, g: Any, d: Migrate, live: LiveStep) -> None:
         if self.base.mode != "spatial":
             raise NotImplementedError(f"Migrate on a time-shared placement ({self.base.describe()}): "
                                       "online migrations move devices between segments of their own")
@@ -274,7 +251,7 @@ class Migrator:
                 except MigrationFailed:
                     pass  # rolled back: the engines go on at the base TP
 
-    async def _move(self, g: SimGroups, target: str, devices: int, live: LiveIteration) -> None:
+    async def _move(self, g: Any, target: str, devices: int, live: LiveStep) -> None:
         if devices < self.scn.rollout_tp:
             return
         loads = await g.rollout.call(self.ranks.load_method)
@@ -310,7 +287,7 @@ class Migrator:
         self.record("workload", self.now() - begun)
         await self.grow(g, target, devices, live)
 
-    async def grow(self, g: SimGroups, target: str, devices: list[int], live: LiveIteration) -> None:
+    async def grow(self, g: Any, target: str, devices: list[int], live: LiveStep) -> None:
         begun = self.now()
         group = g.trainer if target == "trainer" else g.inference
         new = await self.take(group, devices)
@@ -331,7 +308,7 @@ class Migrator:
 
     # --- the rollout borrows the parked components' devices (dynarl's start) -----------
 
-    async def lend(self, g: SimGroups, version: int, live: Any = None) -> float:
+    async def lend(self, g: Any, version: int, live: Any = None) -> float:
         """Parks inference and trainer (state offloaded to host memory) and starts rollout
         engines on their devices, so the rollout holds the whole cluster while nothing
         else has work (DynaRL Fig 13). Returns the seconds it costs (a role switch),
@@ -349,21 +326,21 @@ class Migrator:
                         trainer=-len(self.home["trainer"]))
         return cm.role_switch_time()
 
-    async def _grow_rollout(self, g: SimGroups, devices: list[int], version: int) -> None:
+    async def _grow_rollout(self, g: Any, devices: list[int], version: int) -> None:
         """Rollout engines start on `devices` (one per first device of a TP group) and
         receive weight version `version` over the network."""
         new = await self.take(g.rollout, devices)
         await g.rollout.call("workload_resume", ranks=new)  # a parked engine was paused when it left
         await self.ranks.load_weights(g, g.rollout, new, version)
 
-    async def return_home(self, g: SimGroups, live: LiveIteration) -> None:
+    async def return_home(self, g: Any, live: LiveStep) -> None:
         """The lent engines go (their requests to the other engines), inference and
         trainer onload on their own devices and take their stages' input."""
         async with self.lock:
             if self.lent:
                 await self._return_home(g, live)
 
-    async def _return_home(self, g: SimGroups, live: LiveIteration) -> None:
+    async def _return_home(self, g: Any, live: LiveStep) -> None:
         positions = [p for p, h in enumerate(g.rollout.handles) if h.spec.devices[0] in self.lent]
         loads = await g.rollout.call(self.ranks.load_method, ranks=positions)
         begun = self.now()
@@ -380,7 +357,7 @@ class Migrator:
         self.own.change(self.now(), inference=len(self.home["inference"]), trainer=len(self.home["trainer"]))
         self.credit = {c: len(self.home[c]) for c in self.home}
 
-    async def restore(self, g: SimGroups, version: int, live: Any = None) -> None:
+    async def restore(self, g: Any, version: int, live: Any = None) -> None:
         """Back to the start placement at an iteration boundary (before iteration `version`)."""
         self.finished_seen = {}
         extra_t = list(range(self.trainer_base, g.trainer.world_size))

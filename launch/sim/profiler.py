@@ -1,10 +1,11 @@
 """Profiling for planners: each component's time for a batch at several device counts.
 
 As RLinf profiles before training, on a batch of its own (not one the run will
-use): rollout is measured by running the real rollout component (RolloutWorker
-on emulated engines, through the controller, in virtual time) on up to SAMPLE_ENGINES engines with the
-groups they would get at that device count, round-robin; its time is the slowest
-engine's. Inference and training are linear in the cost model, so each rank's share
+use): rollout is measured by running the workflow's rollout component (RolloutWorker,
+or for multi-turn workloads AgenticRolloutWorker with an episode driver per engine,
+on emulated engines, through the controller, in virtual time) on up to
+SAMPLE_ENGINES engines with the groups they would get at that device count,
+round-robin; its time is the slowest engine's. Inference and training are linear in the cost model, so each rank's share
 is timed with the engines' own cost functions, scheduled as the channel hands
 groups out (to the rank that frees up first); the slowest rank counts.
 """
@@ -18,15 +19,16 @@ from dynarl.components import costmodel as cm
 from dynarl.components.experience import END
 from dynarl.components.inference.emulated import EmulatedInference, EmulatedInferenceConfig
 from dynarl.components.placement.profile import StageProfile
+from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
+from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
+from dynarl.components.workflows.episodes import Episode, EpisodeDriver, ScriptedTurns
 from dynarl.components.workloads.generate import generate
 from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.components.workloads.samples import Group
 from dynarl.components.workloads.trace import batch_of
 from dynarl.core.worker_group import gather_or_cancel
-
-from .rollout_worker import SimRolloutWorker
 
 from .scenario import Scenario
 
@@ -51,40 +53,68 @@ def profile_stages(scn: Scenario) -> dict[str, StageProfile]:
 
 
 def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
-    """The real rollout worker on emulated engines (as a run's), on the groups `sampled`
-    of the engines would get; the slowest engine's time."""
+    """The workflow's rollout workers on emulated engines (as a run's), on the groups
+    `sampled` of the engines would get; the slowest engine's time. Multi-turn groups
+    play their episodes on the agentic workflow's worker, each engine its own groups
+    (one episode driver per engine, scripted turns)."""
     sampled = min(engines, SAMPLE_ENGINES)
     mine = [(i, g) for i, g in enumerate(batch) if i % engines < sampled]
     multi_turn = any(s.is_multi_turn for _, g in mine for s in g.samples)
+    prompts = WorkloadPrompts([[g for _, g in mine]], cm.get_model(scn.workload.model).vocab_size)
+    engine = {k: v for k, v in scn.engines["rollout"].items() if k != "affinity"}
+    init = {"model": {}, "engine": {}, "bucket_bytes": 1 << 20, "backend": "emulated",
+            "backend_config": dict(engine, time_scale=1.0)}
 
     async def workflow(ctl):
-        ctl.channel("prompts", capacity=len(mine) + sampled + 1)
-        ctl.channel("rollouts", capacity=len(mine) + 1)
-        engine = {k: v for k, v in scn.engines["rollout"].items() if k != "affinity"}
-        if multi_turn:  # episodes: the simulator's own rollout worker, until they move onto the workflow
-            group = await ctl.spawn(SimRolloutWorker, name="rollout", devices=[0] * sampled,
-                                    init={"engine": dict(engine, time_scale=1.0)})
-            items, call = [g.to_wire(i) for i, g in mine], {"version": 0}
-        else:
-            group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0] * sampled, init={
-                "model": {}, "engine": {}, "bucket_bytes": 1 << 20, "backend": "emulated",
-                "backend_config": dict(engine, time_scale=1.0)})
-            items = WorkloadPrompts([[g for _, g in mine]], cm.get_model(scn.workload.model).vocab_size).groups(0)
-            # version -1: the profile's engines hold no policy weights (none is needed to time them)
-            call = {"version": -1, "chunk_size": 1, "sampling": {"max_new_tokens": 1}}
         loop = asyncio.get_running_loop()
         start = loop.time()
-        for item in items:
-            await ctl.channel("prompts").put(item)
-        for _ in range(sampled):
-            await ctl.channel("prompts").put(END)
-        results = await gather_or_cancel([group.call("generate", "prompts", "rollouts", **call)])
-        ends = [r["busy"][-1][1] for r in results[0] if r["busy"]]
+        if multi_turn:
+            results = await _play_episodes(ctl, prompts.groups(0), sampled, init, prompts.vocab_size)
+        else:
+            ctl.channel("prompts", capacity=len(mine) + sampled + 1)
+            ctl.channel("rollouts", capacity=len(mine) + 1)
+            group = await ctl.spawn(RolloutWorker, name="rollout", devices=[0] * sampled, init=init)
+            for item in prompts.groups(0):
+                await ctl.channel("prompts").put(item)
+            for _ in range(sampled):
+                await ctl.channel("prompts").put(END)
+            # version -1: the profile's engines hold no policy weights (none is needed to time them)
+            results = await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1,
+                                       sampling={"max_new_tokens": 1})
+        ends = [r["busy"][-1][1] for r in results if r["busy"]]
         return max(ends, default=loop.time()) - start
 
     config = dynarl.RuntimeConfig(launcher="inproc", cluster=dynarl.ClusterConfig(devices_per_node=1,
                                                                                   device_kind="emulated"))
     return max(dynarl.run(workflow, config, virtual_time=True), 1e-9)
+
+
+async def _play_episodes(ctl, groups: list[dict], sampled: int, init: dict, vocab_size: int) -> list[dict]:
+    """Engine k serves the episodes of groups k, k + sampled, ... (round-robin, as the
+    batch's groups over the engines): one driver per engine, its turns scripted."""
+    engine = EmulatedRolloutConfig(**init["backend_config"])  # as train_config sets the agentic queue
+    group = await ctl.spawn(AgenticRolloutWorker, name="rollout", devices=[0] * sampled,
+                            init=dict(init, queue=engine.queue, max_bonus_s=engine.priority_window_s))
+    keys = [h.spec.worker_id for h in group.handles]
+    samples = sum(len(g["samples"]) for g in groups)
+    ctl.channel("turns", capacity=samples + sampled + 1)
+    for key in keys:
+        ctl.channel(f"turn_results_{key}", capacity=samples + 1)
+
+    async def drive(k: int) -> None:
+        key, mine = keys[k], groups[k::sampled]
+        scripts = {s["id"]: s["turns"] for g in mine for s in g["samples"]}
+        driver = EpisodeDriver(ScriptedTurns(scripts, vocab_size), [key],
+                               lambda rank, turn: ctl.channel("turns").put(turn, key=rank),
+                               end=lambda rank: ctl.channel("turns").put(END, key=rank))
+        episodes = [Episode(s["id"], list(g["prompt_ids"]), s["seed"], group=g["index"])
+                    for g in mine for s in g["samples"]]
+        await driver.run(episodes, ctl.channel(f"turn_results_{key}").get)
+        await driver.close()
+
+    serving = group.scatter("serve_turns", [["turns", f"turn_results_{key}", key, -1, {}] for key in keys])
+    results, *_ = await gather_or_cancel([serving, *(drive(k) for k in range(sampled))])
+    return results
 
 
 def _linear_time(scn: Scenario, batch: list[Group], ranks: int, component: str) -> float:

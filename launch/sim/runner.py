@@ -11,10 +11,9 @@ Iteration i's window runs from the end of iteration i-1 (from its own start for
 i = 0) to its weight sync, so boundary work (re-plans) is paid by the next iteration.
 All times are emulated seconds since the run began: loop time / time_scale.
 
-An online policy (dynarl and its variants) moves devices during each step through
-the step's hooks (OnlineHooks: the Migrator of migrate.py and the view of
-snapshot.py, over the workflow's workers). Multi-turn workloads and dynarl-tailtp
-still run on the simulator's own workers and harness (dynarl_harness.py).
+An online policy (dynarl and its variants, dynarl-tailtp's wider tail engines
+included) moves devices during each step through the step's hooks (OnlineHooks:
+the Migrator of migrate.py and the view of snapshot.py, over the workflow's workers).
 """
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
 from dynarl.core.worker_group import gather_or_cancel
 
-from .dynarl_harness import run_online
 from .migrate import Migrator, WorkflowRanks, min_devices
 from .records import IterationRecord, PolicyRun, timed
 from .scenario import Scenario, for_policy, train_config
@@ -54,8 +52,6 @@ class Quiet:
 def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=None) -> PolicyRun:
     """Runs one policy (`policy`: an instance to use instead of make_policy(name), e.g. a sweep's)."""
     policy = policy or make_policy(name)
-    if getattr(policy, "tail_tp", False):
-        return run_online(scn, name, profiles, policy)
     cfg = scn.config
     scn = for_policy(scn, policy)
     ctx = PlanContext(num_devices=cfg.devices, granularity={"rollout": scn.rollout_tp}, work=scn.work(),
@@ -77,7 +73,8 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
         migrator = None
         if policy.decide_every_s is not None:  # an online policy: it moves devices during the steps
             migrator = Migrator(ctl, scn, placement, lambda kind, sec: run.migrations.setdefault(kind, []).append(sec),
-                                now, borrow=getattr(policy, "rollout_borrows", False), ranks=WorkflowRanks(wf))
+                                now, borrow=getattr(policy, "rollout_borrows", False),
+                                tail_tp=getattr(policy, "tail_tp", False), ranks=WorkflowRanks(wf))
             wf.hooks = OnlineHooks(ctl, scn, wf, policy, run, placement, now, migrator)
         previous_end: float | None = None
         for it in range(cfg.iterations):
@@ -198,12 +195,13 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         unit = placement.unit_of(component)
         totals = []
         for r in wf.stage_results[component]:
+            width = r.get("devices", unit)  # a rollout engine's TP (tail-TP's are wider)
             total = 0.0
             for s, e in r["busy"]:
                 s, e = (s - origin) / scale, (e - origin) / scale
                 total += e - s
-                run.busy.append((s, e, unit))
-            busy_ds += total * unit
+                run.busy.append((s, e, width))
+            busy_ds += total * width
             totals.append(total)
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
     run.preemptions += sum(r["preemptions"] for r in wf.stage_results["rollout"])

@@ -6,20 +6,24 @@ lengths: what is not yet generated is estimated.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from dynarl.components import costmodel as cm
 from dynarl.components.placement.dynarl import tokens_left
 from dynarl.components.placement.plan import Placement
 from dynarl.components.placement.policy import Snapshot
+from dynarl.components.workflows.live import LiveStep
 from dynarl.core.controller import Controller
 
-from .iteration import CHANNELS, LiveIteration, SimGroups
 from .migrate import WORKLOAD_MIGRATION_S, Migrator, p2p_cost_s
 from .scenario import Scenario
 
+CHANNELS = ("prompts", "rollouts", "experience")
+"""The channels whose depth the view reports (the step's prompts, finished groups, scored samples)."""
 
-async def build_snapshot(ctl: Controller, g: SimGroups, it: int, placement: Placement, now, scn: Scenario,
-                         live: LiveIteration, migrator: Migrator) -> Snapshot:
+
+async def build_snapshot(ctl: Controller, g: Any, it: int, placement: Placement, now, scn: Scenario,
+                         live: LiveStep, migrator: Migrator) -> Snapshot:
     ranks = migrator.ranks
     loads = await g.rollout.call(ranks.load_method)
     progress = {"inference": await g.inference.call(ranks.progress_method),

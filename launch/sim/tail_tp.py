@@ -6,11 +6,13 @@ engines of one node into one TP-2t engine halves the weight bytes every device r
 per step (the cost model's decode step, at the new TP), so the stragglers make tokens
 faster. It is a reboot of those engines, paid in full:
 
-    pause, export every unfinished group with its requests' tokens so far (the
-    Workload migration protocol), stop both engines; an engine restart on their
+    pause, export every unfinished group (or turn) with its requests' tokens so far
+    (the Workload migration protocol), stop both engines; an engine restart on their
     devices (cm.role_switch_time(restart=True)); the new engine loads the current
-    weights over the network (charged to its first step); it imports the groups and
-    re-prefills their tokens (in its own emulation).
+    weights over the weight-sync group; it joins the running step (the workflow's
+    `joining`: generate() for GRPO, serve_turns for the agentic workflow, whose
+    driver routes to it from then on), imports the work and re-prefills its tokens
+    (in its own emulation).
 
 A pause or export that fails rolls back (each engine gets its own groups back and
 resumes at the base TP; MigrationFailed, which the Migrator lets pass); after the
@@ -25,15 +27,12 @@ again (migrate.py: Migrator.restore).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from dynarl.components import costmodel as cm
-from dynarl.components.experience import END
+from dynarl.components.workflows.live import LiveStep
 from dynarl.core.migration.p2p import MigrationFailed
 from dynarl.core.migration.workload import export_each, roll_back
-
-from .iteration import LiveIteration, SimGroups
-from .scenario import nic_or_link
 
 if TYPE_CHECKING:
     from .migrate import Migrator
@@ -68,12 +67,12 @@ def widen_pairs(engines: Sequence[Engine]) -> list[tuple[int, int]]:
     return pairs
 
 
-async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
+async def widen(g: Any, live: LiveStep, migrator: "Migrator") -> int:
     """Merges pairs of the rollout's base-TP engines (widen_pairs) into engines of WIDEN
-    times the TP; returns how many wide engines started."""
-    ctl, scn = migrator.ctl, migrator.scn
-    tp, ts = scn.rollout_tp, scn.config.time_scale
-    loads = await g.rollout.call("load")
+    times the TP; returns how many wide engines started. `g`: the workflow's groups."""
+    ctl, ranks = migrator.ctl, migrator.ranks
+    tp, ts = migrator.scn.rollout_tp, migrator.ts
+    loads = await g.rollout.call(ranks.load_method)
     handles = list(g.rollout.handles)
     engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], bool(loads[p]["active_run"]))
                for p, h in enumerate(handles) if h.spec.devices[0] not in migrator.wide]
@@ -82,24 +81,25 @@ async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
         return 0
     begun = migrator.now()
     loop = asyncio.get_running_loop()
-    # Registered before anything moves, so the rollout is not done while its groups are in between.
+    # Registered before anything moves, so the rollout is not done while its work is in between.
     slots = [loop.create_future() for _ in pairs]
     live.extras["rollout"].extend(slots)
     release = sorted(p for pair in pairs for p in pair)
     exported: dict[int, list[dict]] = {}
+    await ranks.releasing(g, release)  # the agentic driver routes no more turns to them
     try:
         await g.rollout.call("workload_pause", ranks=release)
         await export_each(g.rollout, release, exported)
     except BaseException as exc:
-        # Nothing has moved yet: every engine gets its own groups back and resumes, and
-        # the iteration goes on at the base TP.
+        # Nothing has moved yet: every engine gets its own work back and resumes, and
+        # the step goes on at the base TP.
         lost = await roll_back(g.rollout, [], release, exported, set(), {})
         for slot in slots:
             if not slot.done():
                 slot.set_result(None)
         if not isinstance(exc, Exception):
             raise
-        note = f"; {lost} exported groups could not be given back" if lost else ""
+        note = f"; {lost} exported items could not be given back" if lost else ""
         raise MigrationFailed(f"tail-TP widening rolled back: {exc}{note}") from exc
     try:
         await g.rollout.call("workload_commit", ranks=release)  # their runs end: the wider engines take over
@@ -109,22 +109,17 @@ async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
         await ctl.shrink_group(g.rollout, release)
         await asyncio.sleep(cm.role_switch_time(restart=True) * ts)  # offload, restart at the new TP, onload
         first = g.rollout.world_size
-        engine = dict(scn.engines["rollout"], tp=WIDEN * tp,
-                      weight_sync_bandwidth=nic_or_link(False, scn.config.device))
-        await ctl.grow_group(g.rollout, firsts, {"engine": engine, "shares_device": False})
+        await ctl.grow_group(g.rollout, firsts, ranks.wide_init(g.rollout, WIDEN * tp))
         new = list(range(first, g.rollout.world_size))
-        await g.rollout.call("receive_weights", live.version, scn.weight_bytes, ranks=new)
+        await ranks.load_weights(g, g.rollout, new, live.version)
         migrator.wide.update(members)
         for p, slot in zip(new, slots):
-            call = asyncio.ensure_future(g.rollout.call("generate", "prompts", "rollouts", version=live.version,
-                                                        chunk_size=scn.config.chunk_size, ranks=[p]))
+            call = asyncio.ensure_future(ranks.joining("rollout", p, live.version))
             call.add_done_callback(lambda c, s=slot: _settle(s, c))
         await _opened(g, new, ts)
         items = [[exported[a] + exported[b]] for a, b in pairs]
         await g.rollout.scatter("workload_import", items, ranks=new)
-        prompts = ctl.channel("prompts")
-        for _ in new:  # the prompts are drained: each new engine's generation ends with its requests
-            await prompts.put(END)
+        await ranks.joined("rollout", [g.rollout.handles[p].spec.worker_id for p in new])
     except BaseException as exc:
         for slot in slots:
             if not slot.done():
@@ -134,7 +129,7 @@ async def widen(g: SimGroups, live: LiveIteration, migrator: "Migrator") -> int:
     return len(new)
 
 
-async def _opened(g: SimGroups, ranks: list[int], time_scale: float) -> None:
+async def _opened(g: Any, ranks: list[int], time_scale: float) -> None:
     """Waits until each new engine's generation is open (it can take imports)."""
     for _ in range(10_000):
         loads = await g.rollout.call("workload_load", ranks=ranks)
@@ -152,4 +147,4 @@ def _settle(slot: asyncio.Future, call: asyncio.Future) -> None:
     elif call.exception() is not None:
         slot.set_exception(call.exception())
     else:
-        slot.set_result(call.result()[0])
+        slot.set_result(call.result())

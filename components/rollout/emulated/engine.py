@@ -239,7 +239,7 @@ class EmulatedRolloutEngine:
                           num_running=len(sched.running), num_waiting=len(sched.waiting),
                           cache_hit_tokens=sched.cache_hit_tokens, num_preemptions=sched.num_preemptions,
                           generated_tokens=generated,
-                          budget_tokens=sum(targets) - generated)
+                          budget_tokens=sum(targets) - generated, devices=self.config.tp)
 
     def running_request_ids(self) -> list[str]:
         """Requests admitted and holding KV now (the agentic worker's queue waits)."""

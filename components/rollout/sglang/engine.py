@@ -181,7 +181,8 @@ class SGLangRolloutEngine:
                           num_running=sum(s.num_running_reqs for s in snapshots),
                           num_waiting=sum(s.num_waiting_reqs for s in snapshots) + parked,
                           cache_hit_tokens=self._cache_hit_tokens, generated_tokens=generated,
-                          budget_tokens=sum(remaining_tokens(e) for e in self._entries.values()))
+                          budget_tokens=sum(remaining_tokens(e) for e in self._entries.values()),
+                          devices=self.config.tp_size)
 
     def running_request_ids(self) -> list[str]:
         """Requests handed to SGLang (past our gate); SGLang does not say which of them
