@@ -12,43 +12,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# --- decode (COSTMODEL.md §3 "Decode step time") -------------------------------
+# --- decode (docs/COSTMODEL.md §3 "Decode step time") -------------------------------
 DECODE_STEP_OVERHEAD_S = 2e-3
-"""T0: scheduling, sampling and kernel launches per decode step [E, COSTMODEL.md §3]."""
+"""T0: scheduling, sampling and kernel launches per decode step [E, docs/COSTMODEL.md §3]."""
 HBM_EFFICIENCY = 0.75
-"""eta_m: achieved / peak HBM bandwidth while decoding [E, COSTMODEL.md §3]."""
+"""eta_m: achieved / peak HBM bandwidth while decoding [E, docs/COSTMODEL.md §3]."""
 COMPUTE_EFFICIENCY = 0.5
-"""eta_c: achieved / peak BF16 FLOP/s while decoding [E, COSTMODEL.md §3]."""
+"""eta_c: achieved / peak BF16 FLOP/s while decoding [E, docs/COSTMODEL.md §3]."""
 TP_ALLREDUCE_PER_LAYER_S = 20e-6
-"""Added per layer when TP > 1 (two small all-reduces per layer) [E, COSTMODEL.md §3]."""
+"""Added per layer when TP > 1 (two small all-reduces per layer) [E, docs/COSTMODEL.md §3]."""
 
-# --- prefill, training, log-probs (COSTMODEL.md §3 "Other phases") ---------------
+# --- prefill, training, log-probs (docs/COSTMODEL.md §3 "Other phases") ---------------
 PREFILL_EFFICIENCY = 0.5
-"""Fraction of peak BF16 FLOP/s a prefill reaches: 2P·N/(0.5·F·TP) [E, COSTMODEL.md §3]."""
+"""Fraction of peak BF16 FLOP/s a prefill reaches: 2P·N/(0.5·F·TP) [E, docs/COSTMODEL.md §3]."""
 DEFAULT_MFU = 0.4
 """Training MFU; Megatron reaches up to 47% on H100 (Megatron-LM README) [P], 40% assumed [E]."""
 LOGPROB_SPEEDUP = 3.0
-"""A forward-only pass costs 1/3 of forward+backward: 2 vs 6 FLOPs per param·token [E, COSTMODEL.md §3]."""
+"""A forward-only pass costs 1/3 of forward+backward: 2 vs 6 FLOPs per param·token [E, docs/COSTMODEL.md §3]."""
 RECOMPUTE_RATE_FACTOR = 0.75
-"""Full activation recompute multiplies the training rate by 3/4 [E, COSTMODEL.md §3]."""
+"""Full activation recompute multiplies the training rate by 3/4 [E, docs/COSTMODEL.md §3]."""
 
 # --- memory -------------------------------------------------------------------
 BYTES_PER_PARAM = 2
-"""BF16 weights [COSTMODEL.md §3 table: 3.1 / 15.2 / 65 GB]."""
+"""BF16 weights [docs/COSTMODEL.md §3 table: 3.1 / 15.2 / 65 GB]."""
 DEFAULT_MEM_UTIL = 0.9
 """Fraction of device memory an inference engine claims (vLLM gpu_memory_utilization /
-SGLang mem_fraction_static style) [E, COSTMODEL.md §3 capacity row]."""
+SGLang mem_fraction_static style) [E, docs/COSTMODEL.md §3 capacity row]."""
 KV_RESERVE_BYTES_PER_DEVICE = 3e9
 """Per-device memory kept out of the KV pool (activations, CUDA graphs, NCCL buffers).
 [E] inferred here: 3 GB is what makes (0.9·HBM·TP − weights − reserve·TP) / kv_bytes
-reproduce COSTMODEL.md's capacity row (2.3M / 0.94M / 0.28M TP2 / 0.80M TP4)."""
+reproduce docs/COSTMODEL.md's capacity row (2.3M / 0.94M / 0.28M TP2 / 0.80M TP4)."""
 
-# --- weight sync and role switches (COSTMODEL.md §3 "Weight sync") ---------------
+# --- weight sync and role switches (docs/COSTMODEL.md §3 "Weight sync") ---------------
 ROLE_SWITCH_S = 2.0
 """Offload one role, onload another: RLinf <1 s (docs claim) [S], RollPacker ≤3 s [P];
-midpoint of the 1–3 s model [E, COSTMODEL.md §3]."""
+midpoint of the 1–3 s model [E, docs/COSTMODEL.md §3]."""
 ENGINE_RESTART_S = 10.0
-"""Added to a role switch that restarts an engine (≥10 s) [E, COSTMODEL.md §3]."""
+"""Added to a role switch that restarts an engine (≥10 s) [E, docs/COSTMODEL.md §3]."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +109,9 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
 )}
 
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
-    # HBM 3.35 TB/s, 989 TFLOP/s BF16 dense (H100 SXM datasheet) [P via COSTMODEL.md §3];
+    # HBM 3.35 TB/s, 989 TFLOP/s BF16 dense (H100 SXM datasheet) [P via docs/COSTMODEL.md §3];
     # NVLink p2p measured ~380 GB/s one direction (NVIDIA/nccl issue #1264) [P];
-    # one 400 Gb/s NIC = 50 GB/s (COSTMODEL.md §3 weight-sync floor) [E].
+    # one 400 Gb/s NIC = 50 GB/s (docs/COSTMODEL.md §3 weight-sync floor) [E].
     DeviceSpec("h100-80gb", memory_bytes=80e9, hbm_bandwidth=3.35e12, bf16_flops=989e12,
                link_bandwidth=380e9, nic_bandwidth=50e9),
     # H200 SXM: 141 GB HBM3e at 4.8 TB/s, same Hopper compute (989 TFLOP/s BF16 dense)
@@ -185,13 +185,13 @@ def decode_steps_time(model: ModelShape, device: DeviceSpec, batch: int, mean_co
 
 def prefill_time(model: ModelShape, device: DeviceSpec, num_tokens: int, tp: int = 1) -> float:
     """Prompt pass over `num_tokens` new tokens: 2P·N / (0.5·F·TP). The attention term
-    is left out, as in COSTMODEL.md; it matters only for very long prompts."""
+    is left out, as in docs/COSTMODEL.md; it matters only for very long prompts."""
     return 2 * model.num_params * num_tokens / (PREFILL_EFFICIENCY * device.bf16_flops * tp)
 
 
 def _flops_per_token(model: ModelShape, mean_seq_len: float, per_param: int) -> float:
     # per_param: 6 for forward+backward, 2 for a forward pass. Attention adds
-    # per_param·layers·d·s̄ (COSTMODEL.md §3 training formula).
+    # per_param·layers·d·s̄ (docs/COSTMODEL.md §3 training formula).
     return per_param * model.num_params + per_param * model.num_layers * model.hidden_size * mean_seq_len
 
 
@@ -215,7 +215,7 @@ def weight_sync_time(num_bytes: float, bandwidth: float, num_receivers_parallel:
     """Floor for moving `num_bytes` of weights over links of `bandwidth` bytes/s, the
     bytes split evenly over `num_receivers_parallel` links that run at once (e.g. TP
     ranks each receiving their shard). 7B (15.2 GB): 0.04 s over NVLink, 0.3 s over
-    one 400G NIC [E, COSTMODEL.md §3]; measured systems are 1×-100× above this floor."""
+    one 400G NIC [E, docs/COSTMODEL.md §3]; measured systems are 1×-100× above this floor."""
     return num_bytes / num_receivers_parallel / bandwidth
 
 

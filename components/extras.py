@@ -22,7 +22,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
 TESTED_VERSIONS: dict[str, tuple[str, ...]] = {
     "megatron-core": ("0.16.1",),
 }
-"""Versions whose CPU paths the tests exercised (BACKENDS.md); others only warn."""
+"""Versions whose CPU paths the tests exercised (docs/BACKENDS.md); others only warn."""
 
 
 def is_available(backend: str) -> bool:

@@ -3,7 +3,7 @@ and the worker's heartbeat thread.
 
 The ROUTER sets ROUTER_MANDATORY: a message to a vanished peer raises instead of
 being dropped silently, and high-water marks are raised because ROUTER drops
-messages past its HWM (MEASURED.md); our own flow control (bounded channels,
+messages past its HWM (docs/MEASURED.md); our own flow control (bounded channels,
 bounded call windows) keeps memory in check.
 
 Sockets are plain (not zmq.asyncio) and driven from the loop: non-blocking

@@ -6,7 +6,7 @@ deterministic: a hash of (sequence tokens, weight version), one per response tok
 aligned with TrainBatch.old_logprobs / ref_logprobs. `logprobs` returns them as
 LazyLists (built on first read: a simulation that needs only the time never builds
 them); `compute_logprobs` builds them. Onload and offload are half a role switch
-each (COSTMODEL.md §3), spent on the loop.
+each (docs/COSTMODEL.md §3), spent on the loop.
 """
 from __future__ import annotations
 

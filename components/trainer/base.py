@@ -245,7 +245,7 @@ class TrainerConfig:
     kl_coef: float = 0.0
     """Weight of the k3 KL estimate to the reference policy; > 0 needs ref_logprobs."""
     entropy_coef: float = 0.0
-    """Weight of the entropy bonus (MEASURED.md: 0.05 kept tiny GRPO runs from collapsing)."""
+    """Weight of the entropy bonus (docs/MEASURED.md: 0.05 kept tiny GRPO runs from collapsing)."""
     adv_eps: float = 1e-6
     """GRPO advantage denominator epsilon: (r - mean) / (std + adv_eps)."""
     seed: int = 0

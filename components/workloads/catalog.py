@@ -1,6 +1,6 @@
 """The named workloads of `dynarl sim --workload NAME`, each number with its source.
 
-Tags as in COSTMODEL.md: [P] primary source, [S] secondary, [E] estimate made here.
+Tags as in docs/COSTMODEL.md: [P] primary source, [S] secondary, [E] estimate made here.
 
     math-{1.5b,7b,32b}          the DynaRL paper's setup: AReaL-boba prompts on a distilled
                                 reasoning model, 512 x 16, 28,672-token sequences (§7.1) [P]
@@ -33,9 +33,9 @@ MATH_RESPONSES = {
     # longest decode, i.e. p95 at ~58-64% of the cap; with σ 0.9 the median is 4k and
     # 1.7% hit the cap (AReaL-boba: truncation < 5% [P]).
     "": LogNormal(median=4096, sigma=0.9, cap=RESPONSE_CAP),
-    # COSTMODEL.md §1 "Suggested distributions": zero-RL LN(450, 1.1) cap 16k [E from RollPacker, P].
+    # docs/COSTMODEL.md §1 "Suggested distributions": zero-RL LN(450, 1.1) cap 16k [E from RollPacker, P].
     "-zero": LogNormal(median=450, sigma=1.1, cap=16_384),
-    # COSTMODEL.md §1: long CoT LN(8k, 0.7) cap 27k, ~4% truncation [E].
+    # docs/COSTMODEL.md §1: long CoT LN(8k, 0.7) cap 27k, ~4% truncation [E].
     "-longcot": LogNormal(median=8192, sigma=0.7, cap=27_000),
 }
 
@@ -49,7 +49,7 @@ def _math(size: str, variant: str) -> MathWorkload:
     return MathWorkload(
         name=f"math-{size}{variant}", model=model, prompts=512, samples=16, prompt_tokens=PROMPT_TOKENS,
         response_tokens=MATH_RESPONSES[variant], prompt_correlation=PROMPT_CORRELATION, rollout_tp=tp,
-        source="512 x 16 [P: DynaRL §7.1, AReaL-boba, DAPO]; lengths COSTMODEL.md §1")
+        source="512 x 16 [P: DynaRL §7.1, AReaL-boba, DAPO]; lengths docs/COSTMODEL.md §1")
 
 
 def _rstar(size: str) -> AgenticWorkload:

@@ -1,7 +1,7 @@
 """Workload descriptions: the distributions one RL iteration's batch is drawn from.
 
 Frozen dataclasses, validated on construction (ValueError names the field).
-`catalog.py` fills them in from COSTMODEL.md's anchors; `generate.py` samples them.
+`catalog.py` fills them in from docs/COSTMODEL.md's anchors; `generate.py` samples them.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class MathWorkload:
     rollout_tp: int = 1
     kind: Literal["math"] = "math"
     source: str = ""
-    """Where the numbers come from (COSTMODEL.md tags)."""
+    """Where the numbers come from (docs/COSTMODEL.md tags)."""
 
     def __post_init__(self) -> None:
         _check_common(self.model, self.prompts, self.samples, self.rollout_tp)

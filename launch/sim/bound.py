@@ -1,6 +1,6 @@
 """A lower bound on one iteration's time, whatever the policy:
 
-    bound = max(total work / N, critical path)         (COSTMODEL.md §4)
+    bound = max(total work / N, critical path)         (docs/COSTMODEL.md §4)
 
 Work, in device-seconds, counts what every schedule must compute, at the best
 efficiency the emulated devices allow; each term is exactly additive over how

@@ -7,7 +7,7 @@
         trainer   p2p     new data-parallel ranks on the freed devices. The real P2P
                           transfer needs process groups, so it is charged from the cost
                           model: the fp32 trainer state over one device link, plus a
-                          role switch (COSTMODEL.md §3)
+                          role switch (docs/COSTMODEL.md §3)
         inference workload new ranks, which load the current weights and switch roles
     iteration boundary    back to the start placement: the receivers' extra ranks are
                           parked (the trainer's state moves back: p2p cost again) and

@@ -289,7 +289,7 @@ class EmulatedRolloutEngine:
         self.scheduler.flush_cache()
 
     async def release_memory(self) -> None:
-        """Free KV and weights (colocated role switch: half of one, COSTMODEL.md §3).
+        """Free KV and weights (colocated role switch: half of one, docs/COSTMODEL.md §3).
         Waiting requests stay queued."""
         if self.scheduler.running:
             raise RuntimeError(f"release_memory with {len(self.scheduler.running)} running requests; "

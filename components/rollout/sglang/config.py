@@ -1,7 +1,7 @@
 """Settings of one SGLang engine (one per rollout worker), checked without sglang
 installed, and the keyword arguments for `sglang.Engine(**kwargs)`.
 
-Field names and rules follow sglang 0.5.23 (BACKENDS.md A2, A9)."""
+Field names and rules follow sglang 0.5.23 (docs/BACKENDS.md A2, A9)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -3,7 +3,7 @@ from the rollout worker's own event loop.
 
 SGLang's Engine runs its schedulers in other processes and its TokenizerManager in
 ours; every Engine method except async_generate calls loop.run_until_complete and
-fails inside a running loop (BACKENDS.md A1). So this adapter awaits
+fails inside a running loop (docs/BACKENDS.md A1). So this adapter awaits
 `engine.async_generate` and the TokenizerManager's coroutines, and every method that
 talks to SGLang is a coroutine here: load, abort, pause, resume, export_inflight,
 update_weights (also _in_buckets, _from_payloads), release_memory, resume_memory, as the

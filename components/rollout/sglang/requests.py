@@ -1,5 +1,5 @@
 """Translating between dynarl's requests/results and SGLang's generate arguments and
-output dicts (sglang 0.5.23, BACKENDS.md A3, A4)."""
+output dicts (sglang 0.5.23, docs/BACKENDS.md A3, A4)."""
 from __future__ import annotations
 
 import itertools

@@ -1,5 +1,5 @@
 """Pushing new weights into a running SGLang engine, bucket by bucket, from the
-worker's event loop (sglang 0.5.23, BACKENDS.md A6, B7):
+worker's event loop (sglang 0.5.23, docs/BACKENDS.md A6, B7):
 
     pause(retract)         running requests go back to the queue, their KV is freed
     begin_weight_update    0.5.23 refuses tensor updates outside such a session;

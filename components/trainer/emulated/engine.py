@@ -9,7 +9,7 @@ accepts.
 
 It meets the async TrainerEngine contract (base.py) directly: train_step and
 accumulate sleep train_time() on the running loop; onload and offload are half a
-role switch each (COSTMODEL.md §3). Differences from the native trainer, all
+role switch each (docs/COSTMODEL.md §3). Differences from the native trainer, all
 because there is no computation:
 - Loss metrics are 0.0; "tokens" counts this rank's loss tokens (native: global),
   and "time_s" is the cost-model time of the step.

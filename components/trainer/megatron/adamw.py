@@ -3,7 +3,7 @@ interface (zero_grad, step -> (success, grad_norm, num_zeros), offload_to_cpu,
 restore_from_cpu, param_groups).
 
 Why it exists: megatron-core's own optimizers allocate on "cuda" in their
-constructors (BACKENDS.md B3), so a megatron trainer on a CPU needs another one.
+constructors (docs/BACKENDS.md B3), so a megatron trainer on a CPU needs another one.
 This one applies the native trainer's update (native/adamw.py, the same elementwise
 arithmetic, decay on 2+-dim tensors only, clip by the global norm) to each rank's
 TP slice, reading the gradient megatron's DDP reduced into `param.main_grad`. With

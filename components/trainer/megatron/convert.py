@@ -4,7 +4,7 @@ Pure torch, no megatron import: these functions run anywhere, so the name maps a
 the qkv / gate-up layouts are tested even where the megatron extra is absent.
 
 Megatron names are those of GPTModel built from the *local* layer spec
-(BACKENDS.md B2), with the *global* layer index (a pipeline stage's local
+(docs/BACKENDS.md B2), with the *global* layer index (a pipeline stage's local
 index plus its layer offset). A "full" tensor is the unsharded one; a TP rank
 holds a slice of it:
 

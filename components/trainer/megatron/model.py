@@ -71,6 +71,6 @@ def check_partition_rules(gpt: torch.nn.Module) -> None:
 
 def causal_mask(length: int, device: torch.device) -> torch.Tensor:
     """[1, 1, s, s] bool, True = masked out (megatron's convention). Explicit, because
-    megatron's default mask is built on "cuda" (BACKENDS.md B3). Right padding needs
+    megatron's default mask is built on "cuda" (docs/BACKENDS.md B3). Right padding needs
     nothing more: a real token never attends to a later pad."""
     return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)[None, None]
