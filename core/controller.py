@@ -333,7 +333,8 @@ class Controller:
         """Folds every channel's producers and consumers into the hypergraph."""
         for channel in self.channels.values():
             stats = channel.statistics()
-            self.graph.observe_channel(channel.name, stats.producers, stats.served_weight, stats.puts, stats.gets)
+            self.graph.observe_channel(channel.name, stats.producers, stats.served_weight, stats.puts, stats.gets,
+                                       stats.size)
         return self.graph
 
     async def serve_worker_call(self, handle: WorkerHandle, method: str, args: list, kwargs: dict) -> Any:

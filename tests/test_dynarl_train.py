@@ -14,6 +14,8 @@ property (test_scheduler_policy.py tests the charge)."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -106,6 +108,30 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
     spawned = {tracks[e["pid"]] for e in trace["traceEvents"] if e["name"] == "spawn"}
     assert "trainer~standby" in spawned and not any("@" in g for g in spawned), spawned
     assert os.path.isfile(os.path.join(runs["dynarl"], "timeline.png"))
+
+
+def test_the_run_saves_the_hypergraph_the_scheduler_read(runs):
+    """graph.json: the rollout and trainer nodes as the GlobalScheduler's managers wrote
+    them at the last poll (workers, devices, utilization, queued requests), each
+    channel's traffic; `dynarl graph RUN_DIR` prints it."""
+    with open(os.path.join(runs["dynarl"], "graph.json")) as f:
+        saved = json.load(f)
+    nodes = {n["name"]: n for n in saved["nodes"]}
+    assert nodes["rollout"]["kind"] == "dynamic" and nodes["trainer"]["kind"] == "static"
+    # after the last step's restore: the configured placement (rollout 0-2, trainer 3)
+    assert sorted(nodes["rollout"]["devices"]) == [0, 1, 2] and nodes["trainer"]["devices"] == [3]
+    # utilization as of the last poll, in the tail: of the engines kept then (the rejoined ones are not polled yet)
+    assert nodes["rollout"]["utilization"] and set(nodes["rollout"]["utilization"]) < set(nodes["rollout"]["workers"])
+    edges = {e["channel"]: e for e in saved["edges"]}
+    assert edges["prompts"]["puts"] > 0 and edges["prompts"]["queued"] == 0  # every step's prompts were taken
+    out = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", runs["dynarl"]],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "rollout" in out.stdout and "dynamic, 3 workers on devices 0-2" in out.stdout
+    assert "--[prompts]-->" in out.stdout and "0 waiting" in out.stdout
+    missing = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", os.path.dirname(runs["dynarl"])],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "graph.json does not exist" in missing.stderr
 
 
 def test_static_and_dynarl_train_on_the_same_samples(runs):

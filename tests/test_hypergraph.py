@@ -1,8 +1,11 @@
 NUM_GPUS = 0
 
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 import dynarl
 from dynarl import RuntimeConfig
@@ -126,3 +129,26 @@ class Flow:
     graph = extract({"flow.py": source})
     assert graph.nodes == {"actors": "Actor"}
     assert graph.edges() == [("actors", "out", "?")]  # a producer with no consumer in this source
+
+
+def test_the_scheduler_view_round_trips_and_forgets_released_workers():
+    """What the scheduler writes (loads, interruptibility, affinity) reads back the
+    same, in the node's worker order; a worker a move released drops out of the view."""
+    graph = Hypergraph(extract({"wf.py": WORKFLOW}))
+    graph.observe_spawn("gen", "Generator", ["gen/0/a", "gen/1/b", "gen/2/c"], [0, 2, 4])
+    graph.observe_load("gen", ["gen/0/a", "gen/1/b", "gen/2/c"], [0.5, 0.1, 0.0], [7, 1, 0])
+    graph.observe_spawn("gen", "Generator", ["gen/0/a", "gen/2/c"], [0, 4])  # gen/1 released
+    graph.observe_load("gen", ["gen/2/c", "gen/0/a"], [0.3, 0.6], [2, 9])
+    graph.observe_interruptible("gen", False)
+    graph.observe_affinity("samples", "prefer")
+    graph.observe_channel("samples", {"gen/0/a": 3}, {"scorer/0/x": 2.0}, puts=3, gets=2, queued=1)
+    node = graph.nodes["gen"]
+    assert node.loads() == ((0.6, 0.3), (9, 2)) and set(node.utilization) == {"gen/0/a", "gen/2/c"}
+    back = Hypergraph.from_wire(json.loads(json.dumps(graph.to_wire())))
+    assert back.to_wire() == graph.to_wire()
+    assert back.nodes["gen"].loads() == node.loads() and back.queued("samples") == 1 and back.queued("none") == 0
+    text = back.describe()
+    assert "2 workers on devices 0,4, utilization 0.45, queued 11, not interruptible" in text
+    assert "3 put, 2 taken, 1 waiting  affinity prefer" in text
+    with pytest.raises(ValueError, match="not a saved hypergraph"):
+        Hypergraph.from_wire({"nodes": [{"name": "x"}], "edges": []})

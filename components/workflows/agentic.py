@@ -66,6 +66,7 @@ class AgenticGRPO(GRPO):
             self.tools = await self.ctl.spawn(ToolWorker, name="tools", devices=[0], init={
                 "config": {"timeout_s": a.python_timeout_s, "cpu_s": max(1, int(a.python_timeout_s)),
                            "max_concurrency": 4}})
+        self.ctl.graph.observe_affinity(TURNS, None if a.affinity == "none" else a.affinity)
         return groups
 
     def rollout_init(self) -> dict[str, Any]:

@@ -147,7 +147,7 @@ class DynamicScheduling:
                 old = trainer_mgr.group.devices
                 trainer_mgr.group = (await p2p_migrate(self.ctl, trainer_mgr.group, self.home["trainer"],
                                                        self.inits["trainer"], standby=self.standby["trainer"])).group
-                sched._record("p2p", "trainer", [d for d in old if d not in self.home["trainer"]], begun)
+                sched.record("p2p", "trainer", [d for d in old if d not in self.home["trainer"]], begun)
         missing = [d for d in self.home["rollout"] if d not in rollout.devices]
         if missing:
             async with sched.managers["rollout"].gate.interrupt():
@@ -158,10 +158,10 @@ class DynamicScheduling:
                     rollout.handles.sort(key=lambda h: h.spec.devices[0])
                     await rollout.call("workload_resume", ranks=[p for p, h in enumerate(rollout.handles)
                                                                  if h.spec.devices[0] in missing])
-                    sched._record("join", "rollout", missing, begun)
+                    sched.record("join", "rollout", missing, begun)
                 else:
                     await self.ctl.grow_group(rollout, missing, self.inits["rollout"])
-                    sched._record("grow", "rollout", missing, begun)
+                    sched.record("grow", "rollout", missing, begun)
         self.wf.g.trainer, self.wf.g.rollout = trainer_mgr.group, rollout  # (sync_weights rebuilds its group if need be)
 
     def _scheduling_metrics(self, marks: dict[str, int], train_end: float, rollout_end: float,

@@ -45,6 +45,7 @@ from dynarl.components.workflows.live import LiveStep, StepHooks
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import step_metrics
 from dynarl.core.controller import Controller
+from dynarl.core.hypergraph import GRAPH_FILE
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 
@@ -344,7 +345,16 @@ class GRPO:
                 metrics["checkpoint_s"] = time.perf_counter() - begun
             with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps(metrics) + "\n")
+            self.save_graph()
             self.progress.step(metrics)
+
+    def save_graph(self) -> None:
+        """The runtime hypergraph as the scheduler last read it, channel traffic folded
+        in: graph.json in the run directory (`dynarl graph RUN_DIR` prints it)."""
+        path = os.path.join(self.run_dir, GRAPH_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.ctl.refresh_graph().to_wire(), f)
+        os.replace(path + ".tmp", path)
 
     async def spawn(self) -> Groups:
         cfg, ctl = self.cfg, self.ctl

@@ -71,7 +71,7 @@ class GlobalScheduler:
         self.log = SchedulerLog()
 
     def register(self, spec: ComponentSpec, group: WorkerGroup) -> Manager:
-        manager = self.managers[spec.name] = Manager(spec, group, self.config.u_low)
+        manager = self.managers[spec.name] = Manager(spec, group, self.config.u_low, self.ctl.graph)
         return manager
 
     def group(self, name: str) -> WorkerGroup:
@@ -119,7 +119,7 @@ class GlobalScheduler:
         async with manager.gate.interrupt():
             begun = asyncio.get_running_loop().time()
             result = await workload_migrate(self.ctl, group, release, park=spec.standby)
-            self._record("workload", spec.name, result.freed_devices, begun)
+            self.record("workload", spec.name, result.freed_devices, begun)
         return result.freed_devices
 
     async def _receive(self, manager: Manager, freed: list[int]) -> None:
@@ -134,10 +134,11 @@ class GlobalScheduler:
                                                    standby=spec.standby)).group
             else:
                 manager.group = (await reboot_migrate(self.ctl, group, group.devices + freed, spec.init or {})).group
-            self._record(spec.strategy, spec.name, freed, begun)
+            self.record(spec.strategy, spec.name, freed, begun)
 
-    def _record(self, kind: str, component: str, devices: list[int], begun: float) -> None:
+    def record(self, kind: str, component: str, devices: list[int], begun: float) -> None:
         now = asyncio.get_running_loop().time()
         self.log.migrations.append(Migration(kind, component, list(devices), begun, now - begun))
         if component in self.managers:
             self.managers[component].cycle_moves.append(now - begun)
+            self.managers[component].observe_group()  # the hypergraph shows the move at once

@@ -1,5 +1,8 @@
-"""One manager per WorkerGroup: aggregates its workers' metrics into what the
-scheduler reads, and guards its interruptible points.
+"""One manager per WorkerGroup: writes its workers' metrics into the runtime
+hypergraph (core/hypergraph.py: the component's node gets its current workers,
+devices, each worker's utilization and requests held, and whether it is
+interruptible), reads the scheduler's view of the component back from that node,
+and guards its interruptible points.
 
 Workers report `metrics()`: {"utilization": active KV / capacity (rollout) or
 busy fraction, "running": int, "waiting": int, "work_done": cumulative work
@@ -17,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Literal
 
+from dynarl.core.hypergraph import Hypergraph
 from dynarl.core.scheduler.policy import ComponentView
 from dynarl.core.scheduler.predictor import Predictor
 from dynarl.core.worker_group import WorkerGroup
@@ -84,10 +88,13 @@ class ComponentSpec:
 
 
 class Manager:
-    def __init__(self, spec: ComponentSpec, group: WorkerGroup, u_low: float) -> None:
+    def __init__(self, spec: ComponentSpec, group: WorkerGroup, u_low: float,
+                 graph: Hypergraph | None = None) -> None:
         self.spec = spec
         self.group = group
         self.u_low = u_low
+        self.graph = graph if graph is not None else Hypergraph()
+        """The component's node, under its name (P2P and reboot moves replace the group)."""
         self.gate = InterruptGate()
         self.low_since: dict[str, float | None] = {}
         self.requests: dict[str, int] = {}
@@ -116,16 +123,20 @@ class Manager:
     async def poll(self, now: float, predictor: Predictor | None = None) -> None:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
         reports = await self.group.call("metrics")
-        for handle, report in zip(self.group.handles, reports):
-            key = handle.spec.worker_id
-            self.requests[key] = int(report.get("running", 0) + report.get("waiting", 0))
-            if report["utilization"] < self.u_low:
+        workers = self.observe_group()
+        self.graph.observe_load(self.spec.name, workers, [r["utilization"] for r in reports],
+                                [int(r.get("running", 0) + r.get("waiting", 0)) for r in reports])
+        self.graph.observe_interruptible(self.spec.name, self.gate.interruptible)
+        node = self.graph.nodes[self.spec.name]
+        node.kind = self.spec.kind
+        utilization, queued = node.loads()
+        self.requests = dict(zip(node.workers, queued))
+        for key, u in zip(node.workers, utilization):
+            if u < self.u_low:
                 self.low_since[key] = self.low_since.get(key) if self.low_since.get(key) is not None else now
             else:
                 self.low_since[key] = None
-        alive = {h.spec.worker_id for h in self.group.handles}
-        self.low_since = {k: v for k, v in self.low_since.items() if k in alive}
-        self.requests = {k: v for k, v in self.requests.items() if k in alive}
+        self.low_since = {k: v for k, v in self.low_since.items() if k in self.requests}
         self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
         done = float(sum(r.get("work_done", 0.0) for r in reports))
         if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:
@@ -134,12 +145,24 @@ class Manager:
                 predictor.models[self.spec.name].observe(len(self.group.devices), self.measured_rate)
         self._last_done = (now, done)
 
+    def observe_group(self) -> list[str]:
+        """The component's node gets its group's current workers and devices (after a
+        poll and after each move); returns the workers."""
+        workers = [h.spec.worker_id for h in self.group.handles]
+        self.graph.observe_spawn(self.spec.name, self.group.cls.__name__, workers, self.group.devices)
+        return workers
+
     def view(self) -> ComponentView:
+        """The component as the scheduler sees it: its hypergraph node as of the last
+        poll (workers, devices, requests held), its gate, its work and move costs."""
+        if self.spec.name not in self.graph.nodes:
+            self.observe_group()
+        node = self.graph.nodes[self.spec.name]
         return ComponentView(
-            name=self.spec.name, kind=self.spec.kind, devices=len(self.group.devices),
+            name=self.spec.name, kind=self.spec.kind, devices=len(node.devices),
             remaining_work=self.remaining_work, devices_per_engine=self.spec.devices_per_engine,
             min_devices=self.spec.min_devices, interruptible=self.gate.interruptible,
             active_requests=self.active_requests if self.spec.kind == "dynamic" else None,
             requests_per_engine=self.spec.requests_per_engine, move_cost_s=self.move_cost_s,
             barrier=self.spec.barrier,
-            engine_low_since=tuple(self.low_since.get(h.spec.worker_id) for h in self.group.handles))
+            engine_low_since=tuple(self.low_since.get(w) for w in node.workers))

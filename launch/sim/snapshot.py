@@ -1,7 +1,10 @@
 """The scheduler's view of a simulated iteration: a policy Snapshot built from what
-the running components report (rollout engines' load, inference and trainer
-progress, channel depths) and the cost model's throughput points. No oracle
-lengths: what is not yet generated is estimated.
+the running components report and the cost model's throughput points. The rollout
+engines' loads (utilization, requests held) and the channels' depths go through
+the runtime hypergraph (core/hypergraph.py), as the GlobalScheduler's polls do in
+`dynarl train`, and the view is read from its nodes and edges; inference and
+trainer progress are read as reported. No oracle lengths: what is not yet
+generated is estimated.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from dynarl.components.placement.plan import Placement
 from dynarl.components.placement.policy import Snapshot
 from dynarl.components.workflows.live import LiveStep
 from dynarl.core.controller import Controller
+from dynarl.core.hypergraph import HyperNode
 
 from .migrate import WORKLOAD_MIGRATION_S, Migrator, p2p_cost_s
 from .scenario import Scenario
@@ -26,12 +30,14 @@ async def build_snapshot(ctl: Controller, g: Any, it: int, placement: Placement,
                          live: LiveStep, migrator: Migrator) -> Snapshot:
     ranks = migrator.ranks
     loads = await g.rollout.call(ranks.load_method)
+    node = observe_rollout(ctl, g.rollout, loads, ranks.utilization)
     progress = {"inference": await g.inference.call(ranks.progress_method),
                 "trainer": await g.trainer.call(ranks.progress_method)}
     batch = scn.batches[it]
     samples = sum(len(grp.samples) for grp in batch)
     prompt_mean = sum(grp.prompt_tokens * len(grp.samples) for grp in batch) / samples
-    active = sum(l["running"] + l["waiting"] for l in loads)
+    utilization, queued = node.loads()
+    active = sum(queued)
     generated = sum(l["generated"] for l in loads)
     made = generated / active if active else 0.0
     migrator.note_finished([h.spec.worker_id for h in g.rollout.handles], loads)  # released engines keep theirs
@@ -47,20 +53,34 @@ async def build_snapshot(ctl: Controller, g: Any, it: int, placement: Placement,
             processed=sum(p["tokens"] for p in progress[c])) for c in progress}
     else:  # multi-turn: a finished request is a turn, not a sample
         remaining = {c: max(0, samples - sum(p["samples"] for p in progress[c])) * seq_mean for c in progress}
-    depth = {name: len(ctl.channel(name)) for name in CHANNELS}
+    graph = ctl.refresh_graph()
+    depth = {name: graph.queued(name) for name in CHANNELS}
+    # multi-turn episodes migrate between turns or part-way through one (components/workflows/episodes.py)
+    graph.observe_interruptible("rollout", depth["prompts"] == 0 and live.accepts("rollout"))
     return Snapshot(
         iteration=it, now_s=now(), at_iteration_end=False, placement=placement,
-        rollout_utilization=tuple(l[ranks.utilization] for l in loads), queue_depth=depth,
-        devices=migrator.own.current, rollout_engines=tuple(h.spec.worker_id for h in g.rollout.handles),
+        rollout_utilization=utilization, queue_depth=depth,
+        devices=migrator.own.current, rollout_engines=tuple(node.workers),
         rollout_active=active, rollout_generated=generated, rollout_finished_mean=finished_mean,
         rollout_max_new_tokens=cap,
         rollout_kv_tokens=sum(l["kv"] for l in loads), rollout_capacity=loads[0]["capacity"],
         remaining_tokens=remaining,
         rate_points=_rate_points(scn, active, prompt_mean + made, seq_mean),
-        # multi-turn episodes migrate between turns or part-way through one (episodes.py)
-        interruptible={"rollout": depth["prompts"] == 0 and live.accepts("rollout")},
+        interruptible={"rollout": node.interruptible},
         accepting={c: live.accepts(c) for c in ("inference", "trainer")},
         migration_cost_s={"workload": WORKLOAD_MIGRATION_S, "p2p": p2p_cost_s(scn)})
+
+
+def observe_rollout(ctl: Controller, group: Any, loads: list[dict], utilization: str) -> HyperNode:
+    """The rollout engines' reports go into the runtime hypergraph (core/hypergraph.py);
+    returns the rollout's node, which the view is read from."""
+    workers = [h.spec.worker_id for h in group.handles]
+    ctl.graph.observe_spawn("rollout", group.cls.__name__, workers, group.devices)
+    ctl.graph.observe_load("rollout", workers, [load[utilization] for load in loads],
+                           [load["running"] + load["waiting"] for load in loads])
+    node = ctl.graph.nodes["rollout"]
+    node.kind = "dynamic"
+    return node
 
 
 def output_cap(scn: Scenario) -> int | None:
