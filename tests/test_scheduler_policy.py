@@ -2,8 +2,8 @@ NUM_GPUS = 0
 
 import pytest
 
-from dynarl.core.scheduler.policy import (ComponentView, DynarlConfig, Snapshot, _release_options, decide_dynarl,
-                                          decide_static, is_donor, predicted_time)
+from dynarl.core.scheduler.policy import (ClusterView, ComponentView, DynarlConfig, _release_options, decide_dynarl,
+                                          decide_static, is_donor, predicted_time, track_low)
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
 CFG = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8)
@@ -42,7 +42,7 @@ def test_donor_detection(component, now, expected):
 
 
 def test_long_tail_moves_idle_rollout_devices_to_the_trainer():
-    snap = Snapshot(now=10.0, components=(rollout(low=7, active=1), trainer()))
+    snap = ClusterView(now=10.0, components=(rollout(low=7, active=1), trainer()))
     plan = decide_dynarl(snap, predictor(), CFG)
     assert plan is not None
     assert plan.allocation["rollout"] == 1 and plan.allocation["trainer"] == 15
@@ -53,31 +53,31 @@ def test_long_tail_moves_idle_rollout_devices_to_the_trainer():
 
 
 @pytest.mark.parametrize("snapshot", [
-    pytest.param(Snapshot(10.0, (rollout(low=0, active=8), trainer())), id="rollout-busy"),
-    pytest.param(Snapshot(10.0, (rollout(low=7), trainer(work=0.0))), id="nothing-to-speed-up"),
-    pytest.param(Snapshot(10.0, (rollout(low=7), trainer(interruptible=False))), id="receiver-busy"),
-    pytest.param(Snapshot(10.0, (rollout(low=8, active=8), trainer())), id="every-engine-still-has-a-request"),
+    pytest.param(ClusterView(10.0, (rollout(low=0, active=8), trainer())), id="rollout-busy"),
+    pytest.param(ClusterView(10.0, (rollout(low=7), trainer(work=0.0))), id="nothing-to-speed-up"),
+    pytest.param(ClusterView(10.0, (rollout(low=7), trainer(interruptible=False))), id="receiver-busy"),
+    pytest.param(ClusterView(10.0, (rollout(low=8, active=8), trainer())), id="every-engine-still-has-a-request"),
 ])
 def test_no_plan(snapshot):
     assert decide_dynarl(snapshot, predictor(), CFG) is None
 
 
 def test_rollout_tp2_moves_whole_engines_and_keeps_those_with_requests():
-    snap = Snapshot(10.0, (rollout(low=4, active=1, devices=8, per_engine=2), trainer()))
+    snap = ClusterView(10.0, (rollout(low=4, active=1, devices=8, per_engine=2), trainer()))
     plan = decide_dynarl(snap, predictor(), CFG)
     assert plan is not None and plan.allocation["rollout"] % 2 == 0 and plan.allocation["rollout"] >= 2
 
 
 def test_freed_devices_go_to_the_bottleneck_first():
     inference = ComponentView("inference", "static", 2, 2000.0)  # 2000/(2*200)=5 s left
-    snap = Snapshot(10.0, (rollout(low=7, active=1), trainer(devices=8, work=100.0), inference))
+    snap = ClusterView(10.0, (rollout(low=7, active=1), trainer(devices=8, work=100.0), inference))
     plan = decide_dynarl(snap, predictor(), CFG)
     assert plan is not None
     assert dict((r, n) for _, r, n in plan.moves).get("inference", 0) > 0
 
 
 def test_static_policy_never_moves():
-    snap = Snapshot(10.0, (rollout(low=8, active=0), trainer()))
+    snap = ClusterView(10.0, (rollout(low=8, active=0), trainer()))
     assert decide_static(snap, predictor()) is None
 
 
@@ -112,7 +112,7 @@ def _tail(move_cost=(0.0, 0.0), per_engine=64, active=20, trainer_work=256.0):
     r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=active, requests_per_engine=per_engine,
                       engine_low_since=(0.0, 0.0, 0.0), move_cost_s=move_cost[0])
     t = ComponentView("trainer", "static", 1, trainer_work, barrier=True, move_cost_s=move_cost[1])
-    return Snapshot(10.0, (r, t))
+    return ClusterView(10.0, (r, t))
 
 
 def test_a_barrier_trainer_adds_its_time_to_the_pipelined_stages():
@@ -172,7 +172,21 @@ def test_packing_below_demand_is_priced_by_the_demand_cap():
     r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=20, requests_per_engine=8,
                       keep_engines=1, engine_low_since=(0.0, 0.0, 0.0))
     t = ComponentView("trainer", "static", 1, 2560.0)
-    plan = decide_dynarl(Snapshot(10.0, (r, t)), predictor(), CFG)
+    plan = decide_dynarl(ClusterView(10.0, (r, t)), predictor(), CFG)
     assert plan is not None and plan.moves == (("rollout", "trainer", 2),)
     # rollout on 1 engine: 200 / 100 = 2 s; trainer on 3 devices: 2560 / 150 = 17.1 s
     assert plan.predicted_time_s == pytest.approx(2560.0 / 150.0)
+
+
+@pytest.mark.parametrize("engines, util, since, peak, expected_since, expected_peak", [
+    pytest.param(["a"], [0.0], {}, {}, {"a": 5.0}, {"a": 0.0}, id="never-held-a-request-is-low"),
+    pytest.param(["a"], [0.1], {}, {}, {"a": None}, {"a": 0.1}, id="filling-below-u-low-is-not-low"),
+    pytest.param(["a"], [0.1], {}, {"a": 0.6}, {"a": 5.0}, {"a": 0.6}, id="draining-below-u-low-is-low"),
+    pytest.param(["a"], [0.1], {"a": 2.0}, {"a": 0.6}, {"a": 2.0}, {"a": 0.6}, id="stays-low-since-first-seen"),
+    pytest.param(["a"], [0.3], {"a": 2.0}, {"a": 0.6}, {"a": None}, {"a": 0.6}, id="above-u-low-resets"),
+    pytest.param(["b"], [0.7], {"a": 2.0}, {"a": 0.6}, {"b": None}, {"a": 0.6, "b": 0.7},
+                 id="a-released-engine-drops-out-its-peak-stays"),
+])
+def test_track_low(engines, util, since, peak, expected_since, expected_peak):
+    """Both commands' donor signal (dynarl train's managers, dynarl sim's dynarl policy)."""
+    assert track_low(engines, util, 5.0, since, peak, 0.2) == (expected_since, expected_peak)

@@ -5,7 +5,8 @@ components' devices at an iteration's start (Fig 13), the poll period at scale."
 import pytest
 
 from dynarl.components.placement import policy as _policies  # noqa: F401  registers the policies first
-from dynarl.components.placement.dynarl import decide_period_s, engine_low, rollout_done
+from dynarl.components.placement.dynarl import decide_period_s, rollout_done
+from dynarl.core.scheduler.policy import engine_low
 from dynarl.components.placement.policy import Snapshot
 from dynarl.launch.sim.runner import run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario

@@ -3,10 +3,9 @@
 The decision is core/scheduler/policy.py's `decide_dynarl` (the paper's Algorithm 1);
 this module only turns the simulator's Snapshot into the scheduler's view:
 
-    rollout   dynamic: per-engine "low since" (`engine_low`: active KV / capacity below
-              U_low, the paper's signal, counted once the engine is past its fill: at an
-              iteration's start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2
-              engine, which is below any U_low but is not a draining engine), the
+    rollout   dynamic: per-engine "low since" (core/scheduler/policy.py `track_low`:
+              active KV / capacity below U_low, the paper's signal, counted once the
+              engine is past its fill, as in `dynarl train`'s managers), the
               engines it keeps at least (rollout_demand, core's keep_engines), remaining
               output tokens *estimated* without oracle lengths (rollout_tokens_left:
               as many again as made so far, at least the finished mean, never past
@@ -41,8 +40,8 @@ from __future__ import annotations
 
 import math
 
-from dynarl.core.scheduler.policy import ComponentView, DynarlConfig, Plan, decide_dynarl
-from dynarl.core.scheduler.policy import Snapshot as SchedSnapshot
+from dynarl.core.scheduler.policy import ComponentView, DynarlConfig, Plan, decide_dynarl, track_low
+from dynarl.core.scheduler.policy import ClusterView
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
 from . import plan as plans
@@ -78,12 +77,6 @@ def start_placement(ctx: PlanContext) -> Placement:
 def decide_period_s(engines: int) -> float:
     """Seconds between decide() calls: DECIDE_EVERY_S, longer past POLLED_ENGINES_PER_S engines."""
     return max(DECIDE_EVERY_S, engines / POLLED_ENGINES_PER_S)
-
-
-def engine_low(utilization: float, peak: float, u_low: float) -> bool:
-    """An engine counts as low when its KV utilization is below U_low and below its own
-    peak this iteration (past the fill phase); an engine that never held a request is low."""
-    return peak == 0.0 or (utilization < u_low and utilization < peak)
 
 
 def rollout_done(snap: Snapshot) -> bool:
@@ -136,16 +129,9 @@ class Dynarl:
     def _track(self, snap: Snapshot) -> tuple[float | None, ...]:
         if snap.iteration != self.iteration:
             self.iteration, self.low_since, self.peak = snap.iteration, {}, {}
-        seen = {}
-        for key, u in zip(snap.rollout_engines, snap.rollout_utilization):
-            peak = self.peak[key] = max(self.peak.get(key, 0.0), u)
-            if engine_low(u, peak, self.config.u_low):
-                since = self.low_since.get(key)
-                seen[key] = snap.now_s if since is None else since
-            else:
-                seen[key] = None
-        self.low_since = seen
-        return tuple(seen[k] for k in snap.rollout_engines)
+        self.low_since, self.peak = track_low(snap.rollout_engines, snap.rollout_utilization, snap.now_s,
+                                              self.low_since, self.peak, self.config.u_low)
+        return tuple(self.low_since[k] for k in snap.rollout_engines)
 
     PACK = 1.0
     """The kept engines' KV fill, as a multiple of the engines' mean peak fill."""
@@ -190,7 +176,7 @@ class Dynarl:
         if snapshot.at_iteration_end or not snapshot.devices:
             return []  # the runner returns to the start placement at every iteration boundary
         views = self.views(snapshot)
-        plan = decide_dynarl(SchedSnapshot(snapshot.now_s, views), self.predictor(snapshot), self.config)
+        plan = decide_dynarl(ClusterView(snapshot.now_s, views), self.predictor(snapshot), self.config)
         if plan is None or not self.commit(plan, snapshot):
             return []
         return [Migrate(STRATEGY[receiver], donor, receiver, n) for donor, receiver, n in plan.moves]

@@ -1,2 +1,3 @@
-"""The DynaRL global scheduler's pure parts: snapshots, the throughput predictor
-and the `decide(snapshot) -> plan | None` policies."""
+"""The DynaRL global scheduler: the pure parts (the ClusterView, the throughput
+predictor, the `decide(view) -> plan | None` policies) and the orchestration
+around them (managers over the runtime hypergraph, the GlobalScheduler loop)."""

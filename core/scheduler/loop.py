@@ -1,6 +1,6 @@
 """The global scheduler: thin async orchestration around the pure policy.
 
-Every `interval_s` it polls each component's manager, builds a snapshot, times
+Every `interval_s` it polls each component's manager, builds the ClusterView, times
 the policy's decision, and carries out a committed plan: donors release whole
 engines by Workload migration (idle engines first), and receivers take the
 freed devices by their own strategy: Workload (grow the group), P2P (a new
@@ -24,7 +24,7 @@ from dynarl.core.migration.p2p import p2p_migrate
 from dynarl.core.migration.reboot import reboot_migrate
 from dynarl.core.migration.workload import workload_migrate
 from dynarl.core.scheduler.manager import ComponentSpec, Manager
-from dynarl.core.scheduler.policy import DynarlConfig, Plan, Snapshot, decide_dynarl
+from dynarl.core.scheduler.policy import DynarlConfig, Plan, ClusterView, decide_dynarl
 from dynarl.core.scheduler.predictor import Predictor
 from dynarl.core.worker_group import WorkerGroup
 
@@ -42,7 +42,7 @@ class Migration:
 
 
 @dataclass(slots=True)
-class Decision:
+class DecisionRecord:
     at: float
     ms: float
     plan: Plan | None
@@ -50,7 +50,7 @@ class Decision:
 
 @dataclass(slots=True)
 class SchedulerLog:
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[DecisionRecord] = field(default_factory=list)
     migrations: list[Migration] = field(default_factory=list)
 
     def decision_ms(self) -> list[float]:
@@ -88,10 +88,10 @@ class GlobalScheduler:
         for manager in self.managers.values():
             if manager.gate.interruptible:
                 await manager.poll(now, self.predictor)
-        snapshot = Snapshot(now, tuple(m.view() for m in self.managers.values()))
+        view = ClusterView(now, tuple(m.view() for m in self.managers.values()))
         begun = time.perf_counter()
-        plan = decide_dynarl(snapshot, self.predictor, self.config) if self.policy == "dynarl" else None
-        self.log.decisions.append(Decision(now, (time.perf_counter() - begun) * 1000, plan))
+        plan = decide_dynarl(view, self.predictor, self.config) if self.policy == "dynarl" else None
+        self.log.decisions.append(DecisionRecord(now, (time.perf_counter() - begun) * 1000, plan))
         if plan is not None:
             await self.execute(plan)
         return plan

@@ -7,7 +7,8 @@ and guards its interruptible points.
 Workers report `metrics()`: {"utilization": active KV / capacity (rollout) or
 busy fraction, "running": int, "waiting": int, "work_done": cumulative work
 units, "remaining_work": units left this iteration}. The manager keeps, per
-engine, since when its utilization has stayed below u_low (the donor signal),
+engine, since when it has been low (policy.track_low: below u_low and past its
+peak this cycle, the donor signal),
 and feeds measured throughput to the predictor's online correction. It also
 keeps what the component's moves cost: the seconds of its migrations in the
 current scheduling cycle (a step: out, then back), and, as `move_cost_s`, those
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Literal
 
 from dynarl.core.hypergraph import Hypergraph
-from dynarl.core.scheduler.policy import ComponentView
+from dynarl.core.scheduler.policy import ComponentView, track_low
 from dynarl.core.scheduler.predictor import Predictor
 from dynarl.core.worker_group import WorkerGroup
 
@@ -97,6 +98,8 @@ class Manager:
         """The component's node, under its name (P2P and reboot moves replace the group)."""
         self.gate = InterruptGate()
         self.low_since: dict[str, float | None] = {}
+        self.peak: dict[str, float] = {}
+        """Per engine: its highest utilization this cycle (low counts past the peak only)."""
         self.requests: dict[str, int] = {}
         """Per rank: requests running or waiting at the last poll."""
         self.remaining_work = 0.0
@@ -119,6 +122,7 @@ class Manager:
             self.move_cost_s = sum(self.cycle_moves)
         self.cycle_moves = []
         self.low_since.clear()
+        self.peak.clear()
 
     async def poll(self, now: float, predictor: Predictor | None = None) -> None:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
@@ -131,12 +135,7 @@ class Manager:
         node.kind = self.spec.kind
         utilization, queued = node.loads()
         self.requests = dict(zip(node.workers, queued))
-        for key, u in zip(node.workers, utilization):
-            if u < self.u_low:
-                self.low_since[key] = self.low_since.get(key) if self.low_since.get(key) is not None else now
-            else:
-                self.low_since[key] = None
-        self.low_since = {k: v for k, v in self.low_since.items() if k in self.requests}
+        self.low_since, self.peak = track_low(node.workers, utilization, now, self.low_since, self.peak, self.u_low)
         self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
         done = float(sum(r.get("work_done", 0.0) for r in reports))
         if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:

@@ -1,8 +1,11 @@
-"""Scheduling policies: pure functions of a snapshot.
+"""Scheduling policies: pure functions of a ClusterView (each component's view at one
+time: `dynarl train`'s managers read it from the runtime hypergraph, `dynarl sim`'s
+policies build it from their Snapshot, components/placement/dynarl.py).
 
 `static` never moves devices. `dynarl` (the paper's Algorithm 1):
 1. A dynamic component is a donor when more than `theta` of its engines have
-   stayed below `u_low` utilization for at least `window_s` seconds.
+   stayed low (`engine_low`: below `u_low` utilization and past their peak) for at
+   least `window_s` seconds (`track_low`, both commands' one donor signal).
 2. Candidates shrink the donor by 1..k engines (3-10 of them, spread evenly,
    never below its floor: `keep_engines`, by default the engines its active
    requests need) and hand the freed devices, one receiver unit at a time, to
@@ -20,7 +23,7 @@ Only components at an interruptible point take part.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Mapping, Sequence
 
 from dynarl.core.scheduler.predictor import Predictor
 
@@ -55,7 +58,7 @@ class ComponentView:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class ClusterView:
     now: float
     components: tuple[ComponentView, ...]
 
@@ -94,6 +97,31 @@ class Plan:
     """The measured move costs of the components the plan moves (summed)."""
 
 
+def engine_low(utilization: float, peak: float, u_low: float) -> bool:
+    """The donor signal of one engine: its utilization (active KV / capacity) is below
+    U_low and below its own peak this cycle, so it is draining, not filling (at a step's
+    start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine: below any U_low,
+    but not a draining engine); an engine that never held a request is low."""
+    return peak == 0.0 or (utilization < u_low and utilization < peak)
+
+
+def track_low(engines: Sequence[str], utilization: Sequence[float], now: float,
+              since: Mapping[str, float | None], peak: Mapping[str, float],
+              u_low: float) -> tuple[dict[str, float | None], dict[str, float]]:
+    """Pure: one poll of `engines` (their utilization, in order) -> per engine since
+    when it has been low (None: not low), and the cycle's peaks updated. Engines not
+    polled drop out of `since` (released); their peaks stay (the cycle's fill)."""
+    peaks = dict(peak)
+    out: dict[str, float | None] = {}
+    for key, u in zip(engines, utilization):
+        peaks[key] = max(peaks.get(key, 0.0), u)
+        if engine_low(u, peaks[key], u_low):
+            out[key] = now if since.get(key) is None else since[key]
+        else:
+            out[key] = None
+    return out, peaks
+
+
 def is_donor(c: ComponentView, now: float, config: DynarlConfig) -> bool:
     if c.kind != "dynamic" or not c.interruptible or not c.engine_low_since:
         return False
@@ -127,17 +155,17 @@ def demand_engines(c: ComponentView) -> int | None:
     return -(-max(c.active_requests, 0) // max(c.requests_per_engine, 1))
 
 
-def decide_static(snapshot: Snapshot, predictor: Predictor, config: DynarlConfig | None = None) -> Plan | None:
+def decide_static(view: ClusterView, predictor: Predictor, config: DynarlConfig | None = None) -> Plan | None:
     return None
 
 
-def decide_dynarl(snapshot: Snapshot, predictor: Predictor, config: DynarlConfig) -> Plan | None:
-    comps = snapshot.components
+def decide_dynarl(view: ClusterView, predictor: Predictor, config: DynarlConfig) -> Plan | None:
+    comps = view.components
     current = {c.name: c.devices for c in comps}
     now_time = predicted_time(comps, current, predictor)
     best: Plan | None = None
     count = 0
-    for donor in (c for c in comps if is_donor(c, snapshot.now, config)):
+    for donor in (c for c in comps if is_donor(c, view.now, config)):
         receivers = [c for c in comps if c.name != donor.name and c.interruptible and c.remaining_work > 0]
         if not receivers:
             continue

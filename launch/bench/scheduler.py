@@ -13,11 +13,11 @@ import time
 from dynarl.core.config import ClusterConfig, RuntimeConfig
 from dynarl.core.controller import Controller
 from dynarl.core.migration.p2p import p2p_migrate
-from dynarl.core.scheduler.policy import ComponentView, DynarlConfig, Snapshot, decide_dynarl
+from dynarl.core.scheduler.policy import ComponentView, DynarlConfig, ClusterView, decide_dynarl
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
 
-def synthetic(devices: int, rng: random.Random) -> tuple[Snapshot, Predictor]:
+def synthetic(devices: int, rng: random.Random) -> tuple[ClusterView, Predictor]:
     """A math-RL step in its long tail: half the devices on rollout (TP1), most engines
     idle with a few long requests left; trainer (DP units of 8) and inference have work."""
     rollout = devices // 2
@@ -34,7 +34,7 @@ def synthetic(devices: int, rng: random.Random) -> tuple[Snapshot, Predictor]:
         ComponentView("trainer", "static", devices // 4, rng.uniform(1e7, 5e7), devices_per_engine=8),
         ComponentView("inference", "static", devices // 4, rng.uniform(1e6, 5e6)),
     )
-    return Snapshot(10.0, components), predictor
+    return ClusterView(10.0, components), predictor
 
 
 def decision_times(devices: int, count: int, seed: int) -> list[float]:
