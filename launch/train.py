@@ -64,7 +64,7 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
     lines = ["dry run: config valid; nothing started",
              f"cluster: {cluster.num_nodes} node(s) x {cluster.devices_per_node} {cluster.device_kind} devices, "
              f"launcher {cfg.runtime.launcher}",
-             f"placement {cfg.placement.mode}: " + ", ".join(f"{c} {d}" for c, d in cfg.devices().items()),
+             f"placement {cfg.placement.mode}: " + placed(cfg),
              f"workflow {cfg.workflow}, task {cfg.task.kind}",
              f"backends: rollout {cfg.rollout.backend}, trainer {cfg.trainer.backend}; "
              f"scheduler {cfg.scheduler.policy}",
@@ -273,8 +273,8 @@ class Job:
         progress = make_progress(self.cfg.run.steps)
         started = time.perf_counter()
         with progress:
-            progress.note(f"run directory {self.run_dir}; placement {self.cfg.placement.mode} "
-                          f"{self.cfg.devices()} on {self.cfg.runtime.cluster.num_devices} devices")
+            progress.note(f"run directory {self.run_dir}; placement {self.cfg.placement.mode}: {placed(self.cfg)} "
+                          f"on {self.cfg.runtime.cluster.num_devices} devices")
             if self.source.report:
                 progress.note(f"dataset: {self.source.report}")
             try:
@@ -289,7 +289,7 @@ class Job:
                 print(f"dynarl train: failed: {exc}", file=sys.stderr)
                 return 1
             finally:
-                if self.workflow is not None:
+                if self.workflow is not None and self.workflow.placement is not None:  # auto: once planned
                     self._draw(self.workflow.clock.spans, attempt)
         summary = summarize(os.path.join(self.run_dir, "metrics.jsonl"), time.perf_counter() - started)
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
@@ -312,9 +312,16 @@ class Job:
         try:
             draw_timeline(spans, self.cfg.runtime.cluster.num_devices,
                           os.path.join(self.run_dir, f"timeline{attempt}.png"),
-                          f"placement {self.cfg.placement.mode}: {self.cfg.devices()}")
+                          f"placement {self.workflow.placement.describe()}")
         except Exception as exc:  # the picture must never cost the run's result
             print(f"dynarl train: timeline not drawn: {exc!r}", file=sys.stderr)
+
+
+def placed(cfg: Any) -> str:
+    """Each component's devices, or for placement.mode auto when they are chosen."""
+    if cfg.placement.mode == "auto":
+        return "planned at start from a profile of each component (placement.json)"
+    return ", ".join(f"{c} {d}" for c, d in cfg.devices().items())
 
 
 def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:

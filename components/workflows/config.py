@@ -124,9 +124,12 @@ class TrainerSection:
 
 @dataclass(kw_only=True, slots=True)
 class PlacementSection:
-    mode: Literal["temporal", "spatial", "hybrid"] = "temporal"
+    mode: Literal["temporal", "spatial", "hybrid", "auto"] = "temporal"
     """temporal: all components time-share all devices; spatial: disjoint devices,
-    pipelined; hybrid: `pools` share within, are disjoint across."""
+    pipelined; hybrid: `pools` share within, are disjoint across; auto: rlinf-auto's
+    profile-guided plan (components/workflows/auto_placement.py): before training each
+    component is timed on this job's engines and the planner picks the mode and the
+    devices of each (one rank per device; the components' num_ranks do not apply)."""
     pools: list[list[str]] = field(default_factory=list)
     """hybrid only: groups of components that share devices; [] = [[rollout], [inference, trainer]]."""
 
@@ -226,6 +229,18 @@ class TrainConfig:
                                                    "steps on the whole batch; set it false")
         if self.placement.mode != "hybrid" and self.placement.pools:
             raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {self.placement.mode!r}")
+        if self.placement.mode == "auto":
+            self._check_auto()
+        else:
+            self._check_placed()
+        self._check_workflow()
+        max_len = self.model.config().max_position_embeddings
+        if self.rollout.max_new_tokens >= max_len and not emulated:
+            raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
+
+    def _check_placed(self) -> None:
+        """A configured placement: the modes' pools, every component's ranks on the
+        cluster, the trainer's ranks fed, dynarl's needs."""
         try:
             pools_for(self.placement.mode, self.placement.pools or None)
         except PlacementError as exc:
@@ -246,10 +261,23 @@ class TrainConfig:
                                                       f"{self.trainer.num_ranks} trainer ranks (one group each at least)")
         if self.scheduler.policy == "dynarl":
             self._check_dynarl()
-        self._check_workflow()
-        max_len = self.model.config().max_position_embeddings
-        if self.rollout.max_new_tokens >= max_len and not emulated:
-            raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
+
+    def _check_auto(self) -> None:
+        """placement.mode auto plans from a profile of the GRPO stages, one rank per device."""
+        devices = self.runtime.cluster.num_devices
+        if self.scheduler.policy == "dynarl":
+            raise ConfigError("placement.mode", "auto plans a placement that does not change; scheduler.policy "
+                                                "dynarl starts from its own (spatial or hybrid): choose one")
+        if self.workflow != "grpo":
+            raise ConfigError("placement.mode", f"auto profiles the GRPO stages; the {self.workflow} workflow's "
+                                                "episodes are not profiled: choose temporal, spatial or hybrid")
+        if self.rollout.backend != "native" or self.trainer.backend != "native":
+            raise ConfigError("placement.mode", "auto places one rank per device (the native engines); "
+                                                f"rollout.backend {self.rollout.backend!r} and trainer.backend "
+                                                f"{self.trainer.backend!r} have their own parallel layout")
+        if self.run.prompts_per_step < devices and not self.trainer.streaming:
+            raise ConfigError("run.prompts_per_step", f"auto may give the trainer all {devices} devices: "
+                                                      f"{self.run.prompts_per_step} prompts cannot feed as many ranks")
 
     def _check_dynarl(self) -> None:
         """dynarl moves whole rollout devices to the trainer and back: rollout needs
@@ -293,7 +321,10 @@ class TrainConfig:
                 "trainer": self.trainer.num_ranks}
 
     def placement_plan(self) -> Placement:
-        """The placement of `placement.mode` (components/placement/plan.py)."""
+        """The placement of `placement.mode` (components/placement/plan.py); auto has
+        none until the job has profiled its components (GRPO.run)."""
+        if self.placement.mode == "auto":
+            raise PlacementError("placement.mode auto: the placement is planned at start, from a profile")
         return from_pools(self.placement.mode, self.runtime.cluster.num_devices, self.ranks(),
                           self.placement.pools or None)
 

@@ -38,6 +38,7 @@ from dynarl.components.tasks.source import ProblemSource
 from dynarl.components.trainer.base import TrainBatch, data_parts
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
+from dynarl.components.workflows.auto_placement import auto_placement
 from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling, _plain
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
@@ -89,7 +90,9 @@ class GRPO:
         self.progress = progress
         self.prompts = prompts or TaskPrompts(source, tokenizer, prompts_per_step=cfg.run.prompts_per_step,
                                               samples_per_prompt=cfg.rollout.samples_per_prompt, seed=cfg.run.seed)
-        self.placement = placement or cfg.placement_plan()
+        self.placement: Placement | None = placement or (None if cfg.placement.mode == "auto"
+                                                         else cfg.placement_plan())
+        """None until placement.mode auto has profiled and planned (run)."""
         self.hooks: StepHooks | None = None
         """A scheduler that moves devices during a streaming step plugs in here (live.py)."""
         self.live: LiveStep | None = None
@@ -330,6 +333,8 @@ class GRPO:
 
     # --- the run ------------------------------------------------------------------
     async def run(self, resume: tuple[str, ckpt.CheckpointState] | None = None) -> None:
+        if self.placement is None:
+            await self.plan_placement()
         self.open_channels()
         self.g = await self.spawn()
         if resume is None:
@@ -348,6 +353,17 @@ class GRPO:
             self.save_graph()
             self.progress.step(metrics)
 
+    async def plan_placement(self) -> None:
+        """placement.mode auto: time the components, let rlinf-auto's planner place them
+        (auto_placement.py); the profile and the plan go to placement.json."""
+        self.progress.stage("profile")
+        self.placement, report = await auto_placement(self)
+        self.progress.note(f"placement auto: {report['placement']} (profiled: "
+                           + ", ".join(f"{c} {p}" for c, p in report["profiles"].items()) + ")")
+        if self.run_dir is not None:
+            with open(os.path.join(self.run_dir, "placement.json"), "w") as f:
+                json.dump(report, f, indent=1)
+
     def save_graph(self) -> None:
         """The runtime hypergraph as the scheduler last read it, channel traffic folded
         in: graph.json in the run directory (`dynarl graph RUN_DIR` prints it)."""
@@ -356,32 +372,38 @@ class GRPO:
             json.dump(self.ctl.refresh_graph().to_wire(), f)
         os.replace(path + ".tmp", path)
 
+    def worker_inits(self, shared: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
+        """Each component's worker constructor arguments (the components in `shared`
+        time-share their devices): the job's groups, and the ranks a profile times."""
+        cfg = self.cfg
+        model = _plain(cfg.model)
+        bucket = cfg.trainer.sync_bucket_bytes
+        rollout_backend = cfg.rollout.sglang if cfg.rollout.backend == "sglang" else cfg.rollout.emulated
+        trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
+        return {  # engines: engine_factory.py
+            "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps},
+            "rollout": {"model": model, "engine": _plain(cfg.rollout.engine), "bucket_bytes": bucket,
+                        "shares_device": "rollout" in shared,
+                        "backend": cfg.rollout.backend, "backend_config": _plain(rollout_backend),
+                        **self.rollout_init()},
+            "inference": {"model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
+                          "bucket_bytes": bucket, "shares_device": "inference" in shared,
+                          "backend": cfg.inference.backend, "backend_config": _plain(cfg.inference.emulated)},
+            "trainer": {"model": model, "engine": cfg.trainer.engine.to_wire(), "warmup_lr": cfg.trainer.warmup.lr,
+                        "bucket_bytes": bucket, "shares_device": "trainer" in shared,
+                        "backend": cfg.trainer.backend, "backend_config": _plain(trainer_backend)}}
+
     async def spawn(self) -> Groups:
         cfg, ctl = self.cfg, self.ctl
         devices = {c: self.placement.rank_devices(c) for c in COMPONENTS}
-        shared = {c for c in COMPONENTS if self.placement.shares_devices(c)}
-        model = _plain(cfg.model)
-        bucket = cfg.trainer.sync_bucket_bytes
+        inits = self.worker_inits({c for c in COMPONENTS if self.placement.shares_devices(c)})
         self.progress.stage("spawn")
-        reward_spawn = [ctl.spawn(self.reward_worker, name="reward", devices=[0], init={
-            "model": model, "verifier": cfg.task.resolved_verifier,
-            "adv_eps": cfg.trainer.engine.adv_eps})] if self.reward_worker else []
-        rollout_backend = cfg.rollout.sglang if cfg.rollout.backend == "sglang" else cfg.rollout.emulated
-        trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
-        rollout, inference, trainer, *reward = await gather_or_cancel([  # engines: engine_factory.py
-            ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init={
-                "model": model, "engine": _plain(cfg.rollout.engine), "bucket_bytes": bucket,
-                "shares_device": "rollout" in shared,
-                "backend": cfg.rollout.backend, "backend_config": _plain(rollout_backend),
-                **self.rollout_init()}),
-            ctl.spawn(InferenceWorker, name="inference", devices=devices["inference"], init={
-                "model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
-                "bucket_bytes": bucket, "shares_device": "inference" in shared,
-                "backend": cfg.inference.backend, "backend_config": _plain(cfg.inference.emulated)}),
-            ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init={
-                "model": model, "engine": cfg.trainer.engine.to_wire(), "warmup_lr": cfg.trainer.warmup.lr,
-                "bucket_bytes": bucket, "shares_device": "trainer" in shared,
-                "backend": cfg.trainer.backend, "backend_config": _plain(trainer_backend)}),
+        reward_spawn = [ctl.spawn(self.reward_worker, name="reward", devices=[0], init=inits["reward"])
+                        ] if self.reward_worker else []
+        rollout, inference, trainer, *reward = await gather_or_cancel([
+            ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init=inits["rollout"]),
+            ctl.spawn(InferenceWorker, name="inference", devices=devices["inference"], init=inits["inference"]),
+            ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"]),
             *reward_spawn])
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])
