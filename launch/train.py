@@ -15,8 +15,10 @@ dataset read (a cluster config can be checked on a laptop). Optional extras
 that are missing (sglang, megatron) are then notes, not errors.
 
 The run directory holds: config.yaml (resolved), metrics.jsonl (one object per
-step), ledger.jsonl (samples trained per step), data_report.json, trace.json
-(Perfetto / chrome://tracing), timeline.png, checkpoints/, summary.json.
+step), ledger.jsonl (samples trained per step), graph.json (the runtime hypergraph
+after the last step), placement.json (placement.mode=auto: profile and plan),
+data_report.json, trace.json (Perfetto / chrome://tracing), timeline.png,
+checkpoints/, summary.json.
 """
 from __future__ import annotations
 
