@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-from dynarl.core.hypergraph_extract import DRIVER, StaticGraph
+from dynarl.core.hypergraph_extract import DRIVER, StaticGraph, transient
 
 GRAPH_FILE = "graph.json"
 """Where `dynarl train` saves the graph in its run directory after each step."""
@@ -89,8 +89,12 @@ class Hypergraph:
 
     def observe_stop(self, name: str) -> None:
         node = self.nodes.get(name)
-        if node is not None:
-            node.workers, node.devices, node.utilization = [], [], {}
+        if node is None:
+            return
+        if transient(name):  # a pool's, a profile's or an old generation's ranks
+            del self.nodes[name]
+            return
+        node.workers, node.devices, node.utilization, node.queued = [], [], {}, {}
 
     def observe_channel(self, channel: str, producers: dict[str, int], consumers: dict[str, float],
                         puts: int, gets: int, queued: int | None = None) -> None:

@@ -100,6 +100,14 @@ def _class_attributes(trees) -> dict[str, str]:
     return found
 
 
+def transient(group: str) -> bool:
+    """A group that stands in for a component a while, named by the runtime's
+    conventions: `name~standby` (a warm pool), `name~profile` (a profile's ranks),
+    `name@3` (a move's new generation). Not a node of the static graph; it leaves
+    the runtime graph when it stops."""
+    return "~" in group or "@" in group
+
+
 def _spawned_names(trees: dict[str, ast.AST], workers: set[str], graph: StaticGraph) -> dict[str, str]:
     names: dict[str, str] = {}
     attributes = _class_attributes(trees.values())
@@ -113,7 +121,8 @@ def _spawned_names(trees: dict[str, ast.AST], workers: set[str], graph: StaticGr
                     continue
                 name_kw = next((k.value for k in node.keywords if k.arg == "name"), None)
                 if isinstance(name_kw, ast.Constant) and isinstance(name_kw.value, str):
-                    names[cls] = name_kw.value
+                    if not transient(name_kw.value):
+                        names[cls] = name_kw.value
                 elif name_kw is not None:
                     graph.warnings.append(f"{filename}:{node.lineno}: spawn of {cls} with a non-literal name")
     return names

@@ -190,3 +190,39 @@ def test_packing_below_demand_is_priced_by_the_demand_cap():
 def test_track_low(engines, util, since, peak, expected_since, expected_peak):
     """Both commands' donor signal (dynarl train's managers, dynarl sim's dynarl policy)."""
     assert track_low(engines, util, 5.0, since, peak, 0.2) == (expected_since, expected_peak)
+
+
+def test_an_engine_that_may_still_get_prompts_is_never_low_one_that_may_not_drains():
+    since, _ = track_low(["a", "b"], [0.1, 0.1], 5.0, {}, {"a": 0.1, "b": 0.1}, 0.2, admitting=[True, False])
+    assert since == {"a": None, "b": 5.0}  # b: at its peak, but it takes nothing new: it can only drain
+
+
+async def test_the_manager_reads_the_engines_fill_not_the_admitting_mask():
+    """A rollout rank reports utilization 1.0 while it is admitting prompts; the
+    manager takes its KV fill and its admitting flag: never low while admitting,
+    low below U_low once it is not (dynarl train's tail)."""
+    from types import SimpleNamespace
+
+    from dynarl.core.scheduler.manager import ComponentSpec, Manager
+
+    polls = iter([
+        [{"utilization": 1.0, "kv_utilization": 0.05, "admitting": True}] * 2,   # may still get prompts
+        [{"utilization": 0.10, "kv_utilization": 0.10, "admitting": False},    # in the tail, below U_low
+         {"utilization": 1.0, "kv_utilization": 0.10, "admitting": True}],
+        [{"utilization": 0.15, "kv_utilization": 0.15, "admitting": False},
+         {"utilization": 0.50, "kv_utilization": 0.50, "admitting": False}],   # above U_low
+    ])
+
+    class Group:
+        cls, devices = SimpleNamespace(__name__="RolloutWorker"), [0, 1]
+        handles = [SimpleNamespace(spec=SimpleNamespace(worker_id=w)) for w in ("rollout/0/a", "rollout/1/b")]
+
+        async def call(self, method):
+            return [dict(r, running=1, waiting=0) for r in next(polls)]
+
+    manager = Manager(ComponentSpec("rollout", "dynamic", "workload"), Group(), u_low=0.2)
+    expected = {1.0: (None, None), 2.0: (2.0, None), 3.0: (2.0, None)}
+    for now in (1.0, 2.0, 3.0):
+        await manager.poll(now)
+        assert manager.view().engine_low_since == expected[now], now
+    assert manager.graph.nodes["rollout"].loads() == ((0.15, 0.50), (1, 1))  # the hypergraph holds the KV fill

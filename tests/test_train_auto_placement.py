@@ -67,7 +67,7 @@ def test_an_auto_run_profiles_plans_and_trains_on_the_plan(tmp_path):
     assert job.run() == 0
     report = json.load(open(os.path.join(run_dir, "placement.json")))
     assert [n for n, _ in report["profiles"]["rollout"]] == [1, 2]  # the cluster: 2 devices
-    assert all(t > 0 for _, t in report["profiles"]["rollout"]) and report["switch_s"] >= 0
+    assert all(t > 0 for _, t in report["profiles"]["rollout"]) and report["switch_s"] > 0
     assert all(len(report["profiles"][c]) == 1 for c in ("inference", "trainer"))
     devices = report["devices"]
     assert set().union(*map(set, devices.values())) == {0, 1} and all(devices.values())
@@ -79,3 +79,20 @@ def test_an_auto_run_profiles_plans_and_trains_on_the_plan(tmp_path):
     entries = read_entries(os.path.join(run_dir, "ledger.jsonl"))
     assert [e.step for e in entries] == [0]
     assert all(len(e.sample_ids) == len(set(e.sample_ids)) == 8 * 4 for e in entries)
+
+
+def test_a_failed_profile_stops_its_ranks(tmp_path, monkeypatch):
+    """The profile's ranks go whatever happens to it: a step that fails half-way
+    (here inference's timing) ends the run with its error and leaves no process."""
+    from dynarl.components.workflows import auto_placement
+    from test_dynarl_train import _children
+
+    async def fail(*args, **kwargs):
+        raise RuntimeError("injected: inference's profile failed")
+    monkeypatch.setattr(auto_placement, "_timed_logprobs", fail)
+    before = _children()
+    job = prepare(None, overrides("placement.mode=auto", "runtime.cluster.devices_per_node=2", "run.steps=1"),
+                  str(tmp_path / "failed"), None)
+    with pytest.raises(RuntimeError, match="injected"):
+        job.run()
+    assert _children() <= before, "profile ranks left behind"

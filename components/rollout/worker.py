@@ -75,9 +75,9 @@ class RolloutWorker(dynarl.Worker):
 
     async def metrics(self) -> dict:
         """utilization: active KV tokens / KV capacity; but a rank that may still be
-        handed prompts (it has not taken its END) is not in the long tail, so it
-        reports 1.0 and is never a donor: a released rank has always consumed its
-        END, and the kept ranks see every remaining prompt and their own ENDs.
+        handed prompts (it has not taken its END, `admitting`) is not in the long
+        tail, so it reports 1.0 and is never a donor: a released rank has always
+        consumed its END, and the kept ranks see every remaining prompt and their own ENDs.
         Also the raw numbers a view of the tail is made of: KV utilization, active and
         total KV tokens, the tokens the held requests made so far, and the requests
         finished in this step's generation with their tokens (no oracle lengths)."""
@@ -86,7 +86,7 @@ class RolloutWorker(dynarl.Worker):
         remaining, decoding = 0.0, 0
         if run is not None:
             decoding, remaining = load.generated_tokens, float(load.budget_tokens)
-        return {"utilization": 1.0 if self.admitting else load.utilization,
+        return {"utilization": 1.0 if self.admitting else load.utilization, "admitting": self.admitting,
                 "running": load.num_running, "waiting": load.num_waiting,
                 "work_done": float(self.tokens_done + decoding + (run.num_tokens if run is not None else 0)),
                 "remaining_work": remaining, "kv_utilization": load.utilization, "kv": load.active_kv_tokens,

@@ -130,7 +130,7 @@ class AgenticGRPO(GRPO):
         if component != "rollout" or self.driver is None:
             raise ValueError(f"joining: only rollout ranks join a running agentic step, not {component}")
         key = self.g.rollout.handles[position].spec.worker_id
-        self.driver.join([key])
+        await self.driver.join([key])
         results = await self.g.rollout.call("serve_turns", TURNS, TURN_RESULTS, key, version, self.sampling(),
                                             ranks=[position])
         return results[0]

@@ -62,12 +62,14 @@ def turn_result(r: Any, wait_s: float, rank: Any = None, load: Any = None) -> di
 
 
 class AgenticRolloutWorker(RolloutWorker):
-    def __init__(self, *args: Any, queue: str = "fifo", max_bonus_s: float = PriorityConfig().max_bonus_s,
+    def __init__(self, *args: Any, queue: str | None = None, max_bonus_s: float = PriorityConfig().max_bonus_s,
                  **kwargs: Any) -> None:
         """`queue`, `max_bonus_s`: the engine's waiting-queue order (agentic.queue), part of
-        the rank's init so a rank started later (a move, a standby pool) has it too."""
+        the rank's init so a rank started later (a move, a standby pool) has it too;
+        None keeps the engine's own."""
         super().__init__(*args, **kwargs)
-        self.engine.set_queue_key(make_queue_key(queue, PriorityConfig(max_bonus_s=max_bonus_s)))
+        if queue is not None:
+            self.engine.set_queue_key(make_queue_key(queue, PriorityConfig(max_bonus_s=max_bonus_s)))
 
     async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> dict:
         """Turns {"id", "prompt_ids", "seed", "tool_count", "max_new_tokens"} from

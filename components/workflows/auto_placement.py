@@ -8,16 +8,20 @@ profile of this job's own engines taken before training.
     inference  one rank computes the log-probs of that whole batch (twice when the
                loss has a KL term: the reference pass costs the same); linear in devices
     trainer    one throwaway rank takes one train step on the batch; linear in devices
-    switch_s   an offload and an onload of the rollout rank (a role switch on shared devices)
+    switch_s   the rollout rank's offload plus the inference rank's onload (the hand-over
+               between two stages that time-share a device)
 
-The profiling ranks run on device 0, at weight version -1 (no policy yet: RLinf
-profiles before training too), and are stopped before the job's groups start; the
+The profiling ranks time-share device 0 (each onloaded for its part only, as in a
+temporal placement), at weight version -1 (no policy yet: RLinf profiles before
+training too), and are stopped before the job's groups start, also when the
+profile fails or is cancelled; the
 rewards of the batch are zeros (a train step's time does not depend on them). The
 profile and the plan are written to the run directory (placement.json).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from typing import Any
@@ -25,7 +29,7 @@ from typing import Any
 from dynarl.components import experience
 from dynarl.components.experience import END
 from dynarl.components.inference.worker import InferenceWorker
-from dynarl.components.placement.plan import Placement
+from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.placement.policy import PlanContext, RlinfAuto
 from dynarl.components.placement.profile import StageProfile
 from dynarl.components.trainer.worker import TrainerWorker
@@ -62,40 +66,39 @@ async def profile_components(wf: Any) -> tuple[dict[str, StageProfile], float]:
     """Times each component on this job's engines (module docstring); returns the
     profiles and the measured role switch."""
     ctl, cfg = wf.ctl, wf.cfg
-    inits = wf.worker_inits()
+    inits = wf.worker_inits(shared=set(COMPONENTS))  # time-sharing device 0: onload, work, offload
     for name in PROBE:
         ctl.channel(name, capacity=cfg.run.prompts_per_step + 2)
-    spawned = await asyncio.gather(  # at once: a spawn is mostly a process start
-        ctl.spawn(wf.rollout_worker, name="rollout~profile", devices=[0], init=inits["rollout"]),
-        ctl.spawn(InferenceWorker, name="inference~profile", devices=[0],
-                  init=dict(inits["inference"], with_ref=False)),
-        ctl.spawn(TrainerWorker, name="trainer~profile", devices=[0], init=inits["trainer"]),
-        return_exceptions=True)
-    groups = [g for g in spawned if isinstance(g, WorkerGroup)]
-    try:
-        for failed in spawned:
-            if isinstance(failed, BaseException):
-                raise failed
-        rollout, inference, trainer = groups
+    async with contextlib.AsyncExitStack() as stack:
+        async def started(cls: type, name: str, init: dict) -> WorkerGroup:
+            group = await ctl.spawn(cls, name=name, devices=[0], init=init)
+            stack.push_async_callback(ctl.stop_group, group)  # stopped however the profile ends
+            return group
+        async with asyncio.TaskGroup() as spawning:  # at once: a spawn is mostly a process start
+            spawns = [spawning.create_task(started(wf.rollout_worker, "rollout~profile", inits["rollout"])),
+                      spawning.create_task(started(InferenceWorker, "inference~profile",
+                                                   dict(inits["inference"], with_ref=False))),
+                      spawning.create_task(started(TrainerWorker, "trainer~profile", inits["trainer"]))]
+        rollout, inference, trainer = (task.result() for task in spawns)
         batch = wf.prompts.groups(0)
         points, outputs = [], None
+        await rollout.call("onload")
         for k in profile_counts(cfg.runtime.cluster.num_devices):
             seconds, done = await _timed_generate(ctl, rollout, share(batch, k), wf)
             points.append((k, seconds))
             outputs = outputs if outputs is not None else done
         begun = time.perf_counter()
         await rollout.call("offload")
-        await rollout.call("onload")
+        await inference.call("onload")
         switch_s = time.perf_counter() - begun
         inference_s, scored = await _timed_logprobs(ctl, inference, outputs)
+        await inference.call("offload")
         await trainer.call("start", None)
+        await trainer.call("onload")
         trained = experience.train_batch(scored, with_ref=False)
         begun = time.perf_counter()
         await trainer.call("train", trained.to_wire())
         trainer_s = time.perf_counter() - begun
-    finally:
-        for group in groups:
-            await ctl.stop_group(group)
     profiles = {"rollout": StageProfile(tuple(points)),
                 "inference": StageProfile(((1, inference_s * (2 if cfg.with_ref else 1)),)),
                 "trainer": StageProfile(((1, trainer_s),))}

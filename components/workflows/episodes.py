@@ -188,6 +188,8 @@ class EpisodeDriver:
         self.routed_to: dict[str, Any] = {}
         """Turn id -> the rank it was routed to, until its result is in."""
         self.finished: list[Episode] = []
+        self.closed = False
+        """Every episode is over and the ranks have their end markers (close)."""
         self.reprefill_tokens = 0
         self.max_wait_s = 0.0
         self.turns = 0
@@ -232,16 +234,21 @@ class EpisodeDriver:
                 if self.end is not None:
                     await self.end(key)
 
-    def join(self, ranks: Sequence[Any]) -> None:
+    async def join(self, ranks: Sequence[Any]) -> None:
         """`ranks` join the run (a wider engine started during it): turns are routed to
-        them from now on."""
+        them from now on; once the run is closed they get their end marker at once."""
         for key in ranks:
+            if self.closed:
+                if self.end is not None:
+                    await self.end(key)
+                continue
             self.keys[str(key)] = key
             self.outstanding.setdefault(key, 0)
             self.kv.setdefault(key, 0.0)
 
     async def close(self) -> None:
         """Every episode is over: the ranks still in the run get their end marker."""
+        self.closed = True
         if self.end is not None:
             for key in list(self.outstanding):
                 await self.end(key)

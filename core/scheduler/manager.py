@@ -6,9 +6,10 @@ and guards its interruptible points.
 
 Workers report `metrics()`: {"utilization": active KV / capacity (rollout) or
 busy fraction, "running": int, "waiting": int, "work_done": cumulative work
-units, "remaining_work": units left this iteration}. The manager keeps, per
-engine, since when it has been low (policy.track_low: below u_low and past its
-peak this cycle, the donor signal),
+units, "remaining_work": units left this iteration}; a rollout rank also its raw
+"kv_utilization" and whether it is still "admitting" prompts (never a donor then). The manager keeps, per
+engine, since when it has been low (policy.track_low, the donor signal: below
+u_low and no longer admitting prompts),
 and feeds measured throughput to the predictor's online correction. It also
 keeps what the component's moves cost: the seconds of its migrations in the
 current scheduling cycle (a step: out, then back), and, as `move_cost_s`, those
@@ -128,14 +129,17 @@ class Manager:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
         reports = await self.group.call("metrics")
         workers = self.observe_group()
-        self.graph.observe_load(self.spec.name, workers, [r["utilization"] for r in reports],
+        # the engines' own KV utilization (the peak is the fill's, not the admitting mask's)
+        self.graph.observe_load(self.spec.name, workers, [r.get("kv_utilization", r["utilization"]) for r in reports],
                                 [int(r.get("running", 0) + r.get("waiting", 0)) for r in reports])
         self.graph.observe_interruptible(self.spec.name, self.gate.interruptible)
         node = self.graph.nodes[self.spec.name]
         node.kind = self.spec.kind
         utilization, queued = node.loads()
         self.requests = dict(zip(node.workers, queued))
-        self.low_since, self.peak = track_low(node.workers, utilization, now, self.low_since, self.peak, self.u_low)
+        admitting = {w: bool(r.get("admitting", False)) for w, r in zip(workers, reports)}
+        self.low_since, self.peak = track_low(node.workers, utilization, now, self.low_since, self.peak, self.u_low,
+                                              [admitting.get(w, False) for w in node.workers])
         self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
         done = float(sum(r.get("work_done", 0.0) for r in reports))
         if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:

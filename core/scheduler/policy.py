@@ -4,8 +4,9 @@ policies build it from their Snapshot, components/placement/dynarl.py).
 
 `static` never moves devices. `dynarl` (the paper's Algorithm 1):
 1. A dynamic component is a donor when more than `theta` of its engines have
-   stayed low (`engine_low`: below `u_low` utilization and past their peak) for at
-   least `window_s` seconds (`track_low`, both commands' one donor signal).
+   stayed low (`engine_low`: below `u_low` utilization and draining: past their peak,
+   or taking no more prompts) for at least `window_s` seconds (`track_low`, both
+   commands' one donor signal).
 2. Candidates shrink the donor by 1..k engines (3-10 of them, spread evenly,
    never below its floor: `keep_engines`, by default the engines its active
    requests need) and hand the freed devices, one receiver unit at a time, to
@@ -97,25 +98,30 @@ class Plan:
     """The measured move costs of the components the plan moves (summed)."""
 
 
-def engine_low(utilization: float, peak: float, u_low: float) -> bool:
+def engine_low(utilization: float, peak: float, u_low: float, draining: bool = False) -> bool:
     """The donor signal of one engine: its utilization (active KV / capacity) is below
-    U_low and below its own peak this cycle, so it is draining, not filling (at a step's
-    start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine: below any U_low,
-    but not a draining engine); an engine that never held a request is low."""
-    return peak == 0.0 or (utilization < u_low and utilization < peak)
+    U_low and it is draining, not filling: it takes no more work (`draining`: it has
+    taken its last prompt), or it is below its own peak this cycle (at a step's start
+    256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine: below any U_low,
+    but not a draining engine). An engine that never held a request is low."""
+    return peak == 0.0 or (utilization < u_low and (draining or utilization < peak))
 
 
 def track_low(engines: Sequence[str], utilization: Sequence[float], now: float,
-              since: Mapping[str, float | None], peak: Mapping[str, float],
-              u_low: float) -> tuple[dict[str, float | None], dict[str, float]]:
+              since: Mapping[str, float | None], peak: Mapping[str, float], u_low: float,
+              admitting: Sequence[bool] | None = None) -> tuple[dict[str, float | None], dict[str, float]]:
     """Pure: one poll of `engines` (their utilization, in order) -> per engine since
     when it has been low (None: not low), and the cycle's peaks updated. Engines not
-    polled drop out of `since` (released); their peaks stay (the cycle's fill)."""
+    polled drop out of `since` (released); their peaks stay (the cycle's fill).
+    `admitting`, where the engines report it (dynarl train's rollout ranks): an engine
+    that may still be handed prompts is never low, one that may not is draining."""
     peaks = dict(peak)
     out: dict[str, float | None] = {}
-    for key, u in zip(engines, utilization):
+    for i, (key, u) in enumerate(zip(engines, utilization)):
         peaks[key] = max(peaks.get(key, 0.0), u)
-        if engine_low(u, peaks[key], u_low):
+        if admitting is not None and admitting[i]:
+            out[key] = None
+        elif engine_low(u, peaks[key], u_low, draining=admitting is not None):
             out[key] = now if since.get(key) is None else since[key]
         else:
             out[key] = None

@@ -129,7 +129,7 @@ def _linear_time(scn: Scenario, batch: list[Group], ranks: int, component: str) 
     units = ([[s.sequence_tokens(g.prompt_tokens) for s in g.samples] for g in batch] if component == "inference"
              else [[s.sequence_tokens(g.prompt_tokens)] for g in batch for s in g.samples])
     free = [(0.0, r) for r in range(ranks)]
-    for unit in units:  # inference takes groups, the trainer single samples (inference_worker.py)
+    for unit in units:  # inference takes groups, the trainer single samples (the streaming step's)
         t, r = heapq.heappop(free)
         heapq.heappush(free, (t + cost(unit), r))
     return max(max(t for t, _ in free), 1e-9)

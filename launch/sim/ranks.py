@@ -50,7 +50,9 @@ class WorkflowRanks:
         self.wf = wf
 
     def pool_init(self, group) -> dict:
-        init = dict(group.handles[0].spec.init_kwargs, shares_device=False)
+        """A parked or grown rank of `group`'s component: the workflow's own init for it
+        (base TP, whatever engines run now), on devices of its own."""
+        init = dict(self.wf.worker_inits()[group.name], shares_device=False)
         if group.name == "rollout":  # off the trainer's segment: weights come over a NIC
             init["backend_config"] = dict(init["backend_config"], weight_sync_bandwidth=nic_or_link(
                 False, self.wf.cfg.rollout.emulated.device))

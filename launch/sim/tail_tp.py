@@ -15,7 +15,10 @@ faster. It is a reboot of those engines, paid in full:
     (in its own emulation).
 
 A pause or export that fails rolls back (each engine gets its own groups back and
-resumes at the base TP; MigrationFailed, which the Migrator lets pass); after the
+resumes at the base TP; MigrationFailed, which the Migrator lets pass). On an
+agentic workload the episode driver was told before the pause that the pair leaves
+(as for any Workload release): after a rollback the two engines finish the turns
+they hold and end, and the other engines take the episodes' next turns. After the
 commit the old engines are gone and a failure ends the run.
 
 The devices stay the rollout's throughout (no ownership change). Pairs are formed
@@ -49,7 +52,8 @@ class Engine(NamedTuple):
     device: int
     """Its first device."""
     active: bool
-    """Still generating this iteration (requests held)."""
+    """Holds requests (running or waiting) now; an agentic engine serves turns until
+    the step's episodes are over, so whether it holds any is what tells it idle."""
 
 
 def widen_pairs(engines: Sequence[Engine]) -> list[tuple[int, int]]:
@@ -74,7 +78,8 @@ async def widen(g: Any, live: LiveStep, migrator: "Migrator") -> int:
     tp, ts = migrator.scn.rollout_tp, migrator.ts
     loads = await g.rollout.call(ranks.load_method)
     handles = list(g.rollout.handles)
-    engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], bool(loads[p]["active_run"]))
+    engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0],
+                      loads[p]["running"] + loads[p]["waiting"] > 0)
                for p, h in enumerate(handles) if h.spec.devices[0] not in migrator.wide]
     pairs = widen_pairs(engines)
     if not pairs or not live.accepts("rollout"):
