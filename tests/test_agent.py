@@ -87,7 +87,7 @@ run: {steps: 2, prompts_per_step: 8}
         return stdout + stderr
 
     out = agents(str(config), "run.steps=1", "--run-dir", str(run_dir))
-    assert "placement spatial {'rollout': [0], 'inference': [1], 'trainer': [2, 3]}" in out
+    assert "placement spatial: rollout [0], inference [1], trainer [2, 3] on 4 devices" in out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0]  # the override run.steps=1 reached the job
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
