@@ -58,57 +58,96 @@ def run_all(tasks: Sequence[Task], jobs: int, on_done: Callable[[int, Any], None
     results: list[Any] = [None] * len(tasks)
     running: dict[int, tuple[Any, Any]] = {}  # index -> (process, read end)
     queue = list(range(len(tasks)))
-    try:
-        while queue or running:
-            while queue and len(running) < jobs:
-                i = queue.pop(0)
-                _start(ctx, tasks[i], i, running)
-            # A timeout, so that a Ctrl-C whose signal another thread took (this thread
-            # blocks SIGINT across each fork) still stops the wait within a second.
-            ready = multiprocessing.connection.wait([read for _, read in running.values()], timeout=1.0)
-            for i, (proc, read) in list(running.items()):
-                if read not in ready:
-                    continue
-                try:
-                    status, payload = json.loads(read.recv_bytes())
-                except EOFError:
-                    proc.join()  # the pipe closes before the child can be reaped
-                    status, payload = "error", f"the run died without a result (exit code {proc.exitcode})"
+    with _CtrlC() as ctrl_c:
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    ctrl_c.check()
+                    i = queue.pop(0)
+                    _start(ctx, tasks[i], i, running)
+                ready = multiprocessing.connection.wait([read for _, read in running.values()] + [ctrl_c.fd],
+                                                        timeout=1.0)
+                ctrl_c.check()
+                for i, (proc, read) in list(running.items()):
+                    if read not in ready:
+                        continue
+                    try:
+                        status, payload = json.loads(read.recv_bytes())
+                    except EOFError:
+                        proc.join()  # the pipe closes before the child can be reaped
+                        status, payload = "error", f"the run died without a result (exit code {proc.exitcode})"
+                    read.close()
+                    proc.join()
+                    del running[i]
+                    if status != "ok":
+                        raise ChildFailed(f"run {i} failed:\n{payload}")
+                    results[i] = payload
+                    if on_done is not None:
+                        on_done(i, payload)
+        finally:
+            for proc, read in running.values():
+                if proc.pid is not None:  # started
+                    proc.kill()
+                    proc.join()
                 read.close()
-                proc.join()
-                del running[i]
-                if status != "ok":
-                    raise ChildFailed(f"run {i} failed:\n{payload}")
-                results[i] = payload
-                if on_done is not None:
-                    on_done(i, payload)
-    finally:
-        for proc, read in running.values():
-            if proc.pid is not None:  # started
-                proc.kill()
-                proc.join()
-            read.close()
     return results
+
+
+class _CtrlC:
+    """Ctrl-C while children run: the handler only notes it (and wakes the wait through
+    a pipe); the loop raises KeyboardInterrupt where it checks, never inside a fork. (A
+    KeyboardInterrupt raised asynchronously inside multiprocessing's fork could leave a
+    child started but not recorded, alive and holding the terminal's pipes.) A child
+    that takes the signal before it ignores it only writes to the pipe, which the
+    parent, not interrupted itself, drains."""
+
+    def __enter__(self) -> "_CtrlC":
+        self.hit = False
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write, False)
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._note)
+        except ValueError:  # not the main thread: Ctrl-C is not ours to handle
+            self._previous = None
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.hit = True
+        try:
+            os.write(self._write, b"\0")
+        except OSError:  # the pipe is full: it is readable already
+            pass
+
+    def check(self) -> None:
+        try:
+            os.read(self.fd, 4096)
+        except BlockingIOError:
+            pass
+        if self.hit:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        os.close(self.fd)
+        os.close(self._write)
 
 
 def _start(ctx: Any, task: Task, index: int, running: dict[int, tuple[Any, Any]]) -> None:
     """Forks a child for `task`, recorded in `running` before it exists (a Ctrl-C in
-    between still finds it), with SIGINT blocked across the fork: the child ignores it
-    before unblocking, so a Ctrl-C reaches only this process, which kills the child."""
+    between still finds it). The child ignores Ctrl-C: it is the parent's, which kills it."""
     read, write = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(task, write, os.getpid()), daemon=True)
     running[index] = (proc, read)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         proc.start()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         write.close()
 
 
 def _child(task: Task, write: Any, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it kills us
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent)
     try:
         message = json.dumps(["ok", task()])
