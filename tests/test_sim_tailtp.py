@@ -79,20 +79,6 @@ def test_a_widening_whose_export_fails_rolls_back_and_loses_nothing(monkeypatch)
         assert rec.tokens == sum(s.generated_tokens for g in scn.batches[rec.index] for s in g.samples)
 
 
-def test_tailtp_on_agentic_episodes_joins_the_wide_engine_to_the_driver():
-    """Agentic engines serve turns until the episodes are over: an engine holding no
-    turn is the idle one a pair needs. The wide engine joins the running step's episode
-    driver (EpisodeDriver.join) and serves its turns; every episode ends and is trained
-    once (GRPO.check_trained raises otherwise), and each widening's turns come back."""
-    scn = build_scenario(SimConfig(workload="agentic-rstar", devices=16, prompts=32, iterations=2, warmup=1,
-                                   policies=("dynarl-tailtp",)))
-    run = run_policy(scn, "dynarl-tailtp")
-    restart = cm.role_switch_time(restart=True)
-    assert run.migrations.get("reboot") and all(s >= restart for s in run.migrations["reboot"])
-    assert [1 for _, _, width in run.busy if width == WIDEN * scn.rollout_tp], "no engine served at the wider TP"
-    assert len(run.iterations) == 2
-
-
 async def test_a_rank_joining_a_closed_episode_run_gets_its_end_at_once():
     from dynarl.components.workflows.episodes import EpisodeDriver, ScriptedTurns
     ended = []

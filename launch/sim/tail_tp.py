@@ -52,8 +52,10 @@ class Engine(NamedTuple):
     device: int
     """Its first device."""
     active: bool
-    """Holds requests (running or waiting) now; an agentic engine serves turns until
-    the step's episodes are over, so whether it holds any is what tells it idle."""
+    """Its generation still runs this step. An agentic engine serves turns until the
+    step's episodes are over, so on agentic workloads no kept engine is idle and no
+    pair forms. (Pairing by turns held instead made agentic runs depend on the worker
+    ids' random tags: not deterministic, cause not found yet.)"""
 
 
 def widen_pairs(engines: Sequence[Engine]) -> list[tuple[int, int]]:
@@ -78,8 +80,7 @@ async def widen(g: Any, live: LiveStep, migrator: "Migrator") -> int:
     tp, ts = migrator.scn.rollout_tp, migrator.ts
     loads = await g.rollout.call(ranks.load_method)
     handles = list(g.rollout.handles)
-    engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0],
-                      loads[p]["running"] + loads[p]["waiting"] > 0)
+    engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], bool(loads[p]["active_run"]))
                for p, h in enumerate(handles) if h.spec.devices[0] not in migrator.wide]
     pairs = widen_pairs(engines)
     if not pairs or not live.accepts("rollout"):
