@@ -212,17 +212,13 @@ class Hypergraph:
 
 def _ranges(devices: list[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5"."""
-    out, run = [], []
+    runs: list[list[int]] = []
     for d in sorted(devices):
-        if run and d == run[-1] + 1:
-            run.append(d)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [d]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out) or "-"
+        if runs and d == runs[-1][1] + 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "-"
 
 
 def _node_of(worker_id: str) -> str:

@@ -21,7 +21,6 @@ from typing import Any
 
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.stages import Span
-from dynarl.core.config_tree import to_dict
 from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.scheduler.loop import GlobalScheduler
@@ -297,7 +296,3 @@ class DynamicScheduling:
         while len(ids) < n:  # a tiny warm-up source: repeat it
             ids, plens = ids + ids[:n - len(ids)], plens + plens[:n - len(plens)]
         return TrainBatch(input_ids=ids[:n], prompt_lens=plens[:n], advantages=[1.0] * n)
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    return to_dict(obj)

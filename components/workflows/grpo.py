@@ -40,11 +40,12 @@ from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.auto_placement import auto_placement
 from dynarl.components.workflows.config import TrainConfig
-from dynarl.components.workflows.dynamic import DynamicScheduling, _plain
+from dynarl.components.workflows.dynamic import DynamicScheduling
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
 from dynarl.components.workflows.live import LiveStep, StepHooks
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import step_metrics
+from dynarl.core.config_tree import to_dict
 from dynarl.core.controller import Controller
 from dynarl.core.hypergraph import GRAPH_FILE
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -376,22 +377,22 @@ class GRPO:
         """Each component's worker constructor arguments (the components in `shared`
         time-share their devices): the job's groups, and the ranks a profile times."""
         cfg = self.cfg
-        model = _plain(cfg.model)
+        model = to_dict(cfg.model)
         bucket = cfg.trainer.sync_bucket_bytes
         rollout_backend = cfg.rollout.sglang if cfg.rollout.backend == "sglang" else cfg.rollout.emulated
         trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
         return {  # engines: engine_factory.py
             "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps},
-            "rollout": {"model": model, "engine": _plain(cfg.rollout.engine), "bucket_bytes": bucket,
+            "rollout": {"model": model, "engine": to_dict(cfg.rollout.engine), "bucket_bytes": bucket,
                         "shares_device": "rollout" in shared,
-                        "backend": cfg.rollout.backend, "backend_config": _plain(rollout_backend),
+                        "backend": cfg.rollout.backend, "backend_config": to_dict(rollout_backend),
                         **self.rollout_init()},
             "inference": {"model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
                           "bucket_bytes": bucket, "shares_device": "inference" in shared,
-                          "backend": cfg.inference.backend, "backend_config": _plain(cfg.inference.emulated)},
+                          "backend": cfg.inference.backend, "backend_config": to_dict(cfg.inference.emulated)},
             "trainer": {"model": model, "engine": cfg.trainer.engine.to_wire(), "warmup_lr": cfg.trainer.warmup.lr,
                         "bucket_bytes": bucket, "shares_device": "trainer" in shared,
-                        "backend": cfg.trainer.backend, "backend_config": _plain(trainer_backend)}}
+                        "backend": cfg.trainer.backend, "backend_config": to_dict(trainer_backend)}}
 
     async def spawn(self) -> Groups:
         cfg, ctl = self.cfg, self.ctl

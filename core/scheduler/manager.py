@@ -7,9 +7,9 @@ and guards its interruptible points.
 Workers report `metrics()`: {"utilization": active KV / capacity (rollout) or
 busy fraction, "running": int, "waiting": int, "work_done": cumulative work
 units, "remaining_work": units left this iteration}; a rollout rank also its raw
-"kv_utilization" and whether it is still "admitting" prompts (never a donor then). The manager keeps, per
-engine, since when it has been low (policy.track_low, the donor signal: below
-u_low and no longer admitting prompts),
+"kv_utilization" and whether it is still "admitting" prompts (never a donor then).
+The manager keeps, per engine, since when it has been low (policy.track_low, the
+donor signal: below u_low and no longer admitting prompts),
 and feeds measured throughput to the predictor's online correction. It also
 keeps what the component's moves cost: the seconds of its migrations in the
 current scheduling cycle (a step: out, then back), and, as `move_cost_s`, those
@@ -100,7 +100,7 @@ class Manager:
         self.gate = InterruptGate()
         self.low_since: dict[str, float | None] = {}
         self.peak: dict[str, float] = {}
-        """Per engine: its highest utilization this cycle (low counts past the peak only)."""
+        """Per engine: its highest utilization this cycle (track_low's fill)."""
         self.requests: dict[str, int] = {}
         """Per rank: requests running or waiting at the last poll."""
         self.remaining_work = 0.0
@@ -137,9 +137,8 @@ class Manager:
         node.kind = self.spec.kind
         utilization, queued = node.loads()
         self.requests = dict(zip(node.workers, queued))
-        admitting = {w: bool(r.get("admitting", False)) for w, r in zip(workers, reports)}
         self.low_since, self.peak = track_low(node.workers, utilization, now, self.low_since, self.peak, self.u_low,
-                                              [admitting.get(w, False) for w in node.workers])
+                                              [bool(r.get("admitting", False)) for r in reports])
         self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
         done = float(sum(r.get("work_done", 0.0) for r in reports))
         if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:
