@@ -1,67 +1,125 @@
 """What flows between the stages of an RL step, and how it becomes a TrainBatch.
 
-A *group* is one prompt and its samples, a plain dict (msgpack-safe):
+A PromptGroup is one prompt and its samples; each Sample is filled in stage by
+stage (rollout: its tokens; reward: reward and advantage; inference: log-probs).
+Both are typed records that cross the wire as themselves (transport/wire.py
+register_struct). A channel item is a *chunk*: a list of finished groups, put
+with weight = its number of groups. The chunk size is the elastic-pipelining
+granularity: the next stage starts on a chunk as soon as it is complete. END
+(None) tells one consumer rank that its step's input is over.
 
-    {"index": 3,                      position of the group in its step
-     "problem": "cu-17", "answer": "defg", "prompt_ids": [1, ...],
-     "samples": [{"id": "cu-17/0", "seed": 123, "output_ids": [...], "logprobs": [...],
-                  "finish": "stop", "version": 5,
-                  "reward": 1.0, "advantage": 0.7,     added by the reward stage
-                  "old_logprobs": [...], "ref_logprobs": [...]},   added by inference
-                 ...]}
-
-A channel item is a *chunk*: a list of finished groups, put with weight = its
-number of groups. The chunk size is the elastic-pipelining granularity: the next
-stage starts on a chunk as soon as it is complete. END (None) tells one consumer
-rank that its step's input is over.
-
-A simulated workload's samples also carry "max_new_tokens", the response length the
-emulated engine makes; their ids and log-probs are LazyLists (rollout/emulated/tokens.py)
-that only a reader builds, so their batches may carry lengths alone (`stream_batch`).
+A simulated workload's samples also carry `max_new_tokens`, the response length the
+emulated engine makes (or, multi-turn, their script in `turns`); their ids and
+log-probs are LazyLists (rollout/emulated/tokens.py) that only a reader builds, so
+their batches may carry lengths alone (`stream_batch`).
 """
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Sequence
 
 import numpy as np
+
+from dynarl.transport.wire import register_struct
 
 from .trainer.base import TrainBatch
 
 END = None
-Group = dict[str, Any]
 
 
-def train_batch(groups: Sequence[Group], with_ref: bool) -> TrainBatch:
+@register_struct(16)
+@dataclass(slots=True)
+class Sample:
+    """One response to its group's prompt."""
+    id: str
+    seed: int
+    max_new_tokens: int | None = None
+    """The response length a simulated sample asks for (its own max_tokens)."""
+    turns: list[list] | None = None
+    """A simulated multi-turn sample's script: [gen_tokens, tool_latency_s, obs_tokens] per turn."""
+    output_ids: Sequence[int] = ()
+    logprobs: Sequence[float] = ()
+    finish: str = ""
+    version: int = -1
+    """The weight version that generated it (-1: not generated yet)."""
+    mask: list[int] | None = None
+    """Multi-turn: 1 on generated tokens, 0 on tool observations."""
+    reward: float | None = None
+    advantage: float | None = None
+    old_logprobs: list[float] | None = None
+    ref_logprobs: list[float] | None = None
+
+    def to_wire(self) -> list:
+        return [getattr(self, f) for f in _SAMPLE_FIELDS]
+
+    @classmethod
+    def from_wire(cls, values: list) -> "Sample":
+        if not isinstance(values, list) or len(values) != len(_SAMPLE_FIELDS):
+            raise ValueError(f"expected {len(_SAMPLE_FIELDS)} fields")
+        s = cls(*values)
+        if not isinstance(s.id, str) or not isinstance(s.seed, int):
+            raise ValueError("id must be a str and seed an int")
+        return s
+
+
+_SAMPLE_FIELDS = tuple(f.name for f in fields(Sample))
+
+
+@register_struct(17)
+@dataclass(slots=True)
+class PromptGroup:
+    """One prompt and its samples (the GRPO group); `index`: its position in the step."""
+    index: int
+    problem: str
+    answer: str
+    prompt_ids: Sequence[int]
+    samples: list[Sample]
+
+    def to_wire(self) -> list:
+        return [self.index, self.problem, self.answer, self.prompt_ids, self.samples]
+
+    @classmethod
+    def from_wire(cls, values: list) -> "PromptGroup":
+        if not isinstance(values, list) or len(values) != 5:
+            raise ValueError("expected 5 fields")
+        g = cls(*values)
+        if not isinstance(g.index, int) or not isinstance(g.samples, list) or \
+                not all(isinstance(s, Sample) for s in g.samples):
+            raise ValueError("index must be an int and samples a list of Sample")
+        return g
+
+
+
+def train_batch(groups: Sequence[PromptGroup], with_ref: bool) -> TrainBatch:
     """The canonical batch: groups by index, samples in order, so the same groups
     give the same batch whatever order the stages finished them in."""
-    ordered = sorted(groups, key=lambda g: g["index"])
+    ordered = sorted(groups, key=lambda g: g.index)
     input_ids, prompt_lens, rewards, group_ids, old, ref = [], [], [], [], [], []
     for g in ordered:
-        for s in g["samples"]:
-            input_ids.append(list(g["prompt_ids"]) + list(s["output_ids"]))
-            prompt_lens.append(len(g["prompt_ids"]))
-            rewards.append(float(s["reward"]))
-            group_ids.append(int(g["index"]))
-            old.append(list(s["old_logprobs"]))
+        for s in g.samples:
+            input_ids.append(list(g.prompt_ids) + list(s.output_ids))
+            prompt_lens.append(len(g.prompt_ids))
+            rewards.append(float(s.reward))
+            group_ids.append(int(g.index))
+            old.append(list(s.old_logprobs))
             if with_ref:
-                ref.append(list(s["ref_logprobs"]))
+                ref.append(list(s.ref_logprobs))
     return TrainBatch(input_ids=input_ids, prompt_lens=prompt_lens, old_logprobs=old,
                       ref_logprobs=ref if with_ref else None, rewards=rewards, group_ids=group_ids)
 
 
-def sample_ids(groups: Sequence[Group]) -> list[str]:
-    return [s["id"] for g in sorted(groups, key=lambda g: g["index"]) for s in g["samples"]]
+def sample_ids(groups: Sequence[PromptGroup]) -> list[str]:
+    return [s.id for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
 
 
-def token_digests(groups: Sequence[Group]) -> list[int]:
+def token_digests(groups: Sequence[PromptGroup]) -> list[int]:
     """crc32 of each sample's generated tokens, in sample_ids order."""
-    return [_digest(s["output_ids"]) for g in sorted(groups, key=lambda g: g["index"]) for s in g["samples"]]
+    return [_digest(s.output_ids) for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
 
 
-def samples(groups: Sequence[Group]) -> list[dict[str, Any]]:
-    return [s for g in groups for s in g["samples"]]
+def samples(groups: Sequence[PromptGroup]) -> list[Sample]:
+    return [s for g in groups for s in g.samples]
 
 
 def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
@@ -74,21 +132,21 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
     return ((r - r.mean()) / (r.std(ddof=1) + eps)).astype(np.float32).tolist()
 
 
-def stream_batch(groups: Sequence[Group], with_ref: bool, lengths_only: bool = False) -> TrainBatch:
+def stream_batch(groups: Sequence[PromptGroup], with_ref: bool, lengths_only: bool = False) -> TrainBatch:
     """A streaming trainer's part of the step: its samples with the advantages the
     reward stage set (so a part may hold any samples, not only whole groups). With
     `lengths_only` (an engine that reads lengths alone) each sequence is a range."""
-    samples = [(g, s) for g in groups for s in g["samples"]]
-    prompt_lens = [len(g["prompt_ids"]) for g, _ in samples]
-    advantages = [float(s["advantage"]) for _, s in samples]
+    samples = [(g, s) for g in groups for s in g.samples]
+    prompt_lens = [len(g.prompt_ids) for g, _ in samples]
+    advantages = [float(s.advantage) for _, s in samples]
     if lengths_only:
-        return TrainBatch(input_ids=[range(p + len(s["output_ids"])) for p, (_, s) in zip(prompt_lens, samples)],
+        return TrainBatch(input_ids=[range(p + len(s.output_ids)) for p, (_, s) in zip(prompt_lens, samples)],
                           prompt_lens=prompt_lens, advantages=advantages)
-    masks = [list(s["mask"]) for _, s in samples] if samples and "mask" in samples[0][1] else None
-    return TrainBatch(input_ids=[list(g["prompt_ids"]) + list(s["output_ids"]) for g, s in samples],
+    masks = [list(s.mask) for _, s in samples] if samples and samples[0][1].mask is not None else None
+    return TrainBatch(input_ids=[list(g.prompt_ids) + list(s.output_ids) for g, s in samples],
                       prompt_lens=prompt_lens, response_mask=masks,
-                      old_logprobs=[list(s["old_logprobs"]) for _, s in samples],
-                      ref_logprobs=[list(s["ref_logprobs"]) for _, s in samples] if with_ref else None,
+                      old_logprobs=[list(s.old_logprobs) for _, s in samples],
+                      ref_logprobs=[list(s.ref_logprobs) for _, s in samples] if with_ref else None,
                       advantages=advantages)
 
 
@@ -103,17 +161,17 @@ class Trained:
     finishes: list[str] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
 
-    def add(self, groups: Sequence[Group], digests: bool = True) -> None:
+    def add(self, groups: Sequence[PromptGroup], digests: bool = True) -> None:
         """`digests`: crc32 of each sample's tokens; False (lengths-only samples): of its length."""
         for g in groups:
-            for s in g["samples"]:
-                out = s["output_ids"]
-                self.ids.append(s["id"])
+            for s in g.samples:
+                out = s.output_ids
+                self.ids.append(s.id)
                 self.digests.append(_digest(out) if digests else zlib.crc32(str(len(out)).encode()))
-                self.rewards.append(float(s["reward"]))
+                self.rewards.append(float(s.reward))
                 self.lengths.append(len(out))
-                self.finishes.append(str(s["finish"]))
-                self.versions.append(int(s["version"]))
+                self.finishes.append(str(s.finish))
+                self.versions.append(int(s.version))
 
     def to_wire(self) -> dict[str, list]:
         return {"ids": self.ids, "digests": self.digests, "rewards": self.rewards, "lengths": self.lengths,

@@ -15,6 +15,7 @@ from dynarl.components.trainer.native.losses import micro_batch_loss, step_advan
 from dynarl.components.trainer.native.micro_batch import build_micro_batch
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.workflows.agentic import episode_batch
+from dynarl.components.experience import PromptGroup, Sample
 
 TOK = CharTokenizer()
 CONFIG = TrainerConfig(lr=1e-2, micro_batch_size=8, kl_coef=0.1, entropy_coef=0.01)
@@ -93,9 +94,9 @@ def test_episode_batch_lines_masks_up_with_the_canonical_order():
     ids_b, _, mask_b = episode("12*34=", "[calc 12*34]", "!x\n", "4")
     prompt = ids_a[:plen]
     groups = [  # out of order on purpose: the batch sorts groups by index
-        {"index": 1, "prompt_ids": prompt, "samples": [
-            {"output_ids": ids_b[plen:], "mask": mask_b, "reward": 0.0, "old_logprobs": [0.0] * len(mask_b)}]},
-        {"index": 0, "prompt_ids": prompt, "samples": [
-            {"output_ids": ids_a[plen:], "mask": mask_a, "reward": 1.0, "old_logprobs": [0.0] * len(mask_a)}]}]
+        PromptGroup(1, "p1", "", prompt, [Sample("p1/0", 0, output_ids=ids_b[plen:], mask=mask_b, reward=0.0,
+                                                 old_logprobs=[0.0] * len(mask_b))]),
+        PromptGroup(0, "p0", "", prompt, [Sample("p0/0", 0, output_ids=ids_a[plen:], mask=mask_a, reward=1.0,
+                                                 old_logprobs=[0.0] * len(mask_a))])]
     b = episode_batch(groups, with_ref=False)
     assert b.input_ids == [ids_a, ids_b] and b.response_mask == [mask_a, mask_b] and b.rewards == [1.0, 0.0]

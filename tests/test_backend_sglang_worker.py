@@ -21,6 +21,7 @@ from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import bucket_by_bytes
 from dynarl.transport.process_group import join_group, leave_group
+from dynarl.components.experience import PromptGroup, Sample
 from fakes.sglang_engine import FakeEngine, FakeTokenizerManager
 from fakes.sglang_harness import Payloads, expected, fake_sglang  # noqa: F401  (fixture)
 
@@ -98,20 +99,19 @@ class _Outbox:
 async def test_generate_emits_groups_sampled_by_sglang(worker):
     w, made = worker()
     prompts = {0: [5, 6, 7], 1: [11, 12]}
-    groups = [{"index": i, "prompt_ids": p, "samples": [{"id": f"g{i}s{k}", "seed": k} for k in range(2)]}
-              for i, p in prompts.items()]
+    groups = [PromptGroup(i, f"g{i}", "", p, [Sample(f"g{i}s{k}", k) for k in range(2)]) for i, p in prompts.items()]
     inbox, outbox = _Inbox([*groups, END]), _Outbox()
     w.channel = {"prompts": inbox, "out": outbox}.__getitem__  # the runtime's channels
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6}
     counters = await w.generate("prompts", "out", version=-1, chunk_size=1, sampling=sampling)
     assert counters["groups"] == 2 and counters["tokens"] == 2 * 2 * 6
     emitted = [g for chunk, _ in outbox.chunks for g in chunk]
-    assert sorted(g["index"] for g in emitted) == [0, 1]
+    assert sorted(g.index for g in emitted) == [0, 1]
     for group in emitted:
-        ids, lps, reason = expected(prompts[group["index"]], 6)
-        for sample in group["samples"]:
-            assert (sample["output_ids"], sample["finish"], sample["version"]) == (ids, reason, -1)
-            assert sample["logprobs"] == pytest.approx(lps)
+        ids, lps, reason = expected(prompts[group.index], 6)
+        for sample in group.samples:
+            assert (sample.output_ids, sample.finish, sample.version) == (ids, reason, -1)
+            assert sample.logprobs == pytest.approx(lps)
     assert len(made["tm"].received) == 4
 
 

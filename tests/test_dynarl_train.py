@@ -176,6 +176,7 @@ from dynarl.components.experience import END  # noqa: E402
 from dynarl.components.rollout.worker import RolloutWorker  # noqa: E402
 from workload_workers import RefusingRolloutWorker  # noqa: E402
 from dynarl.core.migration.workload import workload_migrate  # noqa: E402
+from dynarl.components.experience import PromptGroup, Sample
 
 GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
@@ -196,9 +197,8 @@ async def _generate(migrate: bool, refuse: bool = False):
     async with dynarl.Controller(config) as ctl:
         group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker)
         for i in range(GROUPS):
-            await ctl.channel("prompts").put({"index": i, "prompt_ids": [1, 2 + i, 3],
-                                              "samples": [{"id": f"p{i}/{k}", "seed": 100 * i + k}
-                                                          for k in range(SAMPLES)]})
+            await ctl.channel("prompts").put(PromptGroup(i, f"p{i}", "", [1, 2 + i, 3],
+                                                         [Sample(f"p{i}/{k}", 100 * i + k) for k in range(SAMPLES)]))
         for _ in range(group.world_size):
             await ctl.channel("prompts").put(END)
         generate = asyncio.ensure_future(group.call("generate", "prompts", "rollouts", version=-1, chunk_size=2,
@@ -223,9 +223,9 @@ async def _generate(migrate: bool, refuse: bool = False):
         emitted = []
         while len(emitted) < GROUPS:
             for g in await ctl.channel("rollouts").get():
-                emitted.append(g["index"])
-                for s in g["samples"]:
-                    out[s["id"]] = s["output_ids"]
+                emitted.append(g.index)
+                for s in g.samples:
+                    out[s.id] = s.output_ids
         return out, sorted(emitted), stats, moved
 
 
@@ -264,8 +264,7 @@ async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does()
         done = await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1, sampling=sampling,
                                 ranks=[1])
         assert done[0]["groups"] == 0
-        await ctl.channel("prompts").put({"index": 0, "prompt_ids": [1, 2, 3],
-                                          "samples": [{"id": "p0/0", "seed": 1}, {"id": "p0/1", "seed": 2}]})
+        await ctl.channel("prompts").put(PromptGroup(0, "p0", "", [1, 2, 3], [Sample("p0/0", 1), Sample("p0/1", 2)]))
         await ctl.channel("prompts").put(END)
         busy = asyncio.ensure_future(group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1,
                                                 sampling=sampling, ranks=[0]))

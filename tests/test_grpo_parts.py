@@ -17,6 +17,7 @@ from dynarl.components.tasks.dataset import DatasetConfig, load_dataset
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.workflows.ledger import DuplicateSample, SampleLedger, StepEntry
+from dynarl.components.experience import PromptGroup, Sample
 
 
 def test_ledger_refuses_a_sample_twice_and_rolls_back(tmp_path):
@@ -120,9 +121,9 @@ def test_weight_sync_buckets_match_the_trainers_named_weights():
 
 def test_train_batch_is_canonical_whatever_the_arrival_order():
     def group(index):
-        return {"index": index, "prompt_ids": [1, 5], "samples": [
-            {"id": f"p{index}/{k}", "output_ids": [7 + k, 2], "reward": float(k), "old_logprobs": [-1.0, -2.0]}
-            for k in range(2)]}
+        return PromptGroup(index, f"p{index}", "", [1, 5], [
+            Sample(f"p{index}/{k}", k, output_ids=[7 + k, 2], reward=float(k), old_logprobs=[-1.0, -2.0])
+            for k in range(2)])
     a = experience.train_batch([group(1), group(0)], with_ref=False)
     b = experience.train_batch([group(0), group(1)], with_ref=False)
     assert a == b and a.group_ids == [0, 0, 1, 1] and a.input_ids[1] == [1, 5, 8, 2]

@@ -12,6 +12,7 @@ from dynarl.components.experience import group_advantages, stream_batch
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.transport.process_group import join_group, leave_group
+from dynarl.components.experience import PromptGroup, Sample
 from test_trainer import (  # noqa: F401  (one_torch_thread is an autouse fixture)
     flat_params, make_batch, make_config, make_model, one_torch_thread)
 
@@ -98,9 +99,9 @@ def test_a_step_with_nothing_accumulated_is_refused():
 
 
 def test_stream_batch_carries_the_reward_stage_advantages_or_lengths_alone():
-    groups = [{"index": 0, "prompt_ids": [1, 2, 3], "samples": [
-        {"id": "a", "output_ids": [4, 5], "advantage": 0.5, "old_logprobs": [-1.0, -2.0]},
-        {"id": "b", "output_ids": [6], "advantage": -0.5, "old_logprobs": [-3.0]}]}]
+    groups = [PromptGroup(0, "p", "", [1, 2, 3], [
+        Sample("a", 0, output_ids=[4, 5], advantage=0.5, old_logprobs=[-1.0, -2.0]),
+        Sample("b", 1, output_ids=[6], advantage=-0.5, old_logprobs=[-3.0])])]
     full = stream_batch(groups, with_ref=False)
     assert full.input_ids == [[1, 2, 3, 4, 5], [1, 2, 3, 6]] and full.advantages == [0.5, -0.5]
     assert full.old_logprobs == [[-1.0, -2.0], [-3.0]]

@@ -46,6 +46,8 @@ EXT_TENSOR = 1
 EXT_NDARRAY = 2
 EXT_BLOB = 3
 EXT_REMOTE = 4
+EXT_STRUCTS_FROM = 16
+"""Ext codes from here on are typed records (register_struct)."""
 
 
 class WireError(Exception):
@@ -171,9 +173,35 @@ def decode_blob(blob: Blob) -> Any:
                            raw=False, strict_map_key=False)
 
 
+# --- typed records -----------------------------------------------------------
+
+_STRUCT_CODES: dict[type, int] = {}
+_STRUCT_TYPES: dict[int, type] = {}
+
+
+def register_struct(code: int):
+    """Class decorator: instances of a dataclass cross the wire as themselves, not as
+    dicts. The class gives `to_wire() -> list` (plain data, arrays, tensors, other
+    records) and `from_wire(list)`, which must reject what it cannot build (a
+    malformed record); the receiving process must have imported the class."""
+    if code < EXT_STRUCTS_FROM or code > 127:
+        raise ValueError(f"struct ext codes are {EXT_STRUCTS_FROM}..127, not {code}")
+
+    def register(cls):
+        if _STRUCT_TYPES.get(code, cls) is not cls:
+            raise ValueError(f"ext code {code} is {_STRUCT_TYPES[code].__name__}'s")
+        _STRUCT_CODES[cls], _STRUCT_TYPES[code] = code, cls
+        return cls
+    return register
+
+
 # --- tensors and arrays as frames ---------------------------------------------
 
 def _to_ext(obj: Any, frames: list[Any]) -> msgpack.ExtType:
+    code = _STRUCT_CODES.get(type(obj))
+    if code is not None:
+        return msgpack.ExtType(code, msgpack.packb(obj.to_wire(), default=lambda o: _to_ext(o, frames),
+                                                   use_bin_type=True))
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
         frames.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
@@ -206,6 +234,16 @@ def _tensor_to_ext(t: Any, frames: list[Any]) -> msgpack.ExtType:
 
 
 def _from_ext(code: int, data: bytes, frames: Sequence[memoryview]) -> Any:
+    if code >= EXT_STRUCTS_FROM:
+        cls = _STRUCT_TYPES.get(code)
+        if cls is None:
+            raise WireError("malformed", f"unknown ext type {code}")
+        fields = msgpack.unpackb(data, ext_hook=lambda c, d: _from_ext(c, d, frames), raw=False,
+                                 strict_map_key=False)
+        try:
+            return cls.from_wire(fields)
+        except (TypeError, ValueError) as exc:
+            raise WireError("malformed", f"bad {cls.__name__}: {exc}") from None
     meta = msgpack.unpackb(data, raw=False)
     if code == EXT_REMOTE:
         address, ref_id, nbytes = meta

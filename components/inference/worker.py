@@ -15,6 +15,7 @@ trainer's data-parallel ranks can balance them one by one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import dynarl
@@ -74,22 +75,22 @@ class InferenceWorker(dynarl.Worker):
         started, busy = time.perf_counter(), BusyLog()
         self.samples_done = self.tokens_done = 0
         while (chunk := await inbox.get()) is not END:
-            samples = [(g, s) for g in chunk for s in g["samples"]]
-            prompts = [g["prompt_ids"] for g, _ in samples]
-            responses = [s["output_ids"] for _, s in samples]
+            samples = [(g, s) for g in chunk for s in g.samples]
+            prompts = [g.prompt_ids for g, _ in samples]
+            responses = [s.output_ids for _, s in samples]
             begun = loop.time()
             old = await self.engine.logprobs(prompts, responses)
             ref = await self.engine.logprobs(prompts, responses, reference=True) if self.with_ref else None
             busy.add(begun, loop.time())
             for i, (_, s) in enumerate(samples):
-                s["old_logprobs"] = old[i]
+                s.old_logprobs = old[i]
                 if ref is not None:
-                    s["ref_logprobs"] = ref[i]
+                    s.ref_logprobs = ref[i]
             self.samples_done += len(samples)
             self.tokens_done += sum(len(p) + len(r) for p, r in zip(prompts, responses))
             if split:
                 for g, s in samples:
-                    await outbox.put([{**g, "samples": [s]}])
+                    await outbox.put([dataclasses.replace(g, samples=[s])])
             else:
                 await outbox.put(chunk, weight=len(chunk))
         await outbox.flush()

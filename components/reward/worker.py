@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import dynarl
-from dynarl.components.experience import END, group_advantages
+from dynarl.components.experience import END, PromptGroup, Sample, group_advantages
 from dynarl.components.model.spec import ModelSpec, build_tokenizer, safe_decode
 from dynarl.components.reward.verifiers import make_verifier
 
@@ -27,18 +27,18 @@ class RewardWorker(dynarl.Worker):
         started, num_samples = time.perf_counter(), 0
         while (chunk := await inbox.get()) is not END:
             for group in chunk:
-                for sample in group["samples"]:
-                    sample["reward"] = self._score(sample, group)
+                for sample in group.samples:
+                    sample.reward = self._score(sample, group)
                     num_samples += 1
-                rewards = [s["reward"] for s in group["samples"]]
-                for sample, advantage in zip(group["samples"], group_advantages(rewards, self.adv_eps)):
-                    sample["advantage"] = advantage
+                rewards = [s.reward for s in group.samples]
+                for sample, advantage in zip(group.samples, group_advantages(rewards, self.adv_eps)):
+                    sample.advantage = advantage
             await outbox.put(chunk, weight=len(chunk))
         await outbox.flush()
         return {"samples": num_samples, "busy_s": time.perf_counter() - started, "verifier": self.backend}
 
-    def _score(self, sample: dict, group: dict) -> float:
+    def _score(self, sample: Sample, group: PromptGroup) -> float:
         if self.verify is None:
             return 0.0
-        ids = [t for t in sample["output_ids"] if t != self.tokenizer.eos_id]
-        return float(self.verify(safe_decode(self.tokenizer, ids), group["answer"]))
+        ids = [t for t in sample.output_ids if t != self.tokenizer.eos_id]
+        return float(self.verify(safe_decode(self.tokenizer, ids), group.answer))

@@ -20,7 +20,7 @@ from typing import Any
 import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.busy import BusyLog
-from dynarl.components.experience import END, Group
+from dynarl.components.experience import END, PromptGroup
 from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, SamplingParams
 from dynarl.components.rollout.base import RolloutEngine
@@ -189,12 +189,12 @@ class _Generation:
         self.outbox = outbox
         self.chunk_size = chunk_size
         self.sampling = sampling
-        self.pending: dict[str, tuple[Group, int]] = {}
+        self.pending: dict[str, tuple[PromptGroup, int]] = {}
         """request id -> (its group, its sample index)."""
         self.left: dict[int, int] = {}
         """group index -> samples still generating."""
-        self.groups_by_index: dict[int, Group] = {}
-        self.ready: list[Group] = []
+        self.groups_by_index: dict[int, PromptGroup] = {}
+        self.ready: list[PromptGroup] = []
         self.busy = BusyLog()
         """When the engine stepped (loop time)."""
         self.arrived = asyncio.Event()
@@ -225,7 +225,7 @@ class _Generation:
         by_group: dict[int, list[InflightRequest]] = {}
         for rid, item in inflight.items():
             group, _ = self.pending.pop(rid)
-            by_group.setdefault(group["index"], []).append(item)
+            by_group.setdefault(group.index, []).append(item)
         items = []
         for index, requests in sorted(by_group.items()):
             group = self.groups_by_index[index]
@@ -247,13 +247,13 @@ class _Generation:
         requests = []
         for item in items:
             group = item["group"]
-            index_of = {s["id"]: k for k, s in enumerate(group["samples"])}
+            index_of = {s.id: k for k, s in enumerate(group.samples)}
             inflight = [InflightRequest.from_wire(r) for r in item["inflight"]]
             for r in inflight:
                 self.pending[r.request.request_id] = (group, index_of[r.request.request_id])
                 self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
-            self.left[group["index"]] = len(inflight)
-            self.groups_by_index[group["index"]] = group
+            self.left[group.index] = len(inflight)
+            self.groups_by_index[group.index] = group
             requests += inflight
         self.engine.import_inflight(requests)
         self.num_imported += len(items)
@@ -266,17 +266,16 @@ class _Generation:
                 if worker is not None:
                     worker.admitting = False
                 return
-            for k, sample in enumerate(group["samples"]):
+            for k, sample in enumerate(group.samples):
                 # a sample may carry its own length (a simulated workload's: the emulated
                 # engine makes exactly max_new_tokens)
-                sampling = self.sampling if "max_new_tokens" not in sample else \
-                    {**self.sampling, "max_new_tokens": sample["max_new_tokens"]}
-                request = GenerationRequest(sample["id"], list(group["prompt_ids"]),
-                                            SamplingParams(**sampling, seed=sample["seed"]))
-                self.pending[sample["id"]] = (group, k)
+                sampling = self.sampling if sample.max_new_tokens is None else \
+                    {**self.sampling, "max_new_tokens": sample.max_new_tokens}
+                request = GenerationRequest(sample.id, list(group.prompt_ids), SamplingParams(**sampling, seed=sample.seed))
+                self.pending[sample.id] = (group, k)
                 self.engine.add_request(request)
-            self.left[group["index"]] = len(group["samples"])
-            self.groups_by_index[group["index"]] = group
+            self.left[group.index] = len(group.samples)
+            self.groups_by_index[group.index] = group
             self.num_groups += 1
             self.arrived.set()
 
@@ -328,13 +327,14 @@ class _Generation:
 
     async def _finished(self, result: GenerationResult) -> None:
         group, k = self.pending.pop(result.request_id)
-        group["samples"][k].update(output_ids=result.output_token_ids, logprobs=result.output_logprobs,
-                                   finish=result.finish_reason, version=result.weight_version)
+        sample = group.samples[k]
+        sample.output_ids, sample.logprobs = result.output_token_ids, result.output_logprobs
+        sample.finish, sample.version = result.finish_reason, result.weight_version
         self.num_tokens += len(result.output_token_ids)
         self.num_finished += 1
         self.finished_tokens += len(result.output_token_ids)
-        self.left[group["index"]] -= 1
-        if self.left[group["index"]] == 0:
+        self.left[group.index] -= 1
+        if self.left[group.index] == 0:
             self.ready.append(group)
             if len(self.ready) >= self.chunk_size:
                 await self._emit()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynarl.components.experience import PromptGroup, Sample
 from dynarl.components.tasks.problem import stable_seed
 from dynarl.components.tasks.source import ProblemSource
 
@@ -20,12 +21,12 @@ class TaskPrompts:
     def stop_token_ids(self) -> tuple[int, ...]:
         return (self.tokenizer.eos_id,)
 
-    def groups(self, step: int) -> list[dict[str, Any]]:
+    def groups(self, step: int) -> list[PromptGroup]:
         n = self.prompts_per_step
         groups = []
         for index, problem in enumerate(self.source.problems(step * n, n)):
-            samples = [{"id": f"{problem.id}/{k}", "seed": stable_seed(self.seed, "sample", problem.id, k)}
+            samples = [Sample(f"{problem.id}/{k}", stable_seed(self.seed, "sample", problem.id, k))
                        for k in range(self.samples_per_prompt)]
-            groups.append({"index": index, "problem": problem.id, "answer": problem.answer,
-                           "prompt_ids": self.tokenizer.encode(problem.prompt, add_bos=True), "samples": samples})
+            groups.append(PromptGroup(index, problem.id, problem.answer,
+                                      self.tokenizer.encode(problem.prompt, add_bos=True), samples))
         return groups

@@ -25,7 +25,7 @@ from typing import Any
 
 from dynarl.components import experience
 from dynarl.components.costmodel import get_model
-from dynarl.components.experience import END, Group
+from dynarl.components.experience import END, PromptGroup, Sample
 from dynarl.components.model.spec import safe_decode
 from dynarl.components.tasks.calc import calc_score, demonstration, is_direct
 from dynarl.components.tasks.tool_syntax import CLOSE
@@ -90,7 +90,7 @@ class AgenticGRPO(GRPO):
 
         ids = experience.sample_ids(scored)
         trained = experience.Trained()
-        trained.add(sorted(scored, key=lambda gr: gr["index"]))
+        trained.add(sorted(scored, key=lambda gr: gr.index))
         self.check_trained(step, ids, trained)
         train = await self.train(episode_batch(scored, self.cfg.with_ref), label)
         self.commit_step(step, ids, trained)
@@ -100,7 +100,7 @@ class AgenticGRPO(GRPO):
                                self.clock.durations(label), time.perf_counter() - started)
         return metrics | pipeline | episode_metrics(self.driver, rollout_stats)
 
-    async def start_rollout(self, groups: list[Group], step: int, label: str,
+    async def start_rollout(self, groups: list[PromptGroup], step: int, label: str,
                             live: LiveStep | None = None) -> tuple[asyncio.Future, asyncio.Future]:
         """The rollout stage serves turns on every rank; beside it the episodes play
         (the driver routes their turns, runs their tools, scores each finished group
@@ -138,7 +138,7 @@ class AgenticGRPO(GRPO):
     async def joined(self, component: str, ranks: list[str]) -> None:
         """Nothing: the driver ends every rank in the run once the episodes are over."""
 
-    def make_driver(self, keys: list[str], groups: list[Group]) -> EpisodeDriver:
+    def make_driver(self, keys: list[str], groups: list[PromptGroup]) -> EpisodeDriver:
         a, ctl = self.cfg.agentic, self.ctl
 
         async def submit(key: str, turn: dict) -> None:
@@ -148,7 +148,7 @@ class AgenticGRPO(GRPO):
             await ctl.channel(TURNS).put(END, key=key)
 
         if self.scripted:
-            scripts = {s["id"]: s["turns"] for group in groups for s in group["samples"]}
+            scripts = {s.id: s.turns for group in groups for s in group.samples}
             e = self.cfg.rollout.emulated
             turns: Any = ScriptedTurns(scripts, get_model(e.model).vocab_size, e.time_scale)
         else:
@@ -162,28 +162,27 @@ class AgenticGRPO(GRPO):
         engine = r.emulated if r.backend == "emulated" else r.engine
         return EpisodeDriver(turns, keys, submit, affinity=a.affinity, end=end, capacity=engine.max_num_seqs)
 
-    async def play(self, groups: list[Group], driver: EpisodeDriver) -> list[dict]:
+    async def play(self, groups: list[PromptGroup], driver: EpisodeDriver) -> list[dict]:
         """Runs every episode; a group goes to "scored", with its advantages, as soon as
         its last episode ends. Returns the reward stage's result (one, here)."""
         episodes, where = [], {}
         for group in groups:
-            for k, sample in enumerate(group["samples"]):
-                episodes.append(Episode(sample["id"], list(group["prompt_ids"]), sample["seed"],
-                                        group=group["index"]))
-                where[sample["id"]] = (group, k)
-        left = {group["index"]: len(group["samples"]) for group in groups}
+            for k, sample in enumerate(group.samples):
+                episodes.append(Episode(sample.id, list(group.prompt_ids), sample.seed, group=group.index))
+                where[sample.id] = (group, k)
+        left = {group.index: len(group.samples) for group in groups}
         scored = self.ctl.channel("scored")
         verifier = "none" if self.scripted else "calc"
         eps = self.cfg.trainer.engine.adv_eps
 
         async def on_done(ep: Episode) -> None:
             group, k = where[ep.id]
-            group["samples"][k].update(episode_sample(ep, group["answer"], scored=not self.scripted))
-            left[group["index"]] -= 1
-            if left[group["index"]] == 0:
-                rewards = [s["reward"] for s in group["samples"]]
-                for s, adv in zip(group["samples"], experience.group_advantages(rewards, eps)):
-                    s["advantage"] = adv
+            fill_sample(group.samples[k], ep, group.answer, scored=not self.scripted)
+            left[group.index] -= 1
+            if left[group.index] == 0:
+                rewards = [s.reward for s in group.samples]
+                for s, adv in zip(group.samples, experience.group_advantages(rewards, eps)):
+                    s.advantage = adv
                 await scored.put([group], weight=1)
 
         await driver.run(episodes, self.ctl.channel(TURN_RESULTS).get, on_done)
@@ -227,20 +226,19 @@ def episode_reward(ep: Episode, answer: str) -> float:
     return calc_score(ep.answer, answer) if ep.finish == "answer" else 0.0
 
 
-def episode_sample(ep: Episode, answer: str, scored: bool = True) -> dict[str, Any]:
-    """What a finished episode adds to its sample dict (msgpack-safe); `scored` False
+def fill_sample(sample: Sample, ep: Episode, answer: str, scored: bool = True) -> None:
+    """A finished episode's tokens, mask and reward go into its sample; `scored` False
     (scripted episodes: nothing to verify) rewards 0."""
-    return {"output_ids": ep.response, "logprobs": ep.logprobs, "mask": ep.mask, "finish": ep.finish,
-            "version": ep.version, "reward": episode_reward(ep, answer) if scored else 0.0,
-            "num_turns": ep.turns, "tool_calls": ep.tool_calls, "malformed": ep.malformed,
-            "tool_errors": ep.tool_errors}
+    sample.output_ids, sample.logprobs, sample.mask = ep.response, ep.logprobs, ep.mask
+    sample.finish, sample.version = ep.finish, ep.version
+    sample.reward = episode_reward(ep, answer) if scored else 0.0
 
 
-def episode_batch(groups: list[Group], with_ref: bool) -> TrainBatch:
+def episode_batch(groups: list[PromptGroup], with_ref: bool) -> TrainBatch:
     """experience.train_batch, plus each episode's response mask (observations 0),
     in the same canonical order (groups by index, samples in order)."""
     batch = experience.train_batch(groups, with_ref)
-    masks = [list(s["mask"]) for g in sorted(groups, key=lambda g: g["index"]) for s in g["samples"]]
+    masks = [list(s.mask) for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
     return dataclasses.replace(batch, response_mask=masks)
 
 

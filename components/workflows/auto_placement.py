@@ -117,8 +117,8 @@ async def _timed_generate(ctl: Any, rollout: WorkerGroup, groups: list[dict], wf
     while len(done) < len(groups):
         done.extend(await rollouts.get())
     for group in done:
-        for s in group["samples"]:
-            s["reward"] = 0.0
+        for s in group.samples:
+            s.reward = 0.0
     return seconds, done
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dynarl.components import experience
-from dynarl.components.experience import END, Group
+from dynarl.components.experience import END, PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.reward.worker import RewardWorker
@@ -63,7 +63,7 @@ class Prompts(Protocol):
     simulated workload (workloads/prompts.py)."""
     stop_token_ids: tuple[int, ...]
 
-    def groups(self, step: int) -> list[Group]: ...
+    def groups(self, step: int) -> list[PromptGroup]: ...
 
 
 @dataclass(slots=True)
@@ -130,7 +130,7 @@ class GRPO:
         groups = self.prompts.groups(step)
         sched = self.scheduling
         if sched is not None:
-            await sched.before_rollout(sum(len(gr["samples"]) for gr in groups), label)
+            await sched.before_rollout(sum(len(gr.samples) for gr in groups), label)
         rollout, reward = await self.start_rollout(groups, step, label)
         inference = asyncio.ensure_future(stage(
             self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
@@ -148,7 +148,7 @@ class GRPO:
 
         ids = experience.sample_ids(scored)
         trained = experience.Trained()
-        trained.add(sorted(scored, key=lambda gr: gr["index"]))
+        trained.add(sorted(scored, key=lambda gr: gr.index))
         self.check_trained(step, ids, trained)
         batch = experience.train_batch(scored, self.cfg.with_ref)
         train_devices = len(self.g.trainer.devices)
@@ -164,7 +164,7 @@ class GRPO:
         return step_metrics(step, trained, train, rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
 
-    async def start_rollout(self, groups: list[Group], step: int, label: str,
+    async def start_rollout(self, groups: list[PromptGroup], step: int, label: str,
                             live: LiveStep | None = None) -> tuple[asyncio.Future, asyncio.Future]:
         """The step's prompt groups go out; the rollout and reward stages start."""
         g = self.g
@@ -201,7 +201,7 @@ class GRPO:
         finally:
             side.cancel()
         rollout_stats, reward_stats, inference_stats, trainer_stats = results
-        ids = [s["id"] for group in groups for s in group["samples"]]
+        ids = [s.id for group in groups for s in group.samples]
         trained = experience.Trained.merge(trainer_stats)
         self.check_trained(step, ids, trained)
         self.commit_step(step, ids, trained)
@@ -213,7 +213,7 @@ class GRPO:
         return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline
 
-    async def _streaming_stages(self, groups: list[Group], step: int, label: str, live: LiveStep,
+    async def _streaming_stages(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep,
                                 side: asyncio.Future) -> list[list[dict]]:
         """The stages, then the weight sync (under the hooks' lock); a failed side task
         (the hooks') ends the step."""
@@ -271,10 +271,10 @@ class GRPO:
         for name in ("prompts", "rollouts", "scored", "experience"):
             self.ctl.channel(name, capacity=capacity)
 
-    async def collect(self, num_groups: int) -> tuple[list[Group], float]:
+    async def collect(self, num_groups: int) -> tuple[list[PromptGroup], float]:
         """The trainer's input: chunks from "experience" until all the step's groups
         are in; and when the first chunk came (pipelining: before rollout ended?)."""
-        groups: list[Group] = []
+        groups: list[PromptGroup] = []
         first = 0.0
         while len(groups) < num_groups:
             groups += await self.ctl.channel("experience").get()

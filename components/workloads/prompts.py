@@ -12,6 +12,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+from dynarl.components.experience import PromptGroup, Sample
 from dynarl.components.rollout.emulated.tokens import response_tokens
 from dynarl.components.workloads.samples import Group
 
@@ -24,24 +25,23 @@ class WorkloadPrompts:
         self.batches = batches
         self.vocab_size = vocab_size
 
-    def groups(self, step: int) -> list[dict[str, Any]]:
-        """Step `step`'s groups (msgpack-safe dicts, experience.py's shape)."""
+    def groups(self, step: int) -> list[PromptGroup]:
+        """Step `step`'s groups (experience.py's PromptGroups)."""
         out = []
         for index, group in enumerate(self.batches[step]):
             prompt = token_ids(group.prompt_id, group.prompt_tokens, self.vocab_size)
-            out.append({"index": index, "problem": group.prompt_id, "answer": "", "prompt_ids": prompt,
-                        "samples": [sample(step, s) for s in group.samples]})
+            out.append(PromptGroup(index, group.prompt_id, "", prompt, [sample(step, s) for s in group.samples]))
         return out
 
 
-def sample(step: int, s: Any) -> dict[str, Any]:
+def sample(step: int, s: Any) -> Sample:
     """A single-turn sample carries its length; a multi-turn one its script (the
     agentic workflow's ScriptedTurns): [[gen_tokens, tool_latency_s, obs_tokens], ...]."""
-    out = {"id": f"{step}:{s.sample_id}", "seed": zlib.crc32(s.sample_id.encode())}
+    out = Sample(f"{step}:{s.sample_id}", zlib.crc32(s.sample_id.encode()))
     if s.is_multi_turn:
-        out["turns"] = [[t.gen_tokens, t.tool_latency_s, t.obs_tokens] for t in s.turns]
+        out.turns = [[t.gen_tokens, t.tool_latency_s, t.obs_tokens] for t in s.turns]
     else:
-        out["max_new_tokens"] = s.response_tokens
+        out.max_new_tokens = s.response_tokens
     return out
 
 

@@ -8,7 +8,6 @@ A single-turn sample has `response_tokens`; a multi-turn (agentic) sample has
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,16 +46,6 @@ class Group:
     prompt_id: str
     prompt_tokens: int
     samples: tuple[Sample, ...]
-
-    def to_wire(self, index: int) -> dict[str, Any]:
-        return {"index": index, "prompt": self.prompt_id, "prompt_len": self.prompt_tokens,
-                "samples": [_sample_wire(s) for s in self.samples]}
-
-
-def _sample_wire(s: Sample) -> dict[str, Any]:
-    if s.turns:
-        return {"id": s.sample_id, "turns": [[t.gen_tokens, t.tool_latency_s, t.obs_tokens] for t in s.turns]}
-    return {"id": s.sample_id, "len": s.response_tokens}
 
 
 def batch_tokens(groups: list[Group]) -> tuple[int, int]:

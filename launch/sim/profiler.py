@@ -96,19 +96,18 @@ async def _play_episodes(ctl, groups: list[dict], sampled: int, init: dict, voca
     group = await ctl.spawn(AgenticRolloutWorker, name="rollout", devices=[0] * sampled,
                             init=dict(init, queue=engine.queue, max_bonus_s=engine.priority_window_s))
     keys = [h.spec.worker_id for h in group.handles]
-    samples = sum(len(g["samples"]) for g in groups)
+    samples = sum(len(g.samples) for g in groups)
     ctl.channel("turns", capacity=samples + sampled + 1)
     for key in keys:
         ctl.channel(f"turn_results_{key}", capacity=samples + 1)
 
     async def drive(k: int) -> None:
         key, mine = keys[k], groups[k::sampled]
-        scripts = {s["id"]: s["turns"] for g in mine for s in g["samples"]}
+        scripts = {s.id: s.turns for g in mine for s in g.samples}
         driver = EpisodeDriver(ScriptedTurns(scripts, vocab_size), [key],
                                lambda rank, turn: ctl.channel("turns").put(turn, key=rank),
                                end=lambda rank: ctl.channel("turns").put(END, key=rank))
-        episodes = [Episode(s["id"], list(g["prompt_ids"]), s["seed"], group=g["index"])
-                    for g in mine for s in g["samples"]]
+        episodes = [Episode(s.id, list(g.prompt_ids), s.seed, group=g.index) for g in mine for s in g.samples]
         await driver.run(episodes, ctl.channel(f"turn_results_{key}").get)
         await driver.close()
 
