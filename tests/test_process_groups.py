@@ -1,6 +1,7 @@
 NUM_GPUS = 0
 
 import asyncio
+import os
 
 import dynarl
 from dynarl import ClusterConfig, RuntimeConfig
@@ -35,3 +36,37 @@ async def test_group_rebuilt_with_a_different_member_set_in_the_same_processes()
         await ctl.process_group("dp", [group])
         assert await group.call("all_reduce", "dp", 2) == [[6.0] * 4] * 3
         assert group.pids == pids_before
+
+
+def _tcp_listeners(pid: int) -> list[str]:
+    """The local addresses `pid` listens on over TCP (from /proc: ss -ltn's view)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    found.append(cols[1].split(":")[0])
+    return found
+
+
+async def test_a_single_host_jobs_sockets_listen_on_loopback_only():
+    """Each group's TCPStore (hosted by its first member) and the controller's router
+    listen on 127.0.0.1, never on every interface (TCPStore's own default)."""
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1 as /proc prints them
+    async with dynarl.Controller(RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))) as ctl:
+        group = await ctl.spawn(Collective, num_ranks=2)
+        await ctl.process_group("dp", [group])
+        assert await group.call("all_reduce", "dp", 1) == [[2.0] * 4] * 2
+        hosting = _tcp_listeners(group.pids[0])
+        assert hosting, "the group's store is not listening"
+        for pid in [os.getpid(), *group.pids]:
+            assert set(_tcp_listeners(pid)) <= loopback, (pid, _tcp_listeners(pid))

@@ -21,6 +21,7 @@ spend the cost model's time for what a real group would carry.
 from __future__ import annotations
 
 import datetime
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +50,22 @@ class EmulatedGroup:
 
 
 def host_store(host: str) -> Any:
-    """Starts a TCPStore server on a free port; the caller reads `.port`."""
+    """Starts a TCPStore server on a free port of `host` only; the caller reads `.port`.
+    TCPStore's own server listens on every interface whatever host it is given, so
+    the listening socket is made here (loopback in a single-host job, the node's
+    address across hosts) and handed over (`master_listen_fd`: the store owns it)."""
     import torch.distributed as dist
-    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=60))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, 0), family=family, backlog=4096)
+    port = listener.getsockname()[1]
+    try:
+        return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=60), master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    finally:
+        listener.detach()  # closed by the store from now on (or above, on failure)
 
 
 def join_group(name: str, generation: int, rank: int, size: int, host: str, port: int,
