@@ -110,7 +110,10 @@ class Controller:
             if self.router is not None:
                 self.router.close()
             if self.config.trace_path:
-                self.tracer.write(self.config.trace_path)
+                try:
+                    self.tracer.write(self.config.trace_path)
+                except OSError as write_exc:  # the trace must never hide how the run ended
+                    log.error("trace not written to %s: %s", self.config.trace_path, write_exc)
         if cancelled is not None:
             raise cancelled
         return False

@@ -35,9 +35,16 @@ class Tracer:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": track}}
                 for track, pid in self._track_ids.items()]
-        with open(path, "w") as f:
-            json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms",
-                       "otherData": {"dropped_events": self.dropped}}, f)
+        tmp = path + ".tmp"  # written whole or not at all (a full disk leaves no half trace)
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms",
+                           "otherData": {"dropped_events": self.dropped}}, f)
+            os.replace(tmp, path)
+        except OSError:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
     def _pid(self, track: str) -> int:
         pid = self._track_ids.get(track)

@@ -23,6 +23,7 @@ checkpoints/, summary.json.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import sys
@@ -31,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from dynarl.transport.errors import ConfigError, DynarlError
+from dynarl.transport.errors import ConfigError, DynarlError, RemoteError
 
 USAGE = "usage: dynarl train [CONFIG.yaml] [key.path=value ...] [--run-dir DIR] [--resume DIR] [--dry-run]"
 
@@ -262,13 +263,18 @@ class Job:
         from dynarl.core.config_tree import to_dict
         from dynarl.launch.progress import make_progress
 
-        os.makedirs(self.run_dir, exist_ok=True)
-        with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump(to_dict(self.cfg), f, sort_keys=False)
-        report = {"task": self.cfg.task.kind, "report": self.source.report,
-                  "skipped": [{"row": n, "reason": why} for n, why in self.source.skipped]}
-        with open(os.path.join(self.run_dir, "data_report.json"), "w") as f:
-            json.dump(report, f, indent=1)
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+            with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
+                yaml.safe_dump(to_dict(self.cfg), f, sort_keys=False)
+            report = {"task": self.cfg.task.kind, "report": self.source.report,
+                      "skipped": [{"row": n, "reason": why} for n, why in self.source.skipped]}
+            with open(os.path.join(self.run_dir, "data_report.json"), "w") as f:
+                json.dump(report, f, indent=1)
+        except OSError as exc:
+            print(f"dynarl train: failed: cannot write the run directory {self.run_dir}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 1
         attempt = "" if self.checkpoint is None else f"-resume-{self.checkpoint[1].step}"
         runtime = dataclasses.replace(self.cfg.runtime,
                                       trace_path=os.path.join(self.run_dir, f"trace{attempt}.json"))
@@ -287,7 +293,14 @@ class Job:
             except asyncio.CancelledError:  # SIGTERM (core/run.py cancel_on_sigterm): workers were stopped in order
                 print(f"dynarl train: terminated; {self._how_to_continue()}", file=sys.stderr)
                 return 143
-            except DynarlError as exc:  # a worker failed or was lost: its own traceback is in the message
+            except (DynarlError, OSError) as exc:  # a worker failed or was lost: its own traceback is in the message
+                disk = disk_failure(exc)
+                if disk is not None:
+                    print(f"dynarl train: failed: {disk} in {self.run_dir} ({_first_line(exc)}); "
+                          f"once it is fixed, {self._how_to_continue()}", file=sys.stderr)
+                    return 1
+                if isinstance(exc, OSError):
+                    raise
                 print(f"dynarl train: failed: {exc}", file=sys.stderr)
                 return 1
             finally:
@@ -319,6 +332,31 @@ class Job:
             print(f"dynarl train: timeline not drawn: {exc!r}", file=sys.stderr)
 
 
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
+"""What a run directory's disk can do to a run: full, over quota, read-only, refused, failing."""
+
+
+def disk_failure(exc: BaseException) -> str | None:
+    """'no space left on device' (etc.) when `exc`, or an error it came from, is the
+    run directory's disk failing here or in a worker (a RemoteError names it in its
+    message: a worker's checkpoint write); None otherwise."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            return os.strerror(exc.errno).lower()
+        if isinstance(exc, RemoteError):
+            for code in DISK_ERRNOS:
+                if os.strerror(code) in exc.remote_message:
+                    return os.strerror(code).lower()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def placed(cfg: Any) -> str:
     """Each component's devices, or for placement.mode auto when they are chosen."""
     if cfg.placement.mode == "auto":
@@ -327,8 +365,9 @@ def placed(cfg: Any) -> str:
 
 
 def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
-    with open(metrics_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    from dynarl.components.workflows import jsonl
+
+    rows = jsonl.read(metrics_path)
     rewards = [r["reward_mean"] for r in rows]
     first, last = rewards[:10], rewards[-10:]
     summary = {"steps": len(rows), "wall_time_s": wall_time_s,

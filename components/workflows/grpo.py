@@ -41,6 +41,7 @@ from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.auto_placement import auto_placement
 from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling
+from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
 from dynarl.components.workflows.live import LiveStep, StepHooks
 from dynarl.components.workflows.stages import StageClock, held, stage
@@ -349,8 +350,7 @@ class GRPO:
                 begun = time.perf_counter()
                 await self.checkpoint(step + 1)
                 metrics["checkpoint_s"] = time.perf_counter() - begun
-            with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+            jsonl.append(os.path.join(self.run_dir, "metrics.jsonl"), metrics)
             self.save_graph()
             self.progress.step(metrics)
 
@@ -481,16 +481,11 @@ class GRPO:
 
 
 def _roll_back(path: str, step: int) -> None:
-    """Keeps the JSON lines of steps before `step`; moves the rest to *.rolled_back.jsonl."""
+    """Keeps the JSON lines of steps before `step`; moves the rest to *.rolled_back.jsonl
+    (a torn last line, from a crash mid-append, goes)."""
     if not os.path.exists(path):
         return
-    with open(path) as f:
-        lines = [line for line in f if line.strip()]
-    keep = [line for line in lines if json.loads(line)["step"] < step]
-    dropped = [line for line in lines if json.loads(line)["step"] >= step]
-    if dropped:
-        with open(path.removesuffix(".jsonl") + ".rolled_back.jsonl", "a") as f:
-            f.writelines(dropped)
-    with open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
+    records = jsonl.read(path)
+    for dropped in (r for r in records if r["step"] >= step):
+        jsonl.append(path.removesuffix(".jsonl") + ".rolled_back.jsonl", dropped)
+    jsonl.rewrite(path, [r for r in records if r["step"] < step])

@@ -13,11 +13,11 @@ be compared on what was trained, not just on which prompts.
 """
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+from . import jsonl
 
 
 class DuplicateSample(RuntimeError):
@@ -80,13 +80,7 @@ class SampleLedger:
     # --- files ---------------------------------------------------------------------
     def save(self, path: str) -> None:
         """The whole ledger as JSON lines, atomically (checkpoint copy)."""
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            for entry in self.entries:
-                f.write(json.dumps(entry.to_json()) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        jsonl.rewrite(path, [entry.to_json() for entry in self.entries])
 
     @classmethod
     def load(cls, path: str) -> "SampleLedger":
@@ -94,15 +88,10 @@ class SampleLedger:
 
 
 def read_entries(path: str) -> list[StepEntry]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [StepEntry.from_json(json.loads(line)) for line in f if line.strip()]
+    """The ledger file's steps (a torn last line, from a crash mid-append, is not one)."""
+    return [StepEntry.from_json(d) for d in jsonl.read(path)]
 
 
 def append_entry(path: str, entry: StepEntry) -> None:
-    """Appends one committed step to the running ledger file, durably."""
-    with open(path, "a") as f:
-        f.write(json.dumps(entry.to_json()) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Appends one committed step to the running ledger file, durably and whole."""
+    jsonl.append(path, entry.to_json(), sync=True)

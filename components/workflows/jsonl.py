@@ -1,0 +1,74 @@
+"""The run directory's JSON-lines files (metrics.jsonl, ledger.jsonl): appends that a
+crash or a full disk cannot tear, and reads that survive a torn tail.
+
+`append` writes a record as one whole line with one write on an O_APPEND file;
+when the write fails part-way (ENOSPC, EDQUOT, EIO) the file is cut back to its
+length before it, so it never ends inside a record. `sync=True` fsyncs (the
+ledger at each step commit). A crash between the write and the fsync can still
+leave a torn last line (the kernel may persist part of it): `read` drops a last
+line without its newline, and resume `rewrite`s the file from what `read` kept,
+so `--resume` goes on from the last whole record. A bad line anywhere else is not a torn tail but a
+damaged file: an error naming the file and line.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+class DamagedFile(ValueError):
+    """A JSON-lines file holds a record that is not a torn tail and does not parse."""
+
+
+def append(path: str, record: Any, *, sync: bool = False) -> None:
+    data = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            if sync:
+                os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, before)
+            except OSError:
+                pass  # read() still drops the torn tail
+            raise
+    finally:
+        os.close(fd)
+
+
+def rewrite(path: str, records: list[Any]) -> None:
+    """Replaces the file's content with `records`, atomically."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.remove(tmp)  # the old file stays whole
+        raise
+
+
+def read(path: str) -> list[Any]:
+    """The file's whole records (none if it does not exist), a torn last line dropped."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        data = f.read()
+    records: list[Any] = []
+    lines = data.split(b"\n")[:-1]  # the part after the last newline: empty, or a line cut short
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError as exc:
+                raise DamagedFile(f"{path}:{number}: not a JSON record ({exc}); the file is damaged") from None
+    return records
