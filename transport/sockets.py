@@ -34,6 +34,12 @@ HEARTBEAT_SUFFIX = b"#hb"
 
 
 COPY_ABOVE_BYTES = 64 << 10
+DRAIN_BUDGET = 256
+"""Messages handled per wake-up before the loop runs its other callbacks."""
+REJECT_PAUSE_S = 0.002
+"""The pause before reading on when most of a wake-up's messages were rejected (a
+flood): the peers' own messages wait that long at most, since ZeroMQ queues each
+peer's messages apart and serves them in turn."""
 
 # Plain ints: pyzmq's flags are enums, and enum arithmetic in the per-message path
 # cost several microseconds a round trip (profiled).
@@ -59,10 +65,12 @@ class LoopSocket:
         _configure(self.sock)
         self._fd = self.sock.getsockopt(zmq.FD)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_frames: Callable[[list[zmq.Frame]], None] | None = None
+        self._on_frames: Callable[[list[zmq.Frame]], bool | None] | None = None
+        self._paused = False
 
-    async def receive_forever(self, on_frames: Callable[[list[zmq.Frame]], None]) -> None:
-        """Delivers messages to `on_frames` until cancelled."""
+    async def receive_forever(self, on_frames: Callable[[list[zmq.Frame]], bool | None]) -> None:
+        """Delivers messages to `on_frames` until cancelled; it returns True for a
+        message it rejected (a flood of those is read at a bounded pace)."""
         self._loop = asyncio.get_running_loop()
         self._on_frames = on_frames
         self._loop.add_reader(self._fd, self._drain)
@@ -78,8 +86,18 @@ class LoopSocket:
         # The FD is edge-triggered: read until empty, or a message could sit unseen.
         # Asking EVENTS first is cheaper than a receive that ends in zmq.Again (an
         # exception per wake-up: ~10% of a round trip, profiled).
+        if self._paused:
+            return
         sock = self.sock
+        budget, rejected = DRAIN_BUDGET, 0
         while self._on_frames is not None and sock.get(_EVENTS) & _POLLIN:
+            if budget == 0:  # a flood must not hold the loop: the rest after what is ready,
+                if 2 * rejected > DRAIN_BUDGET:  # or, when most of it was refused, a pause
+                    self._pause()  # (the CPU for the others)
+                else:
+                    self._loop.call_soon(self._drain)
+                return
+            budget -= 1
             try:
                 frames = [sock.recv(_NOBLOCK, copy=False)]
                 while sock.get(_RCVMORE):  # the rest of a multipart message is already here
@@ -87,11 +105,24 @@ class LoopSocket:
             except zmq.Again:
                 return
             try:
-                self._on_frames(frames)
+                if self._on_frames(frames):
+                    rejected += 1
             except Exception:
                 # Keep draining: returning here would leave the FD's edge consumed
                 # with messages still queued, and the socket deaf for good.
                 log.exception("a message handler failed; the socket keeps serving")
+
+    def _pause(self) -> None:
+        """Stops reading for REJECT_PAUSE_S (the FD would wake the reader at once)."""
+        self._paused = True
+        self._loop.remove_reader(self._fd)
+        self._loop.call_later(REJECT_PAUSE_S, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = False
+        if self._on_frames is not None and not self._loop.is_closed():
+            self._loop.add_reader(self._fd, self._drain)
+            self._drain()
 
     async def send_multipart(self, frames: list) -> None:
         while not self.try_send(frames):
@@ -142,7 +173,7 @@ class RouterServer:
             self._ipc_dir = tempfile.mkdtemp(prefix="dynarl-")  # mkdtemp makes it 0700
             self.local_address = f"ipc://{os.path.join(self._ipc_dir, 'controller')}"
             self._sock.sock.bind(self.local_address)
-        self.rejects = RejectCounter()
+        self.rejects = RejectCounter("the controller")
         self.routes: dict[bytes, Callable[[Any], None]] = {}
         self.last_seen: dict[bytes, float] = {}
         self.on_unknown: Callable[[bytes, Any], None] | None = None
@@ -156,32 +187,34 @@ class RouterServer:
         cancellation (shutdown). A rejected message is counted and dropped."""
         loop = asyncio.get_running_loop()
 
-        def on_frames(frames: list[zmq.Frame]) -> None:
+        def on_frames(frames: list[zmq.Frame]) -> bool:
             identity = frames[0].bytes
             peer = identity.removesuffix(HEARTBEAT_SUFFIX)
             try:
                 body = self.codec.decode(frames[1:])
             except WireError as exc:
-                self.rejects.add(exc.reason)
-                log.warning("rejected a message from %r: %s", peer, exc)
-                return
+                self.rejects.add(exc.reason, peer, str(exc))
+                return True
             self.last_seen[peer] = loop.time()
             if identity.endswith(HEARTBEAT_SUFFIX):
                 handler = self.routes.get(peer)
                 if handler is not None and isinstance(body, dict):
                     handler(body)
-                return
+                return False
             handler = self.routes.get(identity)
             if handler is not None:
                 handler(body)
             elif self.on_unknown is not None:
                 self.on_unknown(identity, body)
             else:
-                self.rejects.add("unknown_peer")
+                self.rejects.add("unknown_peer", identity)
+                return True
+            return False
 
         await self._sock.receive_forever(on_frames)
 
     def close(self) -> None:
+        self.rejects.flush()
         self._sock.close()
         self._ctx.term()
         if self._ipc_dir is not None:
@@ -209,7 +242,7 @@ class DealerClient:
             # before connect(): a handshake that completes first would never be reported
             self.watch = PeerWatch(self._sock.sock, lost_after_s / 2)
         self._sock.sock.connect(address)
-        self.rejects = RejectCounter()
+        self.rejects = RejectCounter("a worker")
 
     async def send(self, body: Any) -> None:
         await self._sock.send_multipart(self.codec.encode(body))
@@ -219,14 +252,14 @@ class DealerClient:
         return self._sock.try_send(self.codec.encode(body))
 
     async def serve(self, handler: Callable[[Any], None]) -> None:
-        def on_frames(frames: list[zmq.Frame]) -> None:
+        def on_frames(frames: list[zmq.Frame]) -> bool:
             try:
                 body = self.codec.decode(frames)
             except WireError as exc:
-                self.rejects.add(exc.reason)
-                log.warning("rejected a message from the controller side: %s", exc)
-                return
+                self.rejects.add(exc.reason, "the controller side", str(exc))
+                return True
             handler(body)
+            return False
 
         await self._sock.receive_forever(on_frames)
 
