@@ -14,6 +14,7 @@ code raises.
 """
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import logging
 import secrets
@@ -32,6 +33,7 @@ from dynarl.core.worker import Worker, WorkerSpec
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 from dynarl.core.worker_handle import WorkerHandle
 from dynarl.core.channel_service import ChannelService
+from dynarl.transport import tempdirs
 from dynarl.transport.channel import Channel
 from dynarl.transport.data_plane import PayloadFetcher
 from dynarl.transport.errors import SpawnError, WorkerLost
@@ -72,6 +74,9 @@ class Controller:
         self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
         try:
+            with contextlib.suppress(OSError):  # the dead's temp dirs: never a reason not to start
+                for path in tempdirs.sweep():
+                    log.info("removed %s: its owner process is gone", path)
             if getattr(self.launcher, "uses_sockets", True):
                 # TCP only where workers on other hosts need it: a local job's workers
                 # use the 0700 IPC socket, and a TCP port would let any local user in

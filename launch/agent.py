@@ -31,7 +31,6 @@ import secrets
 import shutil
 import stat
 import sys
-import tempfile
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +45,7 @@ from dynarl.launch.agent_launcher import AgentLauncher
 from dynarl.launch.worker_main import die_with_parent
 from dynarl.launch.local import bootstrap_line_for, free_local_port, reap, start_worker_process, worker_environment
 from dynarl.launch.node_host import advertised_host
+from dynarl.transport import tempdirs
 from dynarl.transport.endpoints import with_host
 from dynarl.transport.errors import ConfigError
 from dynarl.transport.rpc import RpcEndpoint
@@ -149,7 +149,7 @@ def job_secret(store: Any, node: int, single_host: bool) -> bytes:
                           "readable only by the job's user (launch/slurm/dynarl.sbatch creates one)")
     # One host: only the path travels through the (unauthenticated) store, never the secret.
     if node == 0:
-        folder = tempfile.mkdtemp(prefix="dynarl-")
+        folder = tempdirs.make("agent")
         atexit.register(shutil.rmtree, folder, True)  # read by the other agents at their start only
         path = os.path.join(folder, "secret")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -18,12 +18,12 @@ import asyncio
 import itertools
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import zmq
 
 from dynarl.transport.errors import DynarlError
+from dynarl.transport import tempdirs
 from dynarl.transport.endpoints import LOOPBACK, with_host
 from dynarl.transport.sockets import LoopSocket
 from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
@@ -49,7 +49,7 @@ class PayloadServer:
         self._sock = LoopSocket(self._ctx, zmq.ROUTER)
         self._ipc_dir: str | None = None
         if host in LOOPBACK and advertise in (None, host):
-            self._ipc_dir = tempfile.mkdtemp(prefix="dynarl-p2p-")
+            self._ipc_dir = tempdirs.make("p2p")
             self.address = f"ipc://{os.path.join(self._ipc_dir, 'payloads')}"
             self._sock.sock.bind(self.address)
         else:

@@ -17,13 +17,13 @@ import asyncio
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from typing import Any, Callable
 
 import zmq
 
+from dynarl.transport import tempdirs
 from dynarl.transport.liveness import PeerWatch, enable_heartbeats
 from dynarl.transport.wire import Codec, RejectCounter, WireError
 
@@ -170,7 +170,7 @@ class RouterServer:
         self._ipc_dir: str | None = None
         self.local_address = self.address
         if local_ipc:
-            self._ipc_dir = tempfile.mkdtemp(prefix="dynarl-")  # mkdtemp makes it 0700
+            self._ipc_dir = tempdirs.make("ctl")  # 0700
             self.local_address = f"ipc://{os.path.join(self._ipc_dir, 'controller')}"
             self._sock.sock.bind(self.local_address)
         self.rejects = RejectCounter("the controller")

@@ -28,7 +28,6 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import weakref
 from collections import deque
@@ -40,6 +39,7 @@ from dynarl.components.tools.latency import LatencyLog
 from dynarl.components.tools.outcome import Limits, ToolResult, code_problem, describe_failure, reject
 from dynarl.components.tools.sandbox_command import (SYSTEM_DIRS, Host, bwrap_argv, is_inside,
                                                      interpreter_prefixes, staged_argv)
+from dynarl.transport import tempdirs
 
 LAUNCHER = (Path(__file__).parent / "launcher.py").read_text()
 PROBE = ("import json, os, socket\n"
@@ -271,7 +271,7 @@ def find_host(config: ToolConfig) -> Host:
 
 
 def _make_stage(count: int) -> str:
-    stage = tempfile.mkdtemp(prefix="dynarl-tool-")
+    stage = tempdirs.make("tool")
     os.chmod(stage, 0o755)  # the sandbox uid walks through it to reach the bound interpreter
     for index in range(count):
         os.mkdir(f"{stage}/{index}", 0o755)
@@ -280,9 +280,5 @@ def _make_stage(count: int) -> str:
 
 def _remove_stage(stage: str | None) -> None:
     # rmdir, never rmtree: should a bind ever show through here, it must not be emptied.
-    if stage is None or not os.path.isdir(stage):
-        return
-    with contextlib.suppress(OSError):
-        for name in os.listdir(stage):
-            os.rmdir(os.path.join(stage, name))
-        os.rmdir(stage)
+    if stage is not None and os.path.isdir(stage):
+        tempdirs.remove_empty(stage)

@@ -18,10 +18,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import zmq
+
+from dynarl.transport import tempdirs
 
 MESSAGE_BYTES = 70
 """About our no-op call on the wire: the 37-byte preamble (magic, version, MAC kind,
@@ -63,7 +64,7 @@ uvloop.run(main())
 def measure_zmq_floor(calls: int, loop: bool = False) -> list[float]:
     """Microseconds per round trip, one at a time, after a warm-up; `loop`: both ends
     driven by a uvloop (the module's second variant)."""
-    folder = tempfile.mkdtemp(prefix="dynarl-floor-")
+    folder = tempdirs.make("floor")
     address = f"ipc://{os.path.join(folder, 'echo')}"
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
