@@ -113,11 +113,6 @@ def sample_ids(groups: Sequence[PromptGroup]) -> list[str]:
     return [s.id for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
 
 
-def token_digests(groups: Sequence[PromptGroup]) -> list[int]:
-    """crc32 of each sample's generated tokens, in sample_ids order."""
-    return [_digest(s.output_ids) for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
-
-
 def samples(groups: Sequence[PromptGroup]) -> list[Sample]:
     return [s for g in groups for s in g.samples]
 

@@ -17,7 +17,6 @@ class LockManager:
     def __init__(self) -> None:
         self._locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.holders: dict[int, str] = {}
-        self.acquisitions = 0
 
     @asynccontextmanager
     async def hold(self, owner: str, devices: list[int]) -> AsyncIterator[None]:
@@ -27,7 +26,6 @@ class LockManager:
                 await self._locks[device].acquire()
                 taken.append(device)
                 self.holders[device] = owner
-            self.acquisitions += 1
             yield
         finally:
             for device in reversed(taken):

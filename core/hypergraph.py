@@ -108,10 +108,6 @@ class Hypergraph:
         edge.puts, edge.gets = puts, gets
         edge.queued = puts - gets if queued is None else queued
 
-    def observe_utilization(self, name: str, worker: str, value: float) -> None:
-        if name in self.nodes:
-            self.nodes[name].utilization[worker] = value
-
     def observe_load(self, name: str, workers: Iterable[str], utilization: Iterable[float],
                      queued: Iterable[int]) -> None:
         """A poll of `name`'s workers: each one's utilization and requests held."""

@@ -33,9 +33,6 @@ class RuntimeProcessGroup:
     def size(self) -> int:
         return len(self.members)
 
-    def rank_of(self, handle: WorkerHandle) -> int:
-        return self.members.index(handle)
-
     async def destroy(self) -> None:
         await self._manager.destroy(self.name)
 

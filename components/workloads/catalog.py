@@ -94,9 +94,6 @@ def _build() -> dict[str, Workload]:
 
 WORKLOADS: dict[str, Workload] = _build()
 
-DEVICE_COUNTS = (64, 128, 1024, 4096)
-"""The cluster sizes the benchmarks report [P: DynaRL 64/128; RLinf planner up to 4096]."""
-
 
 def get_workload(name: str) -> Workload:
     if name not in WORKLOADS:

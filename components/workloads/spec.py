@@ -35,10 +35,6 @@ class LogNormal:
         z = math.log(self.cap / self.median) / self.sigma
         return 0.5 * math.erfc(z / math.sqrt(2))
 
-    def mean_seconds(self) -> float:
-        """Mean of the unclipped distribution (for latencies)."""
-        return self.median * math.exp(self.sigma ** 2 / 2)
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MathWorkload:

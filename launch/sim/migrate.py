@@ -123,13 +123,6 @@ class Migrator:
                 return None
         return await (park.park(g.rollout, positions) if park else self.ctl.shrink_group(g.rollout, positions))
 
-    async def stop_pools(self) -> None:
-        """Stops every parked rank (a re-plan redeploys all groups elsewhere)."""
-        for pool in self.pools.values():
-            if pool.group is not None and not pool.group.stopped:
-                await self.ctl.stop_group(pool.group)
-        self.pools = {}
-
     async def take(self, group, devices: list[int]) -> list[int]:
         """Ranks of `group`'s class join it on `devices` (parked ones, else started);
         returns their positions."""

@@ -48,10 +48,6 @@ class RequestState:
     def request_id(self) -> str:
         return self.request.request_id
 
-    @property
-    def is_running(self) -> bool:
-        return self.admit_step >= 0
-
     def num_output(self, step: int) -> int:
         return self.out_base + (step - self.admit_step if self.admit_step >= 0 else 0)
 
