@@ -90,7 +90,6 @@ class PromptGroup:
         return g
 
 
-
 def train_batch(groups: Sequence[PromptGroup], with_ref: bool) -> TrainBatch:
     """The canonical batch: groups by index, samples in order, so the same groups
     give the same batch whatever order the stages finished them in."""

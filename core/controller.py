@@ -14,8 +14,8 @@ code raises.
 """
 from __future__ import annotations
 
-import contextlib
 import asyncio
+import contextlib
 import logging
 import secrets
 from typing import Any, Sequence

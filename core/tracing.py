@@ -8,6 +8,8 @@ import json
 import os
 from typing import Any
 
+from dynarl.core.files import atomic_open
+
 
 class Tracer:
     def __init__(self, enabled: bool = True, max_events: int = 2_000_000) -> None:
@@ -35,16 +37,9 @@ class Tracer:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": track}}
                 for track, pid in self._track_ids.items()]
-        tmp = path + ".tmp"  # written whole or not at all (a full disk leaves no half trace)
-        try:
-            with open(tmp, "w") as f:
-                json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms",
-                           "otherData": {"dropped_events": self.dropped}}, f)
-            os.replace(tmp, path)
-        except OSError:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        with atomic_open(path) as f:  # a full disk leaves no half trace
+            json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms",
+                       "otherData": {"dropped_events": self.dropped}}, f)
 
     def _pid(self, track: str) -> int:
         pid = self._track_ids.get(track)

@@ -22,8 +22,8 @@ from typing import Any
 
 import zmq
 
-from dynarl.transport.errors import DynarlError
 from dynarl.transport import tempdirs
+from dynarl.transport.errors import DynarlError
 from dynarl.transport.endpoints import LOOPBACK, with_host
 from dynarl.transport.sockets import LoopSocket
 from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError

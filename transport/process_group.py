@@ -59,13 +59,13 @@ def host_store(host: str) -> Any:
     listener = socket.create_server((host, 0), family=family, backlog=4096)
     port = listener.getsockname()[1]
     try:
-        return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=60), master_listen_fd=listener.fileno())
+        store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=60), master_listen_fd=listener.fileno())
     except BaseException:
         listener.close()
         raise
-    finally:
-        listener.detach()  # closed by the store from now on (or above, on failure)
+    listener.detach()  # the store owns the socket now
+    return store
 
 
 def join_group(name: str, generation: int, rank: int, size: int, host: str, port: int,

@@ -193,7 +193,7 @@ class RouterServer:
             try:
                 body = self.codec.decode(frames[1:])
             except WireError as exc:
-                self.rejects.add(exc.reason, peer, str(exc))
+                self.rejects.add(exc.reason, peer, exc)
                 return True
             self.last_seen[peer] = loop.time()
             if identity.endswith(HEARTBEAT_SUFFIX):
@@ -256,7 +256,7 @@ class DealerClient:
             try:
                 body = self.codec.decode(frames)
             except WireError as exc:
-                self.rejects.add(exc.reason, "the controller side", str(exc))
+                self.rejects.add(exc.reason, "the controller side", exc)
                 return True
             handler(body)
             return False

@@ -101,7 +101,8 @@ class RejectCounter:
     _peers: set = field(default_factory=set)
     _logged_at: float | None = None
 
-    def add(self, reason: str, peer: Any = None, detail: str = "") -> None:
+    def add(self, reason: str, peer: Any = None, detail: Any = None) -> None:
+        """`detail` (the WireError, say) is formatted only if this one is logged."""
         self.counts[reason] += 1
         now = time.monotonic()
         if self._logged_at is None:

@@ -271,7 +271,8 @@ class _Generation:
                 # engine makes exactly max_new_tokens)
                 sampling = self.sampling if sample.max_new_tokens is None else \
                     {**self.sampling, "max_new_tokens": sample.max_new_tokens}
-                request = GenerationRequest(sample.id, list(group.prompt_ids), SamplingParams(**sampling, seed=sample.seed))
+                request = GenerationRequest(sample.id, list(group.prompt_ids),
+                                            SamplingParams(**sampling, seed=sample.seed))
                 self.pending[sample.id] = (group, k)
                 self.engine.add_request(request)
             self.left[group.index] = len(group.samples)

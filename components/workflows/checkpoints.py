@@ -14,6 +14,8 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 
+from dynarl.core.files import atomic_open
+
 STATE_FILE = "state.json"
 LEDGER_FILE = "ledger.jsonl"
 
@@ -33,12 +35,8 @@ def checkpoint_dir(run_dir: str, step: int) -> str:
 
 
 def write_state(path: str, state: CheckpointState) -> None:
-    tmp = os.path.join(path, STATE_FILE + ".tmp")
-    with open(tmp, "w") as f:
+    with atomic_open(os.path.join(path, STATE_FILE), sync=True) as f:
         json.dump(asdict(state), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(path, STATE_FILE))
 
 
 def complete_checkpoints(run_dir: str) -> list[tuple[str, CheckpointState]]:

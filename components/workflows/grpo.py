@@ -47,6 +47,7 @@ from dynarl.components.workflows.live import LiveStep, StepHooks
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import step_metrics
 from dynarl.core.config_tree import to_dict
+from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
 from dynarl.core.hypergraph import GRAPH_FILE
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -369,9 +370,8 @@ class GRPO:
         """The runtime hypergraph as the scheduler last read it, channel traffic folded
         in: graph.json in the run directory (`dynarl graph RUN_DIR` prints it)."""
         path = os.path.join(self.run_dir, GRAPH_FILE)
-        with open(path + ".tmp", "w") as f:
+        with atomic_open(path) as f:
             json.dump(self.ctl.refresh_graph().to_wire(), f)
-        os.replace(path + ".tmp", path)
 
     def worker_inits(self, shared: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
         """Each component's worker constructor arguments (the components in `shared`

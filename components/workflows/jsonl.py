@@ -7,14 +7,16 @@ length before it, so it never ends inside a record. `sync=True` fsyncs (the
 ledger at each step commit). A crash between the write and the fsync can still
 leave a torn last line (the kernel may persist part of it): `read` drops a last
 line without its newline, and resume `rewrite`s the file from what `read` kept,
-so `--resume` goes on from the last whole record. A bad line anywhere else is not a torn tail but a
-damaged file: an error naming the file and line.
+so `--resume` goes on from the last whole record. A bad line anywhere else is not
+a torn tail but a damaged file: an error naming the file and line.
 """
 from __future__ import annotations
 
 import json
 import os
 from typing import Any
+
+from dynarl.core.files import atomic_open
 
 
 class DamagedFile(ValueError):
@@ -44,17 +46,8 @@ def append(path: str, record: Any, *, sync: bool = False) -> None:
 
 def rewrite(path: str, records: list[Any]) -> None:
     """Replaces the file's content with `records`, atomically."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        if os.path.exists(tmp):
-            os.remove(tmp)  # the old file stays whole
-        raise
+    with atomic_open(path, sync=True) as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def read(path: str) -> list[Any]:

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Mapping
 
 from dynarl.components import costmodel
 from dynarl.components.trainer.base import STATE_NAMES, StateLayout, TrainBatch, TrainerConfig
+from dynarl.core.files import atomic_open
 
 from .layout import build_layout
 
@@ -236,7 +237,5 @@ def _shard_file(rank: int, world_size: int) -> str:
 
 def _write_json(file: str, value: Any) -> None:
     os.makedirs(os.path.dirname(file), exist_ok=True)
-    tmp = file + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_open(file) as f:
         json.dump(value, f)
-    os.replace(tmp, file)  # a reader never sees half a file

@@ -15,6 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from dynarl.core.files import atomic_open
+
 from ..base import StateLayout
 from .sharding import overlaps
 
@@ -43,10 +45,8 @@ def save_meta(path: str, layout: StateLayout, config: Mapping[str, Any], step: i
 
 def write_versioned_meta(path: str, name: str, version: int, meta: Mapping[str, Any]) -> None:
     """A checkpoint's JSON metadata with its format version, written atomically."""
-    tmp = os.path.join(path, name + ".tmp")
-    with open(tmp, "w") as f:
+    with atomic_open(os.path.join(path, name)) as f:
         json.dump({"format_version": version, **meta}, f, indent=1)
-    os.replace(tmp, os.path.join(path, name))
 
 
 def load_meta(path: str) -> tuple[StateLayout, dict[str, Any]]:
