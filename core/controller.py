@@ -327,10 +327,17 @@ class Controller:
                 if now - seen > cfg.heartbeat_timeout_s:
                     # its heartbeat thread is silent: the process is frozen (SIGSTOP, swapped
                     # out), its host or the network is gone, or a C call holds the GIL
-                    h.mark_lost(f"no heartbeat for {now - seen:.1f} s (process frozen or unreachable, "
-                                "or a native call holding the GIL)")
+                    h.mark_lost(f"no heartbeat for {now - seen:.1f} s{self.where(h)} (process frozen or "
+                                "unreachable: its host or the network to it down, or a native call holding the GIL)")
                 elif h.loop_lag_s > cfg.hang_timeout_s:
-                    h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s")
+                    h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s{self.where(h)}")
+
+    def where(self, handle: WorkerHandle) -> str:
+        """' from node N (its address)' in a job of several nodes, else ''."""
+        if self.config.cluster.num_nodes == 1:
+            return ""
+        node = handle.spec.node
+        return f" from node {node} ({self.launcher.node_address(node)})"
 
     # --- channels -----------------------------------------------------------------
     def channel(self, name: str, capacity: int | None = None) -> Channel:

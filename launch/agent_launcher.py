@@ -6,6 +6,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
 from dynarl.core.launcher import Launcher, register_launcher
 from dynarl.launch.local import LocalLauncher
 from dynarl.transport.errors import SpawnError, WorkerLost
@@ -40,6 +42,9 @@ class AgentLauncher(Launcher):
         self._hosts: dict[int, str] = {0: node_host}
         self._arrived = asyncio.Event()
         self._handles: dict[str, "WorkerHandle"] = {}
+        self.unreachable: set[int] = set()
+        """Nodes whose agent left a call unanswered: no further call waits on them. Their
+        agents stop their own workers once they lose the controller (launch/agent.py)."""
 
     async def start(self, ctl: "Controller") -> None:
         self._ctl = ctl
@@ -62,7 +67,8 @@ class AgentLauncher(Launcher):
         if name == "worker_exit":
             handle = self._handles.pop(data["worker_id"], None)
             if handle is not None:
-                handle.mark_lost(f"process exited with code {data['code']}")
+                node = handle.spec.node
+                handle.mark_lost(f"process exited with code {data['code']} on node {node} ({self.node_address(node)})")
 
     async def wait_for_agents(self, count: int, timeout_s: float) -> None:
         try:
@@ -96,13 +102,21 @@ class AgentLauncher(Launcher):
     async def stop(self, handle: "WorkerHandle", grace_s: float) -> None:
         if isinstance(handle.process, RemoteWorker):
             self._handles.pop(handle.spec.worker_id, None)
-            await self._ask(handle.process.node, "stop_worker", [handle.spec.worker_id, grace_s],
-                            2 * grace_s + AGENT_CALL_S)
+            node = handle.process.node
+            if node in self.unreachable:
+                log.warning("not stopping %s: the agent of node %d (%s) is unreachable; it stops its workers "
+                            "itself once it loses the controller", handle.name, node, self.node_address(node))
+                return
+            # a rank lost by its heartbeat may be behind a cut link: its agent too, likely
+            bound = self._ctl.config.heartbeat_timeout_s if handle.lost is not None else AGENT_CALL_S
+            await self._ask(node, "stop_worker", [handle.spec.worker_id, grace_s], 2 * grace_s + bound)
         else:
             await self._local.stop(handle, grace_s)
 
     def kill(self, handle: "WorkerHandle") -> None:
         if isinstance(handle.process, RemoteWorker):
+            if handle.process.node in self.unreachable:
+                return  # (stop's warning says why)
             self._ctl.spawn_task(_quietly(f"kill {handle.name}", self._ask(
                 handle.process.node, "stop_worker", [handle.spec.worker_id, 0.0], AGENT_CALL_S)))
         else:
@@ -110,8 +124,8 @@ class AgentLauncher(Launcher):
 
     async def close(self) -> None:
         await self._local.close()
-        await asyncio.gather(*(self._ask(node, "shutdown", [], AGENT_CALL_S) for node in self.agents),
-                             return_exceptions=True)
+        await asyncio.gather(*(self._ask(node, "shutdown", [], AGENT_CALL_S) for node in self.agents
+                               if node not in self.unreachable), return_exceptions=True)
 
     async def _ask(self, node: int, method: str, args: list, timeout_s: float) -> Any:
         """A call to a node agent, bounded: a frozen or vanished agent is an error, not
@@ -119,8 +133,14 @@ class AgentLauncher(Launcher):
         try:
             async with asyncio.timeout(timeout_s):
                 return await self._agent(node).call(method, args)
+        except zmq.ZMQError as exc:  # (ROUTER_MANDATORY) its connection is gone
+            self.unreachable.add(node)
+            raise WorkerLost(f"agent{node}", f"unreachable for {method}: {exc} (node {node}, "
+                             f"{self.node_address(node)})") from None
         except TimeoutError:
-            raise WorkerLost(f"agent{node}", f"no answer to {method} within {timeout_s:.0f} s") from None
+            self.unreachable.add(node)
+            raise WorkerLost(f"agent{node}", f"no answer to {method} within {timeout_s:.0f} s from node {node} "
+                             f"({self.node_address(node)})") from None
 
     def _agent(self, node: int) -> RpcEndpoint:
         agent = self.agents.get(node)

@@ -1,7 +1,8 @@
-"""Workflow run by the two-agent torchrun test."""
+"""Workflows the agent tests run (test_agent.py on one host, test_netns.py across namespaces)."""
 import asyncio
 import json
 import os
+import time
 
 from workers import Echo
 
@@ -21,3 +22,81 @@ async def spread_then_wait(ctl, out):
     """Writes what `spread` writes, then runs until the controller is killed."""
     await spread(ctl, out)
     await asyncio.Future()
+
+
+async def spread_until(ctl, out, release):
+    """Writes what `spread` writes, waits until the file `release` exists, then checks
+    that both ranks still answer and adds their answers to `out` as "after"."""
+    group = await ctl.spawn(Echo, devices=[0, 1])
+    results = await group.call("hello", 1)
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pids": [r["pid"] for r in results], "nodes": [h.spec.node for h in group.handles],
+                   "controller": ctl.router.address}, f)
+    os.replace(out + ".tmp", out)
+    while not os.path.exists(release):
+        await asyncio.sleep(0.1)
+    after = await group.call("hello", 2)
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pids": [r["pid"] for r in results], "after": [r["x"] for r in after]}, f)
+    os.replace(out + ".tmp", out)
+    return "ok"
+
+
+async def call_until_lost(ctl, out):
+    """Spreads a group over both nodes, writes `out`, then calls both ranks every 0.1 s
+    until a call fails; the failure (its text, and when) goes into `out` as "lost"."""
+    group = await ctl.spawn(Echo, devices=[0, 1])
+    results = await group.call("hello", 1)
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pids": [r["pid"] for r in results], "nodes": [h.spec.node for h in group.handles]}, f)
+    os.replace(out + ".tmp", out)
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await group.call("hello", 0)
+        except Exception as exc:
+            lost = {"error": f"{type(exc).__name__}: {exc}", "at": time.time()}
+            break
+        await asyncio.sleep(0.1)
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pids": [r["pid"] for r in results], "lost": lost, "loop_s": loop.time()}, f)
+    os.replace(out + ".tmp", out)
+    return "lost"
+
+
+async def p2p_across_hosts(ctl, out):
+    """A 2-rank DP trainer on node 0 reshards by P2P onto node 1's two devices, then onto
+    one device of each node (a DP group across the hosts), training a step there; the
+    gathered state is compared bitwise with the state before each move."""
+    import torch
+    from dynarl.core.migration.p2p import p2p_migrate
+    from reshard_workers import ReshardTrainer, make_batch
+
+    group = await ctl.spawn(ReshardTrainer, name="trainer", devices=[0, 1])
+    await ctl.process_group("trainer_dp", [group])
+    await group.call("start", "trainer_dp")
+    for step in range(2):
+        await group.scatter("train", [[make_batch(step)]] * 2)
+
+    async def gathered(g):
+        parts = sorted(await g.call("full_state"), key=lambda p: p["range"][0])
+        states = {k: torch.cat([p[k] for p in parts]) for k in ("master", "exp_avg", "exp_avg_sq", "grad")}
+        return states, parts[0]["params"], sorted({p["step"] for p in parts})
+
+    def equal(a, b):
+        keys = {k: bool(torch.equal(a[0][k], b[0][k])) for k in a[0]}
+        keys |= {f"param:{n}": bool(torch.equal(a[1][n], b[1][n])) for n in a[1]}
+        return {"equal": keys, "steps": [a[2], b[2]]}
+
+    before = await gathered(group)
+    moves = []
+    for devices in ([2, 3], [1, 2]):
+        result = await p2p_migrate(ctl, group, devices, {})
+        group = result.group
+        moves.append({"nodes": [h.spec.node for h in group.handles], "elements": result.elements_moved,
+                      **equal(before, await gathered(group))})
+    await group.scatter("train", [[make_batch(9)]] * 2)  # it trains on, its DP group across the hosts
+    after = await gathered(group)
+    with open(out, "w") as f:
+        json.dump({"moves": moves, "trained_on": after[2]}, f)
+    return "ok"

@@ -69,7 +69,12 @@ def host_store(host: str) -> Any:
 
 
 def join_group(name: str, generation: int, rank: int, size: int, host: str, port: int,
-               backend: str, timeout_s: float, store: Any = None) -> GroupMembership:
+               backend: str, timeout_s: float, store: Any = None, own_host: str | None = None) -> GroupMembership:
+    """Joins group `name` as `rank` of `size`, rendezvous at the store on host:port.
+    `own_host`: this rank's node address as its peers reach it. Gloo's pairs listen on
+    it and advertise it; left to itself gloo takes the address the machine's hostname
+    resolves to, which is loopback on many hosts (Debian's /etc/hosts maps the
+    hostname to 127.0.1.1), and the peers on other hosts are refused."""
     if backend == "emulated":
         return GroupMembership(name, rank, size, EmulatedGroup(name, rank, size), None)
     import torch.distributed as dist
@@ -81,7 +86,12 @@ def join_group(name: str, generation: int, rank: int, size: int, host: str, port
     import torch
     kind = dist.ProcessGroup.BackendType
     if backend == "gloo":
-        impl, backend_type, device = dist.ProcessGroupGloo(prefixed, rank, size, timeout), kind.GLOO, "cpu"
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=own_host) if own_host
+                            else dist.ProcessGroupGloo.create_default_device()]
+        options._threads = 2  # what the (store, rank, size, timeout) constructor uses for one device
+        impl, backend_type, device = dist.ProcessGroupGloo(prefixed, rank, size, options), kind.GLOO, "cpu"
     elif backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         impl, backend_type, device = dist.ProcessGroupNCCL(prefixed, rank, size, options), kind.NCCL, "cuda"
