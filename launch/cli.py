@@ -15,6 +15,7 @@ BENCHES = {
     "trainer": "dynarl.launch.bench.trainer",
     "scheduler": "dynarl.launch.bench.scheduler",
     "agentic": "dynarl.launch.bench.agentic",
+    "hosts": "dynarl.launch.bench.hosts",
 }
 
 
@@ -49,7 +50,7 @@ COMMANDS = {
 
 
 SUMMARIES = {
-    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic), ratios measured side by side",
+    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts), ratios measured side by side",
     "graph": "the static hypergraph of a workflow file (components and channels)",
     "sim": "the real controller and scheduler on emulated devices, in virtual time",
     "tool": "run one tool call (python in the sandbox, or the calculator) and print its JSON result",

@@ -1,5 +1,5 @@
 """Multi-host across a real network boundary: each node is a network namespace with
-an address of its own (tests/netns.py), its node agent started by torchrun there.
+an address of its own (launch/netns.py), its node agent started by torchrun there.
 Runs as root (CI); skips with the reason elsewhere."""
 NUM_GPUS = 0
 
@@ -13,39 +13,28 @@ import time
 import pytest
 
 from conftest import assert_reaped
-from netns import Hosts
+from dynarl.launch import netns
+
+
+def Hosts(count: int) -> netns.Hosts:
+    why = netns.can_make_namespaces()
+    if why is not None:
+        pytest.skip(why)
+    return netns.Hosts(count)
+
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 MASTER_PORT = 29500
 """torchrun's rendezvous port on host 0 (each namespace has its own ports)."""
 
 
-def secret_file(tmp_path) -> tuple[str, str]:
-    """The job key every agent reads (DYNARL_SECRET_FILE, as the slurm template makes it)."""
-    key = secrets.token_hex(32)
-    path = tmp_path / "secret"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, key.encode())
-    os.close(fd)
-    return str(path), key
-
-
-def start_agents(hosts: Hosts, tmp_path, *args: str, nodes: int = 2) -> list[subprocess.Popen]:
+def start_agents(hosts: netns.Hosts, tmp_path, *args: str, nodes: int = 2) -> list[subprocess.Popen]:
     """One torchrun per host, each starting that node's agent (node k on host k)."""
     if not (tmp_path / "secret").exists():
-        secret_file(tmp_path)
-    env = dict(os.environ, DYNARL_SECRET_FILE=str(tmp_path / "secret"),
-               PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
-    env.pop("DYNARL_SECRET", None)
-    procs = []
-    for k in range(nodes):
-        log = open(tmp_path / f"node{k}.log", "w")
-        procs.append(hosts.popen(k, [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-                                     f"--node-rank={k}", "--nproc-per-node=1", f"--master-addr={hosts.addr[0]}",
-                                     f"--master-port={MASTER_PORT}", "-m", "dynarl.launch.agent", *args],
-                                 cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
-        log.close()
-    return procs
+        netns.secret_file(str(tmp_path / "secret"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    return hosts.agents(nodes, list(args), env=env, cwd=str(tmp_path), secret=str(tmp_path / "secret"),
+                        logs=[str(tmp_path / f"node{k}.log") for k in range(nodes)], master_port=MASTER_PORT)
 
 
 def log_of(tmp_path, node: int) -> str:
@@ -62,7 +51,7 @@ def wait_all(procs: list[subprocess.Popen], tmp_path, timeout_s: float, while_ru
         time.sleep(0.3)
 
 
-def assert_nothing_left(hosts: Hosts, nodes: int) -> None:
+def assert_nothing_left(hosts: netns.Hosts, nodes: int) -> None:
     """No process is left in the hosts' namespaces (agents, workers, torchrun)."""
     deadline = time.monotonic() + 10
     while any(hosts.pids(k) for k in range(nodes)):
@@ -82,7 +71,7 @@ def wait_for_file(path, procs, tmp_path, timeout_s: float = 90, key: str | None 
         time.sleep(0.1)
 
 
-def workflow_config(tmp_path, hosts: Hosts, workflow: str, devices_per_node: int = 1, extra: str = "") -> str:
+def workflow_config(tmp_path, hosts: netns.Hosts, workflow: str, devices_per_node: int = 1, extra: str = "") -> str:
     out = tmp_path / "result.json"
     config = tmp_path / "job.yaml"
     config.write_text(f"""
@@ -141,7 +130,7 @@ def test_netns_a_third_host_without_the_job_key_gets_no_answer(tmp_path):
     on: signed with a key of its own, nothing answers; signed with the job's key, the
     payload servers do (so the probe can tell). The job goes on unharmed."""
     with Hosts(3) as hosts:
-        _, key = secret_file(tmp_path)
+        key = netns.secret_file(str(tmp_path / "secret"))
         procs = start_agents(hosts, tmp_path, workflow_config(tmp_path, hosts, "spread_until"))
         out = tmp_path / "result.json"
         first = wait_for_file(out, procs, tmp_path)
@@ -217,3 +206,16 @@ def test_netns_a_cut_link_is_detected_within_the_heartbeat_timeout_naming_the_ho
     assert lost["at"] - cut < timeout_s + 2.0, lost["at"] - cut
     assert procs[1].returncode == 1 and "lost the controller" in node1 and "stopping its 1 worker(s)" in node1
     assert finished < timeout_s + 10.0, finished
+
+
+def test_netns_bench_hosts_measures_a_pair_on_each_side_of_the_link():
+    if netns.can_make_namespaces() is not None:
+        pytest.skip(netns.can_make_namespaces())
+    done = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "bench", "hosts", "--json", "--mb-items", "20",
+                           "--p2p-repeats", "1"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert [result[k]["nodes"] for k in ("loopback", "same_host", "veth_link")] == [[0, 0], [0, 0], [0, 1]]
+    for where in ("loopback", "same_host", "veth_link"):
+        assert result[where]["channel_mb_per_s"] > 0 and result[where]["tensor_mb_per_s"] > 0
+    assert result["tensor_mb_per_s_veth_vs_loopback"] > 0

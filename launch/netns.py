@@ -1,6 +1,7 @@
-"""Hosts as Linux network namespaces on this machine, for the multi-host tests.
+"""Hosts as Linux network namespaces on this machine: the multi-host tests
+(tests/test_netns.py) and `dynarl bench hosts` run their nodes on them.
 
-    with Hosts(3) as hosts:            # needs root (CAP_NET_ADMIN); else pytest.skip
+    with Hosts(3) as hosts:            # needs root (CAP_NET_ADMIN); else NamespacesUnavailable
         hosts.addr[1]                  # '198.18.0.2': host 1's only address besides loopback
         p = hosts.popen(1, [sys.executable, ...])  # a process on host 1
         hosts.cut(1); hosts.mend(1)    # host 1's link to the switch down / up again
@@ -17,11 +18,11 @@ the namespaces (with their links) are deleted.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
+import sys
 import time
-
-import pytest
 
 SUBNET = "198.18.0"
 PREFIX = 24
@@ -29,6 +30,10 @@ PREFIX = 24
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+class NamespacesUnavailable(RuntimeError):
+    """This machine cannot make network namespaces (not root, no iproute2)."""
 
 
 def can_make_namespaces() -> str | None:
@@ -46,6 +51,15 @@ def can_make_namespaces() -> str | None:
     return None
 
 
+def secret_file(path: str) -> str:
+    """Writes a fresh job key (hex) to `path`, mode 0600, as the slurm template does; returns it."""
+    key = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, key.encode())
+    os.close(fd)
+    return key
+
+
 class Hosts:
     def __init__(self, count: int) -> None:
         self.count = count
@@ -58,7 +72,7 @@ class Hosts:
     def __enter__(self) -> "Hosts":
         why = can_make_namespaces()
         if why is not None:
-            pytest.skip(why)
+            raise NamespacesUnavailable(why)
         try:
             self._build()
         except BaseException:
@@ -90,6 +104,22 @@ class Hosts:
         proc = subprocess.Popen(self.command(host, argv), start_new_session=True, **kwargs)
         self._procs.append(proc)
         return proc
+
+    def agents(self, nodes: int, args: list[str], *, env: dict, cwd: str, secret: str, logs: list[str],
+               master_port: int = 29500) -> list[subprocess.Popen]:
+        """A job's node agents, node k on host k, each under a torchrun of its own
+        (`torchrun --nnodes=NODES --node-rank=k ... -m dynarl.launch.agent ARGS`), with
+        the job key in the file `secret`; each one's output goes to logs[k]."""
+        env = dict(env, DYNARL_SECRET_FILE=secret)
+        env.pop("DYNARL_SECRET", None)
+        procs = []
+        for k in range(nodes):
+            with open(logs[k], "w") as log:
+                procs.append(self.popen(k, [
+                    sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node-rank={k}",
+                    "--nproc-per-node=1", f"--master-addr={self.addr[0]}", f"--master-port={master_port}",
+                    "-m", "dynarl.launch.agent", *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        return procs
 
     def run(self, host: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(host, argv), **kwargs)
