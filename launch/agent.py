@@ -42,7 +42,7 @@ from dynarl.core.config_tree import build
 from dynarl.core.controller import Controller
 from dynarl.core.worker import WorkerSpec
 from dynarl.launch.agent_launcher import AgentLauncher
-from dynarl.launch.worker_main import die_with_parent
+from dynarl.launch.worker_main import TERM_GRACE_S, after_sigterm, die_with_parent
 from dynarl.launch.local import bootstrap_line_for, free_local_port, reap, start_worker_process, worker_environment
 from dynarl.launch.node_host import advertised_host
 from dynarl.transport import tempdirs
@@ -236,16 +236,24 @@ async def serve_node(node: int, address: str, secret: bytes, host: str, *, heart
             endpoint = RpcEndpoint("controller", dealer.send, serve=serve, spawn=tg.create_task)
             receiver = tg.create_task(dealer.serve(endpoint.handle))
             await endpoint.event("hello", {"node": node, "pid": os.getpid(), "host": host})
+            terminated = asyncio.Event()  # SIGTERM, and the controller did not stop us within the grace
+            after_sigterm(asyncio.get_running_loop(), terminated.set)
             shutdown, lost = tg.create_task(done.wait()), tg.create_task(dealer.watch.lost())
-            await asyncio.wait([shutdown, lost], return_when=asyncio.FIRST_COMPLETED)
+            term = tg.create_task(terminated.wait())
+            await asyncio.wait([shutdown, lost, term], return_when=asyncio.FIRST_COMPLETED)
             if shutdown.done():
                 lost.cancel()
+                term.cancel()
                 await asyncio.sleep(0.05)  # let the shutdown reply go out
             else:
-                code = 1
                 shutdown.cancel()
-                print(f"dynarl agent {node}: lost the controller at {address} (unreachable for "
-                      f"{lost.result():.1f} s); stopping its {len(procs)} worker(s) on this node",
+                if lost.done():
+                    code, why = 1, f"lost the controller at {address} (unreachable for {lost.result():.1f} s)"
+                    term.cancel()
+                else:
+                    code, why = 143, f"SIGTERM, and no shutdown from the controller within {TERM_GRACE_S:.0f} s"
+                    lost.cancel()
+                print(f"dynarl agent {node}: {why}; stopping its {len(procs)} worker(s) on this node",
                       file=sys.stderr, flush=True)
                 await asyncio.gather(*(reap(p, 0.0) for p in list(procs.values())), return_exceptions=True)
                 endpoint.fail(ConnectionError("the controller is gone"))  # ends calls being served

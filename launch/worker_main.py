@@ -23,6 +23,22 @@ from dynarl.transport.sockets import DealerClient, HeartbeatThread, LoopTicker
 from dynarl.transport.wire import Codec
 
 PR_SET_PDEATHSIG = 1
+TERM_GRACE_S = 20.0
+"""How long a worker or a node agent stays up after SIGTERM. slurm's scancel (and a
+job's time limit) signals every process of the job at once; the controller's
+ordered stop needs its workers and agents alive meanwhile, and ends them itself.
+slurm sends SIGKILL KillWait (30 s by default) after SIGTERM."""
+
+
+def after_sigterm(loop: asyncio.AbstractEventLoop, expire, grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM no longer ends this process at once: `expire()` runs `grace_s` after the
+    first one, unless the process ended before (its controller stopped it)."""
+    armed: list = []
+
+    def on_term() -> None:
+        if not armed:
+            armed.append(loop.call_later(grace_s, expire))
+    loop.add_signal_handler(signal.SIGTERM, on_term)
 
 
 def die_with_parent(parent: int | None = None) -> None:
@@ -51,6 +67,7 @@ async def serve(boot: dict) -> None:
     ticker = LoopTicker(interval)
     heartbeat = HeartbeatThread(secret, boot["address"], identity, interval, ticker.lag)
     heartbeat.start()
+    after_sigterm(asyncio.get_running_loop(), lambda: os._exit(128 + signal.SIGTERM))
     data_host = boot.get("data_host", "127.0.0.1")  # this node's address as peers reach it
     payloads = PayloadServer(codec, bind_host_for(data_host), advertise=data_host)
     fetcher: PayloadFetcher | None = None
