@@ -8,9 +8,10 @@ and across a network link, side by side in one run.
     veth link   one rank on each node: every byte crosses two veth pairs and a bridge
 
 For each: 1 MB channel items from rank 0 to rank 1 (the payload data plane: the
-bytes go peer to peer, the controller routes the refs) and 100 MB tensors over the
-runtime process group (gloo send/recv, the transport of the weight sync and of P2P
-resharding). The two-node job runs under torchrun in network namespaces: root only.
+bytes go peer to peer, the controller routes the refs), 100 MB tensors over the
+runtime process group (gloo send/recv: P2P resharding's transport) and the weight
+sync of a 100 MB model (components/weight_sync.py: a broadcast per bucket of
+trainer.sync_bucket_bytes, 1 MB by default). The two-node job runs under torchrun in network namespaces: root only.
 """
 from __future__ import annotations
 
@@ -25,11 +26,14 @@ import time
 
 from dynarl.launch.bench.transport_workers import BenchWorker
 
+from dynarl.components.workflows.config import TrainerSection
+
 P2P_MB = 100
+SYNC_BUCKET_BYTES = TrainerSection().sync_bucket_bytes
 
 
 async def pair_throughput(ctl, devices: list[int] | None, mb_items: int, p2p_repeats: int) -> dict:
-    """Channel MB/s (1 MB items) and gloo tensor MB/s from rank 0 to rank 1 of a
+    """Channel MB/s (1 MB items), gloo tensor and weight-sync MB/s from rank 0 to rank 1 of a
     BenchWorker pair on `devices` (None: two ranks where the launcher puts them)."""
     workers = await (ctl.spawn(BenchWorker, devices=devices) if devices else ctl.spawn(BenchWorker, num_ranks=2))
     try:
@@ -39,9 +43,13 @@ async def pair_throughput(ctl, devices: list[int] | None, mb_items: int, p2p_rep
         numel = P2P_MB * (1 << 20) // 4
         times, _ = await asyncio.gather(workers.call("p2p_recv", "bench", numel, p2p_repeats, ranks=[1]),
                                         workers.call("p2p_send", "bench", numel, p2p_repeats, ranks=[0]))
+        synced, _ = await asyncio.gather(
+            workers.call("weights_receive", "bench", P2P_MB, p2p_repeats, SYNC_BUCKET_BYTES, ranks=[1]),
+            workers.call("weights_send", "bench", P2P_MB, p2p_repeats, SYNC_BUCKET_BYTES, ranks=[0]))
         await ctl.process_groups.destroy("bench")
         return {"channel_mb_per_s": round(consumed[0]["bytes"] / (1 << 20) / consumed[0]["seconds"]),
                 "tensor_mb_per_s": round(P2P_MB / statistics.median(times[0])),
+                "weight_sync_mb_per_s": round(P2P_MB / statistics.median(synced[0])),
                 "nodes": [h.spec.node for h in workers.handles]}
     finally:
         await ctl.stop_group(workers)
@@ -98,7 +106,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dynarl bench hosts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--mb-items", type=int, default=300, help="1 MB channel items per pair")
-    parser.add_argument("--p2p-repeats", type=int, default=5, help="100 MB tensors per pair")
+    parser.add_argument("--p2p-repeats", type=int, default=5, help="100 MB tensors, and weight syncs, per pair")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="bound on the two-node job")
     args = parser.parse_args(argv)
     import uvloop
@@ -106,7 +114,7 @@ def main(argv: list[str]) -> int:
     result = {"loopback": uvloop.run(loopback(args.mb_items, args.p2p_repeats))}
     _progress("two nodes in network namespaces: a pair on one node, then a pair across the link")
     result |= across_namespaces(args.mb_items, args.p2p_repeats, args.timeout_s)
-    for key in ("channel_mb_per_s", "tensor_mb_per_s"):
+    for key in ("channel_mb_per_s", "tensor_mb_per_s", "weight_sync_mb_per_s"):
         result[f"{key}_veth_vs_loopback"] = round(result["veth_link"][key] / result["loopback"][key], 2)
     if args.json:
         print(json.dumps(result))
@@ -114,7 +122,8 @@ def main(argv: list[str]) -> int:
         for where in ("loopback", "same_host", "veth_link"):
             r = result[where]
             print(f"{where:<10}  channel {r['channel_mb_per_s']:>6} MB/s   tensor {r['tensor_mb_per_s']:>6} MB/s   "
-                  f"ranks on nodes {r['nodes']}")
+                  f"weight sync {r['weight_sync_mb_per_s']:>6} MB/s   ranks on nodes {r['nodes']}")
         print(f"veth/loopback: channel {result['channel_mb_per_s_veth_vs_loopback']}x, "
-              f"tensor {result['tensor_mb_per_s_veth_vs_loopback']}x")
+              f"tensor {result['tensor_mb_per_s_veth_vs_loopback']}x, "
+              f"weight sync {result['weight_sync_mb_per_s_veth_vs_loopback']}x")
     return 0

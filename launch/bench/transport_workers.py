@@ -57,3 +57,30 @@ class BenchWorker(Worker):
             await asyncio.to_thread(dist.recv, t, group_src=0, group=self.process_group(group))
             times.append(time.perf_counter() - start)
         return times
+
+    async def weights_send(self, group: str, mb: int, repeats: int, bucket_bytes: int) -> None:
+        """The weight sync's sender (components/weight_sync.py) for a model of `mb` MB."""
+        from dynarl.components import weight_sync
+        from dynarl.components.trainer.base import bucket_by_bytes
+        buckets = list(bucket_by_bytes(_model_of(mb).named_parameters(), bucket_bytes))
+        for version in range(1, repeats + 1):
+            await weight_sync.send_async(self.process_group(group), buckets, version)
+
+    async def weights_receive(self, group: str, mb: int, repeats: int, bucket_bytes: int) -> list[float]:
+        """The weight sync's receiver; seconds per sync."""
+        from dynarl.components import weight_sync
+        model, times = _model_of(mb), []
+        for version in range(1, repeats + 1):
+            start = time.perf_counter()
+            await weight_sync.receive_async(self.process_group(group), model, bucket_bytes, version - 1, version)
+            times.append(time.perf_counter() - start)
+        return times
+
+
+def _model_of(mb: int):
+    """A module of `mb` MB of float32 parameters, 4 MB each (the same names on every rank)."""
+    import torch
+    model = torch.nn.Module()
+    for i in range(max(1, mb // 4)):
+        model.register_parameter(f"w{i}", torch.nn.Parameter(torch.ones(1 << 20), requires_grad=False))
+    return model
