@@ -103,13 +103,18 @@ class AgentLauncher(Launcher):
         if isinstance(handle.process, RemoteWorker):
             self._handles.pop(handle.spec.worker_id, None)
             node = handle.process.node
-            if node in self.unreachable:
-                log.warning("not stopping %s: the agent of node %d (%s) is unreachable; it stops its workers "
-                            "itself once it loses the controller", handle.name, node, self.node_address(node))
-                return
-            # a rank lost by its heartbeat may be behind a cut link: its agent too, likely
-            bound = self._ctl.config.heartbeat_timeout_s if handle.lost is not None else AGENT_CALL_S
-            await self._ask(node, "stop_worker", [handle.spec.worker_id, grace_s], 2 * grace_s + bound)
+            if node not in self.unreachable:
+                # a rank lost by its heartbeat may be behind a cut link: its agent too, likely
+                bound = self._ctl.config.heartbeat_timeout_s if handle.lost is not None else AGENT_CALL_S
+                try:
+                    await self._ask(node, "stop_worker", [handle.spec.worker_id, grace_s], 2 * grace_s + bound)
+                    return
+                except WorkerLost as exc:
+                    if node not in self.unreachable:
+                        raise
+                    log.warning("%s", exc)
+            log.warning("not stopping %s: the agent of node %d (%s) is unreachable; it stops its workers "
+                        "itself once it loses the controller", handle.name, node, self.node_address(node))
         else:
             await self._local.stop(handle, grace_s)
 

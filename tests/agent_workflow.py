@@ -2,7 +2,6 @@
 import asyncio
 import json
 import os
-import time
 
 from workers import Echo
 
@@ -40,28 +39,6 @@ async def spread_until(ctl, out, release):
         json.dump({"pids": [r["pid"] for r in results], "after": [r["x"] for r in after]}, f)
     os.replace(out + ".tmp", out)
     return "ok"
-
-
-async def call_until_lost(ctl, out):
-    """Spreads a group over both nodes, writes `out`, then calls both ranks every 0.1 s
-    until a call fails; the failure (its text, and when) goes into `out` as "lost"."""
-    group = await ctl.spawn(Echo, devices=[0, 1])
-    results = await group.call("hello", 1)
-    with open(out + ".tmp", "w") as f:
-        json.dump({"pids": [r["pid"] for r in results], "nodes": [h.spec.node for h in group.handles]}, f)
-    os.replace(out + ".tmp", out)
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            await group.call("hello", 0)
-        except Exception as exc:
-            lost = {"error": f"{type(exc).__name__}: {exc}", "at": time.time()}
-            break
-        await asyncio.sleep(0.1)
-    with open(out + ".tmp", "w") as f:
-        json.dump({"pids": [r["pid"] for r in results], "lost": lost, "loop_s": loop.time()}, f)
-    os.replace(out + ".tmp", out)
-    return "lost"
 
 
 async def p2p_across_hosts(ctl, out):
