@@ -42,6 +42,7 @@ def _tool(argv: list[str]) -> int:
 
 COMMANDS = {
     "bench": _bench,
+    "export": lambda argv: importlib.import_module("dynarl.launch.export").main(argv),
     "tool": _tool,
     "graph": lambda argv: importlib.import_module("dynarl.launch.graph").main(argv),
     "sim": lambda argv: importlib.import_module("dynarl.launch.sim.cli").main(argv),
@@ -51,6 +52,7 @@ COMMANDS = {
 
 SUMMARIES = {
     "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts), ratios measured side by side",
+    "export": "a run's trained policy as an HF folder (transformers loads it)",
     "graph": "the static hypergraph of a workflow file (components and channels)",
     "sim": "the real controller and scheduler on emulated devices, in virtual time",
     "tool": "run one tool call (python in the sandbox, or the calculator) and print its JSON result",

@@ -162,6 +162,9 @@ def test_config_rejects_bad_values(change, field):
     pytest.param({"use_sliding_window": True}, "use_sliding_window", id="sliding"),
     pytest.param({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}}, "rope_type", id="yarn"),
     pytest.param({"head_dim": 8}, "head_dim", id="head-dim"),
+    pytest.param({"model_type": "llama"}, "model_type 'llama' is not supported; supported: qwen2", id="llama"),
+    pytest.param({"model_type": "qwen3"}, "model_type 'qwen3'", id="qwen3"),
+    pytest.param({"model_type": None}, "model_type None", id="no-model-type"),
 ])
 def test_config_rejects_unsupported_hf_variants(change, field):
     with pytest.raises(ValueError, match=field):

@@ -108,3 +108,20 @@ def test_resuming_a_run_that_has_all_its_steps_says_so_before_starting(tmp_path)
     with pytest.raises(UsageError, match="trained 3 steps and run.steps is 3, so there is nothing to run"):
         prepare(None, [], None, str(tmp_path))
     assert prepare(None, [("run.steps", 4)], None, str(tmp_path)).checkpoint[1].step == 3
+
+
+def test_a_model_folder_of_an_unsupported_architecture_fails_at_load_in_one_line(tmp_path):
+    """A Llama folder used to pass --dry-run and fail at worker start with missing
+    tensors; now the config load refuses it, listing what is supported."""
+    import json
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 16,
+        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}))
+    for extra in ([], ["--dry-run"]):
+        result = cli(f"model.path={folder}", *extra, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "model_type 'llama' is not supported; supported: qwen2" in lines[0], lines
+        assert not os.path.exists(tmp_path / "run")

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+SUPPORTED_MODEL_TYPES = ("qwen2",)
+"""config.json model_type values the native model implements (Qwen2 and Qwen2.5 use qwen2)."""
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelConfig:
     """Frozen: a model built from it and the KV cache sized from it must agree for its lifetime."""
@@ -88,6 +92,10 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         """Reads an HF Qwen2 config.json dict; rejects the variants this model does not implement."""
+        model_type = d.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {model_type!r} is not supported; supported: "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2 and Qwen2.5 checkpoints)")
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu', got {d['hidden_act']!r}")
         if d.get("use_sliding_window", False):

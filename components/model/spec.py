@@ -28,6 +28,8 @@ class ModelSpec:
                              "or set model.path to an HF folder")
         if self.path is not None and not os.path.isfile(os.path.join(self.path, "config.json")):
             raise ValueError(f"model.path {self.path!r} has no config.json")
+        if self.path is not None:
+            self.config()  # an architecture the native model does not implement fails here, at load
 
     def config(self) -> ModelConfig:
         if self.path is None:

@@ -1,0 +1,108 @@
+"""`dynarl export RUN_DIR OUT_DIR [--step N]`: a run's trained policy as an HF folder.
+
+A checkpoint (components/workflows/checkpoints.py) holds the trainer's ZeRO-1 shards:
+flat fp32 master weights, Adam moments and gradients split over the data-parallel
+ranks (components/trainer/native/checkpoint.py). The export reassembles the master
+weights from every shard, puts them into the run's model (its config.yaml's
+`model`), and writes config.json, model.safetensors and generation_config.json,
+plus the tokenizer files of `model.path` when the run started from a folder. The
+result loads with `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "added_tokens.json")
+
+
+class ExportError(ValueError):
+    """The run or the step cannot be exported (the message says why)."""
+
+
+def pick_checkpoint(run_dir: str, step: int | None) -> tuple[str, object]:
+    """The checkpoint of RL step `step` (trained steps 0..step-1), or the newest."""
+    from dynarl.components.workflows.checkpoints import complete_checkpoints
+    found = complete_checkpoints(run_dir)
+    if not found:
+        raise ExportError(f"{run_dir} has no complete checkpoint (run.checkpoint_every sets how often one is "
+                          "written; the last step always gets one)")
+    if step is None:
+        return found[-1]
+    for path, state in found:
+        if state.step == step:
+            return path, state
+    raise ExportError(f"no checkpoint of step {step} in {run_dir}; there are: "
+                      f"{', '.join(str(s.step) for _, s in found)}")
+
+
+def master_weights(path: str) -> list[tuple[str, object]]:
+    """(parameter name, fp32 tensor) for every parameter, from every rank's shard."""
+    from dynarl.components.trainer.native import checkpoint
+    layout, _ = checkpoint.load_meta(path)
+    flat = checkpoint.read_flat_range(path, layout, "master", 0, layout.total_numel)
+    named = []
+    for p in layout.params:
+        numel = 1
+        for size in p.shape:
+            numel *= size
+        named.append((p.name, flat[p.offset:p.offset + numel].view(p.shape)))
+    return named
+
+
+def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
+    from dynarl.components.model.io import load_weights, save_pretrained
+    from dynarl.components.model.spec import build_model
+    from dynarl.launch.train import resolve_config
+
+    if not os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        raise ExportError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = resolve_config(None, [], run_dir)
+    if cfg.trainer.backend != "native":
+        raise ExportError(f"trainer.backend={cfg.trainer.backend}: only native checkpoints can be exported yet")
+    path, state = pick_checkpoint(run_dir, step)
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise ExportError(f"{out_dir} exists and is not empty")
+    model = build_model(cfg.model)
+    load_weights(model, master_weights(path), strict=True)
+    save_pretrained(model, out_dir)
+    c = model.config
+    written = ["config.json", "model.safetensors"]
+    source = cfg.model.path
+    if source and os.path.isfile(os.path.join(source, "generation_config.json")):
+        shutil.copy(os.path.join(source, "generation_config.json"), out_dir)
+    else:
+        with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+                       "pad_token_id": c.pad_token_id}, f, indent=2)
+    written.append("generation_config.json")
+    for name in TOKENIZER_FILES if source else ():
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copy(os.path.join(source, name), out_dir)
+            written.append(name)
+    return {"checkpoint": path, "step": state.step, "trainer_step": state.trainer_step, "files": written,
+            "tokenizer": bool(source)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dynarl export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--step", type=int, help="the checkpoint of this RL step (default: the newest)")
+    args = parser.parse_args(argv)
+    try:
+        done = export(args.run_dir, args.out_dir, args.step)
+    except (ExportError, FileNotFoundError) as exc:
+        print(f"dynarl export: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported step {done['step']} (optimizer step {done['trainer_step']}) of {args.run_dir} to "
+          f"{args.out_dir}: {', '.join(done['files'])}")
+    if not done["tokenizer"]:
+        print("the built-in model's character tokenizer has no HF form: no tokenizer files "
+              "(tokenize with dynarl's own, components/model/tokenizer.py)")
+    print(f"load it with: transformers.AutoModelForCausalLM.from_pretrained({args.out_dir!r})")
+    return 0

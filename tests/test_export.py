@@ -1,0 +1,66 @@
+"""`dynarl export`: a run's checkpoint as an HF folder that transformers loads, with
+the logits of dynarl's own model of those weights."""
+NUM_GPUS = 0
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dynarl.components.trainer.native import checkpoint
+from dynarl.launch.export import master_weights
+
+
+def dynarl(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dynarl.launch.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A 3-step run of the built-in task with a checkpoint after every step (2 DP ranks)."""
+    folder = tmp_path_factory.mktemp("export")
+    done = dynarl("train", "run.steps=3", "run.checkpoint_every=1", "run.keep_checkpoints=5", "run.prompts_per_step=4",
+                  "trainer.warmup.steps=2", "--run-dir", str(folder / "run"), cwd=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+def test_the_export_loads_in_transformers_with_dynarl_s_logits(run):
+    from transformers import AutoModelForCausalLM
+    from dynarl.components.model.io import load_pretrained
+    out = run / "hf"
+    done = dynarl("export", str(run / "run"), str(out), cwd=run)
+    assert done.returncode == 0, done.stderr
+    assert "exported step 3" in done.stdout
+    ckpt = run / "run" / "checkpoints" / "step_000003"
+    theirs = AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32).eval()
+    ours = load_pretrained(out).eval()
+    # the weights are the checkpoint's fp32 master weights, reassembled from both ranks' shards
+    layout, _ = checkpoint.load_meta(str(ckpt))
+    assert layout.world_size == 2
+    params = dict(theirs.named_parameters())
+    for name, master in master_weights(str(ckpt)):
+        assert torch.equal(params[name].detach(), master), name
+    ids = torch.randint(3, ours.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ours(ids)
+        got = theirs(input_ids=ids).logits
+    assert expected.abs().max() > 0.01  # not a degenerate model
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == ours.config.eos_token_id
+
+
+def test_export_of_an_older_step_and_bad_input(run):
+    done = dynarl("export", str(run / "run"), str(run / "hf1"), "--step", "1", cwd=run)
+    assert done.returncode == 0 and "exported step 1" in done.stdout, done.stderr
+    missing = dynarl("export", str(run / "run"), str(run / "hf9"), "--step", "9", cwd=run)
+    assert missing.returncode == 2 and "no checkpoint of step 9" in missing.stderr and "Traceback" not in missing.stderr
+    assert "there are: 0, 1, 2, 3" in missing.stderr  # step 0: after the warm start
+    not_run = dynarl("export", str(run), str(run / "hf2"), cwd=run)
+    assert not_run.returncode == 2 and "not a run directory" in not_run.stderr
+    taken = dynarl("export", str(run / "run"), str(run / "hf1"), cwd=run)
+    assert taken.returncode == 2 and "not empty" in taken.stderr
