@@ -233,8 +233,8 @@ class Controller:
         return handles
 
     async def stop_group(self, group: WorkerGroup) -> None:
-        """Asks each rank to tear down, then has the launcher reap it (terminate,
-        then kill, after the grace period)."""
+        """Asks each rank to tear down, then has the launcher reap it (SIGTERM to
+        its process group, then SIGKILL, after the grace period)."""
         if group.stopped:
             return
         group.stopped = True

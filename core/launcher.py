@@ -34,8 +34,9 @@ class Launcher(ABC):
 
     @abstractmethod
     async def stop(self, handle: "WorkerHandle", grace_s: float) -> None:
-        """Waits up to `grace_s` for the rank to exit after its __stop__ call,
-        then terminates, then kills it. Always reaps."""
+        """Waits up to `grace_s` for the rank to exit after its __stop__ call, then
+        SIGTERMs its process group (the worker itself outlives that: worker_main.
+        after_sigterm; what it started may not), then SIGKILLs it. Always reaps."""
 
     @abstractmethod
     def kill(self, handle: "WorkerHandle") -> None:

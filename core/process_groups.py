@@ -60,13 +60,13 @@ class ProcessGroups:
             await self.destroy(name)
         generation = self._generations.get(name, 0) + 1
         self._generations[name] = generation
-        address = self._ctl.launcher.node_address
-        host = address(handles[0].spec.node)
+        node_address = self._ctl.launcher.node_address
+        host = node_address(handles[0].spec.node)
         port = 0 if backend == "emulated" else await handles[0].call("__pg_listen__", [name, host])
         # each rank's own node address: the one its peers reach it at (gloo's pairs)
         await gather_or_cancel([
             h.call("__pg_join__", [name, generation, rank, len(handles), host, port, backend, timeout_s,
-                                   address(h.spec.node)])
+                                   node_address(h.spec.node)])
             for rank, h in enumerate(handles)])
         group = self.active[name] = RuntimeProcessGroup(self, name, handles, generation, backend)
         self._ctl.tracer.complete(f"pg {name}", "lifecycle", "process_groups", 0, started, loop.time(),

@@ -42,7 +42,13 @@ def cancel_on_sigterm() -> None:
         return  # the embedding program handles SIGTERM itself
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
+
+    def once() -> None:
+        # slurm signals every process of the job, and torchrun passes its own SIGTERM
+        # on: a second one must not cancel the ordered stop the first one began
+        loop.add_signal_handler(signal.SIGTERM, lambda: None)
+        task.cancel()
     try:
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, once)
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
         pass

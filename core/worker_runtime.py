@@ -158,7 +158,7 @@ class WorkerRuntime:
         return store.port
 
     async def _pg_join(self, name: str, generation: int, rank: int, size: int, host: str, port: int,
-                       backend: str, timeout_s: float, own_host: str | None = None) -> None:
+                       backend: str, timeout_s: float, own_host: str) -> None:
         if name in self._groups:
             await self._pg_leave(name)
         if backend == "emulated":  # membership only: nothing blocks

@@ -185,6 +185,8 @@ async def agent_controller(runtime: RuntimeConfig, store: Any, secret: bytes, ho
 
 async def run_controller(runtime: RuntimeConfig, workflow: Any, kwargs: dict, store: Any, secret: bytes,
                          host: str) -> Any:
+    from dynarl.core.run import cancel_on_sigterm
+    cancel_on_sigterm()  # SIGTERM (scancel): the workflow is cancelled and its ranks stopped in order
     async with agent_controller(runtime, store, secret, host) as ctl:
         return await workflow(ctl, **kwargs)
 
@@ -306,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     if node == 0 and job is not None:
         return job.run(controller=lambda rt: agent_controller(rt, store, secret, host))
     if node == 0:
-        result = uvloop.run(run_controller(runtime, load_workflow(workflow_ref), kwargs, store, secret, host))
+        try:
+            result = uvloop.run(run_controller(runtime, load_workflow(workflow_ref), kwargs, store, secret, host))
+        except asyncio.CancelledError:
+            print("dynarl agent: terminated (SIGTERM); the workflow's ranks were stopped in order", file=sys.stderr)
+            return 143
         print(f"dynarl agent: workflow finished: {result!r}")
         return 0
     address = store.get(STORE_KEY).decode()

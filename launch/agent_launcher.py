@@ -42,9 +42,10 @@ class AgentLauncher(Launcher):
         self._hosts: dict[int, str] = {0: node_host}
         self._arrived = asyncio.Event()
         self._handles: dict[str, "WorkerHandle"] = {}
-        self.unreachable: set[int] = set()
-        """Nodes whose agent left a call unanswered: no further call waits on them. Their
-        agents stop their own workers once they lose the controller (launch/agent.py)."""
+        self.unreachable: dict[int, asyncio.Event] = {}
+        """Nodes whose agent left a call unanswered or whose connection is gone (the event
+        is set then): calls in flight to them end at once, and no further call is sent.
+        Their agents stop their own workers once they lose the controller (launch/agent.py)."""
 
     async def start(self, ctl: "Controller") -> None:
         self._ctl = ctl
@@ -103,16 +104,16 @@ class AgentLauncher(Launcher):
         if isinstance(handle.process, RemoteWorker):
             self._handles.pop(handle.spec.worker_id, None)
             node = handle.process.node
-            if node not in self.unreachable:
+            if not self.is_unreachable(node):
                 # a rank lost by its heartbeat may be behind a cut link: its agent too, likely
-                bound = self._ctl.config.heartbeat_timeout_s if handle.lost is not None else AGENT_CALL_S
+                # (+ 1 s: the agent's reap waits that long after SIGTERM before SIGKILL)
+                bound = self._ctl.config.heartbeat_timeout_s + 1.0 if handle.lost is not None else AGENT_CALL_S
                 try:
                     await self._ask(node, "stop_worker", [handle.spec.worker_id, grace_s], 2 * grace_s + bound)
                     return
-                except WorkerLost as exc:
-                    if node not in self.unreachable:
+                except WorkerLost:
+                    if not self.is_unreachable(node):
                         raise
-                    log.warning("%s", exc)
             log.warning("not stopping %s: the agent of node %d (%s) is unreachable; it stops its workers "
                         "itself once it loses the controller", handle.name, node, self.node_address(node))
         else:
@@ -120,7 +121,7 @@ class AgentLauncher(Launcher):
 
     def kill(self, handle: "WorkerHandle") -> None:
         if isinstance(handle.process, RemoteWorker):
-            if handle.process.node in self.unreachable:
+            if self.is_unreachable(handle.process.node):
                 return  # (stop's warning says why)
             self._ctl.spawn_task(_quietly(f"kill {handle.name}", self._ask(
                 handle.process.node, "stop_worker", [handle.spec.worker_id, 0.0], AGENT_CALL_S)))
@@ -130,22 +131,42 @@ class AgentLauncher(Launcher):
     async def close(self) -> None:
         await self._local.close()
         await asyncio.gather(*(self._ask(node, "shutdown", [], AGENT_CALL_S) for node in self.agents
-                               if node not in self.unreachable), return_exceptions=True)
+                               if not self.is_unreachable(node)), return_exceptions=True)
+
+    def is_unreachable(self, node: int) -> bool:
+        gone = self.unreachable.get(node)
+        return gone is not None and gone.is_set()
+
+    def _mark_unreachable(self, node: int) -> None:
+        self.unreachable.setdefault(node, asyncio.Event()).set()
 
     async def _ask(self, node: int, method: str, args: list, timeout_s: float) -> Any:
         """A call to a node agent, bounded: a frozen or vanished agent is an error, not
-        a hang of the controller."""
+        a hang of the controller. A node found unreachable (by this call or another)
+        fails its calls at once."""
+        where = f"node {node}, {self.node_address(node)}"
+        if self.is_unreachable(node):
+            raise WorkerLost(f"agent{node}", f"unreachable ({where}): {method} not sent")
+        gone = self.unreachable.setdefault(node, asyncio.Event())
+        call = asyncio.ensure_future(self._agent(node).call(method, args))
+        waiter = asyncio.ensure_future(gone.wait())
         try:
-            async with asyncio.timeout(timeout_s):
-                return await self._agent(node).call(method, args)
-        except zmq.ZMQError as exc:  # (ROUTER_MANDATORY) its connection is gone
-            self.unreachable.add(node)
-            raise WorkerLost(f"agent{node}", f"unreachable for {method}: {exc} (node {node}, "
-                             f"{self.node_address(node)})") from None
-        except TimeoutError:
-            self.unreachable.add(node)
-            raise WorkerLost(f"agent{node}", f"no answer to {method} within {timeout_s:.0f} s from node {node} "
-                             f"({self.node_address(node)})") from None
+            done, _ = await asyncio.wait([call, waiter], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if call in done:
+            try:
+                return call.result()
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:  # (EAGAIN: its queue is full, not gone)
+                    raise
+                self._mark_unreachable(node)
+                raise WorkerLost(f"agent{node}", f"unreachable for {method}: {exc} ({where})") from None
+        call.cancel()
+        if not done:
+            self._mark_unreachable(node)
+            raise WorkerLost(f"agent{node}", f"no answer to {method} within {timeout_s:.0f} s ({where})")
+        raise WorkerLost(f"agent{node}", f"unreachable ({where}): {method} abandoned")
 
     def _agent(self, node: int) -> RpcEndpoint:
         agent = self.agents.get(node)

@@ -60,7 +60,8 @@ async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio
 
 
 async def reap(proc: asyncio.subprocess.Process, grace_s: float) -> int:
-    """Waits for exit; then SIGTERM to the process group; then SIGKILL. Returns the code.
+    """Waits for exit; then SIGTERM to the process group (the worker outlives it,
+    worker_main.after_sigterm: what it started may not); then SIGKILL. Returns the code.
     Whatever the worker started in its session goes too, also when the worker itself
     exited cleanly or was killed alone (the launcher's watcher does the same the moment
     it sees a worker exit; a process that had exited before this call is left to it,

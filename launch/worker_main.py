@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+from typing import Callable
 
 import uvloop
 
@@ -30,14 +31,13 @@ ordered stop needs its workers and agents alive meanwhile, and ends them itself.
 slurm sends SIGKILL KillWait (30 s by default) after SIGTERM."""
 
 
-def after_sigterm(loop: asyncio.AbstractEventLoop, expire, grace_s: float = TERM_GRACE_S) -> None:
+def after_sigterm(loop: asyncio.AbstractEventLoop, expire: Callable[[], None],
+                  grace_s: float = TERM_GRACE_S) -> None:
     """SIGTERM no longer ends this process at once: `expire()` runs `grace_s` after the
     first one, unless the process ended before (its controller stopped it)."""
-    armed: list = []
-
     def on_term() -> None:
-        if not armed:
-            armed.append(loop.call_later(grace_s, expire))
+        loop.add_signal_handler(signal.SIGTERM, lambda: None)  # later ones change nothing
+        loop.call_later(grace_s, expire)
     loop.add_signal_handler(signal.SIGTERM, on_term)
 
 
@@ -67,6 +67,7 @@ async def serve(boot: dict) -> None:
     ticker = LoopTicker(interval)
     heartbeat = HeartbeatThread(secret, boot["address"], identity, interval, ticker.lag)
     heartbeat.start()
+    # at expiry no teardown runs: the IPC dir is left to the next controller's sweep (tempdirs)
     after_sigterm(asyncio.get_running_loop(), lambda: os._exit(128 + signal.SIGTERM))
     data_host = boot.get("data_host", "127.0.0.1")  # this node's address as peers reach it
     payloads = PayloadServer(codec, bind_host_for(data_host), advertise=data_host)

@@ -1,8 +1,8 @@
 """A real slurm cluster of two nodes on this machine, for tests/test_slurm_real.py.
 
-    with SlurmCluster(tmp) as cluster:          # needs root and slurm-wlm; else pytest.skip
-        job = cluster.sbatch(["--nodes=2", ..., script, ...])
-        cluster.wait_state(job, "COMPLETED")
+    with SlurmCluster(folder) as cluster:       # needs root and slurm-wlm; else pytest.skip
+        job = cluster.sbatch(["--nodes=2", ..., script, ...], cwd=folder)
+        cluster.wait_state(job, {"COMPLETED", "FAILED"}, timeout_s=120)
 
 Each node is a network namespace (launch/netns.py) with a hostname of its own (a UTS
 namespace: node0, node1) and its own /etc/hosts (bind-mounted in a mount namespace
@@ -23,11 +23,12 @@ import pytest
 
 from dynarl.launch import netns
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
+NEEDED = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scancel", "scontrol", "nsenter", "unshare")
+"""slurm-wlm's daemons and clients, munge, and util-linux's namespace tools."""
 
 
 def why_not() -> str | None:
-    missing = [d for d in DAEMONS if shutil.which(d) is None]
+    missing = [d for d in NEEDED if shutil.which(d) is None]
     if missing:
         return f"slurm-wlm and munge are not installed (no {', '.join(missing)})"
     return netns.can_make_namespaces()
@@ -75,6 +76,8 @@ class SlurmCluster:
         self.env = dict(os.environ, SLURM_CONF=self.conf)
         self.etc_hosts = os.path.join(self.dir, "hosts")
         self._daemons: list[subprocess.Popen] = []
+        self.daemon_pids: dict[int, set[int]] = {}
+        """Per node, the processes in its namespace once the cluster is up (slurmd, and slurmctld on node0)."""
 
     def __enter__(self) -> "SlurmCluster":
         why = why_not()
@@ -115,6 +118,7 @@ class SlurmCluster:
         for k, name in enumerate(self.names):
             self._daemons.append(self.popen(k, ["slurmd", "-D", "-f", self.conf, "-N", name]))
         self._wait(self._nodes_idle, "both slurmd nodes idle", timeout_s=60)
+        self.daemon_pids = {k: set(self.hosts.pids(k)) for k in range(self.count)}
 
     def command(self, host: int, argv: list[str]) -> list[str]:
         """`argv` on node `host`: its network namespace, its hostname, the cluster's /etc/hosts."""

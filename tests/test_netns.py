@@ -12,11 +12,10 @@ import time
 
 import pytest
 
-from conftest import marked_processes
 from dynarl.launch import netns
 
 
-def Hosts(count: int) -> netns.Hosts:
+def hosts_or_skip(count: int) -> netns.Hosts:
     why = netns.can_make_namespaces()
     if why is not None:
         pytest.skip(why)
@@ -41,12 +40,12 @@ MASTER_PORT = 29500
 """torchrun's rendezvous port on host 0 (each namespace has its own ports)."""
 
 
-def start_agents(hosts: netns.Hosts, tmp_path, *args: str, nodes: int = 2, marker: str = "") -> list[subprocess.Popen]:
-    """One torchrun per host, each starting that node's agent (node k on host k)."""
+def start_agents(hosts: netns.Hosts, tmp_path, *args: str, nodes: int = 2, **env: str) -> list[subprocess.Popen]:
+    """One torchrun per host, each starting that node's agent (node k on host k); `env`
+    is added to their environment."""
     if not (tmp_path / "secret").exists():
         netns.secret_file(str(tmp_path / "secret"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
-               DYNARL_TEST_MARKER=marker)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]), **env)
     return hosts.agents(nodes, list(args), env=env, cwd=str(tmp_path), secret=str(tmp_path / "secret"),
                         logs=[str(tmp_path / f"node{k}.log") for k in range(nodes)], master_port=MASTER_PORT)
 
@@ -103,7 +102,7 @@ def test_netns_a_train_job_with_its_trainer_on_another_host(tmp_path):
     """`dynarl train` with rollout and inference on host 0 and the trainer's two ranks
     on host 1: every step's weight sync crosses the hosts. Every socket of the job
     listens on its own host's address (or loopback), none on a wildcard."""
-    with Hosts(2) as hosts:
+    with hosts_or_skip(2) as hosts:
         config = tmp_path / "train.yaml"
         config.write_text(TRAIN_CONFIG.format(addr0=hosts.addr[0], steps=2, extra=""))
         run_dir = tmp_path / "run"
@@ -125,14 +124,16 @@ def test_netns_a_train_job_with_its_trainer_on_another_host(tmp_path):
         assert {a for a, _ in ours} <= {hosts.addr[k], "127.0.0.1"}, (k, sorted(ours))
     assert any(a == hosts.addr[1] for a, _ in seen[1])  # host 1's workers serve their peers there
     # torchrun's own rendezvous store (not the job's) listens on every interface of host 0
-    assert {a for a, p in seen[0] if p == MASTER_PORT} <= {"*", "0.0.0.0"}
+    assert {a for a, p in seen[0] if p == MASTER_PORT} in ({"*"}, {"0.0.0.0"})
 
 
 def test_netns_a_third_host_without_the_job_key_gets_no_answer(tmp_path):
     """While a group spreads over hosts 0 and 1, host 2 knocks on every port they listen
     on: signed with a key of its own, nothing answers; signed with the job's key, the
-    payload servers do (so the probe can tell). The job goes on unharmed."""
-    with Hosts(3) as hosts:
+    payload servers do (so the probe can tell). The job goes on unharmed. (The
+    controller answers no unknown peer whatever the key: for it the probe shows only
+    that a stranger's frames change nothing.)"""
+    with hosts_or_skip(3) as hosts:
         key = netns.secret_file(str(tmp_path / "secret"))
         procs = start_agents(hosts, tmp_path, workflow_config(tmp_path, hosts, "spread_until"))
         out = tmp_path / "result.json"
@@ -160,9 +161,11 @@ def test_netns_a_third_host_without_the_job_key_gets_no_answer(tmp_path):
 
 def test_netns_p2p_resharding_across_hosts_keeps_the_state_bitwise(tmp_path):
     """A 2-rank trainer moves by P2P from host 0 to host 1, then onto one device of each
-    (its DP group across the hosts) and trains a step there."""
-    with Hosts(2) as hosts:
-        procs = start_agents(hosts, tmp_path, workflow_config(tmp_path, hosts, "p2p_across_hosts", 2))
+    (its DP group across the hosts) and trains a step there. Gloo is pointed at the
+    hosts' interface by name (GLOO_SOCKET_IFNAME, as on clusters with several networks)."""
+    with hosts_or_skip(2) as hosts:
+        procs = start_agents(hosts, tmp_path, workflow_config(tmp_path, hosts, "p2p_across_hosts", 2),
+                             GLOO_SOCKET_IFNAME="eth0")
         wait_all(procs, tmp_path, 120)
         assert [p.returncode for p in procs] == [0, 0], log_of(tmp_path, 0)[-3000:]
         result = json.loads((tmp_path / "result.json").read_text())
@@ -179,14 +182,13 @@ def test_netns_a_cut_link_mid_run_ends_the_train_job_naming_the_host(tmp_path):
     """Host 1's link goes down (no reset: a pulled cable) in the middle of a `dynarl
     train` run with the trainer there. Within runtime.heartbeat_timeout_s the run
     fails with one line naming node 1 and its address, without waiting on the
-    unreachable agent; agent 1 stops its workers and exits 1; no worker is left."""
+    unreachable agent; agent 1 stops its workers and exits 1; nothing is left on either host."""
     timeout_s = 2.0
-    marker = f"netns-cut-{os.getpid()}"
-    with Hosts(2) as hosts:
+    with hosts_or_skip(2) as hosts:
         config = tmp_path / "train.yaml"
         config.write_text(TRAIN_CONFIG.format(addr0=hosts.addr[0], steps=500,
                                               extra=f"  heartbeat_timeout_s: {timeout_s}\n"))
-        procs = start_agents(hosts, tmp_path, str(config), "--run-dir", str(tmp_path / "run"), marker=marker)
+        procs = start_agents(hosts, tmp_path, str(config), "--run-dir", str(tmp_path / "run"))
         metrics = tmp_path / "run" / "metrics.jsonl"
         deadline = time.monotonic() + 120
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
@@ -199,28 +201,21 @@ def test_netns_a_cut_link_mid_run_ends_the_train_job_naming_the_host(tmp_path):
             time.sleep(0.05)
         ended_s = time.monotonic() - cut
         assert procs[1].wait(timeout=30) == 1
-        deadline = time.monotonic() + 10
-        while [p for p in marked_processes(marker) if "worker_main" in _cmdline(p)]:
-            assert time.monotonic() < deadline, "workers left behind"
-            time.sleep(0.1)
-    failed = next(line for line in log_of(tmp_path, 0).splitlines() if line.startswith("dynarl train: failed:"))
+        assert procs[0].wait(timeout=30) == 1
+        assert_nothing_left(hosts, 2)
+    failures = [line for line in log_of(tmp_path, 0).splitlines() if line.startswith("dynarl train: failed:")]
+    assert len(failures) == 1, failures  # one line (torchrun adds its own report of agent 0's exit)
+    failed = failures[0]
     assert f"from node 1 ({hosts.addr[1]})" in failed and "no heartbeat" in failed, failed
     assert ended_s < timeout_s + 3.0, ended_s
     node1 = log_of(tmp_path, 1)
     assert "lost the controller" in node1 and "stopping its 2 worker(s)" in node1, node1[-2000:]
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def test_netns_bench_hosts_measures_a_pair_on_each_side_of_the_link():
-    if netns.can_make_namespaces() is not None:
-        pytest.skip(netns.can_make_namespaces())
+    why = netns.can_make_namespaces()
+    if why is not None:
+        pytest.skip(why)
     done = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "bench", "hosts", "--json", "--mb-items", "20",
                            "--p2p-repeats", "1"], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]

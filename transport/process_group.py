@@ -88,8 +88,7 @@ def join_group(name: str, generation: int, rank: int, size: int, host: str, port
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname=own_host) if own_host
-                            else dist.ProcessGroupGloo.create_default_device()]
+        options._devices = [_gloo_device(own_host)]
         options._threads = 2  # what the (store, rank, size, timeout) constructor uses for one device
         impl, backend_type, device = dist.ProcessGroupGloo(prefixed, rank, size, options), kind.GLOO, "cpu"
     elif backend == "nccl":
@@ -104,6 +103,19 @@ def join_group(name: str, generation: int, rank: int, size: int, host: str, port
     c10d._world.pg_group_ranks[group] = {r: r for r in range(size)}
     c10d._world.pg_map[group] = (backend, prefixed)
     return GroupMembership(name, rank, size, group, store)
+
+
+def _gloo_device(own_host: str | None) -> Any:
+    """GLOO_SOCKET_IFNAME (torch's variable: an interface, or several, comma-separated)
+    wins, as it does for torch's own groups; else this rank's node address; else what
+    the hostname resolves to."""
+    import os
+    import torch.distributed as dist
+    gloo = dist.ProcessGroupGloo
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        return gloo.create_device(interface=interface.split(",")[0])
+    return gloo.create_device(hostname=own_host) if own_host else gloo.create_default_device()
 
 
 def leave_group(membership: GroupMembership) -> None:

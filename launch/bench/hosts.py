@@ -24,15 +24,15 @@ import sys
 import tempfile
 import time
 
-from dynarl.launch.bench.transport_workers import BenchWorker
-
 from dynarl.components.workflows.config import TrainerSection
+from dynarl.core.controller import Controller
+from dynarl.launch.bench.transport_workers import BenchWorker
 
 P2P_MB = 100
 SYNC_BUCKET_BYTES = TrainerSection().sync_bucket_bytes
 
 
-async def pair_throughput(ctl, devices: list[int] | None, mb_items: int, p2p_repeats: int) -> dict:
+async def pair_throughput(ctl: Controller, devices: list[int] | None, mb_items: int, p2p_repeats: int) -> dict:
     """Channel MB/s (1 MB items), gloo tensor and weight-sync MB/s from rank 0 to rank 1 of a
     BenchWorker pair on `devices` (None: two ranks where the launcher puts them)."""
     workers = await (ctl.spawn(BenchWorker, devices=devices) if devices else ctl.spawn(BenchWorker, num_ranks=2))
@@ -55,7 +55,7 @@ async def pair_throughput(ctl, devices: list[int] | None, mb_items: int, p2p_rep
         await ctl.stop_group(workers)
 
 
-async def two_nodes(ctl, out: str, mb_items: int, p2p_repeats: int) -> str:
+async def two_nodes(ctl: Controller, out: str, mb_items: int, p2p_repeats: int) -> str:
     """The workflow of the two-node job: a pair on node 0, then a pair across the nodes."""
     result = {"same_host": await pair_throughput(ctl, [0, 1], mb_items, p2p_repeats),
               "veth_link": await pair_throughput(ctl, [1, 2], mb_items, p2p_repeats)}
@@ -66,7 +66,6 @@ async def two_nodes(ctl, out: str, mb_items: int, p2p_repeats: int) -> str:
 
 async def loopback(mb_items: int, p2p_repeats: int) -> dict:
     from dynarl.core.config import RuntimeConfig
-    from dynarl.core.controller import Controller
     async with Controller(RuntimeConfig(launcher="local")) as ctl:
         return await pair_throughput(ctl, None, mb_items, p2p_repeats)
 
