@@ -309,8 +309,10 @@ class Job:
         summary = summarize(os.path.join(self.run_dir, "metrics.jsonl"), time.perf_counter() - started)
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
-        print(f"done in {summary['wall_time_s']:.0f} s: reward first 10 steps {summary['reward_first10']:.3f}, "
-              f"last 10 steps {summary['reward_last10']:.3f}; run directory {self.run_dir}")
+        n = summary["window"]
+        steps = f"{n} steps" if n > 1 else "step"
+        print(f"done in {summary['wall_time_s']:.0f} s: reward first {steps} {summary['reward_first']:.3f}, "
+              f"last {steps} {summary['reward_last']:.3f}; run directory {self.run_dir}")
         return 0
 
     async def _main(self, runtime: Any, progress: Any, controller: Any) -> None:
@@ -368,14 +370,21 @@ def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
     from dynarl.components.workflows import jsonl
 
     rows = jsonl.read(metrics_path)
-    rewards = [r["reward_mean"] for r in rows]
-    first, last = rewards[:10], rewards[-10:]
-    summary = {"steps": len(rows), "wall_time_s": wall_time_s,
-               "reward_first10": sum(first) / len(first), "reward_last10": sum(last) / len(last),
+    n = summary_window(len(rows))
+
+    def ends(key: str) -> tuple[float, float]:
+        values = [r[key] for r in rows]
+        return sum(values[:n]) / n, sum(values[-n:]) / n
+    summary = {"steps": len(rows), "wall_time_s": wall_time_s, "window": n,
                "tokens_per_s_mean": sum(r["tokens_per_s"] for r in rows) / len(rows),
                "step_time_s_mean": sum(r["step_time_s"] for r in rows) / len(rows)}
+    summary["reward_first"], summary["reward_last"] = ends("reward_mean")
     if "tool_call_rate" in rows[0]:  # the agentic workflow: how often episodes used a tool
-        rates = [r["tool_call_rate"] for r in rows]
-        summary |= {"tool_call_rate_first10": sum(rates[:10]) / len(rates[:10]),
-                    "tool_call_rate_last10": sum(rates[-10:]) / len(rates[-10:])}
+        summary["tool_call_rate_first"], summary["tool_call_rate_last"] = ends("tool_call_rate")
     return summary
+
+
+def summary_window(steps: int) -> int:
+    """How many steps the summary's first and last means take: 10, fewer in a run of
+    under 20 steps so that the two do not overlap (all of it for a 1-step run)."""
+    return max(1, min(10, steps // 2))
