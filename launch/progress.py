@@ -16,11 +16,44 @@ def make_progress(total_steps: int, stream: TextIO | None = None) -> "PlainProgr
     return PlainProgress(total_steps, stream)
 
 
-def step_line(m: dict[str, Any], total: int) -> str:
+def step_line(m: dict[str, Any], total: int, eta_s: float | None = None) -> str:
+    train = "".join(f"  {label} {m[key]:.{digits}f}" for key, label, digits in TRAIN_FIGURES if key in m)
+    eta = f"  eta {duration(eta_s)}" if eta_s is not None else ""
     return (f"step {m['step'] + 1}/{total}  reward {m['reward_mean']:.3f}  exact {m['exact_frac']:.2f}  "
-            f"len {m['response_len_mean']:.1f}/{m['response_len_max']}  {m['tokens_per_s']:.0f} tok/s  "
+            f"len {m['response_len_mean']:.1f}/{m['response_len_max']}{train}  {m['tokens_per_s']:.0f} tok/s  "
             f"{m['step_time_s']:.2f} s [rollout {m['rollout_s']:.2f} reward {m['reward_s']:.2f} "
-            f"inference {m['inference_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]")
+            f"inference {m['inference_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]{eta}")
+
+
+TRAIN_FIGURES = (("loss", "loss", 4), ("kl", "kl", 4), ("grad_norm", "gnorm", 3))
+"""The train step's figures on the step line: (metrics key, label, decimals)."""
+
+
+def duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Eta:
+    """Time left in the run: the mean wall time per step since the first step this
+    process saw (checkpoints and weight syncs included), times the steps left."""
+
+    def __init__(self, total_steps: int) -> None:
+        self.total = total_steps
+        self._first: tuple[float, int] | None = None
+
+    def update(self, m: dict[str, Any]) -> float | None:
+        now, step = time.monotonic(), m["step"]
+        if self._first is None:
+            self._first = (now, step)
+        first_at, first_step = self._first
+        per_step = (now - first_at) / (step - first_step) if step > first_step else m["step_time_s"]
+        left = self.total - (step + 1)
+        return per_step * left if left > 0 else None
 
 
 class PlainProgress:
@@ -30,6 +63,7 @@ class PlainProgress:
         self._last_warmup = -1.0
         self._stepped = False
         self._stage = ""
+        self._eta = Eta(total_steps)
 
     def __enter__(self) -> "PlainProgress":
         return self
@@ -54,7 +88,7 @@ class PlainProgress:
 
     def step(self, metrics: dict[str, Any]) -> None:
         self._stepped = True
-        print(step_line(metrics, self.total), file=self.stream, flush=True)
+        print(step_line(metrics, self.total, self._eta.update(metrics)), file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -71,6 +105,8 @@ class RichProgress:
         self.last: dict[str, Any] | None = None
         self.warm = (0, 0)
         self.started = time.monotonic()
+        self._eta = Eta(total_steps)
+        self.eta_s: float | None = None
 
     def __enter__(self) -> "RichProgress":
         self.live.__enter__()
@@ -92,7 +128,8 @@ class RichProgress:
 
     def step(self, metrics: dict[str, Any]) -> None:
         self.last = metrics
-        self.console.print(step_line(metrics, self.total))
+        self.eta_s = self._eta.update(metrics)
+        self.console.print(step_line(metrics, self.total, self.eta_s))
         self._render()
 
     def note(self, text: str) -> None:
@@ -104,7 +141,8 @@ class RichProgress:
         m = self.last
         done = 0 if m is None else m["step"] + 1
         table.add_row("step", f"{done}/{self.total}", "stage", self.current,
-                      "elapsed", f"{time.monotonic() - self.started:.0f} s")
+                      "elapsed", duration(time.monotonic() - self.started),
+                      *(("eta", duration(self.eta_s)) if self.eta_s is not None else ()))
         if self.warm[1]:
             table.add_row("warm start", f"{self.warm[0]}/{self.warm[1]}")
         if m is not None:
@@ -112,4 +150,7 @@ class RichProgress:
                           "tokens/s", f"{m['tokens_per_s']:.0f}")
             table.add_row("length", f"{m['response_len_mean']:.1f} mean / {m['response_len_max']} max",
                           "step time", f"{m['step_time_s']:.2f} s")
+            train = [(label, f"{m[key]:.{digits}f}") for key, label, digits in TRAIN_FIGURES if key in m]
+            if train:
+                table.add_row(*(x for pair in train for x in pair))
         self.live.update(table)

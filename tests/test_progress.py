@@ -30,3 +30,21 @@ def test_no_warm_start_prints_no_warm_start_line():
     progress = PlainProgress(1, out)
     progress.warmup(0, 0)
     assert out.getvalue() == ""
+
+
+def test_the_step_line_has_the_train_figures_and_the_time_left():
+    from dynarl.launch.progress import duration, step_line
+    line = step_line(dict(METRICS, loss=0.0123, kl=0.0004, grad_norm=1.5), 10, eta_s=125.0)
+    assert "loss 0.0123  kl 0.0004  gnorm 1.500" in line and line.endswith("eta 2m05s")
+    assert "eta" not in step_line(METRICS, 1)  # the last step: nothing left
+    assert [duration(s) for s in (41.4, 190, 3725)] == ["41s", "3m10s", "1h02m"]
+
+
+def test_eta_is_the_mean_step_time_so_far_times_the_steps_left(monkeypatch):
+    from dynarl.launch import progress
+    clock = iter([100.0, 104.0, 108.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    eta = progress.Eta(10)
+    assert eta.update(dict(METRICS, step=2, step_time_s=3.0)) == 3.0 * 7  # first: its own step time
+    assert eta.update(dict(METRICS, step=3)) == 4.0 * 6
+    assert eta.update(dict(METRICS, step=9)) is None  # the run is done
