@@ -100,7 +100,7 @@ def test_parquet_rows(tmp_path):
     pq.write_table(pa.table({"question": ["1+2=", None, "5-1="], "answer": ["3", "1", "4"]}), tmp_path / "d.parquet")
     data = load_dataset(DatasetConfig(path=str(tmp_path / "d.parquet"), prompt_field="question"))
     assert [p.prompt for p in data.problems] == ["1+2=", "5-1="]
-    assert data.skipped == [(1, "missing field 'question'")]
+    assert data.skipped == [(1, "field 'question' is null")]
 
 
 def test_safe_decode_marks_ids_the_tokenizer_does_not_know():

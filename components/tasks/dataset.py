@@ -1,10 +1,14 @@
 """Real data: JSONL or Parquet files whose rows have a prompt and an answer.
 
-Malformed rows (not JSON, not an object, a missing or non-text field, an empty
-prompt, a prompt the tokenizer cannot encode or that is too long) are skipped
-and counted, each with its row number and reason, and the load reports them; a
-file with no usable row is an error. Row numbers are 1-based lines for JSONL and
-0-based row indices for Parquet.
+Malformed rows (not UTF-8, not JSON, not an object, a missing or non-text field,
+an empty prompt, a reference answer the preset cannot find, a prompt the tokenizer
+cannot encode or that is too long) are skipped and counted, each with its row
+number and reason, and the load reports them; a file with no usable row is an
+error. Row numbers are 1-based lines for JSONL and 0-based row indices for Parquet.
+
+Presets (`preset`) set in one word what a known format needs, for every field left
+at its default: the fields, the prompt template and how the reference answer is
+taken from the answer field (PRESETS).
 """
 from __future__ import annotations
 
@@ -19,18 +23,52 @@ Check = Callable[[str], str | None]
 """Returns why a prompt is unusable (e.g. "character 'é' is not in the alphabet"), or None."""
 
 
+Extract = Literal["none", "gsm8k", "boxed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    prompt_field: str
+    answer_field: str
+    template: str
+    extract: Extract
+
+
+PRESETS = {
+    "plain": Preset("prompt", "answer", "{prompt}", "none"),
+    # GSM8K: `question`, and `answer` a rationale ending in `#### 42` (the reference: 42)
+    "gsm8k": Preset("question", "answer",
+                    "{prompt}\nThink step by step, then give the final answer after \"####\".", "gsm8k"),
+    # MATH (Hendrycks et al.): `problem`, and `solution` whose last \boxed{...} is the reference
+    "math": Preset("problem", "solution",
+                   "{prompt}\nThink step by step, then put the final answer in \\boxed{{}}.", "boxed"),
+}
+DEFAULTS = PRESETS["plain"]
+
+
 @dataclass(kw_only=True, slots=True)
 class DatasetConfig:
     path: str | None = None
     """A .jsonl or .parquet file; needed when task.kind is 'dataset'."""
     format: Literal["auto", "jsonl", "parquet"] = "auto"
     """auto: from the file extension (.jsonl/.json -> jsonl, .parquet -> parquet)."""
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
-    template: str = "{prompt}"
+    preset: Literal["plain", "gsm8k", "math"] | None = None
+    """Fields, template and answer extraction of a known format (PRESETS), for the ones left at their defaults."""
+    prompt_field: str = DEFAULTS.prompt_field
+    answer_field: str = DEFAULTS.answer_field
+    template: str = DEFAULTS.template
     """How a row's prompt becomes the model's prompt; must contain {prompt}."""
+    extract: Extract | None = None
+    """How the reference answer is taken from the answer field: none (as it is), gsm8k
+    (after the last '####', commas dropped), boxed (the last \\boxed{...}); default: the preset's, else none."""
 
     def __post_init__(self) -> None:
+        preset = PRESETS[self.preset] if self.preset is not None else DEFAULTS
+        for name in ("prompt_field", "answer_field", "template"):
+            if getattr(self, name) == getattr(DEFAULTS, name):
+                setattr(self, name, getattr(preset, name))
+        if self.extract is None:
+            self.extract = preset.extract
         if "{prompt}" not in self.template:
             raise ValueError("template must contain {prompt}")
 
@@ -87,18 +125,61 @@ def _problem(number: int, row: Any, config: DatasetConfig, check: Check | None) 
     if not isinstance(row, dict):
         return None, f"expected an object, got {type(row).__name__}"
     for name in (config.prompt_field, config.answer_field):
-        if name not in row or row[name] is None:
-            return None, f"missing field {name!r}"
+        if name not in row:
+            return None, missing_field(name, row)
+        if row[name] is None:
+            return None, f"field {name!r} is null"
     prompt, answer = row[config.prompt_field], row[config.answer_field]
     if not isinstance(prompt, str) or not prompt.strip():
         return None, f"field {config.prompt_field!r} must be non-empty text"
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         return None, f"field {config.answer_field!r} must be text or a number, got {type(answer).__name__}"
+    answer = reference_answer(str(answer), config.extract)
+    if answer is None:
+        return None, f"unparsable answer: no {EXTRACT_WHAT[config.extract]} in field {config.answer_field!r}"
     text = config.template.format(prompt=prompt)
     why = check(text) if check is not None else None
     if why is not None:
         return None, why
     return Problem(f"r{number}", text, str(answer)), ""
+
+
+EXTRACT_WHAT = {"gsm8k": "'#### <answer>'", "boxed": "\\boxed{...}"}
+
+
+def reference_answer(text: str, extract: Extract) -> str | None:
+    """The reference answer in an answer field, or None when it is not there."""
+    if extract == "none":
+        return text
+    if extract == "gsm8k":
+        if "####" not in text:
+            return None
+        answer = text.rsplit("####", 1)[1].strip().replace(",", "")
+        return answer or None
+    return last_boxed(text)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (braces inside it balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j].strip() or None
+    return None
+
+
+def missing_field(name: str, row: dict) -> str:
+    """Why a row lacks `name`: the fields it has, and a preset that reads them."""
+    fits = [p for p, preset in PRESETS.items() if preset.prompt_field in row and preset.answer_field in row]
+    hint = f"; task.dataset.preset={fits[0]} reads these rows" if fits else ""
+    return f"missing field {name!r} (the row has: {', '.join(map(str, row)) or 'no field'}{hint})"
 
 
 class _Malformed:
@@ -109,8 +190,13 @@ class _Malformed:
 
 
 def _jsonl_rows(path: str) -> Iterator[tuple[int, Any]]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, _Malformed(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
+                continue
             if not line.strip():
                 continue
             try:
