@@ -72,7 +72,8 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
              f"backends: rollout {cfg.rollout.backend}, trainer {cfg.trainer.backend}; "
              f"scheduler {cfg.scheduler.policy}",
              f"model: {cfg.model.path or cfg.model.name} ({cfg.model.config().num_parameters / 1e6:.1f}M parameters)"]
-    lines += [f"note: {n}" for n in notes]
+    from dynarl.launch.trackers import missing_packages
+    lines += [f"note: {n}" for n in notes + missing_packages(cfg.run.loggers)]
     try:
         check_wired_of(cfg)
     except ConfigError as exc:  # valid, but `dynarl train` would refuse to start it
@@ -167,6 +168,9 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
                              f"(e.g. run.steps={done + cfg.run.checkpoint_every})")
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
+    from dynarl.launch.trackers import missing_packages
+    for why in missing_packages(cfg.run.loggers):
+        raise ConfigError("run.loggers", why)
     source, tokenizer = _task(cfg)
     if run_dir is None:
         run_dir = os.path.join("runs", time.strftime(f"{cfg.workflow}-%Y%m%d-%H%M%S"))
@@ -321,8 +325,15 @@ class Job:
 
         cancel_on_sigterm()
         async with (controller or Controller)(runtime) as ctl:
-            self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer, self.run_dir, progress)
-            await self.workflow.run(self.checkpoint)
+            from dynarl.core.config_tree import to_dict
+            from dynarl.launch.trackers import tracked
+            progress = tracked(progress, self.cfg.run.loggers, self.run_dir, to_dict(self.cfg))
+            try:
+                self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer, self.run_dir,
+                                                         progress)
+                await self.workflow.run(self.checkpoint)
+            finally:
+                progress.close()
 
     def _draw(self, spans: Any, attempt: str) -> None:
         from dynarl.launch.timeline import draw_timeline

@@ -178,6 +178,10 @@ class SchedulerSection:
     dynarl: DynarlSection = field(default_factory=DynarlSection)
 
 
+LOGGERS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""run.loggers' names, each with the package it needs."""
+
+
 @dataclass(kw_only=True, slots=True)
 class RunSection:
     steps: int = 200
@@ -189,11 +193,17 @@ class RunSection:
     """Checkpoint after every this many steps (and after the warm start and the last step)."""
     keep_checkpoints: int = 2
     """Newest checkpoints kept on disk."""
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Where each step's metrics go besides metrics.jsonl (always written): tensorboard,
+    wandb (offline), mlflow (a local file store); launch/trackers.py."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in self.loggers:
+            if name not in LOGGERS:
+                raise ValueError(f"loggers has an unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
 
 
 @dataclass(kw_only=True, slots=True)
