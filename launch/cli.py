@@ -42,6 +42,7 @@ def _tool(argv: list[str]) -> int:
 
 COMMANDS = {
     "bench": _bench,
+    "eval": lambda argv: importlib.import_module("dynarl.launch.eval").main(argv),
     "export": lambda argv: importlib.import_module("dynarl.launch.export").main(argv),
     "tool": _tool,
     "graph": lambda argv: importlib.import_module("dynarl.launch.graph").main(argv),
@@ -52,6 +53,7 @@ COMMANDS = {
 
 SUMMARIES = {
     "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts), ratios measured side by side",
+    "eval": "mean reward and pass@k of a run's checkpoint or an HF folder on held-out problems",
     "export": "a run's trained policy as an HF folder (transformers loads it)",
     "graph": "the static hypergraph of a workflow file (components and channels)",
     "sim": "the real controller and scheduler on emulated devices, in virtual time",

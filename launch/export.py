@@ -5,8 +5,9 @@ flat fp32 master weights, Adam moments and gradients split over the data-paralle
 ranks (components/trainer/native/checkpoint.py). The export reassembles the master
 weights from every shard, puts them into the run's model (its config.yaml's
 `model`), and writes config.json, model.safetensors and generation_config.json,
-plus the tokenizer files of `model.path` when the run started from a folder. The
-result loads with `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`.
+plus the tokenizer files of `model.path` when the run started from a folder (for the
+built-in model, its character tokenizer's own file). The result loads with
+`transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`, and as `model.path`.
 """
 from __future__ import annotations
 
@@ -80,10 +81,16 @@ def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
             json.dump({"bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
                        "pad_token_id": c.pad_token_id}, f, indent=2)
     written.append("generation_config.json")
-    for name in TOKENIZER_FILES if source else ():
-        if os.path.isfile(os.path.join(source, name)):
-            shutil.copy(os.path.join(source, name), out_dir)
-            written.append(name)
+    if source:
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(source, name)):
+                shutil.copy(os.path.join(source, name), out_dir)
+                written.append(name)
+    else:  # the built-in model's character tokenizer, which dynarl (not transformers) reads back
+        from dynarl.components.model.spec import build_tokenizer
+        from dynarl.components.model.tokenizer import CHAR_TOKENIZER_FILE
+        build_tokenizer(cfg.model).save(out_dir)
+        written.append(CHAR_TOKENIZER_FILE)
     return {"checkpoint": path, "step": state.step, "trainer_step": state.trainer_step, "files": written,
             "tokenizer": bool(source)}
 
@@ -102,7 +109,7 @@ def main(argv: list[str]) -> int:
     print(f"exported step {done['step']} (optimizer step {done['trainer_step']}) of {args.run_dir} to "
           f"{args.out_dir}: {', '.join(done['files'])}")
     if not done["tokenizer"]:
-        print("the built-in model's character tokenizer has no HF form: no tokenizer files "
-              "(tokenize with dynarl's own, components/model/tokenizer.py)")
+        print("the built-in model's character tokenizer has no HF form: its own file is written, which "
+              "`dynarl train model.path=` and `dynarl eval` read (transformers does not)")
     print(f"load it with: transformers.AutoModelForCausalLM.from_pretrained({args.out_dir!r})")
     return 0

@@ -110,6 +110,15 @@ def check_wired_of(cfg: Any) -> None:
                 workflow=cfg.workflow, device_kind=cfg.runtime.cluster.device_kind)
 
 
+def parse_override(arg: str) -> tuple[str, Any]:
+    """key=value, the value read as YAML (a number, a list, ...), else as text."""
+    key, _, text = arg.partition("=")
+    try:
+        return key, yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        return key, text
+
+
 def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str | None, str | None] | None:
     config_path = run_dir = resume = None
     overrides: list[tuple[str, Any]] = []
@@ -128,11 +137,7 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str 
         elif arg.startswith("--"):
             raise UsageError(f"unknown option {arg}\n{USAGE}")
         elif "=" in arg:
-            key, _, text = arg.partition("=")
-            try:
-                overrides.append((key, yaml.safe_load(text) if text else ""))
-            except yaml.YAMLError:
-                overrides.append((key, text))
+            overrides.append(parse_override(arg))
         elif config_path is None:
             config_path = arg
         else:

@@ -1,5 +1,6 @@
 """`dynarl export`: a run's checkpoint as an HF folder that transformers loads, with
-the logits of dynarl's own model of those weights."""
+the logits of dynarl's own model of those weights; `dynarl eval` of the run and of the
+export, which score the same."""
 NUM_GPUS = 0
 
 import json
@@ -64,3 +65,34 @@ def test_export_of_an_older_step_and_bad_input(run):
     assert not_run.returncode == 2 and "not a run directory" in not_run.stderr
     taken = dynarl("export", str(run / "run"), str(run / "hf1"), cwd=run)
     assert taken.returncode == 2 and "not empty" in taken.stderr
+
+
+@pytest.mark.parametrize("n, c, k, expected", [(4, 0, 1, 0.0), (4, 4, 1, 1.0), (4, 1, 1, 0.25), (4, 1, 4, 1.0),
+                                               (4, 2, 2, 1 - 1 / 6), (10, 3, 5, 1 - 21 / 252)])
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
+    from dynarl.launch.eval import pass_at_k
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_eval_of_a_run_and_of_its_export_agree(run):
+    """The same policy evaluated from the run's checkpoint and from the exported folder
+    (same task and sampling: the run's, given as overrides) scores the same."""
+    common = ["--samples", "4", "--limit", "16", "--json"]
+    from_run = dynarl("eval", str(run / "run"), *common, cwd=run)
+    assert from_run.returncode == 0, from_run.stderr
+    assert "eval 16/16 problems" in from_run.stderr
+    result = json.loads(from_run.stdout)
+    assert (result["problems"], result["samples"]) == (16, 4)
+    assert 0.0 <= result["pass@1"] <= result["pass@4"] <= 1.0
+    assert result["reward_mean"] > 0  # the built-in task gives partial credit
+    hf = run / "hf_eval"
+    assert dynarl("export", str(run / "run"), str(hf), cwd=run).returncode == 0
+    from_hf = dynarl("eval", str(hf), *common, cwd=run)  # the run's task and sampling are the defaults
+    assert from_hf.returncode == 0, from_hf.stderr
+    assert {k: v for k, v in json.loads(from_hf.stdout).items() if k not in ("policy", "seconds")} == \
+        {k: v for k, v in result.items() if k not in ("policy", "seconds")}
+
+
+def test_eval_refuses_what_it_cannot_read(run):
+    bad = dynarl("eval", str(run), cwd=run)
+    assert bad.returncode == 2 and "neither a run directory" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,157 @@
+"""`dynarl eval (RUN_DIR | HF_DIR) [key=value ...] [--step N] [--samples K] [--limit N] [--json]`:
+mean reward and pass@k of a policy on held-out problems, on the native engine.
+
+RUN_DIR: a `dynarl train` run; the policy is a checkpoint's (the newest, or
+`--step N`), the task, model and sampling are the run's config.yaml. HF_DIR: an HF
+folder (e.g. `dynarl export`'s); the task and sampling are `dynarl train`'s
+defaults. Either way `key=value` overrides them, so held-out data is named as for
+training: `task.kind=dataset task.dataset.path=test.jsonl task.dataset.preset=gsm8k`.
+
+Problems: a dataset's rows in file order (malformed ones skipped and reported); for a
+built-in task, a stream drawn with another seed than training's (EVAL_SEED). Each
+gets K samples at the configured temperature, seeded per (problem, sample), scored by
+the task's verifier. pass@k is the unbiased estimator of Chen et al. 2021 (Codex):
+1 - C(n-c, k) / C(n, k) per problem, n samples of which c are correct (reward 1),
+averaged; it is reported for k = 1 and k = K.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+EVAL_SEED = 7_777_777
+"""A built-in task's evaluation stream: not the training seed's problems."""
+BATCH = 64
+"""Problems generated at once (progress is reported per batch)."""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of k samples drawn from n (c of them correct) is correct."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def load_policy(target: str, overrides: list[tuple[str, Any]], step: int | None) -> tuple[Any, Any, str]:
+    """(config, model with the policy's weights, what was loaded)."""
+    from dynarl.components.model.io import load_weights
+    from dynarl.components.model.spec import build_model
+    from dynarl.launch.export import master_weights, pick_checkpoint
+    from dynarl.launch.train import resolve_config
+
+    if os.path.isfile(os.path.join(target, "config.yaml")):  # a run directory
+        cfg = resolve_config(None, overrides, target)
+        path, state = pick_checkpoint(target, step)
+        model = build_model(cfg.model)
+        load_weights(model, master_weights(path), strict=True)
+        return cfg, model, f"{target} step {state.step}"
+    if os.path.isfile(os.path.join(target, "config.json")):  # an HF folder
+        cfg = resolve_config(None, [("model.path", target), *overrides], None)
+        return cfg, build_model(cfg.model), target
+    raise ValueError(f"{target} is neither a run directory (config.yaml) nor an HF folder (config.json)")
+
+
+def eval_problems(cfg: Any, tokenizer: Any, limit: int | None) -> tuple[list[Any], str]:
+    from dynarl.components.model.spec import prompt_check
+    from dynarl.components.tasks.dataset import load_dataset
+    from dynarl.components.tasks.source import ProblemSource
+
+    check = prompt_check(tokenizer, cfg.model.config().max_position_embeddings - cfg.rollout.max_new_tokens)
+    if cfg.task.kind == "dataset":
+        data = load_dataset(cfg.task.dataset, check)
+        return data.problems[:limit], data.report()
+    count = limit or 200
+    return ProblemSource(cfg.task, EVAL_SEED, check).problems(0, count), f"{cfg.task.kind}, seed {EVAL_SEED}"
+
+
+async def generate(model: Any, cfg: Any, tokenizer: Any, problems: list[Any], samples: int,
+                   progress) -> list[list[float]]:
+    """Rewards per problem, `samples` each."""
+    from dynarl.components.model.spec import safe_decode
+    from dynarl.components.reward.verifiers import make_verifier
+    from dynarl.components.rollout.base import GenerationRequest, SamplingParams
+    from dynarl.components.rollout.native.engine import NativeRolloutEngine
+    from dynarl.components.tasks.problem import stable_seed
+
+    verify, _ = make_verifier(cfg.task.resolved_verifier)
+    engine = NativeRolloutEngine(model, cfg.rollout.engine)
+    r = cfg.rollout
+    rewards: list[list[float]] = []
+    for begin in range(0, len(problems), BATCH):
+        batch = problems[begin:begin + BATCH]
+        requests = [GenerationRequest(f"{p.id}/{k}", tokenizer.encode(p.prompt, add_bos=True),
+                                      SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                                     max_new_tokens=r.max_new_tokens,
+                                                     stop_token_ids=(tokenizer.eos_id,),
+                                                     seed=stable_seed(EVAL_SEED, p.id, k)))
+                    for p in batch for k in range(samples)]
+        results = {res.request_id: res for res in await engine.generate(requests)}
+        for p in batch:
+            outputs = [[t for t in results[f"{p.id}/{k}"].output_token_ids if t != tokenizer.eos_id]
+                       for k in range(samples)]
+            rewards.append([float(verify(safe_decode(tokenizer, ids), p.answer)) if verify else 0.0
+                            for ids in outputs])
+        progress(begin + len(batch), len(problems))
+    return rewards
+
+
+def evaluate(target: str, overrides: list[tuple[str, Any]], *, step: int | None = None, samples: int = 1,
+             limit: int | None = None, progress=lambda done, total: None) -> dict[str, Any]:
+    from dynarl.components.model.spec import build_tokenizer
+
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    cfg, model, loaded = load_policy(target, overrides, step)
+    if cfg.workflow == "agentic" or cfg.task.kind == "calc":
+        raise ValueError("the agentic workflow's multi-turn episodes (tool calls) are not evaluated yet; "
+                         "dynarl eval runs single-turn tasks")
+    model.eval()
+    tokenizer = build_tokenizer(cfg.model)
+    problems, report = eval_problems(cfg, tokenizer, limit)
+    if not problems:
+        raise ValueError(f"no problem to evaluate ({report})")
+    begun = time.perf_counter()
+    rewards = asyncio.run(generate(model, cfg, tokenizer, problems, samples, progress))
+    correct = [sum(x == 1.0 for x in row) for row in rewards]
+    ks = sorted({1, samples})
+    return {"policy": loaded, "problems": len(problems), "samples": samples, "data": report,
+            "reward_mean": sum(map(sum, rewards)) / (len(rewards) * samples),
+            **{f"pass@{k}": sum(pass_at_k(samples, c, k) for c in correct) / len(correct) for k in ks},
+            "seconds": time.perf_counter() - begun}
+
+
+def main(argv: list[str]) -> int:
+    from dynarl.launch.train import parse_override
+    from dynarl.transport.errors import ConfigError
+
+    parser = argparse.ArgumentParser(prog="dynarl eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help="a run directory or an HF folder")
+    parser.add_argument("overrides", nargs="*", help="key=value, as for dynarl train")
+    parser.add_argument("--step", type=int, help="a run's checkpoint of this step (default: the newest)")
+    parser.add_argument("--samples", type=int, default=1, help="samples per problem (pass@k for k = 1 and this)")
+    parser.add_argument("--limit", type=int, help="evaluate the first N problems only")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    def progress(done: int, total: int) -> None:
+        print(f"eval {done}/{total} problems", file=sys.stderr, flush=True)
+    try:
+        overrides = [parse_override(o) for o in args.overrides]
+        result = evaluate(args.target, overrides, step=args.step, samples=args.samples, limit=args.limit,
+                          progress=progress)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"dynarl eval: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        passes = "  ".join(f"{k} {v:.3f}" for k, v in result.items() if k.startswith("pass@"))
+        print(f"{result['policy']}: {result['problems']} problems x {result['samples']} samples ({result['data']}): "
+              f"reward {result['reward_mean']:.3f}  {passes}  in {result['seconds']:.0f} s")
+    return 0
