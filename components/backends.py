@@ -34,6 +34,9 @@ def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelCo
         elif not is_available(backend):
             notes.append(f"{path}={backend}: extra not installed here (pip install 'dynarl[{backend}]')")
     if trainer_backend == "megatron":
+        if model.model_type != "qwen2":
+            raise ConfigError("trainer.backend", f"megatron's conversion (trainer/megatron/convert.py) covers Qwen2 "
+                              f"only; model_type {model.model_type!r} trains with trainer.backend=native")
         megatron = megatron or MegatronConfig()
         model_parallel = megatron.tensor_parallel_size * megatron.pipeline_parallel_size
         try:

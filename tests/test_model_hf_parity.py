@@ -19,19 +19,28 @@ torch.set_num_threads(2)
 
 SMALL = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, rope_theta=5000.0, rms_norm_eps=1e-5)
+QWEN3 = dataclasses.replace(SMALL, model_type="qwen3", attention_bias=False, qk_norm=True, explicit_head_dim=24)
+"""Qwen3's shape: no q/k/v bias, q/k norms, and a head_dim apart from hidden_size / heads (4 x 24 != 64)."""
+LLAMA = dataclasses.replace(SMALL, model_type="llama", attention_bias=False, rope_llama3=(8.0, 1.0, 4.0, 64))
+"""Llama 3's shape: no bias, RoPE scaled (a short original context, so every band of the scaling is used)."""
 CONFIGS = [
     pytest.param(SMALL, id="gqa"),
     pytest.param(dataclasses.replace(SMALL, num_key_value_heads=4), id="mha"),
     pytest.param(dataclasses.replace(SMALL, tie_word_embeddings=True, num_key_value_heads=1), id="tied-mqa"),
     pytest.param(TINY_CONFIGS["tiny-0.5m"], id="tiny-0.5m"),
+    pytest.param(QWEN3, id="qwen3"),
+    pytest.param(dataclasses.replace(QWEN3, tie_word_embeddings=True), id="qwen3-tied"),
+    pytest.param(LLAMA, id="llama3"),
+    pytest.param(dataclasses.replace(LLAMA, rope_llama3=None, num_key_value_heads=4), id="llama-mha"),
 ]
 
 
 def hf_model(config: ModelConfig, attn: str = "sdpa"):
+    """transformers' own model of config's model_type (Qwen2, Qwen3 or Llama)."""
     fields = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "model_type")}
-    hf_config = transformers.Qwen2Config(**fields)
+    hf_config = transformers.AutoConfig.for_model(config.model_type, **fields)
     hf_config._attn_implementation = attn
-    return transformers.Qwen2ForCausalLM(hf_config).eval()
+    return transformers.AutoModelForCausalLM.from_config(hf_config).eval()
 
 
 def ours(config: ModelConfig, seed: int = 0) -> Qwen2ForCausalLM:
@@ -83,10 +92,12 @@ def test_padded_batch_matches_transformers(padding):
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_paged_prefill_and_decode_match_full_forward(block_size):
+@pytest.mark.parametrize("config", [SMALL, QWEN3, LLAMA], ids=["qwen2", "qwen3", "llama3"])
+def test_paged_prefill_and_decode_match_full_forward(block_size, config):
     """The rollout path: prefill a batch of different lengths into a block cache with
     scattered block tables, then decode 3 tokens each, batched; each step's logits must
     equal a full forward over the whole sequence."""
+    SMALL = config  # (the shape under test)
     model = ours(SMALL)
     lengths = [9, 2, 17]
     seqs = [torch.randint(0, SMALL.vocab_size, (n + 3,)).tolist() for n in lengths]
@@ -118,7 +129,8 @@ def test_save_load_round_trip_through_hf(tmp_path, config, max_shard_bytes):
         assert len(set(json.loads(index.read_text())["weight_map"].values())) > 1
     assert read_config(tmp_path / "ours") == config
     loaded = load_pretrained(tmp_path / "ours")
-    reference = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(reference).__name__ == config.to_hf_dict()["architectures"][0]
     input_ids = torch.randint(0, config.vocab_size, (2, 11))
     with torch.no_grad():
         expected = model(input_ids)
@@ -162,8 +174,10 @@ def test_config_rejects_bad_values(change, field):
     pytest.param({"use_sliding_window": True}, "use_sliding_window", id="sliding"),
     pytest.param({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}}, "rope_type", id="yarn"),
     pytest.param({"head_dim": 8}, "head_dim", id="head-dim"),
-    pytest.param({"model_type": "llama"}, "model_type 'llama' is not supported; supported: qwen2", id="llama"),
-    pytest.param({"model_type": "qwen3"}, "model_type 'qwen3'", id="qwen3"),
+    pytest.param({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: qwen2, qwen3, llama",
+                 id="gpt2"),
+    pytest.param({"model_type": "mistral"}, "model_type 'mistral'", id="mistral"),
+    pytest.param({"model_type": "llama", "mlp_bias": True}, "mlp_bias", id="llama-mlp-bias"),
     pytest.param({"model_type": None}, "model_type None", id="no-model-type"),
 ])
 def test_config_rejects_unsupported_hf_variants(change, field):

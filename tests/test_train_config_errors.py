@@ -111,17 +111,18 @@ def test_resuming_a_run_that_has_all_its_steps_says_so_before_starting(tmp_path)
 
 
 def test_a_model_folder_of_an_unsupported_architecture_fails_at_load_in_one_line(tmp_path):
-    """A Llama folder used to pass --dry-run and fail at worker start with missing
-    tensors; now the config load refuses it, listing what is supported."""
+    """An unsupported folder (a Llama one did, before Llama was supported) used to pass
+    --dry-run and fail at worker start with missing tensors; now the config load
+    refuses it, listing what is supported."""
     import json
-    folder = tmp_path / "llama"
+    folder = tmp_path / "gpt2"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 16,
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 128, "hidden_size": 16,
         "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}))
     for extra in ([], ["--dry-run"]):
         result = cli(f"model.path={folder}", *extra, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and "model_type 'llama' is not supported; supported: qwen2" in lines[0], lines
+        assert len(lines) == 1 and "model_type 'gpt2' is not supported; supported: qwen2, qwen3, llama" in lines[0], lines
         assert not os.path.exists(tmp_path / "run")

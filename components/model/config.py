@@ -1,4 +1,7 @@
-"""Shape of a Qwen2 decoder, with the field names of HF's Qwen2 config.json.
+"""Shape of a decoder of the Qwen2 / Qwen3 / Llama family, with the field names of
+HF's config.json. The three differ in little: Qwen2 has q/k/v biases; Qwen3 has none
+and RMS-normalises each head's q and k before RoPE (and may set head_dim apart from
+hidden_size / heads); Llama has no bias, and Llama 3 scales RoPE's frequencies.
 
 No I/O here: `io.py` reads and writes config.json and calls `from_hf_dict`.
 """
@@ -8,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-SUPPORTED_MODEL_TYPES = ("qwen2",)
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 """config.json model_type values the native model implements (Qwen2 and Qwen2.5 use qwen2)."""
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -30,8 +34,17 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    model_type: str = "qwen2"
+    attention_bias: bool = True
+    """q/k/v projections with biases (Qwen2); Qwen3 and Llama have none."""
+    qk_norm: bool = False
+    """RMSNorm over each head's q and k before RoPE (Qwen3)."""
+    explicit_head_dim: int | None = None
+    """config.json's head_dim when it is not hidden_size // num_attention_heads (Qwen3)."""
+    rope_llama3: tuple[float, float, float, int] | None = None
+    """Llama 3's RoPE scaling: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
     head_dim: int = field(init=False)
-    """hidden_size // num_attention_heads, as HF Qwen2 derives it."""
+    """explicit_head_dim, else hidden_size // num_attention_heads."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -39,15 +52,24 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {self.model_type!r} is not supported; supported: "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        if self.explicit_head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by "
                              f"num_attention_heads ({self.num_attention_heads})")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
                              f"num_key_value_heads ({self.num_key_value_heads})")
-        object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)  # frozen
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim (hidden_size / num_attention_heads = {self.head_dim}) must be even for RoPE")
+        head_dim = self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+        object.__setattr__(self, "head_dim", head_dim)  # frozen
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if self.rope_llama3 is not None:
+            factor, low, high, original = self.rope_llama3
+            if not (factor >= 1 and 0 < low < high and original >= 1):
+                raise ValueError(f"rope_llama3 (factor, low_freq_factor, high_freq_factor, original_max_position_"
+                                 f"embeddings) must have factor >= 1 and 0 < low < high, got {self.rope_llama3}")
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         if not self.rms_norm_eps > 0:
@@ -59,17 +81,26 @@ class ModelConfig:
 
     @property
     def num_parameters(self) -> int:
-        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
-        attention = h * h + 2 * h * kv + 2 * kv + h + h * h  # q (+bias), k, v (+bias), o
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        attention = 2 * h * q + 2 * h * kv  # q, k, v, o
+        attention += (q + 2 * kv) * self.attention_bias + 2 * self.head_dim * self.qk_norm
         layer = attention + 3 * h * self.intermediate_size + 2 * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_hidden_layers * layer + h + head
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """config.json content that transformers' Qwen2Config (4.x and 5.x) reads."""
+        """config.json content that transformers' config of the model_type (4.x and 5.x) reads."""
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_llama3 is not None:
+            factor, low, high, original = self.rope_llama3
+            rope = {"rope_type": "llama3", "rope_theta": self.rope_theta, "factor": factor, "low_freq_factor": low,
+                    "high_freq_factor": high, "original_max_position_embeddings": original}
         return {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
+            "architectures": [ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
+            "head_dim": self.head_dim,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": False,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -78,7 +109,8 @@ class ModelConfig:
             "num_key_value_heads": self.num_key_value_heads,
             "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": rope,
+            **({"rope_scaling": rope} if self.rope_llama3 is not None else {}),
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "hidden_act": "silu",
@@ -91,25 +123,41 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        """Reads an HF Qwen2 config.json dict; rejects the variants this model does not implement."""
+        """Reads an HF config.json dict (Qwen2, Qwen3, Llama); rejects the variants this model
+        does not implement."""
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r} is not supported; supported: "
-                             f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2 and Qwen2.5 checkpoints)")
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/2.5, Qwen3, Llama 2/3)")
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu', got {d['hidden_act']!r}")
         if d.get("use_sliding_window", False):
             raise ValueError("use_sliding_window=True is not supported")
+        if d.get("mlp_bias", False):
+            raise ValueError("mlp_bias=True is not supported")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"rope_parameters.rope_type must be 'default', got {rope_type!r}")
+        if rope_type not in ("default", "llama3"):
+            raise ValueError(f"rope_parameters.rope_type must be 'default' or 'llama3', got {rope_type!r}")
         rope_theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
+        llama3 = None
+        if rope_type == "llama3":
+            llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
+                      int(rope["original_max_position_embeddings"]))
         eos = d.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         num_heads = d.get("num_attention_heads")
+        head_dim = d.get("head_dim")
+        derived = d["hidden_size"] // num_heads if isinstance(d.get("hidden_size"), int) and num_heads else None
+        if model_type == "qwen2" and head_dim not in (None, derived):
+            raise ValueError(f"head_dim must equal hidden_size / num_attention_heads = {derived}, got {head_dim}")
         config = cls(
+            model_type=model_type,
+            attention_bias=True if model_type == "qwen2" else bool(d.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            explicit_head_dim=head_dim if head_dim not in (None, derived) else None,
+            rope_llama3=llama3,
             vocab_size=d.get("vocab_size"),
             hidden_size=d.get("hidden_size"),
             intermediate_size=d.get("intermediate_size"),
@@ -124,9 +172,6 @@ class ModelConfig:
             eos_token_id=eos,
             pad_token_id=d.get("pad_token_id"),
         )
-        if d.get("head_dim") not in (None, config.head_dim):
-            raise ValueError(f"head_dim must equal hidden_size / num_attention_heads = {config.head_dim}, "
-                             f"got {d['head_dim']}")
         return config
 
 

@@ -1,4 +1,6 @@
-"""Qwen2 decoder-only transformer with HF's parameter names (GQA, RoPE, RMSNorm, SwiGLU).
+"""Qwen2 decoder-only transformer with HF's parameter names (GQA, RoPE, RMSNorm, SwiGLU),
+and its relatives by config (config.py): Qwen3 (no q/k/v bias, q/k RMSNorm per head)
+and Llama (no bias, Llama 3's RoPE scaling). Same names, so one class loads all three.
 
 Two ways to run it:
 - `forward(input_ids, attention_mask)`: the whole sequence at once (training, log-probs).
@@ -8,6 +10,7 @@ Both share every layer; they differ only in how attention finds its keys.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -34,14 +37,30 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 llama3: tuple[float, float, float, int] | None = None):
     """cos/sin of shape [*positions.shape, 1, head_dim] (the 1 broadcasts over heads);
     computed in fp32 from the positions each call (cheap) so no buffer can be silently
     down-cast by `model.to(bfloat16)`."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if llama3 is not None:
+        inv_freq = llama3_frequencies(inv_freq, *llama3)
     freqs = positions[..., None].float() * inv_freq.to(positions.device)
     emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(-2)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                       original_context: int) -> torch.Tensor:
+    """Llama 3's RoPE scaling (as transformers' `_compute_llama3_parameters`): wavelengths
+    longer than original_context / low_freq_factor are slowed by `factor`, shorter than
+    original_context / high_freq_factor kept, and the band between interpolated."""
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original_context / low_freq_factor, inv_freq / factor, inv_freq)
+    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original_context / high_freq_factor) & (wavelen <= original_context / low_freq_factor)
+    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -57,16 +76,23 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         h, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
-        self.q_proj = nn.Linear(h, config.num_attention_heads * config.head_dim, bias=True)
-        self.k_proj = nn.Linear(h, kv, bias=True)
-        self.v_proj = nn.Linear(h, kv, bias=True)
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(h, config.num_attention_heads * config.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, kv, bias=bias)
+        self.v_proj = nn.Linear(h, kv, bias=bias)
         self.o_proj = nn.Linear(config.num_attention_heads * config.head_dim, h, bias=False)
+        if config.qk_norm:  # Qwen3: over each head's dimension, before RoPE
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         lead = x.shape[:-1]
         q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         # one rotation for q and k together: half the small ops, which dominate decode time
         qk = apply_rope(torch.cat((q, k), dim=-2), cos, sin)
         q, k = qk[..., :self.num_heads, :], qk[..., self.num_heads:, :]
@@ -107,7 +133,7 @@ class Qwen2Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend, config: ModelConfig):
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, x.dtype, config.rope_llama3)
         for layer in self.layers:
             x = layer(x, cos, sin, attend)
         return self.norm(x)
