@@ -59,3 +59,19 @@ def test_a_gsm8k_file_loads_with_the_preset_and_bad_rows_say_why(tmp_path):
     assert reasons[4] == "unparsable answer: no '#### <answer>' in field 'answer'"
     assert reasons[6].startswith("missing field 'question' (the row has: prompt, answer")
     assert reasons[21] == "not valid UTF-8 (byte 0xe9 at column 18)"
+
+
+def test_a_datasets_save_to_disk_folder_and_a_split_of_a_dataset_dict(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"question": f"q{i}", "answer": f"so\n#### {i}"} for i in range(5)]
+    one = datasets.Dataset.from_list(rows)
+    one.save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": one, "test": datasets.Dataset.from_list(rows[:2])}).save_to_disk(str(tmp_path / "dict"))
+    data = load_dataset(DatasetConfig(path=str(tmp_path / "one"), preset="gsm8k"))
+    assert [p.answer for p in data.problems] == ["0", "1", "2", "3", "4"]
+    test = load_dataset(DatasetConfig(path=str(tmp_path / "dict"), preset="gsm8k", split="test"))
+    assert [p.answer for p in test.problems] == ["0", "1"]
+    with pytest.raises(ValueError, match="has the splits train, test, not 'validation'"):
+        load_dataset(DatasetConfig(path=str(tmp_path / "dict"), preset="gsm8k", split="validation"))
+    with pytest.raises(ValueError, match="not a datasets save_to_disk folder"):
+        load_dataset(DatasetConfig(path=str(tmp_path), preset="gsm8k"))

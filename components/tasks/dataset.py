@@ -1,10 +1,12 @@
-"""Real data: JSONL or Parquet files whose rows have a prompt and an answer.
+"""Real data: JSONL or Parquet files, or folders written by `datasets`' save_to_disk,
+whose rows have a prompt and an answer.
 
 Malformed rows (not UTF-8, not JSON, not an object, a missing or non-text field,
 an empty prompt, a reference answer the preset cannot find, a prompt the tokenizer
 cannot encode or that is too long) are skipped and counted, each with its row
 number and reason, and the load reports them; a file with no usable row is an
-error. Row numbers are 1-based lines for JSONL and 0-based row indices for Parquet.
+error. Row numbers are 1-based lines for JSONL and 0-based row indices for Parquet
+and saved folders.
 
 Presets (`preset`) set in one word what a known format needs, for every field left
 at its default: the fields, the prompt template and how the reference answer is
@@ -49,9 +51,12 @@ DEFAULTS = PRESETS["plain"]
 @dataclass(kw_only=True, slots=True)
 class DatasetConfig:
     path: str | None = None
-    """A .jsonl or .parquet file; needed when task.kind is 'dataset'."""
-    format: Literal["auto", "jsonl", "parquet"] = "auto"
-    """auto: from the file extension (.jsonl/.json -> jsonl, .parquet -> parquet)."""
+    """A .jsonl or .parquet file, or a `datasets` save_to_disk folder; needed when task.kind is 'dataset'."""
+    format: Literal["auto", "jsonl", "parquet", "saved"] = "auto"
+    """auto: a folder -> saved (save_to_disk's Arrow files), else from the file extension
+    (.jsonl/.json -> jsonl, .parquet -> parquet)."""
+    split: str = "train"
+    """The split to read from a saved DatasetDict folder (one with dataset_dict.json)."""
     preset: Literal["plain", "gsm8k", "math"] | None = None
     """Fields, template and answer extraction of a known format (PRESETS), for the ones left at their defaults."""
     prompt_field: str = DEFAULTS.prompt_field
@@ -75,13 +80,15 @@ class DatasetConfig:
     def resolved_format(self) -> str:
         if self.format != "auto":
             return self.format
+        if self.path and os.path.isdir(self.path):
+            return "saved"
         ext = os.path.splitext(self.path or "")[1].lower()
         if ext in (".jsonl", ".json", ".ndjson"):
             return "jsonl"
         if ext in (".parquet", ".pq"):
             return "parquet"
         raise ValueError(f"cannot tell the format of {self.path!r} from its extension; "
-                         "set task.dataset.format to 'jsonl' or 'parquet'")
+                         "set task.dataset.format to 'jsonl', 'parquet' or 'saved'")
 
 
 @dataclass(slots=True)
@@ -104,9 +111,11 @@ def load_dataset(config: DatasetConfig, check: Check | None = None) -> Dataset:
     """Reads every row; raises FileNotFoundError / ValueError for an unusable file."""
     if not config.path:
         raise ValueError("task.dataset.path is required when task.kind is 'dataset'")
-    if not os.path.isfile(config.path):
+    if not os.path.exists(config.path):
         raise FileNotFoundError(f"dataset file {config.path!r} does not exist")
-    rows = _jsonl_rows(config.path) if config.resolved_format() == "jsonl" else _parquet_rows(config.path)
+    kind = config.resolved_format()
+    rows = (_jsonl_rows(config.path) if kind == "jsonl" else _parquet_rows(config.path) if kind == "parquet"
+            else _saved_rows(config.path, config.split))
     dataset = Dataset([])
     for number, row in rows:
         problem, why = _problem(number, row, config, check)
@@ -215,3 +224,31 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
     except Exception as exc:  # pyarrow raises its own types for a corrupt file
         raise ValueError(f"cannot read Parquet file {path!r}: {exc}") from None
     yield from enumerate(table.to_pylist())
+
+
+def _saved_rows(path: str, split: str) -> Iterator[tuple[int, Any]]:
+    """The rows of a `datasets` save_to_disk folder: state.json lists its Arrow files
+    (Arrow IPC streams); a DatasetDict folder has one such folder per split."""
+    import pyarrow as pa
+    splits_file = os.path.join(path, "dataset_dict.json")
+    if os.path.isfile(splits_file):
+        with open(splits_file) as f:
+            splits = json.load(f).get("splits", [])
+        if split not in splits:
+            raise ValueError(f"{path!r} has the splits {', '.join(splits)}, not {split!r}: set task.dataset.split")
+        path = os.path.join(path, split)
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            files = [entry["filename"] for entry in json.load(f)["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path!r} is not a datasets save_to_disk folder (state.json: {exc})") from None
+    number = 0
+    for name in files:
+        try:
+            with pa.memory_map(os.path.join(path, name)) as source:
+                table = pa.ipc.open_stream(source).read_all()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ValueError(f"cannot read {name} of {path!r}: {exc}") from None
+        for row in table.to_pylist():
+            yield number, row
+            number += 1
