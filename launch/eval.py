@@ -64,7 +64,7 @@ def eval_problems(cfg: Any, tokenizer: Any, limit: int | None) -> tuple[list[Any
 
     check = prompt_check(tokenizer, cfg.model.config().max_position_embeddings - cfg.rollout.max_new_tokens)
     if cfg.task.kind == "dataset":
-        data = load_dataset(cfg.task.dataset, check)
+        data = load_dataset(cfg.task.dataset, check, tokenizer.chat if tokenizer.chat_template is not None else None)
         return data.problems[:limit], data.report()
     count = limit or 200
     return ProblemSource(cfg.task, EVAL_SEED, check).problems(0, count), f"{cfg.task.kind}, seed {EVAL_SEED}"

@@ -203,7 +203,8 @@ def _task(cfg: Any) -> tuple[Any, Any]:
     tokenizer = build_tokenizer(cfg.model)
     max_prompt = cfg.model.config().max_position_embeddings - cfg.rollout.max_new_tokens
     try:
-        source = ProblemSource(cfg.task, cfg.run.seed, prompt_check(tokenizer, max_prompt))
+        chat = tokenizer.chat if tokenizer.chat_template is not None else None
+        source = ProblemSource(cfg.task, cfg.run.seed, prompt_check(tokenizer, max_prompt), chat)
     except FileNotFoundError as exc:
         raise ConfigError("task.dataset.path", str(exc)) from None
     except ValueError as exc:

@@ -18,6 +18,7 @@ DEFAULT_ALPHABET = string.printable  # 100 characters; with 3 specials it fits v
 class CharTokenizer:
     pad_id, bos_id, eos_id = 0, 1, 2
     num_special = 3
+    chat_template = None
 
     def __init__(self, alphabet: str = DEFAULT_ALPHABET):
         if len(set(alphabet)) != len(alphabet):
@@ -67,11 +68,20 @@ class HFTokenizer:
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         named: dict[str, str | None] = {}
         config_path = folder / "tokenizer_config.json"
+        self.chat_template: str | None = None
+        """The model's chat template (jinja): tokenizer_config.json's chat_template, or
+        chat_template.jinja beside it (where newer transformers save it)."""
         if config_path.is_file():
             config = json.loads(config_path.read_text())
             for kind in ("bos", "eos", "pad"):
                 value = config.get(f"{kind}_token")
                 named[kind] = value.get("content") if isinstance(value, dict) else value
+            template = config.get("chat_template")
+            if isinstance(template, list):  # named templates: the default one
+                template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+            self.chat_template = template if isinstance(template, str) else None
+        if self.chat_template is None and (folder / "chat_template.jinja").is_file():
+            self.chat_template = (folder / "chat_template.jinja").read_text()
         self.bos_id = self._find("bos", named.get("bos"))
         self.eos_id = self._find("eos", named.get("eos"))
         pad = self._find("pad", named.get("pad"))
@@ -89,8 +99,30 @@ class HFTokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """add_bos: a BOS first, unless the text begins with one (a chat-formatted prompt does)."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+        if not add_bos or self.bos_id is None or ids[:1] == [self.bos_id]:
+            return ids
+        return [self.bos_id, *ids]
+
+    def chat(self, text: str) -> str:
+        """`text` as the user's message, formatted by the model's chat template with the
+        assistant's turn opened (what transformers' apply_chat_template(...,
+        add_generation_prompt=True) renders), in a sandboxed jinja environment."""
+        if self.chat_template is None:
+            raise ValueError("the tokenizer has no chat_template")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(f"chat template: {message}")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        # Llama 3.x templates print today's date
+        env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
+        special = {f"{kind}_token": self._tok.id_to_token(i) if i is not None else ""
+                   for kind, i in (("bos", self.bos_id), ("eos", self.eos_id), ("pad", self.pad_id))}
+        return env.from_string(self.chat_template).render(
+            messages=[{"role": "user", "content": text}], add_generation_prompt=True, **special)
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)

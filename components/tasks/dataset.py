@@ -23,6 +23,8 @@ from .problem import Problem
 
 Check = Callable[[str], str | None]
 """Returns why a prompt is unusable (e.g. "character 'é' is not in the alphabet"), or None."""
+Chat = Callable[[str], str]
+"""A prompt as the model's chat template formats it (the tokenizer's `chat`)."""
 
 
 Extract = Literal["none", "gsm8k", "boxed"]
@@ -63,6 +65,9 @@ class DatasetConfig:
     answer_field: str = DEFAULTS.answer_field
     template: str = DEFAULTS.template
     """How a row's prompt becomes the model's prompt; must contain {prompt}."""
+    chat: bool = False
+    """Format each prompt (after `template`) with the model's chat template, as the user's
+    message with the assistant's turn opened (needs model.path with a chat_template)."""
     extract: Extract | None = None
     """How the reference answer is taken from the answer field: none (as it is), gsm8k
     (after the last '####', commas dropped), boxed (the last \\boxed{...}); default: the preset's, else none."""
@@ -107,10 +112,13 @@ class Dataset:
         return line
 
 
-def load_dataset(config: DatasetConfig, check: Check | None = None) -> Dataset:
+def load_dataset(config: DatasetConfig, check: Check | None = None, chat: Chat | None = None) -> Dataset:
     """Reads every row; raises FileNotFoundError / ValueError for an unusable file."""
     if not config.path:
         raise ValueError("task.dataset.path is required when task.kind is 'dataset'")
+    if config.chat and chat is None:
+        raise ValueError("chat: the model's tokenizer has no chat template (model.path's tokenizer_config.json "
+                         "chat_template or chat_template.jinja); the built-in model has none")
     if not os.path.exists(config.path):
         raise FileNotFoundError(f"dataset file {config.path!r} does not exist")
     kind = config.resolved_format()
@@ -118,7 +126,7 @@ def load_dataset(config: DatasetConfig, check: Check | None = None) -> Dataset:
             else _saved_rows(config.path, config.split))
     dataset = Dataset([])
     for number, row in rows:
-        problem, why = _problem(number, row, config, check)
+        problem, why = _problem(number, row, config, check, chat if config.chat else None)
         if problem is None:
             dataset.skipped.append((number, why))
         else:
@@ -128,7 +136,8 @@ def load_dataset(config: DatasetConfig, check: Check | None = None) -> Dataset:
     return dataset
 
 
-def _problem(number: int, row: Any, config: DatasetConfig, check: Check | None) -> tuple[Problem | None, str]:
+def _problem(number: int, row: Any, config: DatasetConfig, check: Check | None,
+             chat: Chat | None) -> tuple[Problem | None, str]:
     if isinstance(row, _Malformed):
         return None, row.reason
     if not isinstance(row, dict):
@@ -147,6 +156,8 @@ def _problem(number: int, row: Any, config: DatasetConfig, check: Check | None) 
     if answer is None:
         return None, f"unparsable answer: no {EXTRACT_WHAT[config.extract]} in field {config.answer_field!r}"
     text = config.template.format(prompt=prompt)
+    if chat is not None:
+        text = chat(text)
     why = check(text) if check is not None else None
     if why is not None:
         return None, why

@@ -15,7 +15,7 @@ from typing import Literal
 
 from .calc import CalcConfig, CalcTask
 from .count_up import CountUpConfig, CountUpTask
-from .dataset import Check, DatasetConfig, load_dataset
+from .dataset import Chat, Check, DatasetConfig, load_dataset
 from .problem import Problem, stable_seed
 
 
@@ -39,7 +39,7 @@ class TaskConfig:
 
 
 class ProblemSource:
-    def __init__(self, config: TaskConfig, seed: int, check: Check | None = None) -> None:
+    def __init__(self, config: TaskConfig, seed: int, check: Check | None = None, chat: Chat | None = None) -> None:
         self.config = config
         self.seed = seed
         self.report = ""
@@ -53,7 +53,7 @@ class ProblemSource:
         elif config.kind == "calc":
             self._task = CalcTask(config.calc, seed)
         else:
-            dataset = load_dataset(config.dataset, check)
+            dataset = load_dataset(config.dataset, check, chat)
             self._rows = dataset.problems
             self.report = dataset.report()
             self.skipped = dataset.skipped
