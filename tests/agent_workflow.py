@@ -6,6 +6,23 @@ import os
 from workers import Echo
 
 
+def two_node_train_config(steps: int = 2, bind_host: str | None = None, runtime_extra: str = "") -> str:
+    """A `dynarl train` config for two nodes of two devices under the agent launcher:
+    rollout [0] and inference [1] on node 0, the trainer's two ranks [2, 3] on node 1."""
+    bind = f"  bind_host: {bind_host}\n" if bind_host else ""
+    return f"""
+runtime:
+  launcher: agent
+{bind}{runtime_extra}  cluster: {{num_nodes: 2, devices_per_node: 2}}
+placement: {{mode: spatial}}
+rollout: {{num_ranks: 1, max_new_tokens: 12, samples_per_prompt: 4, chunk_size: 2}}
+inference: {{num_ranks: 1}}
+trainer: {{num_ranks: 2, warmup: {{steps: 4, batch_size: 32}}, engine: {{micro_batch_size: 32}}}}
+task: {{count_up: {{alphabet: abcdefghij, median_len: 2}}}}
+run: {{steps: {steps}, prompts_per_step: 8}}
+"""
+
+
 async def spread(ctl, out):
     group = await ctl.spawn(Echo, devices=[0, 1])
     results = await group.call("hello", 1)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from agent_workflow import two_node_train_config
 from conftest import assert_reaped, marked_processes
 from dynarl.launch.local import free_local_port
 
@@ -55,17 +56,7 @@ def test_two_agents_run_a_dynarl_train_config(tmp_path):
     """A `dynarl train` config under torchrun: agent 0 runs the job, the trainer's two
     ranks (devices 2 and 3) live on node 1, and every process is gone afterwards."""
     config = tmp_path / "train.yaml"
-    config.write_text("""
-runtime:
-  launcher: agent
-  cluster: {num_nodes: 2, devices_per_node: 2}
-placement: {mode: spatial}
-rollout: {num_ranks: 1, max_new_tokens: 12, samples_per_prompt: 4, chunk_size: 2}
-inference: {num_ranks: 1}
-trainer: {num_ranks: 2, warmup: {steps: 4, batch_size: 32}, engine: {micro_batch_size: 32}}
-task: {count_up: {alphabet: abcdefghij, median_len: 2}}
-run: {steps: 2, prompts_per_step: 8}
-""")
+    config.write_text(two_node_train_config())
     marker = f"agent-train-{os.getpid()}"
     env = dict(os.environ, DYNARL_TEST_MARKER=marker)
     env.pop("DYNARL_SECRET", None)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from agent_workflow import two_node_train_config
 from dynarl.launch import netns
 
 
@@ -23,19 +24,6 @@ def hosts_or_skip(count: int) -> netns.Hosts:
 
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-TRAIN_CONFIG = """
-runtime:
-  launcher: agent
-  bind_host: {addr0}
-{extra}  cluster: {{num_nodes: 2, devices_per_node: 2}}
-placement: {{mode: spatial}}
-rollout: {{num_ranks: 1, max_new_tokens: 12, samples_per_prompt: 4, chunk_size: 2}}
-inference: {{num_ranks: 1}}
-trainer: {{num_ranks: 2, warmup: {{steps: 4, batch_size: 32}}, engine: {{micro_batch_size: 32}}}}
-task: {{count_up: {{alphabet: abcdefghij, median_len: 2}}}}
-run: {{steps: {steps}, prompts_per_step: 8}}
-"""
-"""Rollout and inference on node 0, the trainer's two ranks on node 1."""
 MASTER_PORT = 29500
 """torchrun's rendezvous port on host 0 (each namespace has its own ports)."""
 
@@ -104,7 +92,7 @@ def test_netns_a_train_job_with_its_trainer_on_another_host(tmp_path):
     listens on its own host's address (or loopback), none on a wildcard."""
     with hosts_or_skip(2) as hosts:
         config = tmp_path / "train.yaml"
-        config.write_text(TRAIN_CONFIG.format(addr0=hosts.addr[0], steps=2, extra=""))
+        config.write_text(two_node_train_config(2, bind_host=hosts.addr[0]))
         run_dir = tmp_path / "run"
         procs = start_agents(hosts, tmp_path, str(config), "--run-dir", str(run_dir))
         seen: list[set] = [set(), set()]
@@ -186,8 +174,8 @@ def test_netns_a_cut_link_mid_run_ends_the_train_job_naming_the_host(tmp_path):
     timeout_s = 2.0
     with hosts_or_skip(2) as hosts:
         config = tmp_path / "train.yaml"
-        config.write_text(TRAIN_CONFIG.format(addr0=hosts.addr[0], steps=500,
-                                              extra=f"  heartbeat_timeout_s: {timeout_s}\n"))
+        config.write_text(two_node_train_config(500, bind_host=hosts.addr[0],
+                                                runtime_extra=f"  heartbeat_timeout_s: {timeout_s}\n"))
         procs = start_agents(hosts, tmp_path, str(config), "--run-dir", str(tmp_path / "run"))
         metrics = tmp_path / "run" / "metrics.jsonl"
         deadline = time.monotonic() + 120

@@ -9,24 +9,13 @@ import time
 
 import pytest
 
+from agent_workflow import two_node_train_config
 from slurm_cluster import SlurmCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(ROOT, "launch", "slurm", "dynarl.sbatch")
 NOT_HERE = ("--gpus-per-node=0", "--cpus-per-task=1")
 """The template asks for 8 GPUs and 32 CPUs per node; these test nodes have neither."""
-CONFIG = """
-runtime:
-  launcher: agent
-  bind_host: 0.0.0.0
-  cluster: {num_nodes: 2, devices_per_node: 2}
-placement: {mode: spatial}
-rollout: {num_ranks: 1, max_new_tokens: 12, samples_per_prompt: 4, chunk_size: 2}
-inference: {num_ranks: 1}
-trainer: {num_ranks: 2, warmup: {steps: 4, batch_size: 32}, engine: {micro_batch_size: 32}}
-task: {count_up: {alphabet: abcdefghij, median_len: 2}}
-run: {steps: STEPS, prompts_per_step: 8}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +28,7 @@ def cluster(tmp_path_factory):
 
 def submit(cluster, tmp_path, steps: int) -> tuple[int, str]:
     config = tmp_path / "job.yaml"
-    config.write_text(CONFIG.replace("STEPS", str(steps)))
+    config.write_text(two_node_train_config(steps, bind_host="0.0.0.0"))
     job = cluster.sbatch(["--nodes=2", *NOT_HERE, f"--output={tmp_path}/out.txt", TEMPLATE, str(config),
                           "--run-dir", str(tmp_path / "run")], cwd=str(tmp_path))
     return job, str(tmp_path / "out.txt")
