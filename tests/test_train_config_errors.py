@@ -114,7 +114,6 @@ def test_a_model_folder_of_an_unsupported_architecture_fails_at_load_in_one_line
     """An unsupported folder (a Llama one did, before Llama was supported) used to pass
     --dry-run and fail at worker start with missing tensors; now the config load
     refuses it, listing what is supported."""
-    import json
     folder = tmp_path / "gpt2"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
