@@ -1,6 +1,7 @@
-"""Qwen3 and Llama checkpoints in and out: a tiny random HF folder of each (built here
-with transformers) trains 3 GRPO steps on a GSM8K-format file (task.dataset.preset=gsm8k),
-is exported, and the export loads in transformers with dynarl's logits."""
+"""Qwen2, Qwen3 and Llama checkpoints in and out: a tiny random HF folder of each (built
+here with transformers) trains 3 GRPO steps on a GSM8K-format file
+(task.dataset.preset=gsm8k), is exported, and the export loads in transformers with
+dynarl's logits."""
 NUM_GPUS = 0
 
 import json
@@ -21,6 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 ARCHITECTURES = {
+    "qwen2": ModelConfig(**SHAPE),
     "qwen3": ModelConfig(**SHAPE, model_type="qwen3", attention_bias=False, qk_norm=True, explicit_head_dim=32),
     "llama": ModelConfig(**SHAPE, model_type="llama", attention_bias=False, rope_llama3=(8.0, 1.0, 4.0, 256)),
 }
@@ -62,7 +64,8 @@ def test_a_checkpoint_trains_exports_and_loads_in_transformers(tmp_path, archite
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
-    assert type(theirs).__name__ == {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[architecture]
+    assert type(theirs).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                     "llama": "LlamaForCausalLM"}[architecture]
     ours = load_pretrained(out).eval()
     assert ours.config == config
     start = dict(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model").named_parameters())
