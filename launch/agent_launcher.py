@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from dynarl.core.launcher import Launcher, register_launcher
-from dynarl.launch.local import LocalLauncher
+from dynarl.launch.local import TERM_WAIT_S, LocalLauncher
 from dynarl.transport.errors import SpawnError, WorkerLost
 from dynarl.transport.rpc import RpcEndpoint
 
@@ -106,8 +106,8 @@ class AgentLauncher(Launcher):
             node = handle.process.node
             if not self.is_unreachable(node):
                 # a rank lost by its heartbeat may be behind a cut link: its agent too, likely
-                # (+ 1 s: the agent's reap waits that long after SIGTERM before SIGKILL)
-                bound = self._ctl.config.heartbeat_timeout_s + 1.0 if handle.lost is not None else AGENT_CALL_S
+                # (+ TERM_WAIT_S: the agent's reap waits that long after SIGTERM before SIGKILL)
+                bound = self._ctl.config.heartbeat_timeout_s + TERM_WAIT_S if handle.lost is not None else AGENT_CALL_S
                 try:
                     await self._ask(node, "stop_worker", [handle.spec.worker_id, grace_s], 2 * grace_s + bound)
                     return

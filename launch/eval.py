@@ -59,12 +59,13 @@ def load_policy(target: str, overrides: list[tuple[str, Any]], step: int | None)
 
 def eval_problems(cfg: Any, tokenizer: Any, limit: int | None) -> tuple[list[Any], str]:
     from dynarl.components.model.spec import prompt_check
+    from dynarl.components.model.tokenizer import chat_formatter
     from dynarl.components.tasks.dataset import load_dataset
     from dynarl.components.tasks.source import ProblemSource
 
     check = prompt_check(tokenizer, cfg.model.config().max_position_embeddings - cfg.rollout.max_new_tokens)
     if cfg.task.kind == "dataset":
-        data = load_dataset(cfg.task.dataset, check, tokenizer.chat if tokenizer.chat_template is not None else None)
+        data = load_dataset(cfg.task.dataset, check, chat_formatter(tokenizer))
         return data.problems[:limit], data.report()
     count = limit or 200
     return ProblemSource(cfg.task, EVAL_SEED, check).problems(0, count), f"{cfg.task.kind}, seed {EVAL_SEED}"

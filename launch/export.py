@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -46,13 +47,7 @@ def master_weights(path: str) -> list[tuple[str, object]]:
     from dynarl.components.trainer.native import checkpoint
     layout, _ = checkpoint.load_meta(path)
     flat = checkpoint.read_flat_range(path, layout, "master", 0, layout.total_numel)
-    named = []
-    for p in layout.params:
-        numel = 1
-        for size in p.shape:
-            numel *= size
-        named.append((p.name, flat[p.offset:p.offset + numel].view(p.shape)))
-    return named
+    return [(p.name, flat[p.offset:p.offset + math.prod(p.shape)].view(p.shape)) for p in layout.params]
 
 
 def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:

@@ -21,6 +21,8 @@ from dynarl.core.launcher import Launcher, register_launcher
 
 PARENT_PID_ENV = "DYNARL_PARENT_PID"
 KILLED_EXIT_S = 30.0
+TERM_WAIT_S = 1.0
+"""After SIGTERM to a worker's process group, how long reap waits before SIGKILL."""
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -68,7 +70,7 @@ async def reap(proc: asyncio.subprocess.Process, grace_s: float) -> int:
     since its pid may name another session by now)."""
     was_running = proc.returncode is None
     try:
-        for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, KILLED_EXIT_S)):
+        for sig, wait_s in ((None, grace_s), (signal.SIGTERM, TERM_WAIT_S), (signal.SIGKILL, KILLED_EXIT_S)):
             if sig is not None:
                 _signal_group(proc.pid, sig)
             try:

@@ -174,8 +174,9 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
     from dynarl.launch.trackers import missing_packages
-    for why in missing_packages(cfg.run.loggers):
-        raise ConfigError("run.loggers", why)
+    missing = missing_packages(cfg.run.loggers)
+    if missing:
+        raise ConfigError("run.loggers", missing[0])
     source, tokenizer = _task(cfg)
     if run_dir is None:
         run_dir = os.path.join("runs", time.strftime(f"{cfg.workflow}-%Y%m%d-%H%M%S"))
@@ -198,13 +199,13 @@ def _read_yaml(path: str) -> Any:
 def _task(cfg: Any) -> tuple[Any, Any]:
     """The problem stream and tokenizer; dataset problems become ConfigErrors naming the field."""
     from dynarl.components.model.spec import build_tokenizer, prompt_check
+    from dynarl.components.model.tokenizer import chat_formatter
     from dynarl.components.tasks.source import ProblemSource
 
     tokenizer = build_tokenizer(cfg.model)
     max_prompt = cfg.model.config().max_position_embeddings - cfg.rollout.max_new_tokens
     try:
-        chat = tokenizer.chat if tokenizer.chat_template is not None else None
-        source = ProblemSource(cfg.task, cfg.run.seed, prompt_check(tokenizer, max_prompt), chat)
+        source = ProblemSource(cfg.task, cfg.run.seed, prompt_check(tokenizer, max_prompt), chat_formatter(tokenizer))
     except FileNotFoundError as exc:
         raise ConfigError("task.dataset.path", str(exc)) from None
     except ValueError as exc:

@@ -21,6 +21,7 @@ spend the cost model's time for what a real group would carry.
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +110,6 @@ def _gloo_device(own_host: str | None) -> Any:
     """GLOO_SOCKET_IFNAME (torch's variable: an interface, or several, comma-separated)
     wins, as it does for torch's own groups; else this rank's node address; else what
     the hostname resolves to."""
-    import os
     import torch.distributed as dist
     gloo = dist.ProcessGroupGloo
     interface = os.environ.get("GLOO_SOCKET_IFNAME")

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import datetime
 import json
 import string
 from pathlib import Path
@@ -82,6 +83,7 @@ class HFTokenizer:
             self.chat_template = template if isinstance(template, str) else None
         if self.chat_template is None and (folder / "chat_template.jinja").is_file():
             self.chat_template = (folder / "chat_template.jinja").read_text()
+        self._chat_render = None
         self.bos_id = self._find("bos", named.get("bos"))
         self.eos_id = self._find("eos", named.get("eos"))
         pad = self._find("pad", named.get("pad"))
@@ -111,18 +113,20 @@ class HFTokenizer:
         add_generation_prompt=True) renders), in a sandboxed jinja environment."""
         if self.chat_template is None:
             raise ValueError("the tokenizer has no chat_template")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        if self._chat_render is None:  # compiled once: a dataset formats every row with it
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise ValueError(f"chat template: {message}")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        # Llama 3.x templates print today's date
-        env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
+            def raise_exception(message: str) -> None:
+                raise ValueError(f"chat template: {message}")
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            # Llama 3.x templates print today's date
+            env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+            self._chat_render = env.from_string(self.chat_template).render
         special = {f"{kind}_token": self._tok.id_to_token(i) if i is not None else ""
                    for kind, i in (("bos", self.bos_id), ("eos", self.eos_id), ("pad", self.pad_id))}
-        return env.from_string(self.chat_template).render(
-            messages=[{"role": "user", "content": text}], add_generation_prompt=True, **special)
+        return self._chat_render(messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+                                 **special)
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
@@ -136,3 +140,8 @@ def load_tokenizer(folder: str | Path) -> CharTokenizer | HFTokenizer:
     if (folder / CHAR_TOKENIZER_FILE).is_file():
         return CharTokenizer(json.loads((folder / CHAR_TOKENIZER_FILE).read_text())["alphabet"])
     raise FileNotFoundError(f"no tokenizer.json or {CHAR_TOKENIZER_FILE} in {folder}")
+
+
+def chat_formatter(tokenizer: CharTokenizer | HFTokenizer):
+    """The tokenizer's `chat` when it has a chat template, else None (task.dataset.chat)."""
+    return tokenizer.chat if tokenizer.chat_template is not None else None
