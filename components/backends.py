@@ -14,7 +14,7 @@ from .extras import is_available, require_extra
 from .model.config import ModelConfig
 from .rollout.sglang.config import SGLangConfig
 from .trainer.megatron.config import MegatronConfig
-from .trainer.megatron.convert import check_tp_divisible
+from .trainer.megatron.convert import check_tp_divisible, rope_scaling_problem
 
 ROLLOUT_BACKENDS = ("native", "emulated", "sglang")
 TRAINER_BACKENDS = ("native", "emulated", "megatron")
@@ -34,9 +34,9 @@ def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelCo
         elif not is_available(backend):
             notes.append(f"{path}={backend}: extra not installed here (pip install 'dynarl[{backend}]')")
     if trainer_backend == "megatron":
-        if model.model_type != "qwen2":
-            raise ConfigError("trainer.backend", f"megatron's conversion (trainer/megatron/convert.py) covers Qwen2 "
-                              f"only; model_type {model.model_type!r} trains with trainer.backend=native")
+        problem = rope_scaling_problem(model)
+        if problem:
+            raise ConfigError("trainer.backend", problem)
         megatron = megatron or MegatronConfig()
         model_parallel = megatron.tensor_parallel_size * megatron.pipeline_parallel_size
         try:

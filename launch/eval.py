@@ -42,14 +42,14 @@ def load_policy(target: str, overrides: list[tuple[str, Any]], step: int | None)
     """(config, model with the policy's weights, what was loaded)."""
     from dynarl.components.model.io import load_weights
     from dynarl.components.model.spec import build_model
-    from dynarl.launch.export import master_weights, pick_checkpoint
+    from dynarl.launch.export import pick_checkpoint, policy_weights
     from dynarl.launch.train import resolve_config
 
     if os.path.isfile(os.path.join(target, "config.yaml")):  # a run directory
         cfg = resolve_config(None, overrides, target)
         path, state = pick_checkpoint(target, step)
         model = build_model(cfg.model)
-        load_weights(model, master_weights(path), strict=True)
+        load_weights(model, policy_weights(path, model.config), strict=True)
         return cfg, model, f"{target} step {state.step}"
     if os.path.isfile(os.path.join(target, "config.json")):  # an HF folder
         cfg = resolve_config(None, [("model.path", target), *overrides], None)

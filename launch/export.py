@@ -1,10 +1,12 @@
 """`dynarl export RUN_DIR OUT_DIR [--step N]`: a run's trained policy as an HF folder.
 
-A checkpoint (components/workflows/checkpoints.py) holds the trainer's ZeRO-1 shards:
-flat fp32 master weights, Adam moments and gradients split over the data-parallel
-ranks (components/trainer/native/checkpoint.py). The export reassembles the master
-weights from every shard, puts them into the run's model (its config.yaml's
-`model`), and writes config.json, model.safetensors and generation_config.json,
+A native trainer's checkpoint (components/workflows/checkpoints.py) holds its ZeRO-1
+shards: flat fp32 master weights, Adam moments and gradients split over the
+data-parallel ranks (components/trainer/native/checkpoint.py); the export reassembles
+the master weights from every shard. A megatron trainer's holds each rank's TP slice
+by megatron name (components/trainer/megatron/checkpoint.py); the export joins one
+replica's slices and converts the names. Either way the weights go into the run's
+model (its config.yaml's `model`), and the export writes config.json, model.safetensors and generation_config.json,
 plus the tokenizer files of `model.path` when the run started from a folder (for the
 built-in model, its character tokenizer's own file). The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`, and as `model.path`.
@@ -42,6 +44,15 @@ def pick_checkpoint(run_dir: str, step: int | None) -> tuple[str, object]:
                       f"{', '.join(str(s.step) for _, s in found)}")
 
 
+def policy_weights(path: str, model: object) -> list[tuple[str, object]]:
+    """(HF name, fp32 tensor) for every weight of the checkpoint at `path`, from either
+    trainer's format."""
+    from dynarl.components.trainer.megatron import checkpoint as megatron_checkpoint
+    if os.path.isfile(os.path.join(path, megatron_checkpoint.META_FILE)):
+        return list(megatron_checkpoint.hf_weights(path, model))
+    return master_weights(path)
+
+
 def master_weights(path: str) -> list[tuple[str, object]]:
     """(parameter name, fp32 tensor) for every parameter, from every rank's shard."""
     from dynarl.components.trainer.native import checkpoint
@@ -58,13 +69,11 @@ def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
     if not os.path.isfile(os.path.join(run_dir, "config.yaml")):
         raise ExportError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = resolve_config(None, [], run_dir)
-    if cfg.trainer.backend != "native":
-        raise ExportError(f"trainer.backend={cfg.trainer.backend}: only native checkpoints can be exported yet")
     path, state = pick_checkpoint(run_dir, step)
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ExportError(f"{out_dir} exists and is not empty")
     model = build_model(cfg.model)
-    load_weights(model, master_weights(path), strict=True)
+    load_weights(model, policy_weights(path, model.config), strict=True)
     save_pretrained(model, out_dir)
     c = model.config
     written = ["config.json", "model.safetensors"]

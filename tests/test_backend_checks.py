@@ -2,6 +2,7 @@ NUM_GPUS = 0
 """Config-load checks for the optional backends (components/extras.py, backends.py)
 and the GPU example configs under examples/: their backend sections, model shapes and
 placement resolve on a CPU machine without the extras."""
+import dataclasses
 import pathlib
 import sys
 
@@ -66,6 +67,8 @@ def test_selecting_sglang_without_it_fails_at_load():
                  "multiple", id="ranks-not-multiple-of-tp"),
     pytest.param(dict(rollout_backend="sglang", sglang=SGLangConfig(tp_size=3)), "rollout.sglang.tp_size",
                  "num_attention_heads=28", id="sglang-tp"),
+    pytest.param(dict(model=dataclasses.replace(QWEN_7B, model_type="llama", rope_llama3=(8.0, 1.0, 4.0, 256))),
+                 "trainer.backend", "original_max_position_embeddings", id="llama3-rope-megatron-cannot-build"),
 ])
 def test_layout_errors_name_the_field(kwargs, path, fragment):
     args = dict(rollout_backend="native", trainer_backend="megatron", model=QWEN_7B, rollout_ranks=4,

@@ -8,16 +8,21 @@ file. Into another one (TP=2 -> TP=1, more data-parallel replicas, ...) each ran
 assembles its parameters and their Adam moments from the old files with the same
 box copies as a live reshard (layout.plan_copies over the ShardedLayout saved in
 the metadata): a moment has its parameter's shape, so the same boxes apply.
+
+`hf_weights` reads the policy back with HF names (for `dynarl export` and `dynarl
+eval`): the files of data-parallel replica 0's TP ranks, joined and converted.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from safetensors.torch import load_file
 
 from ..native.checkpoint import read_versioned_meta, save_shard, shard_file, write_versioned_meta
+from ...model.config import ModelConfig
+from .convert import join_tp_shards, megatron_to_hf
 from .layout import ShardedLayout, plan_copies
 from .sharded_state import apply_copies
 
@@ -66,3 +71,25 @@ def read_resharded(path: str, meta: Mapping[str, Any], new: ShardedLayout, rank:
         out.update({prefix + name: t for name, t in dest.items()})
     out["step"] = torch.tensor([int(meta["step"])], dtype=torch.int64)
     return out
+
+
+def hf_weights(path: str, model: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor) for every weight of the checkpoint's model. megatron
+    orders ranks TP-innermost, so ranks 0..tp-1 are the TP group of data-parallel
+    replica 0 (checked against the saved layout: every replica-0 box is theirs)."""
+    meta = read_meta(path)
+    layout = ShardedLayout.from_wire(meta["layout"])
+    tp, world = layout.tensor_parallel_size, layout.world_size
+    if layout.pipeline_parallel_size != 1:
+        raise ValueError(f"checkpoint {path}: pipeline_parallel_size {layout.pipeline_parallel_size} is not read yet")
+    stray = [(rank, p.key) for rank in range(tp, world) for p in layout.pieces[rank] if p.replica == 0]
+    if stray:
+        raise ValueError(f"checkpoint {path}: rank {stray[0][0]} holds the only copy of {stray[0][1]}; "
+                         f"expected ranks 0..{tp - 1} to hold one whole replica")
+    files = [load_file(shard_file(path, rank, world)) for rank in range(tp)]
+    for key in files[0]:
+        if key.startswith("param/"):
+            name = key[len("param/"):]
+            full = join_tp_shards(name, [f[key] for f in files])
+            for hf_name, tensor in megatron_to_hf(name, full, model):
+                yield hf_name, tensor.float()

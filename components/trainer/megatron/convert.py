@@ -1,4 +1,5 @@
-"""Megatron-core <-> HF Qwen2 weight conversion, and tensor-parallel slicing rules.
+"""Megatron-core <-> HF weight conversion (Qwen2/2.5, Qwen3, Llama 2/3), and
+tensor-parallel slicing rules.
 
 Pure torch, no megatron import: these functions run anywhere, so the name maps and
 the qkv / gate-up layouts are tested even where the megatron extra is absent.
@@ -14,6 +15,10 @@ holds a slice of it:
     linear_fc1   [gate ; up] along dim 0; a TP rank holds [gate_r ; up_r]
     column-parallel (dim 0): qkv, fc1, word embeddings, output layer
     row-parallel (dim 1): linear_proj, linear_fc2; norms are replicated
+                 (Qwen3's q/k norms too: they act on one head's dimension)
+
+The architectures differ only in which tensors exist: qkv biases (Qwen2,
+ModelConfig.attention_bias) and per-head q/k norms (Qwen3, ModelConfig.qk_norm).
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ _LAYER_RENAMES = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
 }
 _TOP_RENAMES = {
     "embedding.word_embeddings.weight": "model.embed_tokens.weight",
@@ -57,6 +64,24 @@ def check_tp_divisible(config: ModelConfig, tp_size: int) -> None:
                     ("intermediate_size", config.intermediate_size), ("hidden_size", config.hidden_size)):
         if n % tp_size:
             raise ValueError(f"tensor_parallel_size={tp_size} must divide {what}={n}")
+
+
+MEGATRON_ROPE_LLAMA3 = (1.0, 4.0, 8192)
+"""The (low_freq_factor, high_freq_factor, original_max_position_embeddings) that
+megatron-core's RotaryEmbedding._apply_scaling fixes (only the factor is a
+parameter); every released Llama 3.x config uses them."""
+
+
+def rope_scaling_problem(model: ModelConfig) -> str | None:
+    """Why megatron cannot build this model's RoPE, or None."""
+    if model.rope_llama3 is None:
+        return None
+    factor, low, high, original = model.rope_llama3
+    if (float(low), float(high), int(original)) != MEGATRON_ROPE_LLAMA3:
+        return (f"megatron-core's llama3 RoPE scaling fixes low_freq_factor, high_freq_factor, "
+                f"original_max_position_embeddings = {MEGATRON_ROPE_LLAMA3}; this model has "
+                f"{(low, high, original)} (trainer.backend=native trains it)")
+    return None
 
 
 def slice_for_tp(name: str, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
@@ -126,8 +151,8 @@ def megatron_to_hf(name: str, full: torch.Tensor, config: ModelConfig) -> list[t
 
 
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """A complete HF Qwen2 state dict -> full Megatron tensors (global layer index), in
-    model order. A tied model's lm_head may be absent (Megatron shares the embedding)."""
+    """A complete HF state dict -> full Megatron tensors (global layer index), in model
+    order. A tied model's lm_head may be absent (Megatron shares the embedding)."""
     def get(key: str) -> torch.Tensor:
         if key not in hf:
             raise ValueError(f"HF state dict lacks {key!r}")
@@ -137,9 +162,12 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], config: ModelConfig) -> Itera
     for i in range(config.num_hidden_layers):
         p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         yield m + "input_layernorm.weight", get(p + "input_layernorm.weight")
-        for kind in ("weight", "bias"):
+        for kind in ("weight", "bias") if config.attention_bias else ("weight",):
             q, k, v = (get(f"{p}self_attn.{x}_proj.{kind}") for x in "qkv")
             yield f"{m}self_attention.linear_qkv.{kind}", fuse_qkv(q, k, v, config)
+        if config.qk_norm:
+            yield m + "self_attention.q_layernorm.weight", get(p + "self_attn.q_norm.weight")
+            yield m + "self_attention.k_layernorm.weight", get(p + "self_attn.k_norm.weight")
         yield m + "self_attention.linear_proj.weight", get(p + "self_attn.o_proj.weight")
         yield m + "pre_mlp_layernorm.weight", get(p + "post_attention_layernorm.weight")
         yield m + "mlp.linear_fc1.weight", torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
@@ -159,7 +187,7 @@ def global_layer_name(local_name: str, layer_offset: int) -> str:
 
 
 def hf_names(config: ModelConfig) -> list[str]:
-    """Every HF tensor name in the order of the native Qwen2 model's named_parameters()
+    """Every HF tensor name in the order of the native model's named_parameters()
     (what weight_sync's receivers derive their bucket plan from), read off that model
     built on the meta device (no memory). A tied model has no lm_head entry."""
     from ...model.qwen2 import Qwen2ForCausalLM

@@ -1,9 +1,11 @@
-"""A megatron-core GPTModel shaped like a Qwen2 decoder (local layer spec).
+"""A megatron-core GPTModel shaped like the native decoder (local layer spec).
 
-Qwen2 in megatron terms: RMSNorm, SwiGLU (gated_linear_unit + silu), grouped-query
-attention (num_query_groups), bias on q/k/v only (add_qkv_bias, no other linear
-bias), RoPE with Qwen's base, no dropout. The local spec (not TransformerEngine) is
-used so the same code builds on a CPU; its parameter names are what convert.py maps.
+The decoder in megatron terms: RMSNorm, SwiGLU (gated_linear_unit + silu),
+grouped-query attention (num_query_groups, kv_channels = head_dim), no linear bias
+but Qwen2's q/k/v bias (add_qkv_bias), Qwen3's per-head q/k RMSNorm before RoPE
+(qk_layernorm), RoPE with the model's base and Llama 3's frequency scaling
+(rope_scaling), no dropout. The local spec (not TransformerEngine) is used so the
+same code builds on a CPU; its parameter names are what convert.py maps.
 
 Requires megatron-core and an initialized `parallel_state` (initialize_model_parallel).
 """
@@ -14,7 +16,7 @@ import torch.nn.functional as F
 
 from ...model.config import ModelConfig
 from .config import MegatronConfig
-from .convert import check_tp_divisible, tp_partition
+from .convert import check_tp_divisible, rope_scaling_problem, tp_partition
 
 
 def transformer_config(model: ModelConfig, cfg: MegatronConfig):
@@ -27,7 +29,8 @@ def transformer_config(model: ModelConfig, cfg: MegatronConfig):
         num_attention_heads=model.num_attention_heads, num_query_groups=model.num_key_value_heads,
         kv_channels=model.head_dim, ffn_hidden_size=model.intermediate_size,
         normalization="RMSNorm", layernorm_epsilon=model.rms_norm_eps,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=True,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=model.attention_bias,
+        qk_layernorm=model.qk_norm,
         hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=cfg.tensor_parallel_size,
         pipeline_model_parallel_size=cfg.pipeline_parallel_size,
@@ -49,12 +52,18 @@ def build_gpt_model(model: ModelConfig, cfg: MegatronConfig):
 
     if not parallel_state.model_parallel_is_initialized():
         raise RuntimeError("call megatron.core.parallel_state.initialize_model_parallel() first")
+    problem = rope_scaling_problem(model)
+    if problem:
+        raise ValueError(problem)
     gpt = GPTModel(
-        config=transformer_config(model, cfg), transformer_layer_spec=get_gpt_layer_local_spec(),
+        config=transformer_config(model, cfg),
+        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=model.qk_norm, normalization="RMSNorm"),
         vocab_size=model.vocab_size, max_sequence_length=model.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
         parallel_output=True, share_embeddings_and_output_weights=model.tie_word_embeddings,
-        position_embedding_type="rope", rotary_base=model.rope_theta)
+        position_embedding_type="rope", rotary_base=model.rope_theta,
+        rope_scaling=model.rope_llama3 is not None,
+        rope_scaling_factor=model.rope_llama3[0] if model.rope_llama3 else 8.0)
     check_partition_rules(gpt)
     return gpt
 

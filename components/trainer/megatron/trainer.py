@@ -1,5 +1,6 @@
-"""The megatron-core trainer: GRPO on a Qwen2-shaped GPTModel, tensor x data
-parallel, megatron DDP and (by default) its distributed optimizer.
+"""The megatron-core trainer: GRPO on a GPTModel shaped like the native decoder
+(model.py), tensor x data parallel, megatron DDP and (by default) its distributed
+optimizer.
 
 One instance per rank. It needs torch.distributed's default group (the worker
 starts with torchrun's environment) and builds megatron's parallel_state from
@@ -7,7 +8,8 @@ MegatronConfig if nobody did. A step, on every rank:
 
     forward/backward over micro-batches    loss = token sums / the *global* token count,
                                            log-probs from vocab-sharded logits
-    ddp.finish_grad_sync()                 calculate_per_token_loss: DP *sums* gradients
+    finalize_model_grads()                 calculate_per_token_loss: DP *sums* gradients;
+                                           Qwen3's q/k norm gradients summed over TP
     optimizer.step()                       clip, Adam; returns the pre-clip grad norm
 
 The loss math is the native trainer's (losses.grpo_loss on the same micro-batches),
@@ -111,6 +113,8 @@ class MegatronTrainer:
         """Collective. One optimizer step on this rank's part of the global batch: the
         caller passes `batch.shard(dp_rank, dp_size)`; TP ranks of one DP rank get the
         same part. Metrics are global and equal on every rank."""
+        from megatron.core.distributed import finalize_model_grads
+
         cfg = self.config
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
@@ -128,7 +132,7 @@ class MegatronTrainer:
             mb = build_micro_batch(batch, advantages, rows, self.device)
             if mb.num_tokens:
                 sums += self._forward_backward(mb, num_tokens)
-        self.ddp.finish_grad_sync()
+        finalize_model_grads([self.ddp])
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr  # the warm start swaps in its own config
         success, grad_norm, _ = self.optimizer.step()
