@@ -8,7 +8,8 @@ metrics.jsonl has them, also go to TensorBoard, W&B or MLflow.
     mlflow       a local MLflow file store, RUN_DIR/mlruns
 
 Scalars are every number in a step's metrics; nested dicts (the scheduler's
-migrations per kind, seconds per kind) become `parent/child`. The tracker packages
+migrations per kind, seconds per kind, each component's device count over the
+step: `devices/rollout/mean`, `/min`, `/max`) become `parent/child`. The tracker packages
 are optional: one that is not installed is an error when the config loads.
 """
 from __future__ import annotations

@@ -93,8 +93,19 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
         assert r["migrations_in_tail"] >= 2 and r["plans"][0]["at_vs_rollout_end_s"] < 0, r
         assert all(p["predicted_s"] < p["current_s"] and p["measured_s"] > 0 for p in r["plans"])
         assert r["weight_version"] == r["step"]  # the rejoined engines received the current policy
+        # the device counts after every move: rollout gave engines up, the trainer took
+        # them (4 devices in all at every point), and both ended the step at home
+        timeline = [counts for _, counts in r["device_counts_vs_rollout_end_s"]]
+        assert all(c["rollout"] + c["trainer"] <= 4 for c in timeline), timeline
+        assert min(c["rollout"] for c in timeline) < 3 and max(c["trainer"] for c in timeline) > 1, timeline
+        assert timeline[-1] == {"rollout": 3, "trainer": 1}, timeline
+        devices = r["devices"]  # the trackers' series: the step's mean, min and max
+        assert devices["rollout"]["min"] < devices["rollout"]["mean"] < devices["rollout"]["max"] == 3, devices
+        assert devices["trainer"]["min"] == 1 < devices["trainer"]["mean"] < devices["trainer"]["max"], devices
     for r in _rows(runs["static"]):
         assert "migrations" not in r
+        assert r["devices"] == {"rollout": {"mean": 3.0, "min": 3.0, "max": 3.0},
+                                "trainer": {"mean": 1.0, "min": 1.0, "max": 1.0}}
     trace = json.load(open(os.path.join(runs["dynarl"], "trace.json")))
     names = {e["name"] for e in trace["traceEvents"]}
     assert {"workload rollout step 0", "p2p trainer step 0", "join rollout step 0"} <= names

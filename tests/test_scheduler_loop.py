@@ -6,7 +6,7 @@ import pytest
 
 import dynarl
 from dynarl import ClusterConfig, RuntimeConfig
-from dynarl.core.scheduler.loop import GlobalScheduler
+from dynarl.core.scheduler.loop import DeviceCounts, GlobalScheduler, device_stats
 from dynarl.core.scheduler.manager import ComponentSpec, InterruptGate
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
@@ -46,6 +46,11 @@ def test_dynarl_moves_idle_rollout_engines_to_the_bottleneck_and_loses_nothing()
     assert rollout_devices == 1 and inference_devices == 7
     assert "r0" in done  # the long tail kept running on the engine that was not released
     assert all(d.ms >= 0 for d in log.decisions) and len(log.decisions) >= 20
+    # the counts after every move: 6+0 once both are registered, 1+2 after the release, 1+7 after the grow
+    assert [c.counts for c in log.counts][1:] == [{"rollout": 6, "inference": 2}, {"rollout": 1, "inference": 2},
+                                                  {"rollout": 1, "inference": 7}]
+    assert [c.at for c in log.counts[-2:]] == [first.started + first.seconds,
+                                              log.migrations[1].started + log.migrations[1].seconds]
 
 
 def test_static_policy_never_moves():
@@ -81,3 +86,27 @@ async def test_interrupt_waits_for_busy_sections():
 def test_unknown_policy_rejected():
     with pytest.raises(ValueError, match="static or dynarl"):
         GlobalScheduler(None, "random", Predictor())
+
+
+COUNTS = [DeviceCounts(0.0, {"rollout": 4, "trainer": 2}), DeviceCounts(10.0, {"rollout": 2, "trainer": 2}),
+          DeviceCounts(12.0, {"rollout": 2, "trainer": 4}), DeviceCounts(20.0, {"rollout": 4, "trainer": 2})]
+
+
+@pytest.mark.parametrize("start, end, rollout, trainer", [
+    # window, (mean, min, max) of each
+    (0.0, 10.0, (4.0, 4, 4), (2.0, 2, 2)),           # before any move
+    (0.0, 20.0, (3.0, 2, 4), (2.8, 2, 4)),           # 4x10 + 2x10; 2x12 + 4x8
+    (5.0, 15.0, (3.0, 2, 4), (2.6, 2, 4)),           # opens on the sample before it: 4x5 + 2x5; 2x7 + 4x3
+    (11.0, 11.0, (2.0, 2, 2), (2.0, 2, 2)),          # empty window: the count at its start
+    (25.0, 30.0, (4.0, 4, 4), (2.0, 2, 2)),          # after the last move
+    (0.0, 40.0, (3.5, 2, 4), (2.4, 2, 4)),           # 4x10 + 2x10 + 4x20; 2x12 + 4x8 + 2x20
+])
+def test_device_stats_are_the_time_weighted_counts_of_the_window(start, end, rollout, trainer):
+    stats = device_stats(COUNTS, start, end)
+    for name, (mean, low, high) in (("rollout", rollout), ("trainer", trainer)):
+        assert stats[name] == {"mean": pytest.approx(mean), "min": low, "max": high}
+
+
+def test_device_stats_need_a_count_at_the_windows_start():
+    with pytest.raises(ValueError, match="no device counts"):
+        device_stats(COUNTS[1:], 5.0, 15.0)

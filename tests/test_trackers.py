@@ -51,6 +51,13 @@ def test_every_tracker_gets_the_steps_metrics(tmp_path):
     assert [e.step for e in scalars] == [0, 1]
     assert [e.value for e in scalars] == pytest.approx(rewards, rel=1e-6)  # (float32 in the event file)
     assert "loss" in events.Tags()["scalars"]
+    # the scheduler's per-component device counts: constant under the static policy
+    # (tests/test_dynarl_train.py checks them moving under dynarl)
+    counts = {"devices/rollout/mean", "devices/trainer/mean", "devices/rollout/max", "devices/trainer/min"}
+    assert counts <= set(events.Tags()["scalars"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in events.Scalars("devices/trainer/mean")] == [r["devices"]["trainer"]["mean"] for r in rows]
+    assert all(r["devices"]["trainer"]["mean"] >= 1 for r in rows)
 
     offline = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(offline) == 1 and os.path.getsize(offline[0]) > 0

@@ -6,7 +6,9 @@ move idle rollout engines to the trainer in the rollout's long tail (Workload ou
 of rollout, P2P into the trainer); non-interruptible sections hold their
 component's gate; after the train step the configured placement is restored,
 and the step's migrations (when each started relative to the rollout's end),
-decision times and plans (predicted vs measured) go into its metrics.
+decision times and plans (predicted vs measured) go into its metrics, with each
+component's device count over the step (mean, min, max: the trackers' series) and
+after every move (metrics.jsonl's timeline).
 
 Moves must be cheap to fit in a tail: warm standby trainer ranks are started
 once, on every device the trainer may come to hold (the rollout's and its own),
@@ -23,7 +25,7 @@ from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.stages import Span
 from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
 from dynarl.core.migration.standby import StandbyPool
-from dynarl.core.scheduler.loop import GlobalScheduler
+from dynarl.core.scheduler.loop import GlobalScheduler, device_stats
 from dynarl.core.scheduler.manager import ComponentSpec
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
@@ -52,6 +54,7 @@ class DynamicScheduling:
         self._ticker: asyncio.Task | None = None
         self._expected = 0
         self._marks: dict[str, int] = {}
+        self._begun = 0.0
 
     @classmethod
     async def start(cls, wf: Any, rollout: WorkerGroup, trainer: WorkerGroup,
@@ -73,7 +76,9 @@ class DynamicScheduling:
         await self.wf.g.rollout.call("begin_step")
         await self._announce(self.wf.g.trainer)
         self._marks = {"decisions": len(self.scheduler.log.decisions),
-                       "migrations": len(self.scheduler.log.migrations)}
+                       "migrations": len(self.scheduler.log.migrations),
+                       "counts": len(self.scheduler.log.counts)}
+        self._begun = asyncio.get_running_loop().time()
         self._ticking = True
         self._ticker = self.ctl.spawn_task(self._tick_loop(), name=f"scheduler {label}")
 
@@ -182,12 +187,16 @@ class DynamicScheduling:
                                      m.started, m.started + m.seconds, {"devices": list(m.devices)})
         self._donor_spans(migrations, label)
         ms = sorted(d.ms for d in decisions)
+        end = asyncio.get_running_loop().time()  # after the restore: back home
+        counts = log.counts[marks["counts"]:]
         plans = [{"at_s": d.at, "at_vs_rollout_end_s": d.at - rollout_end, "moves": [list(x) for x in d.plan.moves],
                   "predicted_s": d.plan.predicted_time_s, "current_s": d.plan.current_time_s,
                   "migration_cost_s": d.plan.migration_cost_s, "measured_s": train_end - d.at,
                   "candidates": d.plan.candidates} for d in decisions if d.plan is not None]
         return {"migrations": count, "migration_s": seconds, "decisions": len(decisions),
                 "migrations_in_tail": sum(1 for m in migrations if m.started < rollout_end),
+                "devices": device_stats(log.counts, self._begun, end),
+                "device_counts_vs_rollout_end_s": [[c.at - rollout_end, dict(c.counts)] for c in counts],
                 "move_cost_s": {name: m.move_cost_s for name, m in self.scheduler.managers.items()},
                 "trainer_model": {"profiled": [list(p) for p in self.scheduler.predictor.models["trainer"].points],
                                   "correction": self.scheduler.predictor.models["trainer"].correction},

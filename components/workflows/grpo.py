@@ -45,7 +45,7 @@ from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
 from dynarl.components.workflows.live import LiveStep, StepHooks
 from dynarl.components.workflows.stages import StageClock, held, stage
-from dynarl.components.workflows.step_metrics import step_metrics
+from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.config_tree import to_dict
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
@@ -160,7 +160,7 @@ class GRPO:
         train_end = asyncio.get_running_loop().time()
         self.commit_step(step, ids, trained)
         self.stage_results = {"rollout": rollout_stats, "reward": reward_stats}
-        sched_metrics = {} if sched is None else await sched.after_train(
+        sched_metrics = fixed_devices(self.g) if sched is None else await sched.after_train(
             label, rollout_stats, rollout_end - begun, len(ids), train_s, train_devices, train_end, rollout_end)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, train, rollout_stats, reward_stats,
@@ -213,7 +213,8 @@ class GRPO:
         pipeline = {"first_chunk_s": (min(starts) if starts else begun) - begun,
                     "rollout_end_s": self.clock.last_end("rollout") - begun}
         return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
-                            self.clock.durations(label), time.perf_counter() - started) | pipeline
+                            self.clock.durations(label), time.perf_counter() - started) | pipeline \
+            | (fixed_devices(self.g) if self.hooks is None else {})
 
     async def _streaming_stages(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep,
                                 side: asyncio.Future) -> list[list[dict]]:

@@ -5,6 +5,7 @@ import time
 from typing import Any, Sequence
 
 from dynarl.components.experience import Trained
+from dynarl.core.scheduler.loop import DeviceCounts, device_stats
 
 STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 
@@ -37,3 +38,11 @@ def step_metrics(step: int, trained: Trained, train: dict[str, float], rollout_s
         "verifier": reward_stats[0]["verifier"],
         "time": time.time(),
     }
+
+
+def fixed_devices(groups: Any) -> dict[str, Any]:
+    """A step's device counts where nothing moves (scheduler.policy=static): the
+    `devices` series a dynarl step reports for the components it moves (dynamic.py),
+    constant."""
+    counts = {"rollout": len(groups.rollout.devices), "trainer": len(groups.trainer.devices)}
+    return {"devices": device_stats([DeviceCounts(0.0, counts)], 0.0, 0.0)}

@@ -8,7 +8,9 @@ trainer on old + freed devices, create-before-destroy) or Reboot. Each move
 waits for the component's interruptible point (its InterruptGate). A component
 with a StandbyPool parks released ranks there and adopts new ranks from it
 (no process spawn on the move's path). Every move's duration is recorded, and
-charged to its component's manager as the cost the policy weighs next time.
+charged to its component's manager as the cost the policy weighs next time; the
+log also keeps each component's device count after every move (`counts`), which
+`device_stats` turns into a window's mean, min and max.
 
 The workflow reads components through `scheduler.group(name)`: a P2P or Reboot
 move replaces a component's WorkerGroup.
@@ -49,12 +51,42 @@ class DecisionRecord:
 
 
 @dataclass(slots=True)
+class DeviceCounts:
+    """Each component's device count from `at` until the next sample."""
+    at: float
+    counts: dict[str, int]
+
+
+@dataclass(slots=True)
 class SchedulerLog:
     decisions: list[DecisionRecord] = field(default_factory=list)
     migrations: list[Migration] = field(default_factory=list)
+    counts: list[DeviceCounts] = field(default_factory=list)
 
     def decision_ms(self) -> list[float]:
         return sorted(d.ms for d in self.decisions)
+
+
+def device_stats(samples: list[DeviceCounts], start: float, end: float) -> dict[str, dict[str, float]]:
+    """Each component's device count over [start, end], from the step function
+    `samples` (in time order; each holds until the next; the last one at or before
+    `start` is the value the window opens with): the time-weighted mean, the min
+    and the max. An empty window (end <= start) reports the count at `start`."""
+    opening = [s for s in samples if s.at <= start][-1:]
+    if not opening:
+        raise ValueError(f"no device counts at or before {start}")
+    held = opening + [s for s in samples if start < s.at < end]
+    names = sorted({name for s in held for name in s.counts})
+    stats: dict[str, dict[str, float]] = {}
+    for name in names:
+        values = [s.counts.get(name, 0) for s in held]
+        if end <= start:
+            mean = float(values[0])
+        else:
+            bounds = [start] + [s.at for s in held[1:]] + [end]
+            mean = sum(v * (b - a) for v, a, b in zip(values, bounds, bounds[1:])) / (end - start)
+        stats[name] = {"mean": mean, "min": float(min(values)), "max": float(max(values))}
+    return stats
 
 
 class GlobalScheduler:
@@ -72,6 +104,7 @@ class GlobalScheduler:
 
     def register(self, spec: ComponentSpec, group: WorkerGroup) -> Manager:
         manager = self.managers[spec.name] = Manager(spec, group, self.config.u_low, self.ctl.graph)
+        self._count()
         return manager
 
     def group(self, name: str) -> WorkerGroup:
@@ -142,3 +175,8 @@ class GlobalScheduler:
         if component in self.managers:
             self.managers[component].cycle_moves.append(now - begun)
             self.managers[component].observe_group()  # the hypergraph shows the move at once
+        self._count()
+
+    def _count(self) -> None:
+        self.log.counts.append(DeviceCounts(asyncio.get_running_loop().time(),
+                                            {name: len(m.group.devices) for name, m in self.managers.items()}))
