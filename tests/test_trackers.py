@@ -35,10 +35,15 @@ def test_an_unknown_logger_is_a_config_error(tmp_path):
 
 
 def test_every_tracker_gets_the_steps_metrics(tmp_path):
+    """On a GSM8K-format file (the preset), as a user coming from TRL would run it."""
     for module in ("tensorboard", "wandb", "mlflow"):
         pytest.importorskip(module)
     run = tmp_path / "run"
-    done = train("run.steps=2", "run.prompts_per_step=4", "trainer.warmup.steps=2",
+    with open(tmp_path / "gsm8k.jsonl", "w") as f:
+        for i in range(20):
+            f.write(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"}) + "\n")
+    done = train("task.kind=dataset", "task.dataset.preset=gsm8k", f"task.dataset.path={tmp_path / 'gsm8k.jsonl'}",
+                 "run.steps=2", "run.prompts_per_step=4", "trainer.warmup.steps=2",
                  "run.loggers=[jsonl,tensorboard,wandb,mlflow]", "--run-dir", str(run), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rewards = [json.loads(line)["reward_mean"] for line in (run / "metrics.jsonl").read_text().splitlines()]
