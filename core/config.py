@@ -45,7 +45,10 @@ class RuntimeConfig:
     spawn_timeout_s: float = 60.0
     shutdown_grace_s: float = 3.0
     """How long a stopping worker may take before it is terminated, then killed."""
-    max_message_bytes: int = 4 << 30
+    max_message_bytes: int = 512 << 20
+    """The largest control message (an RPC, a channel item up to 256 KB, a heartbeat):
+    larger frames are dropped before they are allocated (transport/wire.py
+    DEFAULT_MAX_MESSAGE_BYTES, the same)."""
     trace_path: str | None = None
     """Where to write the Chrome/Perfetto trace when the controller closes."""
     worker_threads: int = 1

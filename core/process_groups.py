@@ -8,6 +8,7 @@ collide with the old one's; members that drop out leave first.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import TYPE_CHECKING, Sequence
 
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -22,12 +23,14 @@ _DEFAULT_BACKEND = {"cuda": "nccl", "cpu": "gloo", "emulated": "emulated"}
 
 class RuntimeProcessGroup:
     def __init__(self, manager: "ProcessGroups", name: str, members: list[WorkerHandle],
-                 generation: int, backend: str) -> None:
+                 generation: int, backend: str, store: tuple[str, int] | None = None) -> None:
         self._manager = manager
         self.name = name
         self.members = members
         self.generation = generation
         self.backend = backend
+        self.store = store
+        """(host, port) of the TCPStore its first member hosts (None: emulated)."""
 
     @property
     def size(self) -> int:
@@ -63,12 +66,16 @@ class ProcessGroups:
         node_address = self._ctl.launcher.node_address
         host = node_address(handles[0].spec.node)
         port = 0 if backend == "emulated" else await handles[0].call("__pg_listen__", [name, host])
-        # each rank's own node address: the one its peers reach it at (gloo's pairs)
+        # Each rank's own node address (the one its peers reach gloo's pairs at), and the
+        # group's key prefix: a TCPStore takes any client that reaches its port (another
+        # user of the host too), so the keys are ones only the members are told.
+        prefix = f"dynarl/{name}/{generation}/{secrets.token_hex(16)}"
         await gather_or_cancel([
-            h.call("__pg_join__", [name, generation, rank, len(handles), host, port, backend, timeout_s,
+            h.call("__pg_join__", [name, prefix, rank, len(handles), host, port, backend, timeout_s,
                                    node_address(h.spec.node)])
             for rank, h in enumerate(handles)])
-        group = self.active[name] = RuntimeProcessGroup(self, name, handles, generation, backend)
+        group = self.active[name] = RuntimeProcessGroup(self, name, handles, generation, backend,
+                                                               None if backend == "emulated" else (host, port))
         self._ctl.tracer.complete(f"pg {name}", "lifecycle", "process_groups", 0, started, loop.time(),
                                   {"generation": generation, "members": [h.name for h in handles]})
         return group

@@ -157,16 +157,16 @@ class WorkerRuntime:
         self._hosted_stores[name] = store
         return store.port
 
-    async def _pg_join(self, name: str, generation: int, rank: int, size: int, host: str, port: int,
+    async def _pg_join(self, name: str, prefix: str, rank: int, size: int, host: str, port: int,
                        backend: str, timeout_s: float, own_host: str) -> None:
         if name in self._groups:
             await self._pg_leave(name)
         if backend == "emulated":  # membership only: nothing blocks
-            self._groups[name] = join_group(name, generation, rank, size, host, port, backend, timeout_s)
+            self._groups[name] = join_group(name, prefix, rank, size, host, port, backend, timeout_s)
             return
         store = self._hosted_stores.get(name) if rank == 0 else None
         self._groups[name] = await asyncio.to_thread(
-            join_group, name, generation, rank, size, host, port, backend, timeout_s, store, own_host)
+            join_group, name, prefix, rank, size, host, port, backend, timeout_s, store, own_host)
 
     async def _pg_leave(self, name: str) -> None:
         membership = self._groups.pop(name, None)

@@ -38,8 +38,9 @@ async def test_group_rebuilt_with_a_different_member_set_in_the_same_processes()
         assert group.pids == pids_before
 
 
-def _tcp_listeners(pid: int) -> list[str]:
-    """The local addresses `pid` listens on over TCP (from /proc: ss -ltn's view)."""
+def _tcp_listeners(pid: int, ports: bool = False) -> list:
+    """The local addresses `pid` listens on over TCP (from /proc: ss -ltn's view);
+    `ports`: (address, port) pairs."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -54,7 +55,8 @@ def _tcp_listeners(pid: int) -> list[str]:
             for line in list(f)[1:]:
                 cols = line.split()
                 if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                    found.append(cols[1].split(":")[0])
+                    address, port = cols[1].split(":")
+                    found.append((address, int(port, 16)) if ports else address)
     return found
 
 
@@ -70,3 +72,22 @@ async def test_a_single_host_jobs_sockets_listen_on_loopback_only():
         assert hosting, "the group's store is not listening"
         for pid in [os.getpid(), *group.pids]:
             assert set(_tcp_listeners(pid)) <= loopback, (pid, _tcp_listeners(pid))
+
+
+async def test_a_groups_store_keys_are_secret_to_its_members():
+    """A TCPStore serves any client that reaches its port (another user of the host):
+    the group's keys live under a prefix only the members are told, not under its
+    name and generation."""
+    import datetime
+    import torch.distributed as dist
+    async with dynarl.Controller(RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))) as ctl:
+        group = await ctl.spawn(Collective, num_ranks=2)
+        pg = await ctl.process_group("dp", [group])
+        assert await group.call("all_reduce", "dp", 1) == [[2.0] * 4] * 2
+        host, port = pg.store
+        assert ("0100007F", port) in _tcp_listeners(group.pids[0], ports=True)
+        outsider = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=5))
+        assert outsider.num_keys() >= 2  # gloo's rendezvous keys, one per rank
+        guessable = f"dynarl/dp/{pg.generation}"
+        guesses = [f"{guessable}//0/0", f"{guessable}//0/1", f"{guessable}/0/0", "0/0"]
+        assert not any(outsider.check([key]) for key in guesses)  # (check() of a list: all of them)

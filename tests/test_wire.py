@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import dynarl
 from dynarl import RuntimeConfig
-from dynarl.transport.wire import (MAC_HMAC, MAC_POLY1305, MAGIC, PROTOCOL_VERSION, Codec, WireError,
-                                   decode_blob, encode_blob)
+from dynarl.transport.wire import (MAC_HMAC, MAC_POLY1305, MAGIC, PROTOCOL_VERSION, Codec, MessageTooLarge,
+                                   WireError, decode_blob, encode_blob)
 from workers import Echo
 
 SECRET = b"s" * 32
@@ -116,6 +116,31 @@ def test_large_payloads_use_poly1305_and_small_ones_hmac():
     assert torch.equal(roomy.decode(big)["t"], torch.zeros(1 << 18))
 
 
+def test_a_large_body_under_hmac_is_checked_without_a_copy_and_still_authenticated(monkeypatch):
+    """A big msgpack body with no tensor frames keeps the HMAC kind; its tag is the same
+    one-shot or streamed (the receiver streams it: no joined copy of what a peer sent)."""
+    message = codec.encode({"b": b"x" * (200 << 10)})
+    assert bytes(message[0])[4] == MAC_HMAC
+    import hmac
+    one_shot, real = [], hmac.digest
+    monkeypatch.setattr(hmac, "digest", lambda key, msg, digest: (one_shot.append(len(msg)), real(key, msg, digest))[1])
+    assert codec.decode(message) == {"b": b"x" * (200 << 10)}
+    assert one_shot == []  # streamed, not joined into one buffer
+    assert len(codec.encode({"b": b"small"})[0]) and codec.decode(codec.encode({"b": b"small"})) == {"b": b"small"}
+    assert one_shot and max(one_shot) < 1024  # a small one still takes the one-shot path
+    tampered = bytearray(message[0])
+    tampered[-1] ^= 1
+    with pytest.raises(WireError, match="unauthenticated"):
+        codec.decode([bytes(tampered)])
+
+
+def test_a_message_over_the_bound_is_refused_at_the_sender():
+    with pytest.raises(MessageTooLarge, match=r"over runtime.max_message_bytes \(1048576\)"):
+        codec.encode({"t": torch.zeros(300_000)})
+    with pytest.raises(MessageTooLarge):
+        codec.encode({"b": b"x" * (1 << 20)})
+
+
 def test_malformed_body_with_valid_mac_is_rejected():
     """An authenticated peer with a bug: a tensor ext pointing at a missing frame."""
     ext = msgpack.ExtType(1, msgpack.packb([5, "float32", [2]]))
@@ -144,16 +169,22 @@ async def _garbage_then_call(garbage):
         # (a local job binds no TCP port: only this user's processes reach its IPC socket)
         assert ctl.router.address is None and ctl.router.local_address.startswith("ipc://")
         intruder.connect(ctl.router.local_address)
-        oversized = Codec(SECRET, max_message_bytes=1 << 30).encode({"b": b"x" * (2 << 20)})
-        for frames in [*garbage, oversized, Codec(b"wrong-secret-0123456789").encode({"k": "call"})]:
+        big = Codec(SECRET, max_message_bytes=1 << 30)
+        # every frame under the 1 MB bound, together over it: read, then refused
+        oversized = big.encode({"b": [torch.zeros(150_000), torch.zeros(150_000)]})
+        # one frame over it: ZeroMQ closes the connection before allocating the frame
+        # (the peer reconnects), and the controller counts the closed connection
+        too_big_frame = big.encode({"b": torch.zeros(300_000)})
+        for frames in [*garbage, oversized, Codec(b"wrong-secret-0123456789").encode({"k": "call"}), too_big_frame]:
             await intruder.send_multipart(frames)
-        expected = len(garbage) + 2
+        expected = len(garbage) + 3
         for _ in range(200):
             if ctl.router.rejects.total >= expected:
                 break
             await asyncio.sleep(0.01)
-        assert ctl.router.rejects.total == expected
+        assert ctl.router.rejects.total == expected, ctl.router.rejects.counts
         assert ctl.router.rejects.counts["oversized"] == 1
+        assert ctl.router.rejects.counts["dropped_connection"] == 1
         assert ctl.router.rejects.counts["unauthenticated"] >= 1
         assert (await group.call("hello", 3))[0]["x"] == 3  # still serving
         intruder.close(linger=0)

@@ -29,6 +29,9 @@ from dynarl.transport.sockets import LoopSocket
 from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
 
 P2P_ABOVE_BYTES = 256 << 10
+REQUEST_MAX_BYTES = 4096
+"""The largest frame a payload server takes: fetches and releases are a few dozen
+bytes; anything bigger is dropped before it is allocated."""
 LATE_KEEP_S = 300.0
 
 
@@ -46,7 +49,7 @@ class PayloadServer:
         directory instead of a TCP port, so that no other local user can connect."""
         self._codec = codec
         self._ctx = zmq.Context()
-        self._sock = LoopSocket(self._ctx, zmq.ROUTER)
+        self._sock = LoopSocket(self._ctx, zmq.ROUTER, REQUEST_MAX_BYTES)
         self._ipc_dir: str | None = None
         if host in LOOPBACK and advertise in (None, host):
             self._ipc_dir = tempdirs.make("p2p")
@@ -138,7 +141,7 @@ class PayloadFetcher:
             return late[1]
         sock = self._peers.get(ref.address)
         if sock is None:
-            sock = self._peers[ref.address] = LoopSocket(self._ctx, zmq.DEALER)
+            sock = self._peers[ref.address] = LoopSocket(self._ctx, zmq.DEALER, self._codec.max_message_bytes)
             sock.sock.connect(ref.address)
             self._receivers.append(self._spawn(self._receive(ref.address, sock)))
         future = asyncio.get_running_loop().create_future()

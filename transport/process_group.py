@@ -69,9 +69,12 @@ def host_store(host: str) -> Any:
     return store
 
 
-def join_group(name: str, generation: int, rank: int, size: int, host: str, port: int,
+def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: int,
                backend: str, timeout_s: float, store: Any = None, own_host: str | None = None) -> GroupMembership:
-    """Joins group `name` as `rank` of `size`, rendezvous at the store on host:port.
+    """Joins group `name` as `rank` of `size`, rendezvous at the store on host:port
+    under the key `prefix`: fresh for each build of the group (a rebuilt group's keys
+    stay apart from the old one's) and secret (the controller makes it and tells only
+    the members: the store takes any client that reaches its port).
     `own_host`: this rank's node address as its peers reach it. Gloo's pairs listen on
     it and advertise it; left to itself gloo takes the address the machine's hostname
     resolves to, which is loopback on many hosts (Debian's /etc/hosts maps the
@@ -82,8 +85,7 @@ def join_group(name: str, generation: int, rank: int, size: int, host: str, port
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-    # A fresh prefix per generation keeps a rebuilt group's keys apart from the old one's.
-    prefixed = dist.PrefixStore(f"dynarl/{name}/{generation}/", store)
+    prefixed = dist.PrefixStore(prefix, store)
     import torch
     kind = dist.ProcessGroup.BackendType
     if backend == "gloo":

@@ -1,6 +1,11 @@
 """ZeroMQ sockets carrying wire messages: the controller's ROUTER, a worker's DEALER,
 and the worker's heartbeat thread.
 
+Every socket bounds its frames before they are allocated (ZMQ_MAXMSGSIZE: ZeroMQ
+closes the connection of a peer that announces a bigger one); the controller's
+ROUTER counts such connections, closed before they delivered one authenticated
+message, as rejected ("dropped_connection"), read from its socket monitor.
+
 The ROUTER sets ROUTER_MANDATORY: a message to a vanished peer raises instead of
 being dropped silently, and high-water marks are raised because ROUTER drops
 messages past its HWM (docs/MEASURED.md); our own flow control (bounded channels,
@@ -22,6 +27,7 @@ import time
 from typing import Any, Callable
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from dynarl.transport import tempdirs
 from dynarl.transport.liveness import PeerWatch, enable_heartbeats
@@ -45,10 +51,12 @@ peer's messages apart and serves them in turn."""
 # cost several microseconds a round trip (profiled).
 _EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+_SRCFD = int(zmq.SRCFD)
 
 
-def _configure(sock: zmq.Socket) -> None:
+def _configure(sock: zmq.Socket, max_frame_bytes: int) -> None:
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.RCVHWM, HWM)
 
@@ -60,9 +68,9 @@ class LoopSocket:
     for every queued message right there in the reader callback, which saves a
     task wake-up per message compared with awaiting a receive."""
 
-    def __init__(self, ctx: zmq.Context, kind: int) -> None:
+    def __init__(self, ctx: zmq.Context, kind: int, max_frame_bytes: int) -> None:
         self.sock = ctx.socket(kind)
-        _configure(self.sock)
+        _configure(self.sock, max_frame_bytes)
         self._fd = self.sock.getsockopt(zmq.FD)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_frames: Callable[[list[zmq.Frame]], bool | None] | None = None
@@ -161,8 +169,11 @@ class RouterServer:
             raise ValueError("a RouterServer needs a TCP bind or the local IPC socket")
         self.codec = codec
         self._ctx = zmq.Context()
-        self._sock = LoopSocket(self._ctx, zmq.ROUTER)
+        self._sock = LoopSocket(self._ctx, zmq.ROUTER, codec.max_message_bytes)
         self._sock.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._monitor = self._sock.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._authenticated_fds: set[int] = set()
+        """Connections that delivered an authenticated message (their peers are known)."""
         self.address: str | None = None
         if bind is not None:
             self._sock.sock.bind(bind)
@@ -196,6 +207,7 @@ class RouterServer:
                 self.rejects.add(exc.reason, peer, exc)
                 return True
             self.last_seen[peer] = loop.time()
+            self._authenticated_fds.add(frames[1].get(_SRCFD))
             if identity.endswith(HEARTBEAT_SUFFIX):
                 handler = self.routes.get(peer)
                 if handler is not None and isinstance(body, dict):
@@ -211,10 +223,37 @@ class RouterServer:
                 return True
             return False
 
-        await self._sock.receive_forever(on_frames)
+        monitor_fd = self._monitor.getsockopt(zmq.FD)
+        loop.add_reader(monitor_fd, self._disconnects)
+        self._disconnects()
+        try:
+            await self._sock.receive_forever(on_frames)
+        finally:
+            if not loop.is_closed():
+                loop.remove_reader(monitor_fd)
+
+    def _disconnects(self) -> None:
+        """A closed connection that never delivered an authenticated message is counted
+        as rejected: ZeroMQ cut it for a frame over max_message_bytes (before
+        allocating it) or a protocol error, or its peer gave up. A known peer's
+        goes unremarked here (liveness reports a lost worker)."""
+        while self._monitor.get(_EVENTS) & _POLLIN:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(_NOBLOCK))
+            except zmq.Again:
+                return
+            fd = event["value"]
+            if fd in self._authenticated_fds:
+                self._authenticated_fds.discard(fd)
+            else:
+                self.rejects.add("dropped_connection", event["endpoint"],
+                                 "a connection closed before it delivered an authenticated message "
+                                 f"(a frame over {self.codec.max_message_bytes} bytes, or a protocol error)")
 
     def close(self) -> None:
         self.rejects.flush()
+        self._sock.sock.disable_monitor()
+        self._monitor.close(0)  # before the context's term, which it would block
         self._sock.close()
         self._ctx.term()
         if self._ipc_dir is not None:
@@ -233,7 +272,7 @@ class DealerClient:
         (its connection closes at once) within lost_after_s / 2. Needs a running loop."""
         self.codec = codec
         self._ctx = zmq.Context()
-        self._sock = LoopSocket(self._ctx, zmq.DEALER)
+        self._sock = LoopSocket(self._ctx, zmq.DEALER, codec.max_message_bytes)
         self._sock.sock.setsockopt(zmq.IDENTITY, identity)
         self.watch: PeerWatch | None = None
         if liveness is not None:
@@ -290,7 +329,7 @@ class HeartbeatThread(threading.Thread):
     def run(self) -> None:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
-        _configure(sock)
+        _configure(sock, self._codec.max_message_bytes)
         sock.setsockopt(zmq.IDENTITY, self._identity)
         sock.connect(self._address)
         try:

@@ -44,7 +44,12 @@ PREAMBLE_BYTES = len(MAGIC) + 2 + NONCE_BYTES + TAG_BYTES
 MAC_HMAC = 0
 MAC_POLY1305 = 1
 POLY1305_ABOVE_BYTES = 64 << 10
-DEFAULT_MAX_MESSAGE_BYTES = 4 << 30
+DEFAULT_MAX_MESSAGE_BYTES = 512 << 20
+"""The largest message a control socket takes (runtime.max_message_bytes): ZeroMQ
+drops a frame over it before allocating it (ZMQ_MAXMSGSIZE, sockets.py), and a
+sender is refused one over it. Channel items over P2P_ABOVE_BYTES (data_plane.py)
+and collective traffic do not cross control sockets, so their size is not bounded
+by it."""
 
 EXT_TENSOR = 1
 EXT_NDARRAY = 2
@@ -52,6 +57,10 @@ EXT_BLOB = 3
 EXT_REMOTE = 4
 EXT_STRUCTS_FROM = 16
 """Ext codes from here on are typed records (register_struct)."""
+
+
+class MessageTooLarge(ValueError):
+    """A message over max_message_bytes was not sent (its receiver would drop it)."""
 
 
 class WireError(Exception):
@@ -148,7 +157,11 @@ class Codec:
         frames: list[Any] = []
         packed = msgpack.packb(body, default=lambda obj: _to_ext(obj, frames), use_bin_type=True)
         nonce = self._nonce_prefix + struct.pack("<Q", next(self._counter))
-        kind = MAC_POLY1305 if sum(_view(f).nbytes for f in frames) > POLY1305_ABOVE_BYTES else MAC_HMAC
+        payload = sum(_view(f).nbytes for f in frames)
+        if PREAMBLE_BYTES + len(packed) + payload > self.max_message_bytes:
+            raise MessageTooLarge(f"a message of {PREAMBLE_BYTES + len(packed) + payload} bytes is over "
+                                  f"runtime.max_message_bytes ({self.max_message_bytes}); the receiver would drop it")
+        kind = MAC_POLY1305 if payload > POLY1305_ABOVE_BYTES else MAC_HMAC
         tag = self._tag(kind, nonce, packed, frames)
         return [b"".join((MAGIC, bytes((PROTOCOL_VERSION, kind)), nonce, tag, packed)), *frames]
 
@@ -190,8 +203,13 @@ class Codec:
             parts.append(struct.pack("<Q", view.nbytes))
             parts.append(view.cast("B") if view.ndim != 1 or view.format != "B" else view)
         if kind == MAC_HMAC:
-            # Small messages: one contiguous buffer through the one-shot C path.
-            return hmac.digest(self._secret, b"".join(parts), "sha256")[:TAG_BYTES]
+            if sum(memoryview(p).nbytes for p in parts) <= POLY1305_ABOVE_BYTES:
+                # Small messages: one contiguous buffer through the one-shot C path.
+                return hmac.digest(self._secret, b"".join(parts), "sha256")[:TAG_BYTES]
+            mac = hmac.new(self._secret, digestmod="sha256")  # a big one is not copied to be checked
+            for part in parts:
+                mac.update(part)
+            return mac.digest()[:TAG_BYTES]
         mac = Poly1305(hmac.digest(self._secret, nonce, "sha256"))
         for part in parts:
             mac.update(part)
