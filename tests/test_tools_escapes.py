@@ -132,7 +132,33 @@ async def test_no_namespaces_of_its_own(sandbox):
     result = await sandbox.run("import ctypes\n"
                                "libc = ctypes.CDLL(None, use_errno=True)\n"
                                "print(libc.unshare(0x10000000), ctypes.get_errno())  # CLONE_NEWUSER")
-    assert result.stdout == "-1 28\n", result  # ENOSPC: the namespace limit is 0 in the sandbox
+    # EPERM: the seccomp filter refuses unshare (behind it, the namespace limit is 0 in
+    # the sandbox: --disable-userns, which would answer ENOSPC)
+    assert result.stdout == "-1 1\n", result
+
+
+@pytest.mark.parametrize("nr, name", [(425, "io_uring_setup"), (319, "memfd_create"), (323, "userfaultfd"),
+                                      (321, "bpf"), (101, "ptrace")])
+async def test_seccomp_refuses_what_the_limits_do_not_contain(sandbox, nr, name):
+    if os.uname().machine != "x86_64":
+        pytest.skip("x86_64 syscall numbers")
+    result = await sandbox.run("import ctypes\n"
+                               "libc = ctypes.CDLL(None, use_errno=True)\n"
+                               f"print(libc.syscall({nr}, 0, 0, 0, 0), ctypes.get_errno())  # {name}")
+    assert result.stdout == "-1 1\n", result  # EPERM, from the filter
+
+
+async def test_memfd_memory_cannot_get_around_the_memory_limit(sandbox):
+    """A memfd's pages are not in the address space RLIMIT_AS bounds: 600 MB held that
+    way under the 256 MB limit, before the filter refused memfd_create."""
+    # 40 memfds of 15 MB each: every one under the file size limit (16 MB)
+    result = await sandbox.run("import os\n"
+                               "fds = [os.memfd_create(f'hog{i}') for i in range(40)]\n"
+                               "for fd in fds:\n"
+                               "    for _ in range(15):\n"
+                               "        os.write(fd, b'x' * (1 << 20))\n"
+                               "print(sum(os.fstat(fd).st_size for fd in fds) >> 20, 'MB held')\n")
+    assert result.error is not None and "PermissionError" in result.error, result
 
 
 async def test_fork_bomb_hits_the_process_limit(sandbox):
@@ -177,7 +203,29 @@ async def test_memory_hog_hits_the_memory_limit(sandbox, code):
 
 async def test_tmpfs_is_bounded(sandbox):
     result = await sandbox.run("f = open('/tmp/big', 'wb')\nwhile True:\n    f.write(bytes(1 << 20))")
-    assert result.error in ("file size limit hit (16 MB)", "disk limit hit (64 MB)")
+    assert result.error in ("file size limit hit (16 MB)", "disk limit hit (64 MB)", "disk limit hit (64 MB or 4096 files)")
+
+
+async def test_empty_files_hit_the_file_count_limit():
+    """An inode is kernel memory no byte bound counts: a flood of empty files stops at
+    max_files (root mounts the writable folders itself, bounded in files)."""
+    if os.geteuid() != 0:
+        pytest.skip("the file count is bounded when the runtime runs as root (sandbox_command.py)")
+    box = PythonSandbox(ToolConfig(timeout_s=10.0, max_files=500))
+    try:
+        result = await box.run("import os\n"
+                               "n = 0\n"
+                               "try:\n"
+                               "    while n < 100_000:\n"
+                               "        open(f'f{n}', 'w').close()\n"
+                               "        n += 1\n"
+                               "finally:\n"
+                               "    print(n)\n")
+        assert result.error == "disk limit hit (64 MB or 500 files)", result
+        assert 490 <= int(result.stdout) < 500, result  # the folder's own inode counts too
+    finally:
+        box.close()
+    assert_reaped(list(box.started_pids))
 
 
 def _pids_with(marker: str) -> list[int]:

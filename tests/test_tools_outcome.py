@@ -1,5 +1,7 @@
 NUM_GPUS = 0
 
+import dataclasses
+
 import pytest
 
 from dynarl.components.tools.config import ToolConfig
@@ -34,6 +36,12 @@ LIMITS = Limits(timeout_s=2.0, cpu_s=10, memory_mb=512, max_output_bytes=65536, 
 def test_errors_name_what_happened(returncode, stderr, timed_out, overflow, error):
     assert describe_failure(returncode=returncode, stderr=stderr, timed_out=timed_out, overflow=overflow,
                             limits=LIMITS) == error
+
+
+def test_a_full_folder_names_both_its_bounds_where_both_apply():
+    limits = dataclasses.replace(LIMITS, max_files=500)  # root: tmpfs bounded in files too
+    assert describe_failure(returncode=1, stderr="OSError: [Errno 28] No space left on device", timed_out=False,
+                            overflow=False, limits=limits) == "disk limit hit (64 MB or 500 files)"
 
 
 def test_long_error_lines_are_cut():
@@ -85,20 +93,26 @@ def test_parent_folders_skip_what_system_binds_show():
 
 
 def test_command_isolates_and_drops_root():
-    host = Host(bwrap="/usr/bin/bwrap", python="/opt/py/bin/python3", prefixes=["/opt/py"],
+    host = Host(bwrap="/usr/bin/bwrap", python="/opt/py/bin/python3", prefixes=["/opt/py"], seccomp=b"",
                 system=[("ro-bind", "/usr", "/usr"), ("symlink", "usr/lib", "/lib")], stage="/tmp/stage",
                 unshare="/usr/bin/unshare", setpriv="/usr/bin/setpriv", mount="/usr/bin/mount", shell="/bin/sh")
-    inner = bwrap_argv(host, ToolConfig(), info_fd=7, launcher="LAUNCHER")
+    inner = bwrap_argv(host, ToolConfig(), info_fd=7, seccomp_fd=8, launcher="LAUNCHER")
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                  "--clearenv"):
         assert flag in inner
-    assert inner[inner.index("--info-fd") + 1] == "7"
+    assert inner[inner.index("--info-fd") + 1] == "7" and inner[inner.index("--seccomp") + 1] == "8"
     # the prefix comes from the staging folder, back at its own path, read-only
     assert ["--ro-bind", "/tmp/stage/0", "/opt/py"] == inner[inner.index("/tmp/stage/0") - 1:][:3]
     assert inner[-10:] == ["--", "/opt/py/bin/python3", "-I", "-c", "LAUNCHER",
                            "10", str(512 << 20), "16", "64", str(16 << 20)]
-    outer = staged_argv(host, 1234567890, inner)
+    # root: the writable folders are the tmpfs the staging script mounts, bounded in
+    # bytes and in files, bound at their places
+    for name, folder in (("work", "/sandbox"), ("tmp", "/tmp"), ("shm", "/dev/shm")):
+        assert ["--bind", f"/tmp/stage/{name}", folder] == inner[inner.index(f"/tmp/stage/{name}") - 1:][:3]
+    assert "--tmpfs" not in inner
+    outer = staged_argv(host, ToolConfig(disk_mb=8, max_files=100), 1234567890, inner)
     assert outer[:4] == ["/usr/bin/unshare", "--mount", "--propagation", "private"]
-    assert outer[outer.index("stage") + 1:][:5] == ["1234567890", "/usr/bin/setpriv", "/usr/bin/mount", "/opt/py",
-                                                    "/tmp/stage/0"]
+    assert outer[outer.index("stage") + 1:][:11] == [
+        "1234567890", "/usr/bin/setpriv", "/usr/bin/mount", f"size={8 << 20},nr_inodes=100,mode=0755",
+        "/tmp/stage/shm", "/tmp/stage/tmp", "/tmp/stage/work", "--", "/opt/py", "/tmp/stage/0", "--"]
     assert outer[-len(inner):] == inner

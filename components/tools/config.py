@@ -25,7 +25,12 @@ class ToolConfig:
     file_mb: int = 16
     """Largest file the code may write (RLIMIT_FSIZE)."""
     disk_mb: int = 64
-    """Size of each of the sandbox's writable in-memory folders (the working folder and /tmp)."""
+    """Size of each of the sandbox's writable in-memory folders (the working folder, /tmp
+    and /dev/shm)."""
+    max_files: int = 4096
+    """Files and folders each writable folder may hold (tmpfs nr_inodes; an inode is kernel
+    memory that disk_mb does not count). Enforced when the runtime runs as root
+    (sandbox_command.py); bwrap's unprivileged tmpfs takes no such bound."""
     max_code_bytes: int = 1 << 20
     """Longer code is rejected as a malformed request."""
     bwrap: str = "bwrap"
@@ -35,7 +40,7 @@ class ToolConfig:
         if not isinstance(self.timeout_s, (int, float)) or not 0 < self.timeout_s <= 3600:
             raise ValueError(f"timeout_s must be in (0, 3600], got {self.timeout_s!r}")
         for name in ("cpu_s", "memory_mb", "max_output_bytes", "max_concurrency", "max_processes",
-                     "max_open_files", "file_mb", "disk_mb", "max_code_bytes"):
+                     "max_open_files", "file_mb", "disk_mb", "max_files", "max_code_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -60,6 +60,8 @@ class Limits:
     max_processes: int
     file_mb: int
     disk_mb: int
+    max_files: int | None = None
+    """None: not bounded (the unprivileged sandbox)."""
 
 
 def describe_failure(*, returncode: int | None, stderr: str, timed_out: bool, overflow: bool,
@@ -110,7 +112,8 @@ def _exception_text(last: str, limits: Limits) -> str | None:
     if "[Errno 27]" in last:
         return f"file size limit hit ({limits.file_mb} MB)"
     if "[Errno 28]" in last:
-        return f"disk limit hit ({limits.disk_mb} MB)"
+        files = f" or {limits.max_files} files" if limits.max_files is not None else ""
+        return f"disk limit hit ({limits.disk_mb} MB{files})"
     if "[Errno 24]" in last:
         return f"open file limit hit: {last}"
     return None

@@ -37,7 +37,8 @@ from typing import Any
 from dynarl.components.tools.config import ToolConfig
 from dynarl.components.tools.latency import LatencyLog
 from dynarl.components.tools.outcome import Limits, ToolResult, code_problem, describe_failure, reject
-from dynarl.components.tools.sandbox_command import (SYSTEM_DIRS, Host, bwrap_argv, is_inside,
+from dynarl.components.tools.seccomp import filter_program, supported
+from dynarl.components.tools.sandbox_command import (SCRATCH, SYSTEM_DIRS, Host, bwrap_argv, is_inside,
                                                      interpreter_prefixes, staged_argv)
 from dynarl.transport import tempdirs
 
@@ -122,18 +123,23 @@ class PythonSandbox:
 
     async def _execute(self, host: Host, code: str, timeout: float) -> ToolResult:
         info_read, info_write = os.pipe()
-        argv = bwrap_argv(host, self.config, info_fd=info_write, launcher=LAUNCHER)
+        seccomp_read, seccomp_write = os.pipe()  # the program fits a pipe's buffer: written whole here
+        with os.fdopen(seccomp_write, "wb") as program:
+            program.write(host.seccomp)
+        argv = bwrap_argv(host, self.config, info_fd=info_write, seccomp_fd=seccomp_read, launcher=LAUNCHER)
         if host.stage is not None:
-            argv = staged_argv(host, UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]), argv)
+            argv = staged_argv(host, self.config, UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]),
+                               argv)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, pass_fds=(info_write,), env=HOST_ENV)
+                stderr=asyncio.subprocess.PIPE, pass_fds=(info_write, seccomp_read), env=HOST_ENV)
         except OSError as exc:
             os.close(info_read)
             raise SandboxUnavailable(f"cannot start {argv[0]}: {exc}") from None
         finally:
             os.close(info_write)
+            os.close(seccomp_read)
         call = _Call(proc, self.config.max_output_bytes, self.started_pids)
         call.info = asyncio.ensure_future(call.read_info(info_read))
         out = asyncio.ensure_future(call.read_capped(proc.stdout))
@@ -156,7 +162,8 @@ class PythonSandbox:
     def _limits(self, timeout: float) -> Limits:
         c = self.config
         return Limits(timeout_s=timeout, cpu_s=c.cpu_s, memory_mb=c.memory_mb, max_output_bytes=c.max_output_bytes,
-                      max_processes=c.max_processes, file_mb=c.file_mb, disk_mb=c.disk_mb)
+                      max_processes=c.max_processes, file_mb=c.file_mb, disk_mb=c.disk_mb,
+                      max_files=c.max_files if self._host is not None and self._host.stage else None)
 
 
 class _Call:
@@ -259,7 +266,11 @@ def find_host(config: ToolConfig) -> Host:
     prefixes = interpreter_prefixes(sys.base_prefix, sys.prefix, covered)
     if not is_inside(sys.executable, covered + prefixes):
         raise SandboxUnavailable(f"the interpreter {sys.executable} lies outside {covered + prefixes}")
-    host = Host(bwrap=bwrap, python=sys.executable, system=system, prefixes=prefixes)
+    machine = os.uname().machine
+    if not supported(machine):
+        raise SandboxUnavailable(f"no seccomp filter for this machine ({machine}); code is not run without it")
+    host = Host(bwrap=bwrap, python=sys.executable, seccomp=filter_program(machine), system=system,
+                prefixes=prefixes)
     if os.geteuid() == 0:
         tools = {name: shutil.which(name, path=HOST_ENV["PATH"]) for name in ("unshare", "setpriv", "mount", "sh")}
         missing = [name for name, path in tools.items() if path is None]
@@ -273,8 +284,8 @@ def find_host(config: ToolConfig) -> Host:
 def _make_stage(count: int) -> str:
     stage = tempdirs.make("tool")
     os.chmod(stage, 0o755)  # the sandbox uid walks through it to reach the bound interpreter
-    for index in range(count):
-        os.mkdir(f"{stage}/{index}", 0o755)
+    for name in [*map(str, range(count)), *SCRATCH]:  # mount points, in each call's own namespace
+        os.mkdir(f"{stage}/{name}", 0o755)
     return stage
 
 
