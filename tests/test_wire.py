@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import dynarl
 from dynarl import RuntimeConfig
+from dynarl.transport import wire
 from dynarl.transport.wire import (MAC_HMAC, MAC_POLY1305, MAGIC, PROTOCOL_VERSION, Codec, MessageTooLarge,
                                    WireError, decode_blob, encode_blob)
 from workers import Echo
@@ -188,4 +189,60 @@ async def _garbage_then_call(garbage):
         assert ctl.router.rejects.counts["unauthenticated"] >= 1
         assert (await group.call("hello", 3))[0]["x"] == 3  # still serving
         intruder.close(linger=0)
+        ctx.term()
+
+
+def _nonce(sender: bytes, counter: int) -> bytes:
+    return sender + counter.to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("arrivals, taken", [
+    # (sender, counter) in arrival order -> which were taken
+    ([(b"a" * 8, 0), (b"a" * 8, 1), (b"a" * 8, 2)], [True, True, True]),
+    ([(b"a" * 8, 5), (b"a" * 8, 5)], [True, False]),                     # resent: dropped
+    ([(b"a" * 8, 5), (b"a" * 8, 3), (b"a" * 8, 4), (b"a" * 8, 3)], [True, True, True, False]),  # late, once
+    ([(b"a" * 8, 10), (b"a" * 8, 2)], [True, True]),                     # 8 behind: inside a width of 16
+    ([(b"a" * 8, 20), (b"a" * 8, 4)], [True, False]),                    # 16 behind: outside it
+    ([(b"a" * 8, 1), (b"b" * 8, 1), (b"a" * 8, 1)], [True, True, False]),  # senders apart
+    ([(b"a" * 8, 1), (b"a" * 8, 100), (b"a" * 8, 1)], [True, True, False]),  # a jump past the width
+])
+def test_replay_window(arrivals, taken):
+    window = wire.ReplayWindow(width=16)
+    assert [window.admit(_nonce(s, c)) for s, c in arrivals] == taken
+
+
+def test_replay_window_forgets_the_longest_known_sender_past_its_bound():
+    window = wire.ReplayWindow(width=16, max_senders=2)
+    assert window.admit(_nonce(b"a" * 8, 1)) and window.admit(_nonce(b"b" * 8, 1))
+    assert window.admit(_nonce(b"c" * 8, 1))  # "a" forgotten
+    assert not window.admit(_nonce(b"b" * 8, 1)) and not window.admit(_nonce(b"c" * 8, 1))
+
+
+def test_a_message_resent_to_the_same_socket_is_refused():
+    window = wire.ReplayWindow()
+    message = codec.encode({"k": "call", "m": "train"})
+    assert codec.decode(message, window) == {"k": "call", "m": "train"}
+    with pytest.raises(WireError, match="replayed"):
+        codec.decode(message, window)
+    assert codec.decode(message, wire.ReplayWindow()) == {"k": "call", "m": "train"}  # another socket's own
+
+
+async def test_a_captured_message_resent_to_the_controller_is_dropped_and_counted():
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        ctx = zmq.asyncio.Context()
+        replayer = ctx.socket(zmq.DEALER)
+        replayer.setsockopt(zmq.IDENTITY, b"replayer")
+        replayer.connect(ctl.router.local_address)
+        captured = Codec(ctl.secret).encode({"k": "event", "e": "heartbeat", "d": {}})
+        for _ in range(3):
+            await replayer.send_multipart(captured)
+        for _ in range(200):
+            if ctl.router.rejects.total >= 3:
+                break
+            await asyncio.sleep(0.01)
+        # the first is authentic (from a peer the controller does not know), the resends replayed
+        assert ctl.router.rejects.counts["replayed"] == 2, ctl.router.rejects.counts
+        assert (await group.call("hello", 5))[0]["x"] == 5
+        replayer.close(linger=0)
         ctx.term()

@@ -26,7 +26,7 @@ from dynarl.transport import tempdirs
 from dynarl.transport.errors import DynarlError
 from dynarl.transport.endpoints import LOOPBACK, with_host
 from dynarl.transport.sockets import LoopSocket
-from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
+from dynarl.transport.wire import Blob, Codec, RemoteRef, ReplayWindow, WireError
 
 P2P_ABOVE_BYTES = 256 << 10
 REQUEST_MAX_BYTES = 4096
@@ -48,6 +48,7 @@ class PayloadServer:
         loopback (every consumer is on this host) it binds a Unix socket in a fresh 0700
         directory instead of a TCP port, so that no other local user can connect."""
         self._codec = codec
+        self._window = ReplayWindow()
         self._ctx = zmq.Context()
         self._sock = LoopSocket(self._ctx, zmq.ROUTER, REQUEST_MAX_BYTES)
         self._ipc_dir: str | None = None
@@ -91,7 +92,7 @@ class PayloadServer:
         def on_frames(frames: list) -> None:
             identity = frames[0].bytes
             try:
-                request = self._codec.decode(frames[1:])
+                request = self._codec.decode(frames[1:], self._window)
                 if "release" in request:
                     released = int(request["release"])
                     self._store.pop(released, None)
@@ -121,6 +122,7 @@ class PayloadFetcher:
 
     def __init__(self, codec: Codec, spawn: Any) -> None:
         self._codec = codec
+        self._window = ReplayWindow()
         self._spawn = spawn
         self._ctx = zmq.Context()
         self._peers: dict[str, LoopSocket] = {}
@@ -167,7 +169,7 @@ class PayloadFetcher:
     async def _receive(self, address: str, sock: LoopSocket) -> None:
         def on_frames(frames: list) -> None:
             try:
-                reply = self._codec.decode(frames)
+                reply = self._codec.decode(frames, self._window)
             except WireError:
                 return
             key = (address, reply.get("id"))

@@ -31,7 +31,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from dynarl.transport import tempdirs
 from dynarl.transport.liveness import PeerWatch, enable_heartbeats
-from dynarl.transport.wire import Codec, RejectCounter, WireError
+from dynarl.transport.wire import Codec, RejectCounter, ReplayWindow, WireError
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ class RouterServer:
             self.local_address = f"ipc://{os.path.join(self._ipc_dir, 'controller')}"
             self._sock.sock.bind(self.local_address)
         self.rejects = RejectCounter("the controller")
+        self.window = ReplayWindow()
         self.routes: dict[bytes, Callable[[Any], None]] = {}
         self.last_seen: dict[bytes, float] = {}
         self.on_unknown: Callable[[bytes, Any], None] | None = None
@@ -202,7 +203,7 @@ class RouterServer:
             identity = frames[0].bytes
             peer = identity.removesuffix(HEARTBEAT_SUFFIX)
             try:
-                body = self.codec.decode(frames[1:])
+                body = self.codec.decode(frames[1:], self.window)
             except WireError as exc:
                 self.rejects.add(exc.reason, peer, exc)
                 return True
@@ -282,6 +283,7 @@ class DealerClient:
             self.watch = PeerWatch(self._sock.sock, lost_after_s / 2)
         self._sock.sock.connect(address)
         self.rejects = RejectCounter("a worker")
+        self.window = ReplayWindow()
 
     async def send(self, body: Any) -> None:
         await self._sock.send_multipart(self.codec.encode(body))
@@ -293,7 +295,7 @@ class DealerClient:
     async def serve(self, handler: Callable[[Any], None]) -> None:
         def on_frames(frames: list[zmq.Frame]) -> bool:
             try:
-                body = self.codec.decode(frames)
+                body = self.codec.decode(frames, self.window)
             except WireError as exc:
                 self.rejects.add(exc.reason, "the controller side", exc)
                 return True
