@@ -327,20 +327,44 @@ class Job:
         return 0
 
     async def _main(self, runtime: Any, progress: Any, controller: Any) -> None:
+        """The workflow in a controller; a lost worker restarts both from the newest
+        checkpoint (launch/recovery.py), up to run.max_restarts times. A node agent's
+        controller (multi-node) is entered once: there a lost worker ends the run."""
+        import dataclasses
+
+        from dynarl.components.workflows import checkpoints as ckpt
+        from dynarl.core.config_tree import to_dict
         from dynarl.core.controller import Controller
         from dynarl.core.run import cancel_on_sigterm
+        from dynarl.launch.recovery import lost_workers, restart_note
+        from dynarl.launch.trackers import tracked
 
         cancel_on_sigterm()
-        async with (controller or Controller)(runtime) as ctl:
-            from dynarl.core.config_tree import to_dict
-            from dynarl.launch.trackers import tracked
-            progress = tracked(progress, self.cfg.run.loggers, self.run_dir, to_dict(self.cfg))
-            try:
-                self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer, self.run_dir,
-                                                         progress)
-                await self.workflow.run(self.checkpoint)
-            finally:
-                progress.close()
+        progress = tracked(progress, self.cfg.run.loggers, self.run_dir, to_dict(self.cfg))
+        max_restarts = self.cfg.run.max_restarts if controller is None else 0
+        checkpoint, restart = self.checkpoint, 0
+        try:
+            while True:
+                attempt = runtime if restart == 0 else dataclasses.replace(
+                    runtime, trace_path=runtime.trace_path.removesuffix(".json") + f"-restart-{restart}.json")
+                async with (controller or Controller)(attempt) as ctl:
+                    self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer,
+                                                             self.run_dir, progress)
+                    try:
+                        await self.workflow.run(checkpoint)
+                        return
+                    except Exception as exc:
+                        lost = await lost_workers(ctl) if restart < max_restarts else []
+                        if not lost:
+                            raise
+                        failure = exc
+                # every worker of the failed attempt is stopped (the controller's exit)
+                restart += 1
+                checkpoint = ckpt.latest_checkpoint(self.run_dir)
+                progress.note(restart_note(lost, failure, restart, max_restarts,
+                                           None if checkpoint is None else checkpoint[1].step))
+        finally:
+            progress.close()
 
     def _draw(self, spans: Any, attempt: str) -> None:
         from dynarl.launch.timeline import draw_timeline

@@ -196,11 +196,19 @@ class RunSection:
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     """Where each step's metrics go besides metrics.jsonl (always written): tensorboard,
     wandb (offline), mlflow (a local file store); launch/trackers.py."""
+    max_restarts: int = 3
+    """How often a lost worker (killed, frozen, unreachable) restarts the job's workers
+    from the newest checkpoint inside the same `dynarl train` process (launch/recovery.py);
+    0: a lost worker ends the run. The steps since that checkpoint are trained again
+    (the ledger and metrics.jsonl are rolled back to it), so run.checkpoint_every bounds
+    what a loss costs."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.max_restarts, int) or isinstance(self.max_restarts, bool) or self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be an integer >= 0, got {self.max_restarts!r}")
         for name in self.loggers:
             if name not in LOGGERS:
                 raise ValueError(f"loggers has an unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
