@@ -16,6 +16,7 @@ BENCHES = {
     "scheduler": "dynarl.launch.bench.scheduler",
     "agentic": "dynarl.launch.bench.agentic",
     "hosts": "dynarl.launch.bench.hosts",
+    "faults": "dynarl.launch.bench.faults",
 }
 
 

@@ -30,6 +30,7 @@ from dynarl.core.scheduler.manager import ComponentSpec
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 from dynarl.core.worker_group import WorkerGroup
+from dynarl.transport.errors import DynarlError
 
 
 TAIL_TICK_S = 0.01
@@ -52,6 +53,8 @@ class DynamicScheduling:
         self.standby: dict[str, StandbyPool] = {}
         self._ticking = False
         self._ticker: asyncio.Task | None = None
+        self._failure: DynarlError | None = None
+        """What stopped the ticker (a lost rank): the step raises it after the rollout."""
         self._expected = 0
         self._marks: dict[str, int] = {}
         self._begun = 0.0
@@ -94,6 +97,9 @@ class DynamicScheduling:
         (engines idle through the tail's end give their devices now). Returns the
         trainer group to train on (a P2P move replaced it)."""
         await self.stop_ticking()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
         await self._tick_once()
         return self.scheduler.group("trainer")
 
@@ -122,7 +128,13 @@ class DynamicScheduling:
             in_tail = len(prompts) == 0 and rollout.active_requests > 0  # as of the last poll
             if waited >= interval or in_tail:
                 waited = 0.0
-                await self._tick_once()
+                try:
+                    await self._tick_once()
+                except DynarlError as exc:
+                    # A rank the scheduler polls or moves is lost. Raised here, it would
+                    # take the controller's TaskGroup down mid-step; the step raises it
+                    # once its rollout is over (after_rollout), and the run restarts.
+                    self._failure, self._ticking = exc, False
 
     async def _tick_once(self) -> None:
         trainer = self.scheduler.group("trainer")
