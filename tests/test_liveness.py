@@ -138,3 +138,22 @@ def test_heartbeats_accept_any_timeout(dealer):
     enable_heartbeats(dealer, 0.5, 7200.0)
     assert dealer.getsockopt(zmq.HEARTBEAT_TTL) == MAX_TTL_MS
     assert dealer.getsockopt(zmq.HEARTBEAT_TIMEOUT) == 7_200_000
+
+
+def test_the_heartbeat_thread_survives_a_fork_of_its_process():
+    """A worker that forks (a subprocess started with fork) runs threading's
+    after-fork hook over every thread; the heartbeat thread must not shadow
+    Thread._stop, which that hook calls ("'Event' object is not callable")."""
+    import subprocess
+    import sys
+    code = ("import os, sys\n"
+            "from dynarl.transport.sockets import HeartbeatThread\n"
+            "t = HeartbeatThread(b's' * 32, 'ipc:///nonexistent', b'w', 0.05, lambda: 0.0)\n"
+            "t.start()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "t.stop(); t.join()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "Exception ignored" not in done.stderr, done.stderr

@@ -326,7 +326,7 @@ class HeartbeatThread(threading.Thread):
         self._identity = identity + HEARTBEAT_SUFFIX
         self._interval = interval
         self._loop_lag = loop_lag
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # (not _stop: Thread._stop is a method that fork calls)
 
     def run(self) -> None:
         ctx = zmq.Context()
@@ -335,7 +335,7 @@ class HeartbeatThread(threading.Thread):
         sock.setsockopt(zmq.IDENTITY, self._identity)
         sock.connect(self._address)
         try:
-            while not self._stop.wait(self._interval):
+            while not self._stopping.wait(self._interval):
                 body = {"k": "event", "e": "heartbeat", "d": {"lag": self._loop_lag()}}
                 try:
                     sock.send_multipart(self._codec.encode(body), flags=zmq.NOBLOCK)
@@ -346,7 +346,7 @@ class HeartbeatThread(threading.Thread):
             ctx.term()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
 
 class LoopTicker:
