@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,13 @@ class ChannelService:
             pause = min(1.0, 2 * pause)
 
     async def serve(self, handle: "WorkerHandle", method: str, args: list) -> Any:
+        value = self.serve_now(handle, method, args)
+        return await value if inspect.isawaitable(value) else value
+
+    def serve_now(self, handle: "WorkerHandle", method: str, args: list) -> Any:
+        """A worker's call, answered at once where it can be (the value), else the
+        awaitable that answers it (a get from an empty channel, a wait for room): the
+        RPC fast path of the inproc launcher, where a task per call is the cost."""
         if method == "__payload__":
             return self._serve_payload(*args)
         if method != "__channel__" or len(args) < 2:
@@ -94,20 +102,17 @@ class ChannelService:
             channel.put_many_nowait([tuple(row) for row in rest[0]], producer=worker)
             return len(channel) < channel.capacity
         if op == "wait_room":
-            await channel.wait_room()
-            return None
+            return channel.wait_room()
         if op == "get_many":  # [item, weight, affinity] rows, so that the consumer can give them back
             key, max_items = rest
-            entries = [await channel.get_entry(key, worker)]
-            while len(entries) < max_items:
-                try:
-                    entries.append(channel.take_nowait(key, worker))
-                except WouldBlock:
-                    break
-            return [[self._rehomed_or(e.item), e.weight, e.affinity] for e in entries]
+            try:
+                first = channel.take_nowait(key, worker)
+            except WouldBlock:
+                return self._get_many(channel, key, max_items, worker)
+            return self._rows(self._more(channel, [first], key, max_items, worker))
         if op == "get_batch":
             target, key = rest
-            return [self._rehomed_or(item) for item in await channel.get_batch_raw(target, key, worker)]
+            return self._get_batch(channel, target, key, worker)
         if op == "abandon":  # a stopping consumer: its waiting gets end (without an item)
             return channel.abandon(worker)
         if op == "give_back":  # prefetched rows a stopping consumer did not take
@@ -118,6 +123,25 @@ class ChannelService:
         if op == "statistics":
             return dataclasses.asdict(channel.statistics())
         raise ValueError(f"unknown channel operation {op!r}")
+
+    async def _get_many(self, channel: Channel, key: Any, max_items: int, worker: str) -> list:
+        entries = self._more(channel, [await channel.get_entry(key, worker)], key, max_items, worker)
+        return self._rows(entries)
+
+    async def _get_batch(self, channel: Channel, target: float, key: Any, worker: str) -> list:
+        return [self._rehomed_or(item) for item in await channel.get_batch_raw(target, key, worker)]
+
+    @staticmethod
+    def _more(channel: Channel, entries: list[Entry], key: Any, max_items: int, worker: str) -> list[Entry]:
+        while len(entries) < max_items:
+            try:
+                entries.append(channel.take_nowait(key, worker))
+            except WouldBlock:
+                break
+        return entries
+
+    def _rows(self, entries: list[Entry]) -> list:
+        return [[self._rehomed_or(e.item), e.weight, e.affinity] for e in entries]
 
     async def _release(self, ref: RemoteRef) -> None:
         """The producer may drop its copy. A release that fails costs only memory there

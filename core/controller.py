@@ -305,9 +305,18 @@ class Controller:
                         handle.mark_lost(f"unreachable: {exc}")
                         raise handle.lost or WorkerLost(handle.name, str(exc)) from None
 
+                def send_now(b: Any) -> bool:
+                    try:
+                        return self.router.send_nowait(identity, b)
+                    except zmq.ZMQError as exc:
+                        handle.mark_lost(f"unreachable: {exc}")
+                        raise handle.lost or WorkerLost(handle.name, str(exc)) from None
+
+                # channel operations that need no wait are answered where they arrive (no task)
                 endpoint = RpcEndpoint(handle.name, send,
                                        serve=lambda m, a, kw: self.serve_worker_call(handle, m, a, kw),
-                                       on_event=handle.on_event, spawn=self.spawn_task)
+                                       on_event=handle.on_event, spawn=self.spawn_task,
+                                       plain_method=self.plain_worker_call(handle), send_now=send_now)
                 handle.attach(endpoint, int((body.get("d") or {}).get("pid", 0)) or None)
         self.router.routes[identity] = on_message
 
@@ -354,6 +363,11 @@ class Controller:
 
     async def serve_worker_call(self, handle: WorkerHandle, method: str, args: list, kwargs: dict) -> Any:
         return await self.channel_service.serve(handle, method, args)
+
+    def plain_worker_call(self, handle: WorkerHandle) -> Any:
+        """The RPC fast path's lookup for `handle`'s calls: each is answered at once, or
+        hands back the awaitable that answers it (channel_service.serve_now)."""
+        return lambda method: lambda *args: self.channel_service.serve_now(handle, method, list(args))
 
     # --- process groups --------------------------------------------------------------
     async def process_group(self, name: str, members: Sequence[WorkerGroup | tuple[WorkerGroup, int]],

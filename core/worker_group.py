@@ -90,6 +90,8 @@ class WorkerGroup:
 
 
 async def gather_or_cancel(calls: Sequence[Awaitable[Any]]) -> list[Any]:
+    if len(calls) == 1:  # nothing to cancel beside it: awaited in place, no task
+        return [await calls[0]]
     tasks = [asyncio.ensure_future(c) for c in calls]
     try:
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

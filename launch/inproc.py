@@ -46,20 +46,34 @@ class InprocLauncher(Launcher):
         loop = asyncio.get_running_loop()
         endpoints: dict[str, RpcEndpoint] = {}
 
-        def courier(to: str) -> Any:
-            async def send(body: dict) -> None:
+        def send_now(to: str) -> Any:
+            def send(body: dict) -> bool:
                 if inproc.killed:
                     raise WorkerLost(handle.name, "killed")
                 loop.call_soon(endpoints[to].handle, body)
+                return True
+            return send
+
+        def courier(to: str) -> Any:
+            now = send_now(to)
+
+            async def send(body: dict) -> None:
+                now(body)
             return send
 
         runtime = WorkerRuntime(handle.spec, lambda m, a, kw: endpoints["worker"].call(m, a, kw),
                                 ctl.spawn_task, cls=handle.cls, share_items=True)
+        # Plain calls both ways are answered where they arrive, with no task per call
+        # (the RPC fast path, as the ZMQ worker has): the worker's plain methods, and
+        # the controller's channel operations that need no wait.
         endpoints["worker"] = RpcEndpoint("controller", courier("controller"), serve=runtime.serve,
-                                          spawn=ctl.spawn_task)
+                                          spawn=ctl.spawn_task, plain_method=runtime.plain_method,
+                                          send_now=send_now("controller"))
         endpoints["controller"] = RpcEndpoint(
             handle.name, courier("worker"), serve=lambda m, a, kw: ctl.serve_worker_call(handle, m, a, kw),
-            on_event=handle.on_event, spawn=ctl.spawn_task)
+            on_event=handle.on_event, spawn=ctl.spawn_task,
+            plain_method=ctl.plain_worker_call(handle),
+            send_now=send_now("worker"))
         inproc = InprocWorker(runtime, endpoints["worker"])
         handle.process = inproc
         handle.attach(endpoints["controller"], os.getpid())

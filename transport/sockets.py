@@ -194,6 +194,10 @@ class RouterServer:
         frames = self.codec.encode(body)
         await self._sock.send_multipart([identity, *frames])
 
+    def send_nowait(self, identity: bytes, body: Any) -> bool:
+        """Sends `body` to `identity` now if the socket takes it (False: use send)."""
+        return self._sock.try_send([identity, *self.codec.encode(body)])
+
     async def serve(self) -> None:
         """Receives forever. Consumes: messages from any peer. Unblocked by:
         cancellation (shutdown). A rejected message is counted and dropped."""
