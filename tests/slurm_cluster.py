@@ -41,7 +41,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge}
+AuthInfo=socket={munge},cred_expire=10
 StateSaveLocation={dir}/state
 SlurmdSpoolDir={dir}/spool/%n
 SlurmctldPidFile={dir}/slurmctld.pid

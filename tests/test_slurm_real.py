@@ -10,6 +10,7 @@ import time
 import pytest
 
 from agent_workflow import two_node_train_config
+from dynarl.components.workflows.checkpoints import latest_checkpoint
 from slurm_cluster import SlurmCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,11 +27,11 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def submit(cluster, tmp_path, steps: int) -> tuple[int, str]:
+def submit(cluster, tmp_path, steps: int, options: tuple = (), overrides: tuple = ()) -> tuple[int, str]:
     config = tmp_path / "job.yaml"
     config.write_text(two_node_train_config(steps, bind_host="0.0.0.0"))
-    job = cluster.sbatch(["--nodes=2", *NOT_HERE, f"--output={tmp_path}/out.txt", TEMPLATE, str(config),
-                          "--run-dir", str(tmp_path / "run")], cwd=str(tmp_path))
+    job = cluster.sbatch(["--nodes=2", *NOT_HERE, *options, f"--output={tmp_path}/out.txt", TEMPLATE, str(config),
+                          *overrides, "--run-dir", str(tmp_path / "run")], cwd=str(tmp_path))
     return job, str(tmp_path / "out.txt")
 
 
@@ -77,3 +78,24 @@ def test_scancel_ends_a_run_in_order_and_leaves_nothing(cluster, tmp_path):
         assert failure not in text, text[-3000:]  # every step of the ordered stop ran, on both nodes
     assert ended_s < 25, ended_s  # in order, well before slurm's SIGKILL (KillWait 30 s)
     assert os.listdir(os.path.join(cluster.env["HOME"], ".dynarl")) == []
+
+
+def test_a_requeued_job_resumes_its_run(cluster, tmp_path):
+    """sbatch --requeue, then `scontrol requeue` mid-run (what preemption or a node
+    failure does): the template turns --run-dir into --resume on the restart, and the
+    run ends with every step once."""
+    job, out = submit(cluster, tmp_path, 6, options=("--requeue", "--open-mode=append"),
+                      overrides=("run.checkpoint_every=2",))
+    run = str(tmp_path / "run")
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(run) is None:
+        assert time.monotonic() < deadline and cluster.state(job) in ("PENDING", "RUNNING"), open(out).read()[-3000:]
+        time.sleep(0.2)
+    done = cluster.run(0, ["scontrol", "requeue", str(job)], timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 240) == "COMPLETED", open(out).read()[-3000:]
+    text = open(out).read()
+    assert f"restart 1 of job {job}: resuming {run}" in text, text[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))
+    assert_only_daemons_left(cluster)
