@@ -20,6 +20,7 @@ converted to megatron's layout, so switching the backend keeps the starting poli
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, Mapping
 
 import torch
@@ -161,3 +162,33 @@ def weights_template(engine: Any, model: Mapping[str, Any]) -> torch.nn.Module |
 
     with torch.device("meta"):
         return Qwen2ForCausalLM(ModelSpec(**model).config())
+
+
+# --- what the DynaRL scheduler needs to know of the configured engines (workflows/dynamic.py)
+
+def trainer_min_devices(cfg: Any) -> int:
+    """Fewest devices the trainer runs on: an emulated trainer's fp32 state must fit in
+    its devices' memory (at the engines' memory fraction); a real one: 1."""
+    return emulated_trainer_min_devices(cfg.trainer.emulated) if cfg.trainer.backend == "emulated" else 1
+
+
+def emulated_trainer_min_devices(emulation: Any) -> int:
+    from .costmodel import DEFAULT_MEM_UTIL, get_device
+    from .trainer.emulated.engine import full_state_bytes
+    return max(1, math.ceil(full_state_bytes(emulation) / (DEFAULT_MEM_UTIL * get_device(emulation.device).memory_bytes)))
+
+
+def move_costs(cfg: Any) -> Any:
+    """What a move costs on the devices beyond its calls (core/migration/mover.py):
+    nothing on real engines (the calls take the time they take); on emulated devices
+    the cost model's role switch, engine restart and the trainer's state over one
+    device link (docs/COSTMODEL.md §3)."""
+    from dynarl.core.migration.mover import MoveCosts
+    if cfg.rollout.backend != "emulated":
+        return MoveCosts()
+    from .costmodel import ROLE_SWITCH_S, get_device, role_switch_time
+    from .trainer.emulated.engine import full_state_bytes
+    e = cfg.trainer.emulated
+    return MoveCosts(release_s=ROLE_SWITCH_S / 2, switch_s=role_switch_time(),
+                     restart_s=role_switch_time(restart=True),
+                     state_s=full_state_bytes(e) / get_device(e.device).link_bandwidth)

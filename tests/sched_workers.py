@@ -8,10 +8,8 @@ class TimedEngine(dynarl.Worker):
     """Holds requests that each finish at a given loop time; reports the utilization
     signal (running / capacity) and supports the Workload migration protocol."""
 
-    def __init__(self, capacity: int = 4, backlog: float = 0.0) -> None:
+    def __init__(self, capacity: int = 4) -> None:
         self.capacity = capacity
-        self.backlog = backlog
-        """Queued work units beyond the running requests (an inference queue)."""
         self.requests: dict[str, float] = {}
         self.done: list[str] = []
         self.paused = False
@@ -32,10 +30,15 @@ class TimedEngine(dynarl.Worker):
                 self.work_done += 1
 
     def metrics(self) -> dict:
+        """A rollout engine's report (core/scheduler/manager.py): one KV token per request,
+        one output token made per running request, each finished one made 10; a stage's:
+        the samples and tokens it processed (none: its backlog is all left)."""
         self._collect()
-        return {"utilization": len(self.requests) / self.capacity, "running": len(self.requests),
-                "waiting": 0, "work_done": self.work_done,
-                "remaining_work": self.backlog + float(len(self.requests))}
+        running = len(self.requests)
+        return {"kv_utilization": running / self.capacity, "running": running, "waiting": 0, "admitting": False,
+                "kv": running, "capacity": self.capacity, "generated": running, "finished": len(self.done),
+                "finished_tokens": 10 * len(self.done), "active_run": running > 0, "work_done": self.work_done,
+                "samples": 0, "tokens": 0}
 
     async def wait_all(self) -> list[str]:
         while True:

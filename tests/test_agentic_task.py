@@ -89,9 +89,6 @@ def test_source_serves_calc_and_keeps_warmup_apart():
     ({**AGENTIC, "task": {"kind": "calc", "calc": {"digits": [3]}}}, "task.calc.digits"),
     ({**AGENTIC, "task": {"kind": "calc", "calc": {"ops": "/"}}}, "task.calc.ops"),
     ({**AGENTIC, "task": {"kind": "calc", "calc": {"warmup_direct_frac": 1.5}}}, "task.calc.warmup_direct_frac"),
-    ({**AGENTIC, "runtime": {"cluster": {"devices_per_node": 4}}, "placement": {"mode": "spatial"},
-      "scheduler": {"policy": "dynarl"}, "rollout": {"num_ranks": 2}, "inference": {"num_ranks": 1},
-      "trainer": {"num_ranks": 1}}, "scheduler.policy"),
 ])
 def test_config_errors_name_the_field(data, field):
     with pytest.raises(ConfigError) as info:

@@ -7,8 +7,10 @@ warm standby ranks), the configured placement comes back before the next step
 (P2P back, the parked engines rejoin), and the job trains on exactly the same
 samples as the static policy with the same seed.
 
-The move-cost charge is off and the trainer is profiled at its own devices only
-(linear beyond): this test is about the mechanism (a move in every step's tail),
+The move-cost charge is off, the trainer is profiled at its own devices only
+(linear beyond), and the tail may be packed 8x denser in KV than the bulk was
+(`pack`: these engines fill ~1% of their KV, bound by max_num_seqs, not memory):
+this test is about the mechanism (a move in every step's tail),
 and whether a move pays off on two shared CPU cores is a measurement, not a
 property (test_scheduler_policy.py tests the charge)."""
 
@@ -30,7 +32,7 @@ JOB = ("runtime.cluster.devices_per_node=4", "placement.mode=hybrid", "rollout.n
        "trainer.num_ranks=1", "rollout.max_new_tokens=48", "rollout.samples_per_prompt=8",
        f"run.steps={STEPS}")
 FAST = ("scheduler.dynarl.interval_s=0.02", "scheduler.dynarl.charge_move_cost=false",
-        "scheduler.dynarl.trainer_profile=home")
+        "scheduler.dynarl.trainer_profile=home", "scheduler.dynarl.pack=8")
 
 
 def _children() -> set[int]:
@@ -71,7 +73,7 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
     assert all(r["migrations"].get("workload:rollout", 0) >= 1 for r in rows), rows
     assert len(rows[0]["trainer_model"]["profiled"]) == 1
     # what step 0's moves cost (out and back) is what the policy weighs from step 1 on
-    assert rows[0]["move_cost_s"] == {"rollout": 0.0, "trainer": 0.0}
+    assert rows[0]["move_cost_s"] == {"rollout": 0.0, "inference": 0.0, "trainer": 0.0}
     assert rows[1]["move_cost_s"]["trainer"] == pytest.approx(rows[0]["migration_s"]["p2p:trainer"])
     assert rows[1]["move_cost_s"]["rollout"] == pytest.approx(
         rows[0]["migration_s"]["workload:rollout"] + rows[0]["migration_s"]["join:rollout"])
@@ -81,7 +83,8 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
         assert set(r["migration_s"]) == set(m) and all(s >= 0 for s in r["migration_s"].values())
         if not m:
             continue
-        assert r["migration_s"]["workload:rollout"] > 0 and r["migration_s"]["p2p:trainer"] > 0
+        # (an engine whose generation is over hands nothing over: parking it costs ~0)
+        assert r["migration_s"]["workload:rollout"] >= 0 and r["migration_s"]["p2p:trainer"] > 0
         assert m.get("workload:rollout", 0) >= 1, r  # idle engines released their devices
         assert m.get("p2p:trainer", 0) >= 2, r       # the trainer took them, then gave them back
         assert m.get("join:rollout", 0) >= 1, r      # the parked engines rejoined: whole again
@@ -98,7 +101,7 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
         timeline = [counts for _, counts in r["device_counts_vs_rollout_end_s"]]
         assert all(c["rollout"] + c["trainer"] <= 4 for c in timeline), timeline
         assert min(c["rollout"] for c in timeline) < 3 and max(c["trainer"] for c in timeline) > 1, timeline
-        assert timeline[-1] == {"rollout": 3, "trainer": 1}, timeline
+        assert timeline[-1] == {"rollout": 3, "inference": 1, "trainer": 1}, timeline
         devices = r["devices"]  # the trackers' series: the step's mean, min and max
         assert devices["rollout"]["min"] < devices["rollout"]["mean"] < devices["rollout"]["max"] == 3, devices
         assert devices["trainer"]["min"] == 1 < devices["trainer"]["mean"] < devices["trainer"]["max"], devices
@@ -288,3 +291,27 @@ async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does()
         assert stats[0]["groups"] == 1 and stats[0]["groups_exported"] == 0
         result = await workload_migrate(ctl, group, [0])  # now both are done
         assert result.moved == 0 and result.freed_devices == [0] and group.devices == [1]
+
+
+def test_the_agentic_workflow_moves_devices_in_dynarl_train_too(tmp_path):
+    """The one scheduler on the agentic workflow (ReAct episodes, the calculator tool):
+    rollout engines serving turns are released (their turns, tokens so far, move to the
+    kept engines; the episode driver stops routing to them) and the trainer reshards
+    onto their devices, as `dynarl sim` does with scripted episodes; every episode is
+    trained once per step and every process is reaped."""
+    from conftest import assert_reaped
+    run_dir = str(tmp_path / "run")
+    import yaml
+    args = ("run.steps=2", "run.prompts_per_step=8", "trainer.warmup.steps=2", "runtime.cluster.devices_per_node=4",
+            "placement.mode=hybrid", "rollout.num_ranks=3", "scheduler.policy=dynarl", *FAST)
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "agentic.yaml")
+    job = prepare(example, [(k, yaml.safe_load(v)) for k, _, v in (a.partition("=") for a in args)], run_dir, None)
+    assert job.run() == 0
+    w = job.workflow
+    assert_reaped([p for group in (w.g.rollout, w.g.inference, w.g.trainer) for p in group.pids])
+    rows = _rows(run_dir)
+    assert any(r["migrations"].get("workload:rollout") and r["migrations"].get("p2p:trainer") for r in rows), rows
+    entries = read_entries(os.path.join(run_dir, "ledger.jsonl"))
+    assert [e.step for e in entries] == [0, 1]
+    for e in entries:
+        assert len(e.sample_ids) == len(set(e.sample_ids)) == 8 * 8  # prompts x the example's samples, once each

@@ -1,4 +1,8 @@
 NUM_GPUS = 0
+"""The GlobalScheduler (core/scheduler/loop.py) and its Mover (core/migration/mover.py)
+on engines whose requests finish at known times, in virtual time: the donor signal,
+the view read from the hypergraph, Workload migration out of the donor and the
+receiver's running stage taking the freed devices."""
 
 import asyncio
 
@@ -6,51 +10,81 @@ import pytest
 
 import dynarl
 from dynarl import ClusterConfig, RuntimeConfig
-from dynarl.core.scheduler.loop import DeviceCounts, GlobalScheduler, device_stats
+from dynarl.components.workflows.live import LiveStep
+from dynarl.core.migration.mover import Mover
+from dynarl.core.scheduler.loop import DeviceCounts, GlobalScheduler, StepState, device_stats
 from dynarl.core.scheduler.manager import ComponentSpec, InterruptGate
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
+from dynarl.core.scheduler.view import StepWork
 from sched_workers import TimedEngine
+
+
+class Rates:
+    """One unit of work per second per device, for both components."""
+
+    def predictor(self, work, progress):
+        return Predictor({"rollout": ThroughputModel([(1, 1.0)]), "inference": ThroughputModel([(1, 1.0)])})
+
+
+class Flow:
+    """The workflow side of a move: the joined ranks' stage call returns at once."""
+    def __init__(self):
+        self.joined = []
+
+    async def releasing(self, component, ranks): ...
+
+    async def ready_ranks(self, component, group, positions, version): ...
+
+    def stage_call(self, component, position, version):
+        self.joined.append((component, position))
+
+        async def call():
+            return None
+        return call()
 
 
 def scenario(policy):
     """6 rollout engines: five finish their requests by t=3.5 s, one holds a long tail
-    until t=40 s. Inference (2 devices) has a backlog of 50 units per rank at 1 unit/s/device."""
+    until t=40 s. Inference (2 devices) has 400 sequence tokens left to process."""
     async def workflow(ctl):
         rollout = await ctl.spawn(TimedEngine, name="rollout", devices=[0, 1, 2, 3, 4, 5])
-        inference = await ctl.spawn(TimedEngine, name="inference", devices=[6, 7],
-                                    init={"capacity": 100, "backlog": 50.0})
+        inference = await ctl.spawn(TimedEngine, name="inference", devices=[6, 7], init={"capacity": 100})
         finish = {p: {f"r{p}": 40.0 if p == 0 else 1.0 + 0.5 * p} for p in range(6)}
         await rollout.scatter("submit", [[finish[p]] for p in range(6)])
-        predictor = Predictor({"rollout": ThroughputModel([(1, 1.0)]), "inference": ThroughputModel([(1, 1.0)])})
-        sched = GlobalScheduler(ctl, policy, predictor, DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0),
+        sched = GlobalScheduler(ctl, policy, Rates(), DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0),
                                 interval_s=1.0)
-        sched.register(ComponentSpec("rollout", "dynamic", "workload"), rollout)
-        sched.register(ComponentSpec("inference", "static", "workload",
-                                     init={"capacity": 100, "backlog": 50.0}), inference)
+        sched.register(ComponentSpec("rollout", "dynamic"), rollout)
+        sched.register(ComponentSpec("inference", "static", "join"), inference)
+        flow = Flow()
+        sched.mover = Mover(ctl, flow, sched.managers, sched.log)
         loop = asyncio.get_running_loop()
-        ticker = ctl.spawn_task(sched.run())
+        live = LiveStep(0)
+        live.done = {c: loop.create_future() for c in ("rollout", "reward", "inference")}
+        ticker = ctl.spawn_task(sched.run(StepState(live, StepWork(samples=40, prompt_mean=0.0, cap=None))))
         await asyncio.sleep(30.0)
-        ticker.cancel()
+        sched.running = False
+        await ticker
         done = sorted(x for part in await sched.group("rollout").call("wait_all") for x in part)
-        return sched.log, len(sched.group("rollout").devices), len(sched.group("inference").devices), done, loop.time()
+        return (sched.log, len(sched.group("rollout").devices), len(sched.group("inference").devices), done,
+                flow.joined)
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=8))
     return dynarl.run(workflow, config, virtual_time=True)
 
 
 def test_dynarl_moves_idle_rollout_engines_to_the_bottleneck_and_loses_nothing():
-    log, rollout_devices, inference_devices, done, _ = scenario("dynarl")
-    assert [m.kind for m in log.migrations] == ["workload", "workload"]  # donor release, receiver grow
+    log, rollout_devices, inference_devices, done, joined = scenario("dynarl")
+    assert [(m.kind, m.component) for m in log.migrations] == [("workload", "rollout"), ("workload", "inference")]
     first = log.migrations[0]
-    assert first.component == "rollout" and 3.5 + 4.0 <= first.started <= 12.0  # after the window
+    assert 3.5 + 4.0 <= first.started <= 12.0  # after the window
     assert rollout_devices == 1 and inference_devices == 7
+    assert joined == [("inference", p) for p in range(2, 7)]  # each new rank joined the running stage
     assert "r0" in done  # the long tail kept running on the engine that was not released
     assert all(d.ms >= 0 for d in log.decisions) and len(log.decisions) >= 20
-    # the counts after every move: 6+0 once both are registered, 1+2 after the release, 1+7 after the grow
-    assert [c.counts for c in log.counts][1:] == [{"rollout": 6, "inference": 2}, {"rollout": 1, "inference": 2},
-                                                  {"rollout": 1, "inference": 7}]
-    assert [c.at for c in log.counts[-2:]] == [first.started + first.seconds,
-                                              log.migrations[1].started + log.migrations[1].seconds]
+    # ownership after every change: 6+2 at the start, 1+2 after the release (5 in flight), 1+7 after the grow
+    assert [c.counts for c in log.counts] == [{"rollout": 6, "inference": 2}, {"rollout": 1, "inference": 2},
+                                              {"rollout": 1, "inference": 7}]
+    assert log.counts[-1].at == pytest.approx(log.migrations[1].started + log.migrations[1].seconds)
 
 
 def test_static_policy_never_moves():
@@ -85,7 +119,7 @@ async def test_interrupt_waits_for_busy_sections():
 
 def test_unknown_policy_rejected():
     with pytest.raises(ValueError, match="static or dynarl"):
-        GlobalScheduler(None, "random", Predictor())
+        GlobalScheduler(None, "random", Rates())
 
 
 COUNTS = [DeviceCounts(0.0, {"rollout": 4, "trainer": 2}), DeviceCounts(10.0, {"rollout": 2, "trainer": 2}),

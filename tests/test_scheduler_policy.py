@@ -188,29 +188,48 @@ def test_packing_below_demand_is_priced_by_the_demand_cap():
                  id="a-released-engine-drops-out-its-peak-stays"),
 ])
 def test_track_low(engines, util, since, peak, expected_since, expected_peak):
-    """Both commands' donor signal (dynarl train's managers, dynarl sim's dynarl policy)."""
-    assert track_low(engines, util, 5.0, since, peak, 0.2) == (expected_since, expected_peak)
+    """Both commands' donor signal (the managers' poll)."""
+    assert track_low(engines, util, 5.0, since, peak, 0.2)[:2] == (expected_since, expected_peak)
 
 
-def test_an_engine_that_may_still_get_prompts_is_never_low_one_that_may_not_drains():
-    since, _ = track_low(["a", "b"], [0.1, 0.1], 5.0, {}, {"a": 0.1, "b": 0.1}, 0.2, admitting=[True, False])
-    assert since == {"a": None, "b": 5.0}  # b: at its peak, but it takes nothing new: it can only drain
+def test_an_engine_that_may_still_get_prompts_is_never_low_one_that_may_not_drains_past_its_peak():
+    # a and b at their peak: neither is low (b took its last prompt, but its requests still
+    # decode and fill its KV); c is past its peak: low once it may get no more prompts
+    since, _, _ = track_low(["a", "b", "c"], [0.1, 0.1, 0.1], 5.0, {}, {"a": 0.1, "b": 0.1, "c": 0.3}, 0.2,
+                            admitting=[True, False, False])
+    assert since == {"a": None, "b": None, "c": 5.0}
+    since, _, _ = track_low(["c"], [0.1], 5.0, {}, {"c": 0.3}, 0.2, admitting=[True])
+    assert since == {"c": None}
 
 
-async def test_the_manager_reads_the_engines_fill_not_the_admitting_mask():
-    """A rollout rank reports utilization 1.0 while it is admitting prompts; the
-    manager takes its KV fill and its admitting flag: never low while admitting,
-    low below U_low once it is not (dynarl train's tail)."""
+@pytest.mark.parametrize("held, held_peak, low", [
+    pytest.param(4, 8, True, id="half-its-requests-finished-drains-though-its-kv-still-grows"),
+    pytest.param(8, 8, False, id="all-its-requests-still-running-fills"),
+])
+def test_an_engine_at_its_peak_fill_drains_once_its_requests_finish(held, held_peak, low):
+    """A small engine's tail can hold all the KV it ever held (its long requests still
+    decode) while most of its requests are done: it drains by requests."""
+    since, _, peaks = track_low(["a"], [0.1], 5.0, {}, {"a": 0.1}, 0.2, admitting=[False], held=[held],
+                                held_peak={"a": held_peak})
+    assert (since["a"] is not None) is low and peaks == {"a": held_peak}
+
+
+async def test_the_manager_reads_the_engines_fill_and_admitting_flag_into_the_hypergraph():
+    """A rollout rank reports its KV fill and whether it may still be handed prompts:
+    never low while admitting, low below U_low and past its peak once it is not
+    (dynarl train's tail); the hypergraph holds the fill and the requests."""
     from types import SimpleNamespace
 
     from dynarl.core.scheduler.manager import ComponentSpec, Manager
 
+    def report(kv, admitting):
+        return {"kv_utilization": kv, "admitting": admitting, "running": 1, "waiting": 0, "kv": 0, "capacity": 1,
+                "generated": 0, "finished": 0, "finished_tokens": 0}
+
     polls = iter([
-        [{"utilization": 1.0, "kv_utilization": 0.05, "admitting": True}] * 2,   # may still get prompts
-        [{"utilization": 0.10, "kv_utilization": 0.10, "admitting": False},    # in the tail, below U_low
-         {"utilization": 1.0, "kv_utilization": 0.10, "admitting": True}],
-        [{"utilization": 0.15, "kv_utilization": 0.15, "admitting": False},
-         {"utilization": 0.50, "kv_utilization": 0.50, "admitting": False}],   # above U_low
+        [report(0.30, True), report(0.30, True)],     # may still get prompts
+        [report(0.10, False), report(0.10, True)],    # a: in the tail, below U_low, past its peak
+        [report(0.15, False), report(0.50, False)],   # b: above U_low
     ])
 
     class Group:
@@ -218,11 +237,11 @@ async def test_the_manager_reads_the_engines_fill_not_the_admitting_mask():
         handles = [SimpleNamespace(spec=SimpleNamespace(worker_id=w)) for w in ("rollout/0/a", "rollout/1/b")]
 
         async def call(self, method):
-            return [dict(r, running=1, waiting=0) for r in next(polls)]
+            return next(polls)
 
-    manager = Manager(ComponentSpec("rollout", "dynamic", "workload"), Group(), u_low=0.2)
+    manager = Manager(ComponentSpec("rollout", "dynamic"), Group(), u_low=0.2)
     expected = {1.0: (None, None), 2.0: (2.0, None), 3.0: (2.0, None)}
     for now in (1.0, 2.0, 3.0):
         await manager.poll(now)
-        assert manager.view().engine_low_since == expected[now], now
+        assert manager.low() == expected[now], now
     assert manager.graph.nodes["rollout"].loads() == ((0.15, 0.50), (1, 1))  # the hypergraph holds the KV fill

@@ -7,8 +7,7 @@ episodes take part in Workload migration."""
 import pytest
 
 from dynarl.components.placement.agentic import BASELINE, DYNARL, AgenticMode, agentic_mode
-from dynarl.components.placement.dynarl import Dynarl
-from dynarl.components.placement.policy import Migrate, make_policy
+from dynarl.components.placement.policy import make_policy
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.launch.sim.cli import simulate
 from dynarl.launch.sim.report import to_json
@@ -51,24 +50,31 @@ def test_priority_and_affinity_reprefill_fewer_tokens_and_every_episode_ends_onc
     assert to_json(result) == to_json(simulate(scn)[0])  # routing is deterministic
 
 
-class MoveOnce(Dynarl):
-    """dynarl's request handling, and one forced move mid-way through the first iteration:
-    every rollout engine but one goes to the trainer, busy ones included."""
-    name = "test-move-once"
+def move_once():
+    """A decision function for the scheduler (in place of decide_dynarl): one forced move,
+    2 s into the run: every rollout engine but one goes to the trainer, busy ones
+    included."""
+    from dynarl.core.scheduler.policy import Plan
+    state = {"first": None, "moved": False}
 
-    def decide(self, snapshot):
-        if snapshot.iteration > 0 or snapshot.at_iteration_end or snapshot.now_s < 2.0 \
-                or not snapshot.interruptible.get("rollout") or snapshot.devices["rollout"] <= 1:
-            return []
-        return [Migrate("workload", "rollout", "trainer", snapshot.devices["rollout"] - 1)]
+    def decide(view, predictor, config):
+        rollout = view.components[0]
+        state["first"] = view.now if state["first"] is None else state["first"]
+        if state["moved"] or view.now - state["first"] < 2.0 or not rollout.interruptible or rollout.devices <= 1:
+            return None
+        state["moved"] = True
+        return Plan({}, (("rollout", "trainer", rollout.devices - rollout.devices_per_engine),), 0.0, 1.0, 1)
+    return decide
 
 
-def test_episodes_migrate_between_and_inside_turns_and_affinity_falls_back():
+def test_episodes_migrate_between_and_inside_turns_and_affinity_falls_back(monkeypatch):
     # rStar-like episodes (0.2 s tools): at the move some are decoding a turn (exported with
     # their tokens so far), some wait on their tool (exported with what is left of it)
     scn = build_scenario(SimConfig(workload="agentic-rstar-1.5b", devices=8, prompts=4, iterations=2, warmup=1))
     stay = run_policy(scn, "dynarl")
-    moved = run_policy(scn, "test-move-once", policy=MoveOnce())
+    from dynarl.core.scheduler import loop
+    monkeypatch.setattr(loop, "decide_dynarl", move_once())
+    moved = run_policy(scn, "dynarl")
     # dynarl alone does not move this small run: each follow-up turn goes home and
     # recomputes at most the last, partial prefix-cache block of its context
     block = EmulatedRolloutConfig(**scn.engines["rollout"]).block_size

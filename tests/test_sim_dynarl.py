@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from dynarl.components.placement.dynarl import Dynarl, DynarlConsolidate, rollout_tokens_left, tokens_left
-from dynarl.components.placement.policy import Migrate, PlanContext, Snapshot
-from dynarl.core.scheduler.policy import DynarlConfig
+from dynarl.components.placement.dynarl import DynarlConsolidate, DynarlCostAware
+from dynarl.core.scheduler.policy import ComponentView, DynarlConfig, is_donor, track_low
+from dynarl.core.scheduler.view import (RolloutProgress, downstream_tokens_left, packable_since, rollout_demand,
+                                        rollout_tokens_left, tokens_left)
 from dynarl.launch.sim.cli import simulate
 from dynarl.launch.sim.report import to_json
 from dynarl.launch.sim.runner import run_policy
-from dynarl.launch.sim.scenario import SimConfig, build_scenario
-from dynarl.launch.sim.snapshot import downstream_tokens_left, output_cap
+from dynarl.launch.sim.scenario import SimConfig, build_scenario, output_cap
 from dynarl.launch.sim.sweep import sweep
 
 SMALL = dict(workload="math-1.5b", devices=16, prompts=64, iterations=2, warmup=1)
@@ -63,54 +63,46 @@ def test_variants_run_on_the_same_batches(small):
         assert p["iter_time_s"] > 0 and p["decisions"] > 0
 
 
-def snap(now, util, **kw):
-    base = dict(iteration=0, now_s=now, at_iteration_end=False, placement=None,
-                rollout_utilization=tuple(util), rollout_engines=tuple(f"e{i}" for i in range(len(util))),
-                devices={"rollout": 2 * len(util), "inference": 1, "trainer": 3},
-                rollout_active=len(util), rollout_generated=1000 * len(util), rollout_kv_tokens=0,
-                rollout_capacity=100_000, remaining_tokens={"inference": 1e6, "trainer": 1e7},
-                rate_points={"rollout": ((2, 100.0), (8, 400.0)), "inference": ((1, 3e4), (64, 64 * 3e4)),
-                             "trainer": ((1, 1e4), (64, 64 * 1e4))},
-                interruptible={"rollout": True}, accepting={"inference": True, "trainer": True},
-                migration_cost_s={"workload": 1.0, "p2p": 2.3})
-    return Snapshot(**{**base, **kw})
-
-
-def policy(cls=Dynarl, **cfg):
-    p = cls(DynarlConfig(**cfg)) if cfg else cls()
-    p.place(PlanContext(num_devices=12, granularity={"rollout": 2}, work={}, switch_s=2.0, micro_batches=8,
-                        min_devices={"trainer": 3}))
-    return p
-
-
 def test_donor_needs_low_utilization_past_the_peak_for_the_window():
-    p = policy()
-    # the KV filling at the start is below U_low, but at its peak (filling): no donor
-    assert p.decide(snap(0.0, [0.02] * 4)) == []
-    assert p.decide(snap(5.0, [0.03] * 4)) == []
-    # then every engine drains below U_low and its peak; only after T = 4 s does it donate
-    assert p.decide(snap(10.0, [0.001] * 4)) == []
-    moves = p.decide(snap(14.5, [0.001] * 4, rollout_active=1))
-    assert moves and all(isinstance(m, Migrate) and m.source == "rollout" for m in moves)
-    assert {m.kind for m in moves} <= {"p2p", "workload"}
-    assert sum(m.devices for m in moves) % 2 == 0  # whole engines
+    """The paper's signal on a sequence of polls: the KV filling at the start is below
+    U_low, but at its peak (filling): no donor; once every engine drains below U_low and
+    its peak, the rollout donates after T = 4 s."""
+    config, engines = DynarlConfig(), ["e0", "e1", "e2", "e3"]
+    since, peak = {}, {}
+    donor_at = []
+    for now, u in ((0.0, 0.02), (5.0, 0.03), (10.0, 0.001), (13.0, 0.001), (14.5, 0.001)):
+        since, peak, _ = track_low(engines, [u] * 4, now, since, peak, config.u_low)
+        view = ComponentView("rollout", "dynamic", 8, 1e6, devices_per_engine=2,
+                             engine_low_since=tuple(since[e] for e in engines))
+        if is_donor(view, now, config):
+            donor_at.append(now)
+    assert donor_at == [14.5]
 
 
 def test_consolidate_keeps_fewer_engines_than_dynarl():
-    kw = dict(rollout_active=40, rollout_kv_tokens=200_000)
-    a, b = policy(), policy(DynarlConsolidate)
-    for p in (a, b):
-        p.decide(snap(0.0, [0.6] * 4))
-    assert b.rollout_demand(snap(1.0, [0.3] * 4, **kw)) < a.rollout_demand(snap(1.0, [0.3] * 4, **kw))
+    p = RolloutProgress(active=40, kv_tokens=200_000, capacity=100_000)
+    peaks = {f"e{i}": 0.6 for i in range(4)}
+    assert rollout_demand(p, peaks, pack=2.0) < rollout_demand(p, peaks, pack=1.0) == 4
+    # 60k tokens fit one engine at the 0.6 peak fill; no active request needs none
+    assert rollout_demand(RolloutProgress(active=40, kv_tokens=60_000, capacity=100_000), peaks) == 1
+    assert rollout_demand(RolloutProgress(), peaks) == 0
 
 
-def test_costaware_refuses_a_gain_below_the_migration_cost():
-    from dynarl.components.placement.dynarl import DynarlCostAware
-    from dynarl.core.scheduler.policy import Plan
-    p = policy(DynarlCostAware)
-    s = snap(0.0, [0.0] * 4)
-    assert not p.commit(Plan({}, (("rollout", "trainer", 2),), 99.0, 100.0, 3), s)
-    assert p.commit(Plan({}, (("rollout", "trainer", 2),), 50.0, 100.0, 3), s)
+def test_the_variants_are_settings_of_the_one_scheduler():
+    assert DynarlCostAware().config.charge_move_cost and not DynarlConsolidate().config.charge_move_cost
+    assert (DynarlConsolidate().config.pack, DynarlConsolidate().config.donor) == (2.0, "packable")
+    settings = DynarlConsolidate().scheduler(engines=512)
+    assert settings["interval_s"] == settings["tail_interval_s"] == 2.0 and settings["lend"]
+
+
+@pytest.mark.parametrize("engines, demand, since, packable", [
+    pytest.param(10, 1, None, 4.5, id="stragglers-fit-on-one-engine-of-ten"),
+    pytest.param(10, 1, 2.0, 2.0, id="since-first-seen"),
+    pytest.param(10, 3, 2.0, None, id="more-than-one-fifth-resets"),
+    pytest.param(1, 0, None, None, id="one-engine-has-nothing-to-pack"),
+])
+def test_consolidate_donates_when_the_stragglers_fit_on_few_engines(engines, demand, since, packable):
+    assert packable_since(engines, demand, 0.8, 4.5, since) == packable
 
 
 def test_sweep_varies_one_parameter_at_a_time():
@@ -118,19 +110,6 @@ def test_sweep_varies_one_parameter_at_a_time():
     assert [r["u_low"] for r in out["rows"]["u_low"]] == [0.01, 0.1, 0.2, 0.3, 0.5]
     assert [r["window_s"] for r in out["rows"]["window_s"]] == [2.0, 4.0, 8.0, 32.0, 64.0]
     assert max(r["vs_best"] for r in out["rows"]["u_low"]) == 1.0
-
-
-def test_consolidate_donates_when_stragglers_fit_on_few_engines_and_dynarl_waits():
-    # 10 engines, each still at its peak fill (stragglers on every engine), but their
-    # KV together would fit on 1 engine at twice that fill
-    util = [0.5] * 10
-    kw = dict(rollout_active=10, rollout_kv_tokens=60_000, rollout_capacity=100_000,
-              devices={"rollout": 20, "inference": 1, "trainer": 3})
-    base, cons = policy(), policy(DynarlConsolidate)
-    for t in (0.0, 2.0, 4.5):
-        a, b = base.decide(snap(t, util, **kw)), cons.decide(snap(t, util, **kw))
-    assert a == [] and b and all(m.source == "rollout" for m in b)
-    assert cons.decide(snap(0.0, util, iteration=1, **kw)) == []  # the window restarts each iteration
 
 
 def test_dynarl_runs_agentic_episodes():
@@ -151,11 +130,10 @@ def test_tokens_left_per_request(made, finished_mean, cap, expected):
     assert tokens_left(made, finished_mean, cap) == pytest.approx(expected)
 
 
-def test_rollout_tokens_left_reads_the_snapshot():
-    s = snap(1.0, [0.3] * 4, rollout_active=4, rollout_generated=4 * 6000, rollout_finished_mean=3000.0,
-             rollout_max_new_tokens=8000)
-    assert rollout_tokens_left(s) == pytest.approx(2000.0)
-    assert rollout_tokens_left(snap(1.0, [0.0] * 4, rollout_active=0, rollout_generated=0)) == 0.0
+def test_rollout_tokens_left_reads_the_engines_progress():
+    p = RolloutProgress(active=4, generated=4 * 6000, finished=2, finished_tokens=6000)
+    assert rollout_tokens_left(p, cap=8000) == pytest.approx(4 * 2000.0)
+    assert rollout_tokens_left(RolloutProgress(), cap=8000) == 0.0
 
 
 # 10 samples of prompt 100: 4 finished (2,000 output tokens), 4 running (500 made each), 2 unstarted.
@@ -179,15 +157,3 @@ def test_output_cap_only_for_a_capped_math_workload_without_a_trace():
     scn = build_scenario(SimConfig(**SMALL))
     assert output_cap(scn) == int(scn.workload.response_tokens.cap)
     assert output_cap(dataclasses.replace(scn, trace=object())) is None
-
-
-def test_rollout_view_keeps_its_kv_demand_but_prices_density_by_requests():
-    """The donor keeps the engines its KV needs at the peak fill (keep_engines), while the
-    predictor's cap is the running requests, not those engines: its rate points already
-    price a denser batch, so capping at the KV demand would call every engine above it useless."""
-    p = policy()
-    p.decide(snap(0.0, [0.6] * 4))
-    s = snap(1.0, [0.3] * 4, rollout_active=40, rollout_kv_tokens=60_000)
-    view = p.views(s)[0]
-    assert view.active_requests == 40 and view.requests_per_engine == 1
-    assert view.keep_engines == p.rollout_demand(s) == 1  # 60k tokens fit one engine at the 0.6 peak fill

@@ -1,13 +1,14 @@
 NUM_GPUS = 0
 """dynarl in the simulator: the donor signal, the rollout borrowing the parked
-components' devices at an iteration's start (Fig 13), the poll period at scale."""
+components' devices at an iteration's start (Fig 13, scheduler.dynarl.lend), the
+poll period at scale."""
 
 import pytest
 
 from dynarl.components.placement import policy as _policies  # noqa: F401  registers the policies first
-from dynarl.components.placement.dynarl import decide_period_s, rollout_done
+from dynarl.components.placement.dynarl import decide_period_s
 from dynarl.core.scheduler.policy import engine_low
-from dynarl.components.placement.policy import Snapshot
+from dynarl.core.scheduler.view import RolloutProgress, rollout_done
 from dynarl.launch.sim.runner import run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
 
@@ -25,11 +26,6 @@ def test_engine_low(utilization, peak, u_low, low):
     assert engine_low(utilization, peak, u_low) is low
 
 
-def _snap(active, finished_mean, prompts):
-    return Snapshot(iteration=0, now_s=0.0, at_iteration_end=False, placement=None, rollout_active=active,
-                    rollout_finished_mean=finished_mean, queue_depth={"prompts": prompts})
-
-
 @pytest.mark.parametrize("active, finished_mean, prompts, done", [
     (0, 4096.0, 0, True),    # everything finished
     (3, 4096.0, 0, False),   # stragglers left
@@ -37,7 +33,9 @@ def _snap(active, finished_mean, prompts):
     (0, 4096.0, 5, False),   # prompts still queued
 ])
 def test_rollout_done(active, finished_mean, prompts, done):
-    assert rollout_done(_snap(active, finished_mean, prompts)) is done
+    finished = 2 if finished_mean else 0
+    progress = RolloutProgress(active=active, finished=finished, finished_tokens=int(finished * finished_mean))
+    assert rollout_done(progress, prompts) is done
 
 
 @pytest.mark.parametrize("engines, period", [(8, 1.0), (32, 1.0), (256, 1.0), (512, 2.0), (2048, 8.0)])

@@ -127,7 +127,7 @@ def test_registry_knows_the_baselines_dynarl_and_its_variants():
     assert make_policy("spatial").place(ctx()).describe() == "rollout:16 | inference:16 | trainer:32"
     for name in ("dynarl", "dynarl-costaware", "dynarl-consolidate"):
         p = make_policy(name)
-        assert p.name == name and p.has_hook and p.decide_every_s == 1.0
+        assert p.name == name and p.scheduler(engines=30)["interval_s"] == 1.0
         # rollout takes all but the fewest devices the others need, in whole engines
         assert p.place(ctx(min_devices={T: 2})).describe() == "rollout:60 | inference:1 | trainer:3"
     assert PolicyUnavailable  # still the error type for policies a build cannot run

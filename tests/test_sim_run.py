@@ -6,7 +6,8 @@ import json
 import pytest
 
 from dynarl.components.placement import policy as policies
-from dynarl.components.placement.policy import Colocated, Migrate
+from dynarl.components.placement.dynarl import Dynarl
+from dynarl.components.placement.policy import Colocated
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
@@ -16,6 +17,7 @@ from dynarl.launch.sim.cli import simulate
 from dynarl.launch.sim.report import to_json
 from dynarl.launch.sim.runner import run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
+from dynarl.transport.errors import ConfigError
 
 SMALL = dict(workload="math-1.5b", devices=16, prompts=8, iterations=2, warmup=1)
 
@@ -65,10 +67,9 @@ def test_colocated_time_shares_every_device_and_spatial_holds_blocks():
 
 
 class Watcher(Colocated):
-    """A policy with an online hook that only looks: the extension point dynarl uses."""
+    """A policy with an iteration-end hook that only looks: the extension point rlinf-auto uses."""
     name = "test-watcher"
     has_hook = True
-    decide_every_s = 20.0
     seen: list = []
 
     def decide(self, snapshot):
@@ -76,39 +77,59 @@ class Watcher(Colocated):
         return []
 
 
-class Mover(Watcher):
-    name = "test-mover"
+class ColocatedDynarl(Dynarl):
+    """dynarl's scheduler on time-shared devices."""
+    name = "test-colocated-dynarl"
 
-    def decide(self, snapshot):
-        return [Migrate("workload", "rollout", "trainer", 2)] if not snapshot.at_iteration_end else []
+    def place(self, ctx):
+        return Colocated().place(ctx)
 
 
 @pytest.fixture
 def test_policies():
     policies.register("test-watcher", Watcher)
-    policies.register("test-mover", Mover)
+    policies.register("test-colocated-dynarl", ColocatedDynarl)
     yield
-    for name in ("test-watcher", "test-mover"):
+    for name in ("test-watcher", "test-colocated-dynarl"):
         policies.REGISTRY.pop(name)
 
 
-def test_online_hook_sees_engine_utilization_during_iterations(test_policies):
+def test_an_iteration_end_hook_sees_each_iterations_stage_times(test_policies):
     Watcher.seen = []
     scn = build_scenario(SimConfig(**{**SMALL, "policies": ("test-watcher",)}))
     run = run_policy(scn, "test-watcher")
-    online = [s for s in Watcher.seen if not s.at_iteration_end]
-    assert len(online) >= 4 and len(run.decision_ms) == len(Watcher.seen)
-    assert all(len(s.rollout_utilization) == 16 for s in online)  # colocated: 16 engines at TP 1
-    assert any(u > 0 for s in online for u in s.rollout_utilization)
-    assert all(0 <= u <= 1 for s in online for u in s.rollout_utilization)
-    assert [s.iteration for s in Watcher.seen if s.at_iteration_end] == [0, 1]
+    assert [s.iteration for s in Watcher.seen] == [0, 1] and len(run.decision_ms) == 2
+    assert all(s.at_iteration_end and set(s.stage_s) == {"rollout", "inference", "trainer"}
+               for s in Watcher.seen)
+
+
+def test_the_scheduler_reads_every_engine_from_the_hypergraph_during_iterations(monkeypatch):
+    """dynarl's scheduler decides on views of the running step (the decision replaced by
+    one that only looks): every rollout engine's low-since, the requests, the devices."""
+    from dynarl.core.scheduler import loop
+    views = []
+
+    def watch(view, predictor, config):
+        views.append(view)
+        return None
+    monkeypatch.setattr(loop, "decide_dynarl", watch)
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("dynarl",)}))
+    run = run_policy(scn, "dynarl")
+    assert len(views) >= 4 and len(run.decision_ms) == len(views)
+    rollout = [v.components[0] for v in views]
+    generating = [r for r in rollout if r.active_requests]  # (lent engines go home at the rollout's end)
+    assert len(generating) >= 4 and all(r.name == "rollout" and len(r.engine_low_since) == r.devices
+                                        for r in generating)
+    assert rollout[0].devices == 16  # the rollout holds every device at the start (lending)
+    assert any(r.active_requests for r in rollout) and any(r.remaining_work > 0 for r in rollout)
+    assert {c.name for v in views for c in v.components} == {"rollout", "inference", "trainer"}
 
 
 def test_online_migrations_need_devices_of_their_own(test_policies):
-    """Migrate moves devices between spatial segments; time-shared devices have none to move."""
-    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("test-mover",)}))
-    with pytest.raises(NotImplementedError, match="time-shared"):
-        run_policy(scn, "test-mover")
+    """dynarl moves devices between spatial segments; time-shared devices have none to move."""
+    scn = build_scenario(SimConfig(**{**SMALL, "policies": ("test-colocated-dynarl",)}))
+    with pytest.raises(ConfigError, match="rollout on devices of its own"):
+        run_policy(scn, "test-colocated-dynarl")
 
 
 def test_cli_rejects_unknown_policies_and_reports_trace_rejects(tmp_path, capsys):

@@ -6,7 +6,7 @@ from dynarl.components import costmodel as cm
 from dynarl.components.placement.plan import COMPONENTS
 from dynarl.launch.sim.runner import run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
-from dynarl.launch.sim.tail_tp import WIDEN, Engine, widen_pairs
+from dynarl.core.migration.tail_tp import WIDEN, Engine, widen_pairs
 
 SMALL = dict(workload="math-1.5b", devices=16, prompts=64, iterations=2, warmup=1)
 
@@ -60,7 +60,7 @@ def test_a_widening_whose_export_fails_rolls_back_and_loses_nothing(monkeypatch)
     back to their engines, which resume at the base TP; the runner checks every sample
     still reached the trainer exactly once."""
     from dynarl.core.migration.p2p import MigrationFailed
-    from dynarl.launch.sim import tail_tp
+    from dynarl.core.migration import tail_tp
     failed = []
 
     async def export_then_fail(group, release, exported):

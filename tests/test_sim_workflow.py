@@ -1,7 +1,7 @@
 NUM_GPUS = 0
 """`dynarl sim` runs `dynarl train`'s GRPO workflow (components/workflows/grpo.py):
 the real rollout, reward, inference and trainer workers on emulated engines, in
-virtual time, for every policy (the online ones through the step's hooks)."""
+virtual time, for every policy (the online ones with the job's own scheduler)."""
 
 import pytest
 
@@ -51,12 +51,15 @@ def test_hooks_can_hold_a_stage_and_add_a_rank_while_the_step_runs():
     placement = spatial({"rollout": 10, "inference": 2, "trainer": 4})
     seen = {}
 
-    class Hooks:
-        async def before_step(self, live):
+    class Hooks:  # what DynamicScheduling does with the step, by hand
+        async def begin(self, live, groups):
             self.gate = live.gate("trainer")
             live.rollout_lock = False
 
-        async def during_step(self, live):
+        def start(self, live, label):
+            self.task = asyncio.ensure_future(self.during(live))
+
+        async def during(self, live):
             await asyncio.sleep(20)
             seen["gate_open_before"] = self.gate.done()
             init = dict(wf.g.trainer.handles[0].spec.init_kwargs)
@@ -65,16 +68,22 @@ def test_hooks_can_hold_a_stage_and_add_a_rank_while_the_step_runs():
             call = extra.call("train_stream", "experience", None)
             live.add_rank(ctl, "trainer", _first(call))
             self.gate.set_result(None)
-            await asyncio.Future()
 
-        def sync_lock(self):
+        async def stop(self, raise_failure=True):
+            self.task.cancel()
+
+        async def end(self, label, **measured):
+            await self.task
+            return {}
+
+        def busy(self, name):
             return contextlib.nullcontext()
 
     async def workflow(c):
         nonlocal ctl, wf
         ctl = c
         wf = await runner.start(ctl, scn, placement)
-        wf.hooks = Hooks()
+        wf.scheduling = Hooks()
         await wf.step(0)
         return wf.stage_results["trainer"]
 

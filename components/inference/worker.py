@@ -94,4 +94,5 @@ class InferenceWorker(dynarl.Worker):
             else:
                 await outbox.put(chunk, weight=len(chunk))
         await outbox.flush()
-        return {"samples": self.samples_done, "busy_s": time.perf_counter() - started, "busy": busy.intervals}
+        return {"samples": self.samples_done, "tokens": self.tokens_done, "busy_s": time.perf_counter() - started,
+                "busy": busy.intervals}

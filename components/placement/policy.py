@@ -1,16 +1,19 @@
-"""Policies: a named placement strategy plus an optional online decide() hook.
+"""Policies of `dynarl sim`: a named placement strategy, optionally re-planned at
+iteration ends, or the DynaRL scheduler moving devices during them.
 
-The simulator (and a real run) asks `place(ctx)` for the starting placement, then,
-if the policy has a hook, calls `decide(snapshot)` (every `decide_every_s` seconds
-of run time during an iteration, and at every iteration end) and executes the
-decisions it returns. decide() is timed: that is the policy's decision time.
+The simulator asks `place(ctx)` for the starting placement. A policy with a hook
+(`has_hook`) is asked `decide(snapshot)` at every iteration end and the re-plans
+it returns are carried out (a reboot of every group); decide() is timed. An online
+policy's `scheduler(engines)` gives the `scheduler.dynarl` settings of the run:
+then the job's own scheduler (components/workflows/dynamic.py) moves devices
+during every step, as in `dynarl train`.
 
     colocated   verl-like: every device does rollout, then inference, then training
     spatial     fixed split (split.py), the stages pipelined over channels
     rlinf-auto  RLinf's profiling-guided planner (planner.py), re-planned when a
                 measured stage time drifts more than 15% from the profile
     dynarl      the paper's dynamic scheduler (dynarl.py): online migrations from the
-                rollout tail to the bottleneck, decided by core/scheduler/policy.py
+                rollout tail to the bottleneck, by `dynarl train`'s own scheduler
 
 A new policy (e.g. each improvement on dynarl) registers a factory under its own
 name, so its gain is measured against the others on the same runs.
@@ -47,45 +50,13 @@ class PlanContext:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What a policy sees when decide() runs. Times are run seconds (emulated)."""
+    """What a policy sees at an iteration's end. Times are run seconds (emulated)."""
     iteration: int
     now_s: float
     at_iteration_end: bool
     placement: Placement
     stage_s: Mapping[str, float] = field(default_factory=dict)
     """Measured busy seconds per component in the iteration just ended (max over ranks)."""
-    rollout_utilization: tuple[float, ...] = ()
-    """Active KV tokens / capacity per rollout engine (the DynaRL donor signal)."""
-    queue_depth: Mapping[str, int] = field(default_factory=dict)
-    """Items waiting per channel."""
-    # --- what an online scheduler (dynarl) reads; filled during an iteration ---------
-    devices: Mapping[str, int] = field(default_factory=dict)
-    """Devices each component holds now (may differ from the placement after migrations)."""
-    rollout_engines: tuple[str, ...] = ()
-    """Worker id of each rollout engine, in the order of rollout_utilization."""
-    rollout_active: int = 0
-    """Requests running or waiting over all rollout engines."""
-    rollout_generated: int = 0
-    """Output tokens those active requests have made so far."""
-    rollout_max_new_tokens: int | None = None
-    """The cap on a request's output tokens (the math workload's length cap, what a real
-    run's max_tokens is); None: not capped, or not known (multi-turn, a trace)."""
-    rollout_kv_tokens: int = 0
-    """Active KV tokens over all rollout engines."""
-    rollout_capacity: int = 0
-    """KV capacity of one rollout engine, in tokens."""
-    rollout_finished_mean: float = 0.0
-    """Mean output length of the requests finished this iteration (0: none yet)."""
-    remaining_tokens: Mapping[str, float] = field(default_factory=dict)
-    """inference, trainer: sequence tokens still to process this iteration (estimated)."""
-    rate_points: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
-    """Profiled (devices, tokens/s) per component, from the cost model (the predictor's points)."""
-    interruptible: Mapping[str, bool] = field(default_factory=dict)
-    """Whether the component may be resized now (rollout: its prompt channel is drained)."""
-    accepting: Mapping[str, bool] = field(default_factory=dict)
-    """Whether the component can still use more devices this iteration."""
-    migration_cost_s: Mapping[str, float] = field(default_factory=dict)
-    """Cost of one migration per kind (workload, p2p), from the cost model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,28 +66,20 @@ class Replan:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Migrate:
-    """Move `devices` devices from one component to another during an iteration,
-    with a migration strategy (workload / p2p / reboot). Executed from issue 5 on."""
-    kind: str
-    source: str
-    target: str
-    devices: int
-
-
-Decision = Replan | Migrate
+Decision = Replan
 
 
 class Policy(Protocol):
     name: str
     needs_profile: bool
-    decide_every_s: float | None
-    """Period of decide() during an iteration; None: only at iteration ends."""
     has_hook: bool
+    """decide() at every iteration end."""
 
     def place(self, ctx: PlanContext) -> Placement: ...
     def decide(self, snapshot: Snapshot) -> list[Decision]: ...
+    def scheduler(self, engines: int) -> dict | None:
+        """`scheduler.dynarl` settings for a run with `engines` rollout engines (None:
+        the static scheduler: nothing moves during a step)."""
 
 
 class PolicyUnavailable(ValueError):
@@ -126,7 +89,6 @@ class PolicyUnavailable(ValueError):
 class Colocated:
     name = "colocated"
     needs_profile = False
-    decide_every_s = None
     has_hook = False
 
     def place(self, ctx: PlanContext) -> Placement:
@@ -134,6 +96,9 @@ class Colocated:
 
     def decide(self, snapshot: Snapshot) -> list[Decision]:
         return []
+
+    def scheduler(self, engines: int) -> dict | None:
+        return None
 
 
 class Spatial(Colocated):
@@ -148,7 +113,6 @@ class RlinfAuto:
     the plan's; past the threshold, fold the measurements into the profile and re-plan."""
     name = "rlinf-auto"
     needs_profile = True
-    decide_every_s = None
     has_hook = True
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD) -> None:
@@ -185,6 +149,9 @@ class RlinfAuto:
             return []
         self.replans += 1
         return [Replan(result.placement, f"drift > {self.threshold:.0%} in {', '.join(moved)}")]
+
+    def scheduler(self, engines: int) -> dict | None:
+        return None
 
 
 PolicyFactory = Callable[[], Policy]

@@ -79,8 +79,9 @@ class RolloutWorker(dynarl.Worker):
         tail, so it reports 1.0 and is never a donor: a released rank has always
         consumed its END, and the kept ranks see every remaining prompt and their own ENDs.
         Also the raw numbers a view of the tail is made of: KV utilization, active and
-        total KV tokens, the tokens the held requests made so far, and the requests
-        finished in this step's generation with their tokens (no oracle lengths)."""
+        total KV tokens, the tokens the held requests made so far, the requests
+        finished in this step's generation with their tokens (no oracle lengths), and
+        its mean engine step so far (the predictor's decode step on real engines)."""
         load = await self.engine.load()
         run = self.run
         remaining, decoding = 0.0, 0
@@ -93,7 +94,8 @@ class RolloutWorker(dynarl.Worker):
                 "capacity": load.kv_capacity_tokens, "generated": load.generated_tokens,
                 "finished": run.num_finished if run is not None else 0,
                 "finished_tokens": run.finished_tokens if run is not None else 0,
-                "active_run": run is not None and not run.closed}
+                "active_run": run is not None and not run.closed,
+                "step_s": _mean_step(run)}
 
     # --- Workload migration (core/migration/workload.py) ---------------------------
     async def workload_pause(self) -> None:
@@ -179,6 +181,12 @@ class RolloutWorker(dynarl.Worker):
                     "groups_imported": run.num_imported}
         finally:
             run.finished.set()
+
+
+def _mean_step(run: Any) -> float:
+    """Mean seconds of the run's engine steps so far (0: none, or not counted)."""
+    steps = getattr(run, "num_steps", 0)
+    return run.busy.seconds / steps if steps else 0.0
 
 
 class _Generation:

@@ -54,24 +54,17 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         self.shares_device = shares_device
         self.trainer: Any = None
         """A TrainerEngine (trainer/base.py), from engine_factory.make_trainer."""
-        self.expected_samples = 0
-        """Samples the workflow announced for this step and not yet trained."""
-        self.samples_done = 0
+        self.tokens_done = 0
+        """Sequence tokens trained, all steps."""
         self.step_samples = self.step_tokens = 0
         """What the streaming step in progress trained so far."""
         self.training = False
 
-    def expect(self, samples: int) -> None:
-        """The workflow announces this rank's share of the step's batch (the scheduler's
-        remaining work: the manager sums the ranks' shares)."""
-        self.expected_samples = samples
-
     def metrics(self) -> dict:
-        """The scheduler's view: remaining work = samples waiting to be trained; and what
-        a streaming step trained so far (samples, their sequence tokens)."""
+        """The scheduler's view: what a streaming step trained so far (samples, their
+        sequence tokens); work_done counts tokens over every step."""
         return {"utilization": 1.0 if self.training else 0.0, "running": int(self.training), "waiting": 0,
-                "work_done": float(self.samples_done), "remaining_work": float(self.expected_samples),
-                "samples": self.step_samples, "tokens": self.step_tokens}
+                "work_done": float(self.tokens_done), "samples": self.step_samples, "tokens": self.step_tokens}
 
     async def start(self, dp_group: str | None = None) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
@@ -89,13 +82,13 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
 
     async def train(self, batch: dict) -> dict:
         """Collective. One GRPO step on this rank's part of the global batch."""
+        batch = TrainBatch.from_wire(batch)
         self.training = True
         try:
-            result = await self.trainer.train_step(TrainBatch.from_wire(batch))
+            result = await self.trainer.train_step(batch)
         finally:
             self.training = False
-        self.samples_done += self.expected_samples
-        self.expected_samples = 0
+        self.tokens_done += sum(len(ids) for ids in batch.input_ids)
         return result
 
     async def train_stream(self, get: str, put: str | None = None, *, with_ref: bool = False) -> dict:
@@ -112,9 +105,10 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
                 await self.trainer.accumulate(batch)
                 busy.add(begun, loop.time())
                 trained.add(chunk, digests=self.trainer.needs_token_ids)
-                self.samples_done += len(batch)
+                tokens = sum(len(ids) for ids in batch.input_ids)
+                self.tokens_done += tokens
                 self.step_samples += len(batch)
-                self.step_tokens += sum(len(ids) for ids in batch.input_ids)
+                self.step_tokens += tokens
             begun = loop.time()
             metrics = await self.trainer.apply()
             busy.add(begun, loop.time())
@@ -141,11 +135,17 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         return [self.trainer.dp_rank, self.trainer.dp_size]
 
     async def send_weights(self, group: str, version: int) -> int:
-        """Rank 0 broadcasts the full weights over `group`; returns the bytes sent. Other
-        ranks are called only when the export is collective (megatron gathers its TP
-        slices): they build the same buckets with rank 0 and return 0."""
+        """The trainer's first rank (member 0 of `group`) broadcasts the full weights over
+        `group`; returns the bytes sent. Other ranks are called only when the export is
+        collective (megatron gathers its TP slices): they build the same buckets with
+        rank 0 and return 0. (Member 0, not this process's spawn rank: a rank adopted
+        from a standby pool keeps the rank it was spawned with.)"""
         buckets = await self.trainer.weight_buckets(self.bucket_bytes)
-        if self.rank != 0:
+        try:
+            sender = self.process_group_rank(group) == 0
+        except KeyError:  # a TP rank outside the sync group: it only took part in the gather
+            sender = False
+        if not sender:
             return 0
         return await weight_sync.send_async(self.process_group(group), buckets, version)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import time
 from typing import Any
 
 from dynarl.components import experience
@@ -35,9 +34,8 @@ from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns, ScriptedTurns
 from dynarl.components.workflows.grpo import GRPO, Groups
 from dynarl.components.workflows.live import LiveStep
-from dynarl.components.workflows.stages import held, stage
-from dynarl.components.workflows.step_metrics import step_metrics
-from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+from dynarl.components.workflows.stages import held
+from dynarl.core.worker_group import WorkerGroup
 
 TURNS, TURN_RESULTS = "turns", "turn_results"
 
@@ -74,34 +72,14 @@ class AgenticGRPO(GRPO):
 
     # --- the algorithm ---------------------------------------------------------------
     async def step(self, step: int) -> dict[str, Any]:
-        if self.cfg.trainer.streaming:
-            metrics = await self.streaming_step(step)
-            return metrics | episode_metrics(self.driver, self.stage_results["rollout"])
-        g, label = self.g, f"step {step}"
-        started, begun = time.perf_counter(), asyncio.get_running_loop().time()
-        groups = self.prompts.groups(step)
-        rollout, reward = await self.start_rollout(groups, step, label)
-        inference = asyncio.ensure_future(stage(
-            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
-            clock=self.clock, label=label, version=step))
-        (scored, first_chunk), rollout_stats, reward_stats, _ = await gather_or_cancel(
-            [self.collect(len(groups)), rollout, reward, inference])
-        pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": self.clock.last_end("rollout") - begun}
+        metrics = await super().step(step)
+        return metrics | episode_metrics(self.driver, self.stage_results["rollout"])
 
-        ids = experience.sample_ids(scored)
-        trained = experience.Trained()
-        trained.add(sorted(scored, key=lambda gr: gr.index))
-        self.check_trained(step, ids, trained)
-        train = await self.train(episode_batch(scored, self.cfg.with_ref), label)
-        self.commit_step(step, ids, trained)
-        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats}
-        await self.sync_weights(step + 1, label)
-        metrics = step_metrics(step, trained, train, rollout_stats, reward_stats,
-                               self.clock.durations(label), time.perf_counter() - started)
-        return metrics | pipeline | episode_metrics(self.driver, rollout_stats)
+    def train_batch(self, scored: list[PromptGroup]) -> TrainBatch:
+        return episode_batch(scored, self.cfg.with_ref)
 
     async def start_rollout(self, groups: list[PromptGroup], step: int, label: str,
-                            live: LiveStep | None = None) -> tuple[asyncio.Future, asyncio.Future]:
+                            live: LiveStep) -> tuple[asyncio.Future, asyncio.Future]:
         """The rollout stage serves turns on every rank; beside it the episodes play
         (the driver routes their turns, runs their tools, scores each finished group
         onto "scored"): that is the step's reward stage, ending when every episode has."""
@@ -111,11 +89,9 @@ class AgenticGRPO(GRPO):
         rollout: Any = held(self.ctl, g.rollout, self.clock, label, "serve_turns",
                             lambda: g.rollout.scatter("serve_turns", [
                                 [TURNS, TURN_RESULTS, key, step, self.sampling()] for key in keys]),
-                            lock=live is None or live.rollout_lock)
-        rollout = live.joined("rollout", rollout) if live is not None else asyncio.ensure_future(rollout)
-        reward = asyncio.ensure_future(self.play(groups, driver))
-        if live is not None:
-            live.done["reward"] = reward
+                            lock=live.rollout_lock)
+        rollout = live.joined("rollout", rollout)
+        reward = live.done["reward"] = asyncio.ensure_future(self.play(groups, driver))
         return rollout, reward
 
     async def releasing(self, component: str, ranks: list[str]) -> None:
@@ -124,16 +100,21 @@ class AgenticGRPO(GRPO):
         if component == "rollout" and self.driver is not None:
             await self.driver.leave(ranks)
 
-    async def joining(self, component: str, position: int, version: int) -> Any:
+    def stage_call(self, component: str, position: int, version: int) -> Any:
         """A rollout rank joins the running step: the driver routes to it from now on,
         and it serves turns until the driver's close."""
-        if component != "rollout" or self.driver is None:
-            raise ValueError(f"joining: only rollout ranks join a running agentic step, not {component}")
-        key = self.g.rollout.handles[position].spec.worker_id
-        await self.driver.join([key])
-        results = await self.g.rollout.call("serve_turns", TURNS, TURN_RESULTS, key, version, self.sampling(),
-                                            ranks=[position])
-        return results[0]
+        if component != "rollout":
+            return super().stage_call(component, position, version)
+
+        async def call() -> Any:
+            if self.driver is None:
+                raise ValueError("no agentic step is running for a rollout rank to join")
+            key = self.g.rollout.handles[position].spec.worker_id
+            await self.driver.join([key])
+            results = await self.g.rollout.call("serve_turns", TURNS, TURN_RESULTS, key, version, self.sampling(),
+                                                ranks=[position])
+            return results[0]
+        return call()
 
     async def joined(self, component: str, ranks: list[str]) -> None:
         """Nothing: the driver ends every rank in the run once the episodes are over."""

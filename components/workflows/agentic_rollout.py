@@ -81,6 +81,7 @@ class AgenticRolloutWorker(RolloutWorker):
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
         run = self.run = _TurnServe(self.engine, self.channel(put), key, sampling, self.time_scale)
+        self.admitting = False  # its work is the turns the driver routes to it, not the prompt channel
         preempted = (await self.engine.load()).num_preemptions
         started = time.perf_counter()
         fetch = run.fetch_task = asyncio.ensure_future(run.fetch(self.channel(get)))

@@ -150,12 +150,30 @@ class DynarlSection:
     outlast it, and the move would come after the rollout had ended."""
     interval_s: float = 0.05
     """Seconds between scheduler ticks (metrics poll + decision)."""
+    tail_interval_s: float | None = 0.01
+    """Seconds between ticks once the step's prompts are all handed out and requests are
+    still running (the tail: on this job it can be shorter than one interval); null:
+    interval_s throughout."""
     max_candidates: int = 8
     """Donor shrink options evaluated per decision (3..10)."""
     charge_move_cost: bool = True
     """Charge each moving component its measured move cost (its last round trip: out
     in the tail, back after the train step), so a move that cannot pay for itself is
     not made. false: the policy moves whenever the devices alone would be faster."""
+    pack: float = 1.0
+    """The donor keeps the engines its active KV needs at this multiple of the step's
+    mean peak fill (above 1: the stragglers consolidate onto fewer engines)."""
+    donor: Literal["low", "packable"] = "low"
+    """low: the paper's signal (most engines below u_low for window_s). packable: the
+    rollout donates once its active KV, packed at `pack`, fits on at most (1 - theta)
+    of its engines for window_s."""
+    lend: bool = False
+    """At each step's start the rollout also runs on inference's and the trainer's
+    devices while those have nothing to do (parked, their stages gated); the first move
+    or the rollout's end gives them back (DynaRL Fig 13)."""
+    tail_tp: bool = False
+    """After each move the rollout's kept engines merge pairwise into engines of twice
+    the TP (an engine restart each): emulated rollout engines only."""
     trainer_profile: Literal["every", "home"] = "every"
     """every: at start, time one step-sized train step on standby ranks at every
     device count the trainer may hold; home: only at its own devices, and assume it
@@ -163,9 +181,12 @@ class DynarlSection:
 
     def __post_init__(self) -> None:
         from dynarl.core.scheduler.policy import DynarlConfig
-        DynarlConfig(self.theta, self.u_low, self.window_s, self.max_candidates)  # raises ValueError
+        DynarlConfig(self.theta, self.u_low, self.window_s, self.max_candidates, pack=self.pack,
+                     donor=self.donor)  # raises ValueError
         if self.interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        if self.tail_interval_s is not None and self.tail_interval_s <= 0:
+            raise ValueError(f"tail_interval_s must be > 0 or null, got {self.tail_interval_s}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -242,9 +263,13 @@ class TrainConfig:
                                         "(runtime.cluster.device_kind) run only emulated engines")
         if self.trainer.streaming and self.trainer.backend == "megatron":
             raise ConfigError("trainer.streaming", "the megatron trainer steps on whole batches; set it false")
-        if self.trainer.streaming and self.scheduler.policy == "dynarl":
-            raise ConfigError("trainer.streaming", "scheduler.policy 'dynarl' moves devices to a trainer that "
-                                                   "steps on the whole batch; set it false")
+        if self.trainer.streaming and self.scheduler.policy == "dynarl" and self.trainer.backend != "emulated":
+            raise ConfigError("trainer.streaming", "scheduler.policy 'dynarl' grows a streaming trainer mid-step "
+                                                   "only on emulated devices; a real trainer reshards between "
+                                                   "whole-batch steps: set it false")
+        if self.scheduler.dynarl.tail_tp and self.rollout.backend != "emulated":
+            raise ConfigError("scheduler.dynarl.tail_tp", "wider-TP tail engines are modelled on emulated "
+                                                          "engines only; set it false")
         if self.placement.mode != "hybrid" and self.placement.pools:
             raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {self.placement.mode!r}")
         if self.placement.mode == "auto":
@@ -331,8 +356,6 @@ class TrainConfig:
                                            f"not {self.task.kind!r}")
         if self.task.kind == "calc" and self.workflow != "agentic":
             raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
-        if self.workflow == "agentic" and self.scheduler.policy != "static":
-            raise ConfigError("scheduler.policy", "workflow 'agentic' runs with the static placement only")
 
     def ranks(self) -> dict[str, int]:
         return {"rollout": self.rollout.num_ranks, "inference": self.inference.num_ranks,

@@ -43,7 +43,7 @@ from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling
 from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
-from dynarl.components.workflows.live import LiveStep, StepHooks
+from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.config_tree import to_dict
@@ -96,17 +96,15 @@ class GRPO:
         self.placement: Placement | None = placement or (None if cfg.placement.mode == "auto"
                                                          else cfg.placement_plan())
         """None until placement.mode auto has profiled and planned (run)."""
-        self.hooks: StepHooks | None = None
-        """A scheduler that moves devices during a streaming step plugs in here (live.py)."""
         self.live: LiveStep | None = None
-        """The streaming step in progress (or the last one)."""
+        """The step in progress (or the last one)."""
         self.stage_results: dict[str, list[dict]] = {}
         """The last step's per-rank results of each stage (busy intervals, counters)."""
         self.clock = StageClock(on_stage=progress.stage)
         self.ledger = SampleLedger()
         self.g: Groups | None = None
         self.scheduling: DynamicScheduling | None = None
-        """policy=dynarl: moves devices inside a (barrier) step (dynamic.py)."""
+        """policy=dynarl: moves devices inside every step (dynamic.py)."""
 
     # --- the algorithm ---------------------------------------------------------------
     def commit_step(self, step: int, ids: list[str], trained: experience.Trained) -> None:
@@ -127,24 +125,29 @@ class GRPO:
     async def step(self, step: int) -> dict[str, Any]:
         if self.cfg.trainer.streaming:
             return await self.streaming_step(step)
-        g, label = self.g, f"step {step}"
+        label = f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompts.groups(step)
         sched = self.scheduling
+        live = self.live = LiveStep(step, later={"trainer"})
         if sched is not None:
-            await sched.before_rollout(sum(len(gr.samples) for gr in groups), label)
-        rollout, reward = await self.start_rollout(groups, step, label)
-        inference = asyncio.ensure_future(stage(
-            self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
-            clock=self.clock, label=label, version=step))
+            await sched.begin(live, groups)
+        rollout, reward = await self.start_rollout(groups, step, label, live)
+        inference = live.joined("inference", stage(
+            self.ctl, self.g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
+            gate=live.gates.get("inference"), clock=self.clock, label=label, version=step))
         try:
-            (scored, first_chunk), rollout_stats, reward_stats, _ = await gather_or_cancel(
-                [self.collect(len(groups)), rollout, reward, inference])
-        finally:
             if sched is not None:
-                await sched.stop_ticking()
-        if sched is not None:
-            self.g.trainer = await sched.after_rollout()
+                sched.start(live, label)
+            (scored, first_chunk), rollout_stats, reward_stats, inference_stats = await gather_or_cancel(
+                [self.collect(len(groups)), rollout, reward, inference])
+            if sched is not None:
+                self.g.trainer = await sched.rollout_done()
+        except BaseException:
+            if sched is not None:
+                await sched.stop(raise_failure=False)
+            raise
+        live.later.clear()
         rollout_end = self.clock.last_end("rollout")
         pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": rollout_end - begun}
 
@@ -152,74 +155,49 @@ class GRPO:
         trained = experience.Trained()
         trained.add(sorted(scored, key=lambda gr: gr.index))
         self.check_trained(step, ids, trained)
-        batch = experience.train_batch(scored, self.cfg.with_ref)
+        batch = self.train_batch(scored)
         train_devices = len(self.g.trainer.devices)
         train_begun = time.perf_counter()
         train = await self.train(batch, label)
         train_s = time.perf_counter() - train_begun
-        train_end = asyncio.get_running_loop().time()
         self.commit_step(step, ids, trained)
-        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats}
-        sched_metrics = fixed_devices(self.g) if sched is None else await sched.after_train(
-            label, rollout_stats, rollout_end - begun, len(ids), train_s, train_devices, train_end, rollout_end)
+        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats, "inference": inference_stats}
+        tokens = sum(len(x) for x in batch.input_ids)
+        sched_metrics = fixed_devices(self.g) if sched is None else await sched.end(
+            label, rollout_end=rollout_end, train_end=asyncio.get_running_loop().time(),
+            measured={"rollout": rollout_stats, "inference": inference_stats,
+                      "trainer": (train_devices, tokens / train_s) if train_s > 0 else None})
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, train, rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
 
     async def start_rollout(self, groups: list[PromptGroup], step: int, label: str,
-                            live: LiveStep | None = None) -> tuple[asyncio.Future, asyncio.Future]:
+                            live: LiveStep) -> tuple[asyncio.Future, asyncio.Future]:
         """The step's prompt groups go out; the rollout and reward stages start."""
         g = self.g
         for group in groups:
             await self.ctl.channel("prompts").put(group)
         for _ in range(g.rollout.world_size):
             await self.ctl.channel("prompts").put(END)
-        rollout: Any = stage(
+        rollout = live.joined("rollout", stage(
             self.ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=self.clock, label=label,
-            version=step, chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(),
-            lock=live is None or live.rollout_lock)
-        rollout = live.joined("rollout", rollout) if live is not None else asyncio.ensure_future(rollout)
-        reward = asyncio.ensure_future(stage(
+            version=step, chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(), lock=live.rollout_lock))
+        reward = live.done["reward"] = asyncio.ensure_future(stage(
             self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
             clock=self.clock, label=label))
-        if live is not None:
-            live.done["reward"] = reward
         return rollout, reward
 
     async def streaming_step(self, step: int) -> dict[str, Any]:
         """trainer.streaming: the trainer is a stage, its ranks accumulating the scored
         samples inference sends one by one (each carries its group's advantage), and
-        stepping after END. With `hooks` (a scheduler moving devices during the step),
-        the stages run through a LiveStep (live.py) and the hooks run beside them."""
+        stepping after END."""
         label = f"step {step}"
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompts.groups(step)
+        sched = self.scheduling
         live = self.live = LiveStep(step)
-        if self.hooks is not None:
-            await self.hooks.before_step(live)
-        side = asyncio.ensure_future(self.hooks.during_step(live) if self.hooks is not None else asyncio.Future())
-        try:
-            results = await self._streaming_stages(groups, step, label, live, side)
-        finally:
-            side.cancel()
-        rollout_stats, reward_stats, inference_stats, trainer_stats = results
-        ids = [s.id for group in groups for s in group.samples]
-        trained = experience.Trained.merge(trainer_stats)
-        self.check_trained(step, ids, trained)
-        self.commit_step(step, ids, trained)
-        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats, "inference": inference_stats,
-                              "trainer": trainer_stats}
-        starts = [b[0][0] for b in (r["busy"] for r in trainer_stats) if b]
-        pipeline = {"first_chunk_s": (min(starts) if starts else begun) - begun,
-                    "rollout_end_s": self.clock.last_end("rollout") - begun}
-        return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
-                            self.clock.durations(label), time.perf_counter() - started) | pipeline \
-            | (fixed_devices(self.g) if self.hooks is None else {})
-
-    async def _streaming_stages(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep,
-                                side: asyncio.Future) -> list[list[dict]]:
-        """The stages, then the weight sync (under the hooks' lock); a failed side task
-        (the hooks') ends the step."""
+        if sched is not None:
+            await sched.begin(live, groups)
         g = self.g
         rollout, reward = await self.start_rollout(groups, step, label, live)
         inference = live.joined("inference", stage(
@@ -228,43 +206,102 @@ class GRPO:
         trainer = live.joined("trainer", stage(
             self.ctl, g.trainer, "train_stream", get="experience", after=inference, gate=live.gates.get("trainer"),
             clock=self.clock, label=label, with_ref=self.cfg.with_ref))
-        work = asyncio.ensure_future(gather_or_cancel([rollout, reward, inference, trainer]))
         try:
-            await asyncio.wait([work, side], return_when=asyncio.FIRST_COMPLETED)
-            if side.done():
-                side.result()  # a failed hook ends the step
-            results = await work
-            async with self.hooks.sync_lock() if self.hooks is not None else contextlib.nullcontext():
-                await self.sync_weights(step + 1, label)
-                side.cancel()  # under the lock: a move in flight has finished
-            return results
-        finally:
-            if not work.done():
-                work.cancel()
-                await asyncio.wait([work])  # the stages' own cleanup (device locks) has run
-            if not work.cancelled() and work.exception() is not None:
-                work.exception()  # retrieved: the error that matters is the one raised
+            if sched is not None:
+                sched.start(live, label)
+            rollout_stats, reward_stats, inference_stats, trainer_stats = await gather_or_cancel(
+                [rollout, reward, inference, trainer])
+        except BaseException:
+            if sched is not None:
+                await sched.stop(raise_failure=False)
+            raise
+        ids = [s.id for group in groups for s in group.samples]
+        trained = experience.Trained.merge(trainer_stats)
+        self.check_trained(step, ids, trained)
+        self.commit_step(step, ids, trained)
+        self.stage_results = {"rollout": rollout_stats, "reward": reward_stats, "inference": inference_stats,
+                              "trainer": trainer_stats}
+        rollout_end = self.clock.last_end("rollout")
+        starts = [b[0][0] for b in (r["busy"] for r in trainer_stats) if b]
+        pipeline = {"first_chunk_s": (min(starts) if starts else begun) - begun, "rollout_end_s": rollout_end - begun}
+        sched_metrics = fixed_devices(self.g) if sched is None else await sched.end(
+            label, rollout_end=rollout_end, train_end=self.clock.last_end("trainer"),
+            measured={"rollout": rollout_stats, "inference": inference_stats})
+        await self.sync_weights(step + 1, label)
+        return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
+                            self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
 
+    # --- what a move asks of the workflow (core/migration/mover.py) ---------------------
     async def releasing(self, component: str, ranks: list[str]) -> None:
         """A migration is about to release `ranks` (worker ids) of `component`: nothing to
         do here (the prompt channel is shared); a workflow that routes work to ranks
         (the agentic one) stops routing to them."""
 
-    async def joining(self, component: str, position: int, version: int) -> Any:
-        """A rank that joins `component` while its stage runs (tail-TP's wider rollout
-        engine): its stage call, on the stage's channels; returns its result."""
-        if component != "rollout":
-            raise ValueError(f"joining: only rollout ranks join a running step here, not {component}")
-        results = await self.g.rollout.call("generate", "prompts", "rollouts", version=version,
-                                            chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(),
-                                            ranks=[position])
-        return results[0]
+    async def ready_ranks(self, component: str, group: WorkerGroup, positions: list[int],
+                          version: int | None) -> None:
+        """Ranks that joined `component` (from a standby pool, or started) get ready for
+        the running step: a rollout engine resumes (it was paused when it was parked);
+        rollout and inference load weight version `version` (None: the weight sync that
+        follows gives it); a streaming trainer rank starts (its state arrives as the
+        engine's own P2P transfer)."""
+        if component == "rollout":
+            await group.call("workload_resume", ranks=positions)
+        if component == "trainer":
+            await group.call("start", None, ranks=positions)
+            return
+        if version is not None:
+            await self.load_weights(group, positions, version)
+        if component == "inference" and self.cfg.with_ref and self.run_dir is not None:
+            await group.call("load_reference", os.path.join(self.run_dir, "reference"), ranks=positions)
+
+    async def load_weights(self, group: WorkerGroup, positions: list[int], version: int) -> None:
+        """The ranks that do not hold `version` yet receive it from the trainer, over a
+        group of their own (a parked rank may hold it already)."""
+        held = await group.call("weight_version", ranks=positions)
+        positions = [p for p, v in zip(positions, held) if v != version]
+        if not positions:
+            return
+        name = "weight_load"
+        await self.ctl.process_group(name, [(self.g.trainer, 0), *((group, p) for p in positions)])
+        try:
+            await gather_or_cancel([self.g.trainer.call("send_weights", name, version, ranks=[0]),
+                                    group.call("receive_weights", name, version, ranks=positions)])
+        finally:
+            await self.ctl.process_groups.destroy(name)
+
+    def stage_call(self, component: str, position: int, version: int) -> Any:
+        """The stage call of a rank that joins `component` while its stage runs, on the
+        stage's channels; an awaitable of its result."""
+        async def call() -> Any:
+            group = getattr(self.g, component)
+            if component == "rollout":
+                results = await group.call("generate", "prompts", "rollouts", version=version,
+                                           chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(),
+                                           ranks=[position])
+            elif component == "inference":
+                results = await group.call("compute_logprobs", "scored", "experience", version=version,
+                                           split=self.cfg.trainer.streaming, ranks=[position])
+            elif component == "trainer":
+                results = await group.call("train_stream", "experience", None, with_ref=self.cfg.with_ref,
+                                           ranks=[position])
+            else:
+                raise ValueError(f"no rank joins a running {component} stage")
+            return results[0]
+        return call()
 
     async def joined(self, component: str, ranks: list[str]) -> None:
         """The joined ranks (worker ids) have taken the work handed to them: each gets
         its END on the prompts (drained by then: the joined ranks get no prompt)."""
         for _ in ranks:
             await self.ctl.channel("prompts").put(END)
+
+    def rank_init(self, component: str, tp: int | None = None) -> dict[str, Any]:
+        """A new rank's constructor arguments: the component's first rank's, at
+        tensor-parallel size `tp` where given (tail-TP's wider rollout engines)."""
+        init = dict(getattr(self.g, component).handles[0].spec.init_kwargs)
+        if tp is not None:
+            init["backend_config"] = dict(init["backend_config"], tp=tp)
+        return init
 
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only
@@ -316,6 +353,10 @@ class GRPO:
             await self.ctl.process_group("weight_sync", [(g.trainer, 0), g.rollout, g.inference])
 
     # --- the data -----------------------------------------------------------------
+    def train_batch(self, scored: list[PromptGroup]) -> TrainBatch:
+        """The trainer's batch from the step's scored groups."""
+        return experience.train_batch(scored, self.cfg.with_ref)
+
     def sampling(self) -> dict[str, Any]:
         r = self.cfg.rollout
         return {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
@@ -411,9 +452,10 @@ class GRPO:
             await ctl.process_group("trainer_dp", [trainer])
         await trainer.call("start", "trainer_dp" if trainer.world_size > 1 else None)
         await self._check_data_parts(trainer)
+        groups = Groups(rollout, reward[0] if reward else None, inference, trainer)
         if cfg.scheduler.policy == "dynarl":
-            self.scheduling = await DynamicScheduling.start(self, rollout, trainer, devices)
-        return Groups(rollout, reward[0] if reward else None, inference, trainer)
+            self.scheduling = await DynamicScheduling.create(self, groups)
+        return groups
 
     def rollout_init(self) -> dict[str, Any]:
         """Init arguments the workflow's rollout worker class adds (the agentic queue order)."""

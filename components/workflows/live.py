@@ -1,6 +1,6 @@
 """A GRPO step in progress, as a scheduler that moves devices during it sees it.
 
-A streaming step (grpo.py) runs its stages through a LiveStep:
+Every step (grpo.py) runs its stages through a LiveStep:
 - a component may gain ranks while its stage runs (a receiver of devices): each new
   rank runs the stage's method on the same input channel as an extra task beside
   the stage, and gets its own END once the upstream component (its stage and every
@@ -10,13 +10,15 @@ A streaming step (grpo.py) runs its stages through a LiveStep:
   runs on every device while inference and the trainer have nothing to do);
 - the rollout stage may run without the device lock (`rollout_lock`: while it runs on
   lent devices, parking and the gates keep the components apart, and the lock would
-  hold the lenders' devices).
+  hold the lenders' devices);
+- a component that works after the others (the barrier trainer) is `later`: it can
+  take devices until its stage begins.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncContextManager, Awaitable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Sequence
 
 from dynarl.components.experience import END
 
@@ -40,15 +42,33 @@ class LiveStep:
     gates: dict[str, asyncio.Future] = field(default_factory=dict)
     """Component -> opens when it may compute (absent: at once)."""
     rollout_lock: bool = True
+    later: set[str] = field(default_factory=set)
+    """Components whose stage comes after the others' (it has not begun)."""
 
     def accepts(self, component: str) -> bool:
-        """The component's stage runs and can still take ranks."""
-        return component in self.done and not self.done[component].done()
+        """The component's stage runs and can still take ranks, or is still to come."""
+        return component in self.later or (component in self.done and not self.done[component].done())
 
     def gate(self, component: str) -> asyncio.Future:
         """Closes the component's gate (before its stage starts); set its result to open it."""
         gate = self.gates[component] = asyncio.get_running_loop().create_future()
         return gate
+
+    def park(self, components: Sequence[str]) -> None:
+        """The components' devices are lent: their stages wait (gates closed)."""
+        for component in components:
+            self.gate(component)
+
+    def unpark(self, components: Sequence[str]) -> None:
+        """Their devices are back: their stages may compute."""
+        for component in components:
+            gate = self.gates.get(component)
+            if gate is not None and not gate.done():
+                gate.set_result(None)
+
+    async def finished(self, component: str) -> None:
+        """Waits until the component's stage (registered) and every extra rank are done (not raising)."""
+        await asyncio.wait([self.done[component]])
 
     def add_rank(self, ctl: "Controller", component: str, call: Awaitable[Any]) -> None:
         """`call`: the new rank's stage call (an awaitable of its result). Synchronous, so the
@@ -67,17 +87,6 @@ class LiveStep:
         """The component's stage and its extra ranks, as one future of all their results."""
         self.done[component] = future = asyncio.ensure_future(joined(stage, self.extras[component]))
         return future
-
-
-class StepHooks(Protocol):
-    """What a scheduler that moves devices during a step plugs into it (grpo.py)."""
-
-    async def before_step(self, live: LiveStep) -> None:
-        """Before the step's prompts go out (back to the start placement, lend devices)."""
-    async def during_step(self, live: LiveStep) -> None:
-        """Runs beside the step (decisions, moves) until cancelled after its weight sync."""
-    def sync_lock(self) -> AsyncContextManager[Any]:
-        """Held for the weight sync: no move changes the groups while the weights go out."""
 
 
 async def joined(stage: Awaitable[list[Any]], extras: list[asyncio.Future]) -> list[Any]:

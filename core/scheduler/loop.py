@@ -1,37 +1,37 @@
-"""The global scheduler: thin async orchestration around the pure policy.
+"""The global scheduler: thin async orchestration around the pure policy, the same
+in `dynarl train` and `dynarl sim`.
 
-Every `interval_s` it polls each component's manager, builds the ClusterView, times
-the policy's decision, and carries out a committed plan: donors release whole
-engines by Workload migration (idle engines first), and receivers take the
-freed devices by their own strategy: Workload (grow the group), P2P (a new
-trainer on old + freed devices, create-before-destroy) or Reboot. Each move
-waits for the component's interruptible point (its InterruptGate). A component
-with a StandbyPool parks released ranks there and adopts new ranks from it
-(no process spawn on the move's path). Every move's duration is recorded, and
-charged to its component's manager as the cost the policy weighs next time; the
-log also keeps each component's device count after every move (`counts`), which
-`device_stats` turns into a window's mean, min and max.
+During a step it ticks: every `interval_s` (every `tail_interval_s` once the
+dynamic component's input is drained and its tail has begun) it polls each
+component's manager (their workers' metrics go into the runtime hypergraph),
+reads the ClusterView back (view.py: remaining work, the donor's floor and
+signal, the devices each component holds), asks the policy for a plan against
+the predictor (a RateSource: profiled on the job's engines, or the cost model's
+for emulated ones), times the decision, and has the Mover (core/migration/
+mover.py) carry the plan out while the step goes on.
 
-The workflow reads components through `scheduler.group(name)`: a P2P or Reboot
-move replaces a component's WorkerGroup.
+The log keeps every decision, every move (kind, component, devices, start,
+seconds) and each component's device count after every change of ownership
+(`counts`), which `device_stats` turns into a window's mean, min and max.
 """
 from __future__ import annotations
 
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from dynarl.core.migration.p2p import p2p_migrate
-from dynarl.core.migration.reboot import reboot_migrate
-from dynarl.core.migration.workload import workload_migrate
+from dynarl.core.migration.p2p import MigrationFailed
 from dynarl.core.scheduler.manager import ComponentSpec, Manager
-from dynarl.core.scheduler.policy import DynarlConfig, Plan, ClusterView, decide_dynarl
+from dynarl.core.scheduler.policy import ClusterView, ComponentView, DynarlConfig, Plan, decide_dynarl
 from dynarl.core.scheduler.predictor import Predictor
-from dynarl.core.worker_group import WorkerGroup
+from dynarl.core.scheduler.view import (RolloutProgress, StepWork, packable_since, rollout_demand, rollout_done,
+                                        rollout_progress, rollout_tokens_left, stage_tokens_left)
+from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
+    from dynarl.core.migration.mover import Mover, Step
 
 
 @dataclass(slots=True)
@@ -62,6 +62,8 @@ class SchedulerLog:
     decisions: list[DecisionRecord] = field(default_factory=list)
     migrations: list[Migration] = field(default_factory=list)
     counts: list[DeviceCounts] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    """Moves that rolled back (the component went on where it was)."""
 
     def decision_ms(self) -> list[float]:
         return sorted(d.ms for d in self.decisions)
@@ -89,94 +91,122 @@ def device_stats(samples: list[DeviceCounts], start: float, end: float) -> dict[
     return stats
 
 
+class RateSource(Protocol):
+    """The predictor's throughput points (work units: tokens per second)."""
+
+    def predictor(self, work: StepWork, rollout: RolloutProgress) -> Predictor: ...
+
+
+@dataclass(slots=True)
+class StepState:
+    """The step in progress as the scheduler reads it."""
+    live: "Step"
+    work: StepWork
+
+
 class GlobalScheduler:
-    def __init__(self, ctl: "Controller", policy: Literal["static", "dynarl"], predictor: Predictor,
-                 config: DynarlConfig | None = None, interval_s: float = 1.0) -> None:
+    def __init__(self, ctl: "Controller", policy: Literal["static", "dynarl"], rates: RateSource,
+                 config: DynarlConfig | None = None, *, interval_s: float = 1.0,
+                 tail_interval_s: float | None = None, time_scale: float = 1.0) -> None:
         if policy not in ("static", "dynarl"):
             raise ValueError(f"unknown scheduler policy {policy!r}; choose static or dynarl")
         self.ctl = ctl
         self.policy = policy
-        self.predictor = predictor
+        self.rates = rates
         self.config = config or DynarlConfig()
         self.interval_s = interval_s
+        self.tail_interval_s = tail_interval_s or interval_s
+        self.time_scale = time_scale
+        """Real seconds per emulated second (the simulator on a real clock); 1 otherwise."""
         self.managers: dict[str, Manager] = {}
         self.log = SchedulerLog()
+        self.mover: Mover | None = None
+        """Carries plans out (set once the components are registered)."""
+        self.running = False
 
     def register(self, spec: ComponentSpec, group: WorkerGroup) -> Manager:
         manager = self.managers[spec.name] = Manager(spec, group, self.config.u_low, self.ctl.graph)
-        self._count()
         return manager
 
     def group(self, name: str) -> WorkerGroup:
         return self.managers[name].group
 
-    async def run(self) -> None:
-        """Ticks until cancelled. Owned by the controller's TaskGroup (ctl.spawn_task)."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.tick()
+    @property
+    def donor(self) -> Manager:
+        return next(m for m in self.managers.values() if m.spec.kind == "dynamic")
 
-    async def tick(self) -> Plan | None:
-        now = asyncio.get_running_loop().time()
-        for manager in self.managers.values():
-            if manager.gate.interruptible:
-                await manager.poll(now, self.predictor)
-        view = ClusterView(now, tuple(m.view() for m in self.managers.values()))
+    def now(self) -> float:
+        """Scheduler time: emulated seconds under a time scale."""
+        return asyncio.get_running_loop().time() / self.time_scale
+
+    async def run(self, step: StepState) -> None:
+        """Ticks until `running` is cleared (a move in progress completes first)."""
+        prompts, waited = self.donor.spec.inbox, 0.0
+        self.running = True
+        while self.running:
+            period = self.interval_s
+            if prompts is not None and len(self.ctl.channel(prompts)) == 0 and self.donor.reports and \
+                    sum(r["running"] + r["waiting"] for r in self.donor.reports) > 0:
+                period = self.tail_interval_s  # the tail has begun (as of the last poll)
+            tick = min(period, self.tail_interval_s)
+            await asyncio.sleep(tick * self.time_scale)
+            waited += tick
+            if not self.running:
+                break
+            if waited >= period - 1e-12:
+                waited = 0.0
+                await self.tick(step)
+
+    async def tick(self, step: StepState) -> Plan | None:
+        now = self.now()
+        await gather_or_cancel([manager.poll(now) for manager in self.managers.values()
+                                if manager.gate.interruptible])  # at once: a busy stage answers late
+        view, progress = self.view(now, step)
         begun = time.perf_counter()
-        plan = decide_dynarl(view, self.predictor, self.config) if self.policy == "dynarl" else None
+        plan = None
+        if self.policy == "dynarl":
+            plan = decide_dynarl(view, self.rates.predictor(step.work, progress), self.config)
         self.log.decisions.append(DecisionRecord(now, (time.perf_counter() - begun) * 1000, plan))
-        if plan is not None:
-            await self.execute(plan)
+        if plan is not None and self.mover is not None:
+            try:
+                await self.mover.execute(plan, step.live)
+            except MigrationFailed as exc:  # rolled back: the component goes on where it was
+                self.log.failures.append(str(exc))
         return plan
 
-    async def execute(self, plan: Plan) -> None:
-        for donor, receiver, devices in plan.moves:
-            freed = await self._release(self.managers[donor], devices)
-            if freed:
-                await self._receive(self.managers[receiver], freed)
-
-    async def _release(self, manager: Manager, devices: int) -> list[int]:
-        spec, group = manager.spec, manager.group
-        ranks = devices // spec.devices_per_engine
-        # Idle engines first, among them those with the least work (a finished one costs
-        # nothing to release, and the kept ones must still be generating to take the
-        # rest), then the longest idle; never all of them.
-        def order_key(p: int) -> tuple:
-            key = group.handles[p].spec.worker_id
-            since = manager.low_since.get(key)
-            return since is None, manager.requests.get(key, 0), since or 0.0, p
-        order = sorted(range(group.world_size), key=order_key)
-        release = order[:min(ranks, group.world_size - 1)]
-        if not release:
-            return []
-        async with manager.gate.interrupt():
-            begun = asyncio.get_running_loop().time()
-            result = await workload_migrate(self.ctl, group, release, park=spec.standby)
-            self.record("workload", spec.name, result.freed_devices, begun)
-        return result.freed_devices
-
-    async def _receive(self, manager: Manager, freed: list[int]) -> None:
-        spec = manager.spec
-        async with manager.gate.interrupt():
-            begun = asyncio.get_running_loop().time()
-            group = manager.group
-            if spec.strategy == "workload":
-                await self.ctl.grow_group(group, freed, spec.init)
-            elif spec.strategy == "p2p":
-                manager.group = (await p2p_migrate(self.ctl, group, group.devices + freed, spec.init or {},
-                                                   standby=spec.standby)).group
-            else:
-                manager.group = (await reboot_migrate(self.ctl, group, group.devices + freed, spec.init or {})).group
-            self.record(spec.strategy, spec.name, freed, begun)
-
-    def record(self, kind: str, component: str, devices: list[int], begun: float) -> None:
-        now = asyncio.get_running_loop().time()
-        self.log.migrations.append(Migration(kind, component, list(devices), begun, now - begun))
-        if component in self.managers:
-            self.managers[component].cycle_moves.append(now - begun)
-            self.managers[component].observe_group()  # the hypergraph shows the move at once
-        self._count()
-
-    def _count(self) -> None:
-        self.log.counts.append(DeviceCounts(asyncio.get_running_loop().time(),
-                                            {name: len(m.group.devices) for name, m in self.managers.items()}))
+    def view(self, now: float, step: StepState) -> tuple[ClusterView, RolloutProgress]:
+        """The ClusterView from the managers' last polls (the hypergraph's nodes, the
+        input channel's depth), the devices each component holds and the step's work."""
+        graph = self.ctl.refresh_graph()
+        accepts, work, config = step.live.accepts, step.work, self.config
+        donor = self.donor
+        spec = donor.spec
+        queued = graph.queued(spec.inbox) if spec.inbox is not None else 0
+        progress = rollout_progress(donor.reports, donor.finished)
+        drained = queued == 0 and accepts(spec.name)
+        graph.observe_interruptible(spec.name, drained)
+        demand = rollout_demand(progress, donor.peak, config.pack)
+        low = donor.low()
+        if config.donor == "packable":
+            donor.packable = packable_since(len(low), demand, config.theta, now, donor.packable)
+            if donor.packable is not None:
+                low = (donor.packable,) * len(low)
+        counts = self.mover.counts if self.mover is not None else {
+            name: len(m.group.devices) for name, m in self.managers.items()}
+        views = [ComponentView(
+            spec.name, "dynamic", counts[spec.name], rollout_tokens_left(progress, work.cap),
+            devices_per_engine=spec.devices_per_engine, min_devices=spec.min_devices,
+            interruptible=donor.gate.interruptible and (drained or rollout_done(progress, queued)),
+            active_requests=progress.active, requests_per_engine=spec.requests_per_engine, keep_engines=demand,
+            move_cost_s=donor.move_cost_s, engine_low_since=low)]
+        for name, m in self.managers.items():
+            if m is donor:
+                continue
+            accepting = accepts(name)
+            tokens, samples = m.processed()
+            views.append(ComponentView(
+                name, "static", counts[name], stage_tokens_left(work, progress, tokens, samples) if accepting else 0.0,
+                devices_per_engine=m.spec.devices_per_engine, min_devices=m.spec.min_devices,
+                interruptible=m.gate.interruptible and accepting and m.spec.strategy is not None,
+                move_cost_s=m.move_cost_s, barrier=m.spec.barrier))
+        return ClusterView(now, tuple(views)), progress

@@ -1,19 +1,23 @@
 """One manager per WorkerGroup: writes its workers' metrics into the runtime
 hypergraph (core/hypergraph.py: the component's node gets its current workers,
 devices, each worker's utilization and requests held, and whether it is
-interruptible), reads the scheduler's view of the component back from that node,
-and guards its interruptible points.
+interruptible) and keeps what the scheduler's view of the component is read from
+(loop.py, view.py); it also guards the component's interruptible points.
 
-Workers report `metrics()`: {"utilization": active KV / capacity (rollout) or
-busy fraction, "running": int, "waiting": int, "work_done": cumulative work
-units, "remaining_work": units left this iteration}; a rollout rank also its raw
-"kv_utilization" and whether it is still "admitting" prompts (never a donor then).
-The manager keeps, per engine, since when it has been low (policy.track_low, the
-donor signal: below u_low and no longer admitting prompts),
-and feeds measured throughput to the predictor's online correction. It also
-keeps what the component's moves cost: the seconds of its migrations in the
-current scheduling cycle (a step: out, then back), and, as `move_cost_s`, those
-of the last cycle in which it moved, which the policy charges to the next move.
+Workers report `metrics()`. A rollout rank: its KV fill ("kv_utilization", the
+DynaRL utilization), "running" and "waiting" requests, "admitting" (it may still
+be handed prompts), the KV tokens held ("kv") and one engine's "capacity", the
+output tokens its requests made so far ("generated"), the requests finished this
+step with their tokens ("finished", "finished_tokens"), whether its generation
+still runs ("active_run") and cumulative "work_done" (tokens). A stage rank
+(inference, trainer): the "samples" and "tokens" it processed this step.
+
+Per rollout engine the manager keeps since when it has been low (policy.track_low,
+the donor signal) and its peak fill this cycle, and what it had finished (a
+released engine keeps its count). It also keeps what the component's moves cost:
+the seconds of its migrations in the current scheduling cycle (a step: out, then
+back), and, as `move_cost_s`, those of the last cycle in which it moved, which
+the policy charges to the next move.
 """
 from __future__ import annotations
 
@@ -23,8 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Literal
 
 from dynarl.core.hypergraph import Hypergraph
-from dynarl.core.scheduler.policy import ComponentView, track_low
-from dynarl.core.scheduler.predictor import Predictor
+from dynarl.core.scheduler.policy import track_low
 from dynarl.core.worker_group import WorkerGroup
 
 if TYPE_CHECKING:
@@ -75,18 +78,24 @@ class InterruptGate:
 class ComponentSpec:
     name: str
     kind: Literal["dynamic", "static"]
-    strategy: Literal["workload", "p2p", "reboot"]
+    strategy: Literal["workload", "join", "p2p"] | None = None
+    """How it takes devices: join (its running stage takes new ranks: inference, a
+    streaming trainer), p2p (a sharded trainer reshards onto them); None: it never
+    receives. The dynamic component gives devices by Workload migration."""
     devices_per_engine: int = 1
     min_devices: int = 1
     init: dict | None = None
-    """Constructor arguments for ranks the component gains (grow, P2P, reboot)."""
+    """Constructor arguments for ranks the component gains."""
     requests_per_engine: int = 1
-    """Dynamic components: requests one engine batches (the tail consolidates onto
-    ceil(running / this) engines)."""
+    """Dynamic components: requests one engine batches (the predictor's demand cap)."""
     barrier: bool = False
     """Works only after the other components finish theirs (policy.ComponentView.barrier)."""
+    stateful: bool = False
+    """Its ranks hold sharded state (the trainer): a joining rank receives it peer-to-peer."""
     standby: "StandbyPool | None" = None
-    """Warm ranks: a P2P receiver adopts them, a Workload donor parks its released ones."""
+    """Warm ranks: a receiver adopts them, a Workload donor parks its released ones."""
+    inbox: str | None = None
+    """The channel its stage reads (the dynamic component's prompts: drained = its tail)."""
 
 
 class Manager:
@@ -96,56 +105,73 @@ class Manager:
         self.group = group
         self.u_low = u_low
         self.graph = graph if graph is not None else Hypergraph()
-        """The component's node, under its name (P2P and reboot moves replace the group)."""
+        """The component's node, under its name (P2P moves replace the group)."""
         self.gate = InterruptGate()
+        self.reports: list[dict] = []
+        """The current ranks' last metrics, in rank order."""
         self.low_since: dict[str, float | None] = {}
         self.peak: dict[str, float] = {}
         """Per engine: its highest utilization this cycle (track_low's fill)."""
-        self.requests: dict[str, int] = {}
-        """Per rank: requests running or waiting at the last poll."""
-        self.remaining_work = 0.0
+        self.held_peak: dict[str, int] = {}
+        """Per engine: the most requests it held at once this cycle."""
+        self.finished: dict[str, tuple[int, int]] = {}
+        """Per engine: requests finished this cycle and their output tokens, as of its last report."""
+        self.packable: float | None = None
+        """dynarl-consolidate's signal: since when the active KV packs onto few engines."""
         self._last_done: tuple[float, float] | None = None
         self.measured_rate: float | None = None
+        """Work units per second between the last two polls (work_done)."""
         self.cycle_moves: list[float] = []
         """Seconds of each of this component's migrations in the current cycle."""
         self.move_cost_s = 0.0
         """Total of the last cycle that had migrations (0 until one has)."""
 
-    @property
-    def active_requests(self) -> int:
-        """Requests running or waiting over the ranks, at the last poll."""
-        return sum(self.requests.values())
-
     def begin_cycle(self) -> None:
         """A new scheduling cycle (step): the last one's moves become the known cost,
-        and the idle time of the previous step is not this step's tail."""
+        and the previous step's tail is not this step's."""
         if self.cycle_moves:
             self.move_cost_s = sum(self.cycle_moves)
         self.cycle_moves = []
         self.low_since.clear()
         self.peak.clear()
+        self.held_peak.clear()
+        self.finished.clear()
+        self.packable = None
+        self.reports = []
 
-    async def poll(self, now: float, predictor: Predictor | None = None) -> None:
+    async def poll(self, now: float) -> None:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
-        reports = await self.group.call("metrics")
+        self.observe(now, await self.group.call("metrics"))
+
+    def observe(self, now: float, reports: list[dict]) -> None:
+        """One poll's reports (the current ranks', in order) into the hypergraph and the cycle's state."""
+        self.reports = reports
         workers = self.observe_group()
-        # the engines' own KV utilization (the peak is the fill's, not the admitting mask's)
-        self.graph.observe_load(self.spec.name, workers, [r.get("kv_utilization", r["utilization"]) for r in reports],
-                                [int(r.get("running", 0) + r.get("waiting", 0)) for r in reports])
-        self.graph.observe_interruptible(self.spec.name, self.gate.interruptible)
         node = self.graph.nodes[self.spec.name]
         node.kind = self.spec.kind
-        utilization, queued = node.loads()
-        self.requests = dict(zip(node.workers, queued))
-        self.low_since, self.peak = track_low(node.workers, utilization, now, self.low_since, self.peak, self.u_low,
-                                              [bool(r.get("admitting", False)) for r in reports])
-        self.remaining_work = float(sum(r.get("remaining_work", 0.0) for r in reports))
+        if self.spec.kind == "dynamic":
+            self.graph.observe_load(self.spec.name, workers, [r["kv_utilization"] for r in reports],
+                                    [int(r["running"] + r["waiting"]) for r in reports])
+            utilization, held = node.loads()
+            self.low_since, self.peak, self.held_peak = track_low(
+                node.workers, utilization, now, self.low_since, self.peak, self.u_low,
+                [bool(r.get("admitting", False)) for r in reports], held, self.held_peak)
+            self.note(workers, reports)
+        self.graph.observe_interruptible(self.spec.name, self.gate.interruptible)
         done = float(sum(r.get("work_done", 0.0) for r in reports))
         if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:
             self.measured_rate = (done - self._last_done[1]) / (now - self._last_done[0])
-            if predictor is not None and self.spec.name in predictor.models and self.measured_rate > 0:
-                predictor.models[self.spec.name].observe(len(self.group.devices), self.measured_rate)
         self._last_done = (now, done)
+
+    def note(self, workers: list[str], reports: list[dict]) -> None:
+        """What these engines have finished this cycle (also read just before they are released)."""
+        for worker, r in zip(workers, reports):
+            self.finished[worker] = (int(r["finished"]), int(r["finished_tokens"]))
+
+    def processed(self) -> tuple[float, int]:
+        """A stage's tokens and samples processed this step, over its ranks' last reports."""
+        return (float(sum(r.get("tokens", 0) for r in self.reports)),
+                int(sum(r.get("samples", 0) for r in self.reports)))
 
     def observe_group(self) -> list[str]:
         """The component's node gets its group's current workers and devices (after a
@@ -154,17 +180,6 @@ class Manager:
         self.graph.observe_spawn(self.spec.name, self.group.cls.__name__, workers, self.group.devices)
         return workers
 
-    def view(self) -> ComponentView:
-        """The component as the scheduler sees it: its hypergraph node as of the last
-        poll (workers, devices, requests held), its gate, its work and move costs."""
-        if self.spec.name not in self.graph.nodes:
-            self.observe_group()
-        node = self.graph.nodes[self.spec.name]
-        return ComponentView(
-            name=self.spec.name, kind=self.spec.kind, devices=len(node.devices),
-            remaining_work=self.remaining_work, devices_per_engine=self.spec.devices_per_engine,
-            min_devices=self.spec.min_devices, interruptible=self.gate.interruptible,
-            active_requests=self.active_requests if self.spec.kind == "dynamic" else None,
-            requests_per_engine=self.spec.requests_per_engine, move_cost_s=self.move_cost_s,
-            barrier=self.spec.barrier,
-            engine_low_since=tuple(self.low_since.get(w) for w in node.workers))
+    def low(self) -> tuple[float | None, ...]:
+        """Per current engine: since when it has been low (None: not low)."""
+        return tuple(self.low_since.get(w) for w in self.graph.nodes[self.spec.name].workers)

@@ -1,12 +1,11 @@
 """Scheduling policies: pure functions of a ClusterView (each component's view at one
-time: `dynarl train`'s managers read it from the runtime hypergraph, `dynarl sim`'s
-policies build it from their Snapshot, components/placement/dynarl.py).
+time, which the GlobalScheduler reads from the runtime hypergraph: loop.py, view.py;
+the same in `dynarl train` and `dynarl sim`).
 
 `static` never moves devices. `dynarl` (the paper's Algorithm 1):
 1. A dynamic component is a donor when more than `theta` of its engines have
-   stayed low (`engine_low`: below `u_low` utilization and draining: past their peak,
-   or taking no more prompts) for at least `window_s` seconds (`track_low`, both
-   commands' one donor signal).
+   stayed low (`engine_low`: below `u_low` utilization and past their peak, and
+   taking no more prompts) for at least `window_s` seconds (`track_low`).
 2. Candidates shrink the donor by 1..k engines (3-10 of them, spread evenly,
    never below its floor: `keep_engines`, by default the engines its active
    requests need) and hand the freed devices, one receiver unit at a time, to
@@ -19,7 +18,8 @@ policies build it from their Snapshot, components/placement/dynarl.py).
    (`move_cost_s`: its last round trip of migrations, out and back). The best
    is committed only if strictly faster than now, so a move that cannot pay
    for itself is not made.
-Only components at an interruptible point take part.
+Only components at an interruptible point take part, and only those the predictor
+has a rate for (a component not measured yet is neither timed nor given devices).
 """
 from __future__ import annotations
 
@@ -72,6 +72,13 @@ class DynarlConfig:
     max_candidates: int = 8
     charge_move_cost: bool = True
     """Charge each moving component its measured move cost (False: moves are free)."""
+    pack: float = 1.0
+    """The donor's floor packs its active KV at this multiple of the step's mean peak
+    fill (view.rollout_demand): above 1 the stragglers consolidate onto fewer engines."""
+    donor: Literal["low", "packable"] = "low"
+    """low: the paper's signal (track_low). packable: the rollout is a donor once its
+    active KV, packed at `pack`, fits on at most (1 - theta) of its engines for
+    window_s (view.packable_since): dynarl-consolidate."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.theta < 1:
@@ -82,6 +89,10 @@ class DynarlConfig:
             raise ValueError(f"window_s must be >= 0, got {self.window_s}")
         if not 3 <= self.max_candidates <= 10:
             raise ValueError(f"max_candidates must be in [3, 10], got {self.max_candidates}")
+        if self.pack <= 0:
+            raise ValueError(f"pack must be > 0, got {self.pack}")
+        if self.donor not in ("low", "packable"):
+            raise ValueError(f"donor must be 'low' or 'packable', got {self.donor!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,34 +109,40 @@ class Plan:
     """The measured move costs of the components the plan moves (summed)."""
 
 
-def engine_low(utilization: float, peak: float, u_low: float, draining: bool = False) -> bool:
+def engine_low(utilization: float, peak: float, u_low: float, held: int = 0, held_peak: int = 0) -> bool:
     """The donor signal of one engine: its utilization (active KV / capacity) is below
-    U_low and it is draining, not filling: it takes no more work (`draining`: it has
-    taken its last prompt), or it is below its own peak this cycle (at a step's start
-    256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine: below any U_low,
-    but not a draining engine). An engine that never held a request is low."""
-    return peak == 0.0 or (utilization < u_low and (draining or utilization < peak))
+    U_low and it is draining, not filling: below its own peak fill this cycle, or holding
+    fewer requests than at its peak (some finished, none replaced them). At a step's
+    start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine: below any
+    U_low, but a filling engine; while a small engine's tail can hold all the KV it ever
+    held (its long requests still decode) yet be done with most of its requests. An
+    engine that never held a request is low."""
+    return peak == 0.0 or (utilization < u_low and (utilization < peak or held < held_peak))
 
 
 def track_low(engines: Sequence[str], utilization: Sequence[float], now: float,
               since: Mapping[str, float | None], peak: Mapping[str, float], u_low: float,
-              admitting: Sequence[bool] | None = None) -> tuple[dict[str, float | None], dict[str, float]]:
-    """Pure: one poll of `engines` (their utilization, in order) -> per engine since
-    when it has been low (None: not low), and the cycle's peaks updated. Engines not
-    polled drop out of `since` (released); their peaks stay (the cycle's fill).
-    `admitting`, where the engines report it (dynarl train's rollout ranks): an engine
-    that may still be handed prompts is never low, one that may not is draining."""
-    peaks = dict(peak)
+              admitting: Sequence[bool] | None = None, held: Sequence[int] | None = None,
+              held_peak: Mapping[str, int] | None = None,
+              ) -> tuple[dict[str, float | None], dict[str, float], dict[str, int]]:
+    """Pure: one poll of `engines` (their utilization and requests held, in order) ->
+    per engine since when it has been low (None: not low), and the cycle's peaks of
+    fill and of requests updated. Engines not polled drop out of `since` (released);
+    their peaks stay (the cycle's fill). `admitting`: an engine that may still be
+    handed prompts is never low."""
+    peaks, held_peaks = dict(peak), dict(held_peak or {})
     out: dict[str, float | None] = {}
     for i, (key, u) in enumerate(zip(engines, utilization)):
         peaks[key] = max(peaks.get(key, 0.0), u)
+        q = held[i] if held is not None else 0
+        held_peaks[key] = max(held_peaks.get(key, 0), q)
         if admitting is not None and admitting[i]:
             out[key] = None
-        elif engine_low(u, peaks[key], u_low, draining=admitting is not None):
+        elif engine_low(u, peaks[key], u_low, q, held_peaks[key]):
             out[key] = now if since.get(key) is None else since[key]
         else:
             out[key] = None
-    return out, peaks
+    return out, peaks, held_peaks
 
 
 def is_donor(c: ComponentView, now: float, config: DynarlConfig) -> bool:
@@ -142,7 +159,7 @@ def predicted_time(components: tuple[ComponentView, ...], allocation: dict[str, 
     by its move cost."""
     worst = after = 0.0
     for c in components:
-        if c.remaining_work <= 0:
+        if c.remaining_work <= 0 or not predictor.knows(c.name):
             continue
         rate = predictor.rate(c.name, allocation[c.name], c.devices_per_engine, demand_engines(c))
         cost = c.move_cost_s if c.name in moving else 0.0
@@ -172,7 +189,8 @@ def decide_dynarl(view: ClusterView, predictor: Predictor, config: DynarlConfig)
     best: Plan | None = None
     count = 0
     for donor in (c for c in comps if is_donor(c, view.now, config)):
-        receivers = [c for c in comps if c.name != donor.name and c.interruptible and c.remaining_work > 0]
+        receivers = [c for c in comps if c.name != donor.name and c.interruptible and c.remaining_work > 0
+                     and predictor.knows(c.name)]
         if not receivers:
             continue
         for release in _release_options(donor, config.max_candidates):

@@ -59,6 +59,9 @@ class ThroughputModel:
 class Predictor:
     models: dict[str, ThroughputModel] = field(default_factory=dict)
 
+    def knows(self, component: str) -> bool:
+        return component in self.models
+
     def rate(self, component: str, devices: int, devices_per_engine: int = 1,
              demand_cap: int | None = None) -> float:
         """Work units per second of `component` on `devices`; with `demand_cap`

@@ -7,13 +7,14 @@ launcher and virtual time (or, for `--fidelity`, the local launcher on the wall 
               weight sync); at each iteration end a policy with a hook may re-plan:
               the groups stop and start on the new placement (RLinf's reboot migration)
 
+An online policy (dynarl and its variants) sets `scheduler.policy: dynarl` and its
+`scheduler.dynarl` settings: the job's own scheduler (components/workflows/
+dynamic.py, core/scheduler, core/migration) moves devices during every step, as in
+`dynarl train`; its log gives the run's moves, decisions and ownership timeline.
+
 Iteration i's window runs from the end of iteration i-1 (from its own start for
 i = 0) to its weight sync, so boundary work (re-plans) is paid by the next iteration.
 All times are emulated seconds since the run began: loop time / time_scale.
-
-An online policy (dynarl and its variants, dynarl-tailtp's wider tail engines
-included) moves devices during each step through the step's hooks (OnlineHooks:
-the Migrator of migrate.py and the view of snapshot.py, over the workflow's workers).
 """
 from __future__ import annotations
 
@@ -21,17 +22,17 @@ import asyncio
 
 import dynarl
 from dynarl.components import costmodel as cm
+from dynarl.components.engine_factory import emulated_trainer_min_devices
 from dynarl.components.placement.plan import COMPONENTS, Placement, with_unit
-from dynarl.components.placement.policy import Migrate, PlanContext, Replan, Snapshot, make_policy
+from dynarl.components.placement.policy import PlanContext, Replan, Snapshot, make_policy
+from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.workflows.agentic import AgenticGRPO
 from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
+from dynarl.core.scheduler.loop import DeviceCounts
 
-from .migrate import Migrator, min_devices
-from .online import OnlineHooks
-from .ranks import WorkflowRanks
 from .records import IterationRecord, PolicyRun, timed
 from .scenario import Scenario, for_policy, train_config
 
@@ -48,6 +49,12 @@ class Quiet:
     def note(self, text: str) -> None: ...
 
 
+def min_devices(scn: Scenario) -> dict[str, int]:
+    """The fewest devices each component runs on (the trainer: its state must fit)."""
+    return {"trainer": emulated_trainer_min_devices(EmulatedTrainerConfig(**scn.engines["trainer"])),
+            "inference": 1, "rollout": scn.rollout_tp}
+
+
 def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=None) -> PolicyRun:
     """Runs one policy (`policy`: an instance to use instead of make_policy(name), e.g. a sweep's)."""
     policy = policy or make_policy(name)
@@ -58,6 +65,7 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
                       profiles=profiles if policy.needs_profile else None, min_devices=min_devices(scn))
     run = PolicyRun(name)
     placement = with_unit(policy.place(ctx), {"rollout": scn.rollout_tp})
+    scheduler = policy.scheduler(placement.num_devices_of("rollout") // scn.rollout_tp)
 
     async def workflow(ctl: Controller) -> None:
         nonlocal placement
@@ -67,47 +75,45 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
         def now() -> float:
             return (loop.time() - origin) / cfg.time_scale
 
-        wf = await start(ctl, scn, placement)
+        wf = await start(ctl, scn, placement, scheduler)
         run.placements.append((now(), placement))
-        migrator = None
-        if policy.decide_every_s is not None:  # an online policy: it moves devices during the steps
-            migrator = Migrator(ctl, scn, placement, lambda kind, sec: run.migrations.setdefault(kind, []).append(sec),
-                                now, borrow=getattr(policy, "rollout_borrows", False),
-                                tail_tp=getattr(policy, "tail_tp", False), ranks=WorkflowRanks(wf))
-            wf.hooks = OnlineHooks(ctl, scn, wf, policy, run, placement, now, migrator)
         previous_end: float | None = None
         for it in range(cfg.iterations):
             begun = now() if previous_end is None else previous_end
             await wf.step(it)
             end = now()
-            record(run, scn, wf, it, begun, end, origin, migrator)
+            record(run, scn, wf, it, begun, end, origin)
             previous_end = end
             if not policy.has_hook:
                 continue
             snapshot = Snapshot(iteration=it, now_s=end, at_iteration_end=True, placement=placement,
                                 stage_s=run.iterations[-1].stage_s)
             for decision in timed(policy, snapshot, run):
-                if isinstance(decision, Migrate):
-                    raise ValueError("a policy asked to Migrate at an iteration's end: return Replan there")
                 if isinstance(decision, Replan) and it + 1 < cfg.iterations:
                     new = with_unit(decision.placement, {"rollout": scn.rollout_tp})
                     wf = await replan(ctl, scn, wf, placement, new, decision.reason, run, it)
                     placement = new
                     run.placements.append((now(), placement))
+        if wf.scheduling is not None:  # the scheduler's moves and decisions
+            log = wf.scheduling.scheduler.log
+            for m in log.migrations:
+                run.migrations.setdefault(m.kind, []).append(m.seconds)
+            run.decision_ms.extend(d.ms for d in log.decisions)
         for group in groups_of(wf):
             await ctl.stop_group(group)
 
-    config = train_config(scn, placement)
+    config = train_config(scn, placement, scheduler)
     dynarl.run(workflow, config.runtime, virtual_time=cfg.launcher == "inproc")
     return run
 
 
-async def start(ctl: Controller, scn: Scenario, placement: Placement, version: int = 0) -> GRPO:
+async def start(ctl: Controller, scn: Scenario, placement: Placement, scheduler: dict | None = None,
+                version: int = 0) -> GRPO:
     """GRPO's groups on `placement`, holding weight version `version`."""
-    cfg = train_config(scn, placement)
+    cfg = train_config(scn, placement, scheduler)
     workflow = AgenticGRPO if cfg.workflow == "agentic" else GRPO
     wf = workflow(ctl, cfg, None, None, None, Quiet(), placement=placement,
-              prompts=WorkloadPrompts(scn.batches, cm.get_model(scn.workload.model).vocab_size))
+                  prompts=WorkloadPrompts(scn.batches, cm.get_model(scn.workload.model).vocab_size))
     wf.open_channels()
     wf.g = await wf.spawn()
     await wf.sync_weights(version, "start")  # the engines hold no policy until the first sync
@@ -134,8 +140,7 @@ async def replan(ctl: Controller, scn: Scenario, wf: GRPO, old: Placement, new: 
     return moved_to
 
 
-def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float,
-           migrator: Migrator | None = None) -> None:
+def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float) -> None:
     """The iteration's device-seconds, stage times and spans, from the stages' results."""
     scale, placement = scn.config.time_scale, wf.placement
     busy_ds = 0.0
@@ -163,8 +168,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         if placement.shares_devices(span.component):
             run.ownership.append((span.component, placement.num_devices_of(span.component),
                                   (span.start - origin) / scale, (span.end - origin) / scale))
-    if migrator is not None and placement.mode == "spatial":  # ownership changes within the step (moves)
-        run.ownership.extend(migrator.own.spans(start, end))
+    if wf.scheduling is not None:  # ownership changes within the step (moves)
+        run.ownership.extend(ownership_spans(wf.scheduling.scheduler.log.counts, origin, scale, start, end))
     else:
         for c in COMPONENTS:
             if not placement.shares_devices(c):
@@ -175,3 +180,19 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
     tokens, samples = batch_tokens(scn.batches[it])
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
                                           stage_s=stage_s, span_s=spans))
+
+
+def ownership_spans(counts: list[DeviceCounts], origin: float, scale: float, start: float,
+                    end: float) -> list[tuple[str, int, float, float]]:
+    """(component, devices, start, end) over [start, end] (run seconds) from the
+    scheduler's device counts (loop time)."""
+    events = [((c.at - origin) / scale, c.counts) for c in counts]
+    points = [e for e in events if e[0] < end]
+    out = []
+    for i, (t, alloc) in enumerate(points):
+        s = max(t, start)
+        e = points[i + 1][0] if i + 1 < len(points) else end
+        if e <= s:
+            continue
+        out.extend((c, alloc[c], s, e) for c in COMPONENTS if alloc.get(c, 0) > 0)
+    return out

@@ -5,6 +5,7 @@ Resolved once and shared by every policy, so all of them see the same requests.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from dynarl.components import costmodel as cm
 from dynarl.components.inference.emulated import EmulatedInferenceConfig
 from dynarl.components.placement.agentic import agentic_mode
 from dynarl.components.placement.plan import COMPONENTS, Placement
+from dynarl.components.rollout.base import SamplingParams
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
@@ -147,14 +149,34 @@ def nic_or_link(shared_with_trainer: bool, device: str) -> float:
     return spec.link_bandwidth if shared_with_trainer else spec.nic_bandwidth
 
 
-def train_config(scn: Scenario, placement: Placement) -> "TrainConfig":
+def output_cap(scn: Scenario) -> int | None:
+    """The cap on a math request's output tokens (the workload's max_tokens); None for
+    multi-turn, an uncapped distribution, or a trace (its lengths are its own)."""
+    if scn.workload.kind != "math" or scn.trace is not None or math.isinf(scn.workload.response_tokens.cap):
+        return None
+    return int(scn.workload.response_tokens.cap)
+
+
+def max_new_tokens(scn: Scenario) -> int:
+    """rollout.max_new_tokens, the scheduler's cap on an output (its view of the tail):
+    the workload's cap, else the longest response of the run (the lengths it has)."""
+    cap = output_cap(scn)
+    if cap is not None:
+        return cap
+    return max([s.response_tokens for b in scn.batches for g in b for s in g.samples if not s.is_multi_turn],
+               default=SamplingParams().max_new_tokens)
+
+
+def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = None) -> "TrainConfig":
     """The `dynarl train` config this scenario runs under a policy's placement: emulated
     engines on emulated devices, the workload's batch, a streaming trainer (it starts
     on the first scored samples, as a trainer on devices of its own can), no warm
-    start, rewards that cost nothing (verifier none)."""
+    start, rewards that cost nothing (verifier none); `scheduler`: the
+    `scheduler.dynarl` settings of an online policy (None: static)."""
     from dynarl.components.workflows.agentic_config import AgenticSection
-    from dynarl.components.workflows.config import (InferenceSection, PlacementSection, RolloutSection,
-                                                    RunSection, TrainConfig, TrainerSection, WarmupSection)
+    from dynarl.components.workflows.config import (DynarlSection, InferenceSection, PlacementSection,
+                                                    RolloutSection, RunSection, SchedulerSection, TrainConfig,
+                                                    TrainerSection, WarmupSection)
     cfg, engines = scn.config, scn.engines
     per_node = 8 if cfg.devices % 8 == 0 else cfg.devices
     rollout = dict(engines["rollout"], weight_sync_bandwidth=nic_or_link(
@@ -167,7 +189,7 @@ def train_config(scn: Scenario, placement: Placement) -> "TrainConfig":
                               cluster=ClusterConfig(num_nodes=cfg.devices // per_node, devices_per_node=per_node,
                                                     device_kind="emulated")),
         rollout=RolloutSection(num_ranks=ranks["rollout"], samples_per_prompt=len(scn.batches[0][0].samples),
-                               chunk_size=cfg.chunk_size, backend="emulated",
+                               chunk_size=cfg.chunk_size, backend="emulated", max_new_tokens=max_new_tokens(scn),
                                emulated=EmulatedRolloutConfig(**rollout)),
         inference=InferenceSection(num_ranks=ranks["inference"], backend="emulated",
                                    emulated=EmulatedInferenceConfig(**engines["inference"])),
@@ -178,4 +200,6 @@ def train_config(scn: Scenario, placement: Placement) -> "TrainConfig":
         agentic=AgenticSection(episodes="scripted", queue=rollout.get("queue", "fifo"), affinity=affinity,
                                max_bonus_s=EmulatedRolloutConfig(**rollout).priority_window_s),
         run=RunSection(steps=cfg.iterations, prompts_per_step=len(scn.batches[0]), seed=cfg.seed),
+        scheduler=SchedulerSection() if scheduler is None else SchedulerSection(
+            policy="dynarl", dynarl=DynarlSection(**scheduler)),
         task=TaskConfig(verifier="none"))

@@ -231,6 +231,13 @@ class EmulatedTrainer:
         return self._onloaded
 
 
+def full_state_bytes(emulation: EmulatedTrainerConfig) -> int:
+    """The whole trainer's state: fp32 master weights, two Adam moments and the
+    gradient, plus the weights in their own dtype (what a P2P move carries)."""
+    numel = build_layout(costmodel.get_model(emulation.model), 1, emulation.param_dtype).total_numel
+    return numel * (len(STATE_NAMES) * MASTER_ITEMSIZE + costmodel.BYTES_PER_PARAM)
+
+
 def _shard_file(rank: int, world_size: int) -> str:
     return f"shard-{rank:05d}-of-{world_size:05d}.json"
 

@@ -1,4 +1,5 @@
-"""Higher tensor parallelism for the rollout's tail (the dynarl-tailtp policy).
+"""Higher tensor parallelism for the rollout's tail (scheduler.dynarl.tail_tp; the
+dynarl-tailtp policy of `dynarl sim`).
 
 Once the rollout is a donor, the engines it keeps are in the long tail: few requests
 each, decode-bound, each step reading the whole weight shard. Merging two kept TP-t
@@ -15,30 +16,29 @@ faster. It is a reboot of those engines, paid in full:
     (in its own emulation).
 
 A pause or export that fails rolls back (each engine gets its own groups back and
-resumes at the base TP; MigrationFailed, which the Migrator lets pass). On an
+resumes at the base TP; MigrationFailed, which the Mover lets pass). On an
 agentic workload the episode driver was told before the pause that the pair leaves
 (as for any Workload release): after a rollback the two engines finish the turns
 they hold and end, and the other engines take the episodes' next turns. After the
 commit the old engines are gone and a failure ends the run.
 
-The devices stay the rollout's throughout (no ownership change). Pairs are formed
+The devices stay the rollout's throughout (no ownership change). Emulated devices
+charge the restart (MoveCosts.restart_s); real engines take the time it takes. Pairs are formed
 within a node (TP spans one NVLink domain), each of an engine with requests and an
 idle one the donor keeps (widen_pairs), so the requests get twice the devices. At the
-iteration boundary the Migrator stops the wide engines and starts base-TP engines
-again (migrate.py: Migrator.restore).
+iteration boundary the Mover stops the wide engines and starts base-TP engines
+again (mover.py: Mover.restore).
 """
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
-from dynarl.components import costmodel as cm
-from dynarl.components.workflows.live import LiveStep
 from dynarl.core.migration.p2p import MigrationFailed
 from dynarl.core.migration.workload import export_each, roll_back
 
 if TYPE_CHECKING:
-    from .migrate import Migrator
+    from dynarl.core.migration.mover import Mover, Step
 
 WIDEN = 2
 """Engines merged into one: TP-t engines become TP-(WIDEN*t) engines."""
@@ -73,33 +73,33 @@ def widen_pairs(engines: Sequence[Engine]) -> list[tuple[int, int]]:
     return pairs
 
 
-async def widen(g: Any, live: LiveStep, migrator: "Migrator") -> int:
+async def widen(mover: "Mover", live: "Step") -> int:
     """Merges pairs of the rollout's base-TP engines (widen_pairs) into engines of WIDEN
-    times the TP; returns how many wide engines started. `g`: the workflow's groups."""
-    ctl, ranks = migrator.ctl, migrator.ranks
-    tp, ts = migrator.scn.rollout_tp, migrator.ts
-    loads = await g.rollout.call(ranks.load_method)
-    handles = list(g.rollout.handles)
+    times the TP; returns how many wide engines started."""
+    ctl, wf, name = mover.ctl, mover.wf, mover.donor
+    tp, group = mover.tp, mover.group(mover.donor)
+    loads = await group.call("metrics")
+    handles = list(group.handles)
     engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], bool(loads[p]["active_run"]))
-               for p, h in enumerate(handles) if h.spec.devices[0] not in migrator.wide]
+               for p, h in enumerate(handles) if h.spec.devices[0] not in mover.wide]
     pairs = widen_pairs(engines)
-    if not pairs or not live.accepts("rollout"):
+    if not pairs or not live.accepts(name):
         return 0
-    begun = migrator.now()
+    begun = mover.now()
     loop = asyncio.get_running_loop()
     # Registered before anything moves, so the rollout is not done while its work is in between.
     slots = [loop.create_future() for _ in pairs]
-    live.extras["rollout"].extend(slots)
+    live.extras[name].extend(slots)
     release = sorted(p for pair in pairs for p in pair)
     exported: dict[int, list[dict]] = {}
-    await ranks.releasing(g, release)  # the agentic driver routes no more turns to them
+    await wf.releasing(name, [handles[p].spec.worker_id for p in release])  # the agentic driver routes no more turns to them
     try:
-        await g.rollout.call("workload_pause", ranks=release)
-        await export_each(g.rollout, release, exported)
+        await group.call("workload_pause", ranks=release)
+        await export_each(group, release, exported)
     except BaseException as exc:
         # Nothing has moved yet: every engine gets its own work back and resumes, and
         # the step goes on at the base TP.
-        lost = await roll_back(g.rollout, [], release, exported, set(), {})
+        lost = await roll_back(group, [], release, exported, set(), {})
         for slot in slots:
             if not slot.done():
                 slot.set_result(None)
@@ -108,40 +108,40 @@ async def widen(g: Any, live: LiveStep, migrator: "Migrator") -> int:
         note = f"; {lost} exported items could not be given back" if lost else ""
         raise MigrationFailed(f"tail-TP widening rolled back: {exc}{note}") from exc
     try:
-        await g.rollout.call("workload_commit", ranks=release)  # their runs end: the wider engines take over
+        await group.call("workload_commit", ranks=release)  # their runs end: the wider engines take over
         firsts = [handles[a].spec.devices[0] for a, _ in pairs]
         members = {f: sorted(handles[p].spec.devices[0] + k for p in pair for k in range(tp))
                    for f, pair in zip(firsts, pairs)}
-        await ctl.shrink_group(g.rollout, release)
-        await asyncio.sleep(cm.role_switch_time(restart=True) * ts)  # offload, restart at the new TP, onload
-        first = g.rollout.world_size
-        await ctl.grow_group(g.rollout, firsts, ranks.wide_init(g.rollout, WIDEN * tp))
-        new = list(range(first, g.rollout.world_size))
-        await ranks.load_weights(g, g.rollout, new, live.version)
-        migrator.wide.update(members)
+        await ctl.shrink_group(group, release)
+        await mover.charge(mover.costs.restart_s)  # offload, restart at the new TP, onload
+        first = group.world_size
+        await ctl.grow_group(group, firsts, wf.rank_init(name, tp=WIDEN * tp))
+        new = list(range(first, group.world_size))
+        await wf.ready_ranks(name, group, new, live.version)
+        mover.wide.update(members)
         for p, slot in zip(new, slots):
-            call = asyncio.ensure_future(ranks.joining("rollout", p, live.version))
+            call = asyncio.ensure_future(wf.stage_call(name, p, live.version))
             call.add_done_callback(lambda c, s=slot: _settle(s, c))
-        await _opened(g, new, ts)
+        await _opened(group, new, mover)
         items = [[exported[a] + exported[b]] for a, b in pairs]
-        await g.rollout.scatter("workload_import", items, ranks=new)
-        await ranks.joined("rollout", [g.rollout.handles[p].spec.worker_id for p in new])
+        await group.scatter("workload_import", items, ranks=new)
+        await wf.joined(name, [group.handles[p].spec.worker_id for p in new])
     except BaseException as exc:
         for slot in slots:
             if not slot.done():
                 slot.set_exception(exc) if isinstance(exc, Exception) else slot.cancel()
         raise
-    migrator.record("reboot", migrator.now() - begun)
+    mover.record("reboot", name, [], begun)
     return len(new)
 
 
-async def _opened(g: Any, ranks: list[int], time_scale: float) -> None:
+async def _opened(group: Any, ranks: list[int], mover: "Mover") -> None:
     """Waits until each new engine's generation is open (it can take imports)."""
     for _ in range(10_000):
-        loads = await g.rollout.call("workload_load", ranks=ranks)
+        loads = await group.call("workload_load", ranks=ranks)
         if all(load != float("inf") for load in loads):
             return
-        await asyncio.sleep(POLL_S * time_scale)
+        await asyncio.sleep(POLL_S * mover.time_scale)
     raise RuntimeError("a wide rollout engine's generation did not start")
 
 
