@@ -192,3 +192,27 @@ def move_costs(cfg: Any) -> Any:
     return MoveCosts(release_s=ROLE_SWITCH_S / 2, switch_s=role_switch_time(),
                      restart_s=role_switch_time(restart=True),
                      state_s=full_state_bytes(e) / get_device(e.device).link_bandwidth)
+
+
+def scheduler_rates(cfg: Any, tp: int, devices: int) -> Any:
+    """The predictor's source (workflows/rates.py): the cost model emulated engines run
+    on, or profiles and measurements of real ones."""
+    from .workflows.rates import CostModelRates, MeasuredRates
+    if cfg.rollout.backend == "emulated":
+        r, t = cfg.rollout.emulated, cfg.trainer.emulated
+        return CostModelRates(model=r.model, device=r.device, tp=tp, devices=devices, max_seqs=r.max_num_seqs,
+                              mfu=t.mfu, recompute=t.recompute)
+    return MeasuredRates(tp=tp, devices=devices, max_seqs=cfg.rollout.engine.max_num_seqs)
+
+
+def time_scale(cfg: Any) -> float:
+    """Real seconds per emulated second of the engines (1 for real ones)."""
+    return cfg.rollout.emulated.time_scale if cfg.rollout.backend == "emulated" else 1.0
+
+
+def inference_joins(cfg: Any) -> bool:
+    """Whether inference ranks can take devices mid-step from a warm standby pool: an
+    emulated rank holds no model; a real one does (a standby on every rollout device
+    would hold a copy each), so real inference does not receive devices."""
+    return cfg.inference.backend == "emulated"
+

@@ -7,10 +7,10 @@ what the extractor could not read) and how much is in flight on it, and the
 scheduler's polls write each worker's load: its utilization and the requests it
 holds (queue pressure), and whether the component may be interrupted now.
 
-It is the scheduler's view (paper §4.1): both harnesses, the GlobalScheduler of
-`dynarl train` (core/scheduler) and the online policies of `dynarl sim`
-(launch/sim/snapshot.py), write what they poll here and read their snapshot
-from it; `dynarl graph RUN_DIR` prints the graph a run last saved (graph.json).
+It is the scheduler's view (paper §4.1): the GlobalScheduler's managers
+(core/scheduler), the same in `dynarl train` and `dynarl sim`, write what they
+poll here and read their view from it; `dynarl graph RUN_DIR` prints the graph a
+run last saved (graph.json).
 """
 from __future__ import annotations
 

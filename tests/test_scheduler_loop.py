@@ -61,10 +61,13 @@ def scenario(policy):
         loop = asyncio.get_running_loop()
         live = LiveStep(0)
         live.done = {c: loop.create_future() for c in ("rollout", "reward", "inference")}
+        sched.start()
         ticker = ctl.spawn_task(sched.run(StepState(live, StepWork(samples=40, prompt_mean=0.0, cap=None))))
         await asyncio.sleep(30.0)
-        sched.running = False
+        stopped = loop.time()
+        sched.stop()
         await ticker
+        assert loop.time() == stopped  # a waiting ticker ends at once
         done = sorted(x for part in await sched.group("rollout").call("wait_all") for x in part)
         return (sched.log, len(sched.group("rollout").devices), len(sched.group("inference").devices), done,
                 flow.joined)
@@ -144,3 +147,16 @@ def test_device_stats_are_the_time_weighted_counts_of_the_window(start, end, rol
 def test_device_stats_need_a_count_at_the_windows_start():
     with pytest.raises(ValueError, match="no device counts"):
         device_stats(COUNTS[1:], 5.0, 15.0)
+
+
+@pytest.mark.parametrize("active, utilization, width, devices, release", [
+    pytest.param([True, False, True], [0.5, 0.0, 0.1], [1, 1, 1], 2, [1, 2], id="finished-first-then-the-emptiest"),
+    pytest.param([True, True, True], [0.3, 0.1, 0.2], [1, 1, 1], 8, [1, 2], id="never-all"),
+    pytest.param([True, False, False], [0.3, 0.0, 0.0], [1, 1, 1], 8, [1, 2], id="the-finished-go-the-generating-one-stays"),
+    pytest.param([True, True], [0.3, 0.1], [2, 2], 3, [1], id="whole-engines-within-the-devices"),
+    pytest.param([True, True, True], [0.1, 0.2, 0.3], [4, 2, 2], 2, [1], id="a-wider-engine-that-does-not-fit-is-skipped"),
+    pytest.param([True, True], [0.3, 0.1], [2, 2], 1, [], id="less-than-an-engine-moves-nothing"),
+])
+def test_release_order(active, utilization, width, devices, release):
+    from dynarl.core.migration.mover import release_order
+    assert release_order(active, utilization, width, devices) == release

@@ -43,6 +43,7 @@ TURNS, TURN_RESULTS = "turns", "turn_results"
 class AgenticGRPO(GRPO):
     rollout_worker = AgenticRolloutWorker
     reward_worker = None  # episodes are scored here, as each group ends (episode_reward)
+    multi_turn = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

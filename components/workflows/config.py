@@ -270,6 +270,10 @@ class TrainConfig:
         if self.scheduler.dynarl.tail_tp and self.rollout.backend != "emulated":
             raise ConfigError("scheduler.dynarl.tail_tp", "wider-TP tail engines are modelled on emulated "
                                                           "engines only; set it false")
+        if self.scheduler.dynarl.lend and self.rollout.backend != "emulated":
+            raise ConfigError("scheduler.dynarl.lend", "lending the parked components' devices to the rollout "
+                                                       "needs their state offloaded, modelled on emulated engines "
+                                                       "only; set it false")
         if self.placement.mode != "hybrid" and self.placement.pools:
             raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {self.placement.mode!r}")
         if self.placement.mode == "auto":

@@ -24,74 +24,73 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynarl.components import engine_factory
 from dynarl.components.experience import PromptGroup
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.live import LiveStep
-from dynarl.components.workflows.rates import CostModelRates, MeasuredRates
+from dynarl.components.workflows.rates import MeasuredRates
 from dynarl.components.workflows.stages import Span
 from dynarl.core.migration.mover import Mover
 from dynarl.core.migration.standby import StandbyPool
-from dynarl.core.scheduler.loop import GlobalScheduler, StepState, device_stats
+from dynarl.core.scheduler.loop import GlobalScheduler, RateSource, StepState
+from dynarl.core.scheduler.log import device_stats
 from dynarl.core.scheduler.manager import ComponentSpec
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.view import StepWork
+from dynarl.core.worker_group import WorkerGroup
 from dynarl.transport.errors import DynarlError
+
+if TYPE_CHECKING:
+    from dynarl.components.workflows.grpo import Groups
 
 
 class DynamicScheduling:
-    def __init__(self, wf: Any, scheduler: GlobalScheduler, mover: Mover, rates: Any) -> None:
+    def __init__(self, wf: Any, scheduler: GlobalScheduler, mover: Mover, rates: RateSource) -> None:
         self.wf, self.ctl, self.cfg = wf, wf.ctl, wf.cfg
         self.scheduler, self.mover, self.rates = scheduler, mover, rates
         self.state: StepState | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._ticker: asyncio.Task | None = None
+        self._home: asyncio.Task | None = None
+        """Lent devices go home once the rollout is done at the latest."""
         self._failure: DynarlError | None = None
         """What stopped the ticker (a lost rank): the step raises it once its stages are over."""
         self._marks: dict[str, int] = {}
         self._begun = 0.0
 
     @classmethod
-    async def create(cls, wf: Any, groups: Any) -> "DynamicScheduling":
+    async def create(cls, wf: Any, groups: Groups) -> "DynamicScheduling":
         cfg, ctl = wf.cfg, wf.ctl
         d = cfg.scheduler.dynarl
-        emulated = cfg.rollout.backend == "emulated"
         tp = wf.placement.unit_of("rollout")
-        devices = wf.placement.num_devices
         streaming = cfg.trainer.streaming
-        inits = {name: dict(getattr(groups, name).handles[0].spec.init_kwargs)
-                 for name in ("rollout", "inference", "trainer")}
-        max_seqs = cfg.rollout.emulated.max_num_seqs if emulated else cfg.rollout.engine.max_num_seqs
-        if emulated:
-            rates: Any = CostModelRates(model=cfg.rollout.emulated.model, device=cfg.rollout.emulated.device, tp=tp,
-                                        devices=devices, max_seqs=max_seqs, mfu=cfg.trainer.emulated.mfu,
-                                        recompute=cfg.trainer.emulated.recompute)
-        else:
-            rates = MeasuredRates(tp=tp, devices=devices, max_seqs=max_seqs)
-        time_scale = cfg.rollout.emulated.time_scale if emulated else 1.0
+        rates = engine_factory.scheduler_rates(cfg, tp, wf.placement.num_devices)
+        time_scale = engine_factory.time_scale(cfg)
         scheduler = GlobalScheduler(
             ctl, "dynarl", rates, DynarlConfig(d.theta, d.u_low, d.window_s, d.max_candidates, d.charge_move_cost,
                                                d.pack, d.donor),
             interval_s=d.interval_s, tail_interval_s=d.tail_interval_s, time_scale=time_scale)
-        pool = lambda name, warm=None: StandbyPool(ctl, getattr(groups, name).cls, name, inits[name], warm=warm)
-        scheduler.register(ComponentSpec("rollout", "dynamic", devices_per_engine=tp, min_devices=tp,
-                                         init=inits["rollout"], standby=pool("rollout"), inbox="prompts"),
+
+        def spec(name: str, kind: str, strategy: str | None, warm: str | None = None, **kw: Any) -> ComponentSpec:
+            group = getattr(groups, name)
+            init = dict(group.handles[0].spec.init_kwargs)  # the job's ranks' own arguments
+            return ComponentSpec(name, kind, strategy, init=init,
+                                 standby=StandbyPool(ctl, group.cls, name, init, warm=warm), **kw)
+        scheduler.register(spec("rollout", "dynamic", None, devices_per_engine=tp, min_devices=tp, inbox="prompts"),
                            groups.rollout)
-        scheduler.register(ComponentSpec("inference", "static", "join", init=inits["inference"],
-                                         standby=pool("inference")), groups.inference)
-        scheduler.register(ComponentSpec(
-            "trainer", "static", "join" if streaming else "p2p", min_devices=engine_factory.trainer_min_devices(cfg),
-            init=inits["trainer"], barrier=not streaming, stateful=True,
-            standby=pool("trainer", None if streaming else "reshard_warm")), groups.trainer)
+        scheduler.register(spec("inference", "static", "join" if engine_factory.inference_joins(cfg) else None),
+                           groups.inference)
+        scheduler.register(spec("trainer", "static", "join" if streaming else "p2p",
+                                None if streaming else "reshard_warm", barrier=not streaming, stateful=True,
+                                min_devices=engine_factory.trainer_min_devices(cfg)), groups.trainer)
         mover = Mover(ctl, wf, scheduler.managers, scheduler.log, engine_factory.move_costs(cfg), lend=d.lend,
                       tail_tp=d.tail_tp, time_scale=time_scale)
         scheduler.mover = mover
         self = cls(wf, scheduler, mover, rates)
         if not streaming:  # warm standbys where the trainer may reshard to, and its profile on them
-            trainer = scheduler.managers["trainer"]
             # two per device: a second move in one step makes a new rank beside each current one
-            await trainer.spec.standby.fill(2 * (mover.home["rollout"] + mover.home["trainer"]))
+            await scheduler.managers["trainer"].spec.standby.fill(2 * (mover.home["rollout"] + mover.home["trainer"]))
             if isinstance(rates, MeasuredRates):
                 await self._profile_trainer(self._step_sized_batch())
         return self
@@ -101,19 +100,19 @@ class DynamicScheduling:
         return self.scheduler.managers[name].gate.busy()
 
     async def begin(self, live: LiveStep, groups: list[PromptGroup]) -> None:
-        """Before the step's prompts go out: its work is known, every rollout rank admits
-        prompts again (no donor yet), and the components whose devices the rollout
-        holds (lending) start gated."""
+        """Before the step's prompts go out: its work is known, the components whose
+        devices the rollout holds (lending) start gated, and every rollout rank admits
+        prompts again (no donor yet)."""
         samples = sum(len(g.samples) for g in groups)
         prompt_mean = sum(len(g.prompt_ids) * len(g.samples) for g in groups) / max(samples, 1)
-        multi_turn = self.cfg.workflow == "agentic"
+        multi_turn = self.wf.multi_turn
         cap = None if multi_turn else self.cfg.rollout.max_new_tokens
         self.state = StepState(live, StepWork(samples, prompt_mean, cap, multi_turn))
         for manager in self.scheduler.managers.values():
             manager.begin_cycle()
-        await self.scheduler.group("rollout").call("begin_step")
         if self.mover.lend_enabled and not self.mover.parked:  # the first step: lend now
             await self.mover.charge(await self.mover.lend(live.version))
+        await self.scheduler.group("rollout").call("begin_step")  # lent engines too
         live.park(self.mover.parked)
         live.rollout_lock = not self.mover.parked
         log = self.scheduler.log
@@ -124,10 +123,11 @@ class DynamicScheduling:
         """The ticker starts (its stages registered in `live`); with devices lent to the
         rollout, they go home once it is done at the latest (without this, a policy
         that never moves would leave them parked)."""
-        self._tasks = [self.ctl.spawn_task(self._guarded(self.scheduler.run(self.state)), name=f"scheduler {label}")]
+        self.scheduler.start()
+        self._ticker = self.ctl.spawn_task(self._guarded(self.scheduler.run(self.state)), name=f"scheduler {label}")
         if self.mover.parked:
-            self._tasks.append(self.ctl.spawn_task(self._guarded(self._home_after_rollout(live)),
-                                                   name=f"lent devices home {label}"))
+            self._home = self.ctl.spawn_task(self._guarded(self._home_after_rollout(live)),
+                                             name=f"lent devices home {label}")
 
     async def _guarded(self, work: Any) -> None:
         try:
@@ -137,29 +137,32 @@ class DynamicScheduling:
             # the controller's TaskGroup down mid-step; the step raises it once its
             # stages are over, and the run restarts.
             self._failure = self._failure or exc
-            self.scheduler.running = False
+            self.scheduler.stop()
 
     async def _home_after_rollout(self, live: LiveStep) -> None:
         await live.finished("rollout")
-        await self.mover.return_home(live)
+        try:
+            await self.mover.return_home(live)
+        finally:  # whatever happened to the lent engines, the parked stages must run
+            live.unpark(self.mover.lendable())
 
     async def stop(self, raise_failure: bool = True) -> None:
-        """The ticker stops; a move in progress completes (or rolls back) first; lent
+        """The ticker stops (a move in progress completes, or rolls back, first); lent
         devices are home (the rollout is done), or, when the step failed
         (`raise_failure` false), no longer waited for. Then what stopped the ticker
         early (a lost rank) is raised."""
-        self.scheduler.running = False
-        tasks, self._tasks = self._tasks, []
-        if not raise_failure:
-            for task in tasks[1:]:
-                task.cancel()
+        self.scheduler.stop()
+        ticker, home, self._ticker, self._home = self._ticker, self._home, None, None
+        if home is not None and not raise_failure:
+            home.cancel()
+        tasks = [t for t in (ticker, home) if t is not None]
         if tasks:
             await asyncio.wait(tasks)
         failure, self._failure = self._failure, None
         if failure is not None and raise_failure:
             raise failure
 
-    async def rollout_done(self) -> Any:
+    async def rollout_done(self) -> WorkerGroup:
         """Generation is over (a barrier step): one more decision where the train step has
         not begun (engines idle through the tail's end give their devices now). Returns
         the trainer group to train on (a P2P move replaced it)."""
@@ -168,17 +171,16 @@ class DynamicScheduling:
         return self.scheduler.group("trainer")
 
     async def end(self, label: str, *, rollout_end: float, train_end: float, measured: dict[str, Any],
-                  ) -> dict[str, Any]:
+                  last: bool = False) -> dict[str, Any]:
         """The step's stages are over: back to the configured placement (before the
-        weight sync); returns the step's scheduling metrics. `measured`: the step's
-        rollout stats, the trainer's (devices, tokens/s), inference's stats."""
+        weight sync; the next step's lending too, unless it is the `last`); returns the
+        step's scheduling metrics. `measured`: the step's rollout and inference stats
+        and the trainer's (devices, tokens/s)."""
         await self.stop()
         failures = len(self.scheduler.log.failures)
-        await self.mover.restore()
+        await self.mover.restore(lend=not last)
         for text in self.scheduler.log.failures[failures:]:
             self.wf.progress.note(f"scheduler: {text}")
-        g = self.wf.g
-        g.rollout, g.inference, g.trainer = (self.scheduler.group(n) for n in ("rollout", "inference", "trainer"))
         metrics = self._scheduling_metrics(train_end, rollout_end, label)
         self._learn(measured)
         return metrics
@@ -205,11 +207,10 @@ class DynamicScheduling:
         ms = sorted(d.ms for d in decisions)
         end = asyncio.get_running_loop().time()  # after the restore: back home
         counts = log.counts[marks["counts"]:]
-        scale = self.scheduler.time_scale
-        plans = [{"at_s": d.at * scale, "at_vs_rollout_end_s": d.at * scale - rollout_end,
+        plans = [{"at_s": d.at, "at_vs_rollout_end_s": d.at - rollout_end,
                   "moves": [list(x) for x in d.plan.moves], "predicted_s": d.plan.predicted_time_s,
                   "current_s": d.plan.current_time_s, "migration_cost_s": d.plan.migration_cost_s,
-                  "measured_s": train_end - d.at * scale, "candidates": d.plan.candidates}
+                  "measured_s": train_end - d.at, "candidates": d.plan.candidates}
                  for d in decisions if d.plan is not None]
         out = {"migrations": count, "migration_s": seconds, "decisions": len(decisions),
                "migrations_in_tail": sum(1 for m in migrations if m.started < rollout_end),
@@ -249,10 +250,11 @@ class DynamicScheduling:
         inference = measured.get("inference", [])
         inference_busy = sum(e - s for r in inference for s, e in r.get("busy", []))
         inference_tokens = sum(r.get("tokens", 0) for r in inference)
+        ranks = len(inference)  # each on a device of its own; their busy time in parallel
         self.rates.learn_step(
             step_s=busy / steps if steps else None, trainer=measured.get("trainer"),
-            inference=(len(self.mover.home["inference"]), inference_tokens / inference_busy * len(inference))
-            if inference_busy > 0 and inference_tokens else None)
+            inference=(ranks, inference_tokens / (inference_busy / ranks)) if inference_busy > 0 and inference_tokens
+            else None)
 
     # --- the trainer's profile (real engines, a resharding trainer) ----------------------
 

@@ -82,6 +82,8 @@ class GRPO:
     """The rollout rank's class; the agentic workflow serves turns with a subclass."""
     reward_worker: type | None = RewardWorker
     """The group that scores rollouts; None: the workflow scores them itself."""
+    multi_turn = False
+    """A finished request is a sample (not a turn of an episode)."""
 
     def __init__(self, ctl: Controller, cfg: TrainConfig, source: ProblemSource | None, tokenizer: Any,
                  run_dir: str | None, progress: Progress, *, prompts: Prompts | None = None,
@@ -166,7 +168,8 @@ class GRPO:
         sched_metrics = fixed_devices(self.g) if sched is None else await sched.end(
             label, rollout_end=rollout_end, train_end=asyncio.get_running_loop().time(),
             measured={"rollout": rollout_stats, "inference": inference_stats,
-                      "trainer": (train_devices, tokens / train_s) if train_s > 0 else None})
+                      "trainer": (train_devices, tokens / train_s) if train_s > 0 else None},
+            last=step + 1 == self.cfg.run.steps)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, train, rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
@@ -226,7 +229,7 @@ class GRPO:
         pipeline = {"first_chunk_s": (min(starts) if starts else begun) - begun, "rollout_end_s": rollout_end - begun}
         sched_metrics = fixed_devices(self.g) if sched is None else await sched.end(
             label, rollout_end=rollout_end, train_end=self.clock.last_end("trainer"),
-            measured={"rollout": rollout_stats, "inference": inference_stats})
+            measured={"rollout": rollout_stats, "inference": inference_stats}, last=step + 1 == self.cfg.run.steps)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
@@ -294,6 +297,10 @@ class GRPO:
         its END on the prompts (drained by then: the joined ranks get no prompt)."""
         for _ in ranks:
             await self.ctl.channel("prompts").put(END)
+
+    def replaced(self, component: str, group: WorkerGroup) -> None:
+        """A move replaced the component's group (a P2P reshard): the step goes on with it."""
+        setattr(self.g, component, group)
 
     def rank_init(self, component: str, tp: int | None = None) -> dict[str, Any]:
         """A new rank's constructor arguments: the component's first rank's, at

@@ -41,9 +41,10 @@ from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.migration.workload import workload_migrate
 
+from dynarl.core.scheduler.log import DeviceCounts, Migration, SchedulerLog
+
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
-    from dynarl.core.scheduler.loop import SchedulerLog
     from dynarl.core.scheduler.manager import Manager
     from dynarl.core.scheduler.policy import Plan
     from dynarl.core.worker_group import WorkerGroup
@@ -81,6 +82,9 @@ class Workflow(Protocol):
                           ) -> None: ...
     def stage_call(self, component: str, position: int, version: int) -> Awaitable[Any]: ...
     async def joined(self, component: str, ranks: list[str]) -> None: ...
+    def rank_init(self, component: str, tp: int | None = None) -> dict[str, Any]: ...
+    def replaced(self, component: str, group: "WorkerGroup") -> None:
+        """A move replaced the component's group (a P2P reshard): the workflow uses it from now on."""
 
 
 def release_order(active: Sequence[bool], utilization: Sequence[float], width: Sequence[int],
@@ -142,14 +146,12 @@ class Mover:
 
     def change(self, **delta: int) -> None:
         """Devices change hands: a DeviceCounts sample in the log."""
-        from dynarl.core.scheduler.loop import DeviceCounts
         for name, d in delta.items():
             self.counts[name] += d
         self.log.counts.append(DeviceCounts(self.now(), dict(self.counts)))
 
     def record(self, kind: str, component: str, devices: list[int], begun: float,
                seconds: float | None = None) -> None:
-        from dynarl.core.scheduler.loop import Migration
         seconds = self.now() - begun if seconds is None else seconds
         self.log.migrations.append(Migration(kind, component, list(devices), begun, seconds))
         manager = self.managers.get(component)
@@ -192,14 +194,16 @@ class Mover:
                     continue  # decided before the receiver finished (its step's work may be done)
                 if self.lent:
                     await self._return_home(live)
+                    if self.lent:
+                        continue  # only the lent engines still run: nothing to give yet
                 credit = self.credit.pop(receiver, 0)
                 await self._move(donor, receiver, devices - credit, live)
                 if self.tail_tp:
                     from dynarl.core.migration.tail_tp import widen
                     try:
                         await widen(self, live)
-                    except MigrationFailed:
-                        pass  # rolled back: the engines go on at the base TP
+                    except MigrationFailed as exc:  # rolled back: the engines go on at the base TP
+                        self.log.failures.append(str(exc))
 
     async def _move(self, donor: str, target: str, devices: int, live: Step) -> None:
         if devices < self.tp:
@@ -249,11 +253,7 @@ class Mover:
         spec = manager.spec
         begun = self.now()
         if spec.strategy == "p2p":
-            async with manager.gate.interrupt():
-                group = manager.group
-                manager.group = (await p2p_migrate(self.ctl, group, group.devices + devices, spec.init or {},
-                                                   standby=self.pool(target))).group
-            await self.charge(self.costs.state_s)
+            await self._reshard(target, manager.group.devices + devices)
             self.record("p2p", target, devices, begun)
             self.change(**{target: len(devices)})
             return
@@ -268,6 +268,16 @@ class Mover:
         for p in new:
             live.add_rank(self.ctl, target, self.wf.stage_call(target, p, live.version))
 
+    async def _reshard(self, name: str, devices: list[int]) -> None:
+        """The component's group reshards onto `devices` peer-to-peer (create before
+        destroy, onto warm standbys); the workflow gets the new group."""
+        manager = self.managers[name]
+        async with manager.gate.interrupt():
+            manager.group = (await p2p_migrate(self.ctl, manager.group, devices, manager.spec.init or {},
+                                               standby=self.pool(name))).group
+        self.wf.replaced(name, manager.group)
+        await self.charge(self.costs.state_s + self.costs.switch_s)
+
     # --- lending: the rollout runs on the parked components' devices -------------------
 
     def lendable(self) -> list[str]:
@@ -281,7 +291,7 @@ class Mover:
         `version`: the weights the new engines load (None: the weight sync that
         follows gives them)."""
         tp, parked = self.tp, self.lendable()
-        home = sorted(d for name in parked for d in self.home[name])
+        home = sorted({d for name in parked for d in self.home[name]})  # (time-shared ones once)
         firsts = [home[i] for i in range(0, len(home) - tp + 1, tp) if home[i + tp - 1] - home[i] == tp - 1]
         if not firsts:
             return 0.0
@@ -323,29 +333,27 @@ class Mover:
 
     # --- the step's end: back to the configured placement -------------------------------
 
-    async def restore(self) -> None:
+    async def restore(self, lend: bool = True) -> None:
         """Back to the configured placement at the step's end (before its weight sync,
         which gives every rollout engine the new weights), then the next step's
-        lending. The trainer's state moving home (p2p), the engines starting (a role
-        switch) and the lending run in parallel."""
+        lending (`lend`: a step follows). The trainer's state moving home (p2p), the
+        engines starting (a role switch) and the lending run in parallel."""
         async with self.lock:
-            await self._restore()
+            await self._restore(lend and self.lend_enabled)
 
-    async def _restore(self) -> None:
+    async def _restore(self, lend: bool) -> None:
         begun = self.now()
         for name, manager in self.managers.items():  # a resharding trainer goes home first
             if manager.spec.strategy == "p2p" and sorted(manager.group.devices) != self.home[name]:
-                async with manager.gate.interrupt():
-                    old = list(manager.group.devices)
-                    manager.group = (await p2p_migrate(self.ctl, manager.group, self.home[name],
-                                                       manager.spec.init or {}, standby=self.pool(name))).group
+                old = list(manager.group.devices)
+                await self._reshard(name, self.home[name])
                 self.record("p2p", name, [d for d in old if d not in self.home[name]], begun)
                 self.change(**{name: len(self.home[name]) - self.counts[name]})
         extra = {name: list(range(self.base_ranks[name], m.group.world_size)) for name, m in self.managers.items()
                  if name != self.donor and m.spec.strategy != "p2p"}
         wide = sorted(self.wide)  # first devices of the wide engines: back to base TP below
         if not any(extra.values()) and not wide and not self.lent and not self._missing():
-            if self.lend_enabled:
+            if lend:
                 await self.charge(await self.lend(None))
             return
         begun = self.now()
@@ -371,7 +379,7 @@ class Mover:
                 self.wide = {}
                 await self._grow_rollout(wide, None)
                 missing += wide
-        lend_s = await self.lend(None) if self.lend_enabled else 0.0
+        lend_s = await self.lend(None) if lend else 0.0
         state = self.costs.state_s + self.costs.switch_s if stateful else 0.0
         switch = self.costs.restart_s if wide else self.costs.switch_s
         await self.charge(max(state, switch, lend_s))

@@ -9,11 +9,11 @@ faster. It is a reboot of those engines, paid in full:
 
     pause, export every unfinished group (or turn) with its requests' tokens so far
     (the Workload migration protocol), stop both engines; an engine restart on their
-    devices (cm.role_switch_time(restart=True)); the new engine loads the current
-    weights over the weight-sync group; it joins the running step (the workflow's
-    `joining`: generate() for GRPO, serve_turns for the agentic workflow, whose
-    driver routes to it from then on), imports the work and re-prefills its tokens
-    (in its own emulation).
+    devices (MoveCosts.restart_s on emulated devices); the new engine loads the
+    current weights from the trainer (the workflow's `ready_ranks`); it joins the
+    running step (the workflow's `stage_call`: generate() for GRPO, serve_turns for
+    the agentic workflow, whose driver routes to it from then on), imports the work
+    and re-prefills its tokens (in its own emulation).
 
 A pause or export that fails rolls back (each engine gets its own groups back and
 resumes at the base TP; MigrationFailed, which the Mover lets pass). On an

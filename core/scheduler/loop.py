@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from dynarl.core.migration.p2p import MigrationFailed
+from dynarl.core.scheduler.log import DecisionRecord, DeviceCounts, Migration, SchedulerLog, device_stats  # noqa: F401
 from dynarl.core.scheduler.manager import ComponentSpec, Manager
 from dynarl.core.scheduler.policy import ClusterView, ComponentView, DynarlConfig, Plan, decide_dynarl
 from dynarl.core.scheduler.predictor import Predictor
@@ -32,63 +33,6 @@ from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
     from dynarl.core.migration.mover import Mover, Step
-
-
-@dataclass(slots=True)
-class Migration:
-    kind: str
-    component: str
-    devices: list[int]
-    started: float
-    seconds: float
-
-
-@dataclass(slots=True)
-class DecisionRecord:
-    at: float
-    ms: float
-    plan: Plan | None
-
-
-@dataclass(slots=True)
-class DeviceCounts:
-    """Each component's device count from `at` until the next sample."""
-    at: float
-    counts: dict[str, int]
-
-
-@dataclass(slots=True)
-class SchedulerLog:
-    decisions: list[DecisionRecord] = field(default_factory=list)
-    migrations: list[Migration] = field(default_factory=list)
-    counts: list[DeviceCounts] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    """Moves that rolled back (the component went on where it was)."""
-
-    def decision_ms(self) -> list[float]:
-        return sorted(d.ms for d in self.decisions)
-
-
-def device_stats(samples: list[DeviceCounts], start: float, end: float) -> dict[str, dict[str, float]]:
-    """Each component's device count over [start, end], from the step function
-    `samples` (in time order; each holds until the next; the last one at or before
-    `start` is the value the window opens with): the time-weighted mean, the min
-    and the max. An empty window (end <= start) reports the count at `start`."""
-    opening = [s for s in samples if s.at <= start][-1:]
-    if not opening:
-        raise ValueError(f"no device counts at or before {start}")
-    held = opening + [s for s in samples if start < s.at < end]
-    names = sorted({name for s in held for name in s.counts})
-    stats: dict[str, dict[str, float]] = {}
-    for name in names:
-        values = [s.counts.get(name, 0) for s in held]
-        if end <= start:
-            mean = float(values[0])
-        else:
-            bounds = [start] + [s.at for s in held[1:]] + [end]
-            mean = sum(v * (b - a) for v, a, b in zip(values, bounds, bounds[1:])) / (end - start)
-        stats[name] = {"mean": mean, "min": float(min(values)), "max": float(max(values))}
-    return stats
 
 
 class RateSource(Protocol):
@@ -123,6 +67,7 @@ class GlobalScheduler:
         self.mover: Mover | None = None
         """Carries plans out (set once the components are registered)."""
         self.running = False
+        self._wake = asyncio.Event()
 
     def register(self, spec: ComponentSpec, group: WorkerGroup) -> Manager:
         manager = self.managers[spec.name] = Manager(spec, group, self.config.u_low, self.ctl.graph)
@@ -139,17 +84,30 @@ class GlobalScheduler:
         """Scheduler time: emulated seconds under a time scale."""
         return asyncio.get_running_loop().time() / self.time_scale
 
-    async def run(self, step: StepState) -> None:
-        """Ticks until `running` is cleared (a move in progress completes first)."""
-        prompts, waited = self.donor.spec.inbox, 0.0
+    def start(self) -> None:
+        """The ticker may run (before its task starts, so a stop right after holds)."""
         self.running = True
+        self._wake = asyncio.Event()
+
+    def stop(self) -> None:
+        """The ticker ends at once if it waits, or after the tick in progress (a move
+        completes first)."""
+        self.running = False
+        self._wake.set()
+
+    async def run(self, step: StepState) -> None:
+        """Ticks until stopped (`start` first)."""
+        prompts, waited = self.donor.spec.inbox, 0.0
         while self.running:
             period = self.interval_s
             if prompts is not None and len(self.ctl.channel(prompts)) == 0 and self.donor.reports and \
                     sum(r["running"] + r["waiting"] for r in self.donor.reports) > 0:
                 period = self.tail_interval_s  # the tail has begun (as of the last poll)
             tick = min(period, self.tail_interval_s)
-            await asyncio.sleep(tick * self.time_scale)
+            try:
+                await asyncio.wait_for(self._wake.wait(), tick * self.time_scale)
+            except TimeoutError:
+                pass
             waited += tick
             if not self.running:
                 break
@@ -166,11 +124,12 @@ class GlobalScheduler:
         plan = None
         if self.policy == "dynarl":
             plan = decide_dynarl(view, self.rates.predictor(step.work, progress), self.config)
-        self.log.decisions.append(DecisionRecord(now, (time.perf_counter() - begun) * 1000, plan))
+        self.log.decisions.append(DecisionRecord(asyncio.get_running_loop().time(),
+                                                 (time.perf_counter() - begun) * 1000, plan))
         if plan is not None and self.mover is not None:
             try:
                 await self.mover.execute(plan, step.live)
-            except MigrationFailed as exc:  # rolled back: the component goes on where it was
+            except MigrationFailed as exc:  # rolled back, or its devices wait for the step's end
                 self.log.failures.append(str(exc))
         return plan
 
@@ -197,7 +156,7 @@ class GlobalScheduler:
             spec.name, "dynamic", counts[spec.name], rollout_tokens_left(progress, work.cap),
             devices_per_engine=spec.devices_per_engine, min_devices=spec.min_devices,
             interruptible=donor.gate.interruptible and (drained or rollout_done(progress, queued)),
-            active_requests=progress.active, requests_per_engine=spec.requests_per_engine, keep_engines=demand,
+            active_requests=progress.active, keep_engines=demand,
             move_cost_s=donor.move_cost_s, engine_low_since=low)]
         for name, m in self.managers.items():
             if m is donor:

@@ -86,8 +86,6 @@ class ComponentSpec:
     min_devices: int = 1
     init: dict | None = None
     """Constructor arguments for ranks the component gains."""
-    requests_per_engine: int = 1
-    """Dynamic components: requests one engine batches (the predictor's demand cap)."""
     barrier: bool = False
     """Works only after the other components finish theirs (policy.ComponentView.barrier)."""
     stateful: bool = False
@@ -118,9 +116,6 @@ class Manager:
         """Per engine: requests finished this cycle and their output tokens, as of its last report."""
         self.packable: float | None = None
         """dynarl-consolidate's signal: since when the active KV packs onto few engines."""
-        self._last_done: tuple[float, float] | None = None
-        self.measured_rate: float | None = None
-        """Work units per second between the last two polls (work_done)."""
         self.cycle_moves: list[float] = []
         """Seconds of each of this component's migrations in the current cycle."""
         self.move_cost_s = 0.0
@@ -141,27 +136,24 @@ class Manager:
 
     async def poll(self, now: float) -> None:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
-        self.observe(now, await self.group.call("metrics"))
+        workers = [h.spec.worker_id for h in self.group.handles]  # the ranks asked (a move may follow)
+        self.observe(now, workers, await self.group.call("metrics"))
 
-    def observe(self, now: float, reports: list[dict]) -> None:
-        """One poll's reports (the current ranks', in order) into the hypergraph and the cycle's state."""
+    def observe(self, now: float, workers: list[str], reports: list[dict]) -> None:
+        """One poll's reports of `workers` into the hypergraph and the cycle's state."""
         self.reports = reports
-        workers = self.observe_group()
-        node = self.graph.nodes[self.spec.name]
-        node.kind = self.spec.kind
+        self.observe_group()
+        self.graph.nodes[self.spec.name].kind = self.spec.kind
+        # a rollout engine's KV fill (the DynaRL signal), a stage's busy flag
+        utilization = [r.get("kv_utilization", r.get("utilization", 0.0)) for r in reports]
+        held = [int(r.get("running", 0) + r.get("waiting", 0)) for r in reports]
+        self.graph.observe_load(self.spec.name, workers, utilization, held)
         if self.spec.kind == "dynamic":
-            self.graph.observe_load(self.spec.name, workers, [r["kv_utilization"] for r in reports],
-                                    [int(r["running"] + r["waiting"]) for r in reports])
-            utilization, held = node.loads()
             self.low_since, self.peak, self.held_peak = track_low(
-                node.workers, utilization, now, self.low_since, self.peak, self.u_low,
+                workers, utilization, now, self.low_since, self.peak, self.u_low,
                 [bool(r.get("admitting", False)) for r in reports], held, self.held_peak)
             self.note(workers, reports)
         self.graph.observe_interruptible(self.spec.name, self.gate.interruptible)
-        done = float(sum(r.get("work_done", 0.0) for r in reports))
-        if self._last_done is not None and now > self._last_done[0] and done >= self._last_done[1]:
-            self.measured_rate = (done - self._last_done[1]) / (now - self._last_done[0])
-        self._last_done = (now, done)
 
     def note(self, workers: list[str], reports: list[dict]) -> None:
         """What these engines have finished this cycle (also read just before they are released)."""

@@ -5,8 +5,10 @@
     gpu_idle_frac     1 - device-seconds some component computed / (N x time)
     bound_s           mean lower bound (bound.py); ratio_to_bound = iter_time_s / bound_s
     migrations        per kind (reboot, workload, p2p, switch: parked inference/trainer onloading
-                      on their devices): count and total cost in seconds
-    decisions         decide() calls; decision_ms_p99 their wall-clock p99 (0 without a hook)
+                      on their devices, join: the rollout's engines rejoining at an iteration's
+                      end): count and total cost in seconds
+    decisions         the scheduler's decisions and iteration-end hooks; decision_ms_p99 their
+                      wall-clock p99 (0 without either)
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dynarl.components.placement.plan import COMPONENTS
 from .records import PolicyRun
 from .scenario import Scenario
 
-MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch")
+MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch", "join")
 
 
 def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str, Any]:

@@ -13,8 +13,10 @@ dynamic.py, core/scheduler, core/migration) moves devices during every step, as 
 `dynarl train`; its log gives the run's moves, decisions and ownership timeline.
 
 Iteration i's window runs from the end of iteration i-1 (from its own start for
-i = 0) to its weight sync, so boundary work (re-plans) is paid by the next iteration.
-All times are emulated seconds since the run began: loop time / time_scale.
+i = 0) to its weight sync, so a re-plan at the boundary is paid by the next
+iteration; the scheduler's restore (and the next iteration's lending) comes before
+the weight sync, so each iteration pays its own. All times are emulated seconds
+since the run began: loop time / time_scale.
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
                       profiles=profiles if policy.needs_profile else None, min_devices=min_devices(scn))
     run = PolicyRun(name)
     placement = with_unit(policy.place(ctx), {"rollout": scn.rollout_tp})
-    scheduler = policy.scheduler(placement.num_devices_of("rollout") // scn.rollout_tp)
+    scheduler = policy.scheduler(cfg.devices // scn.rollout_tp)  # (lending: the rollout's engines at most)
 
     async def workflow(ctl: Controller) -> None:
         nonlocal placement

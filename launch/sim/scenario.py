@@ -13,7 +13,6 @@ from dynarl.components import costmodel as cm
 from dynarl.components.inference.emulated import EmulatedInferenceConfig
 from dynarl.components.placement.agentic import agentic_mode
 from dynarl.components.placement.plan import COMPONENTS, Placement
-from dynarl.components.rollout.base import SamplingParams
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
@@ -157,14 +156,13 @@ def output_cap(scn: Scenario) -> int | None:
     return int(scn.workload.response_tokens.cap)
 
 
-def max_new_tokens(scn: Scenario) -> int:
+def max_new_tokens(scn: Scenario, engine: EmulatedRolloutConfig) -> int:
     """rollout.max_new_tokens, the scheduler's cap on an output (its view of the tail):
-    the workload's cap, else the longest response of the run (the lengths it has)."""
+    the workload's cap, else what one engine's KV holds (no request can be longer; the
+    run's own lengths would be an oracle). (Each sample carries its own length to the
+    emulated engine.)"""
     cap = output_cap(scn)
-    if cap is not None:
-        return cap
-    return max([s.response_tokens for b in scn.batches for g in b for s in g.samples if not s.is_multi_turn],
-               default=SamplingParams().max_new_tokens)
+    return cap if cap is not None else engine.capacity_tokens()
 
 
 def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = None) -> "TrainConfig":
@@ -189,7 +187,8 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
                               cluster=ClusterConfig(num_nodes=cfg.devices // per_node, devices_per_node=per_node,
                                                     device_kind="emulated")),
         rollout=RolloutSection(num_ranks=ranks["rollout"], samples_per_prompt=len(scn.batches[0][0].samples),
-                               chunk_size=cfg.chunk_size, backend="emulated", max_new_tokens=max_new_tokens(scn),
+                               chunk_size=cfg.chunk_size, backend="emulated",
+                               max_new_tokens=max_new_tokens(scn, EmulatedRolloutConfig(**rollout)),
                                emulated=EmulatedRolloutConfig(**rollout)),
         inference=InferenceSection(num_ranks=ranks["inference"], backend="emulated",
                                    emulated=EmulatedInferenceConfig(**engines["inference"])),
