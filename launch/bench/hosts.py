@@ -26,7 +26,7 @@ import time
 
 from dynarl.components.workflows.config import TrainerSection
 from dynarl.core.controller import Controller
-from dynarl.launch.bench.transport_workers import BenchWorker
+from dynarl.core.probe import ProbeWorker
 
 P2P_MB = 100
 SYNC_BUCKET_BYTES = TrainerSection().sync_bucket_bytes
@@ -34,8 +34,8 @@ SYNC_BUCKET_BYTES = TrainerSection().sync_bucket_bytes
 
 async def pair_throughput(ctl: Controller, devices: list[int] | None, mb_items: int, p2p_repeats: int) -> dict:
     """Channel MB/s (1 MB items), gloo tensor and weight-sync MB/s from rank 0 to rank 1 of a
-    BenchWorker pair on `devices` (None: two ranks where the launcher puts them)."""
-    workers = await (ctl.spawn(BenchWorker, devices=devices) if devices else ctl.spawn(BenchWorker, num_ranks=2))
+    ProbeWorker pair on `devices` (None: two ranks where the launcher puts them)."""
+    workers = await (ctl.spawn(ProbeWorker, devices=devices) if devices else ctl.spawn(ProbeWorker, num_ranks=2))
     try:
         consumed, _ = await asyncio.gather(workers.call("consume", "large", mb_items, 8, ranks=[1]),
                                            workers.call("produce", "large", mb_items, 1 << 20, ranks=[0]))

@@ -50,17 +50,23 @@ def decision_times(devices: int, count: int, seed: int) -> list[float]:
 
 
 async def reshard_bandwidth(model: str) -> dict:
+    """The trainer's own ranks (components/trainer/worker.py) reshard DP 2 -> 1 by P2P,
+    beside the same bytes by plain send/recv between probe workers (the floor)."""
+    from dynarl.components.trainer.base import TrainerConfig
+    from dynarl.components.trainer.worker import TrainerWorker
+    from dynarl.core.probe import ProbeWorker
     config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=3))
-    from dynarl.launch.bench.scheduler_workers import BenchTrainer
+    init = {"model": {"name": model}, "engine": TrainerConfig().to_wire(), "warmup_lr": 1e-3,
+            "bucket_bytes": 1 << 20}
     async with Controller(config) as ctl:
-        old = await ctl.spawn(BenchTrainer, name="trainer", devices=[0, 1], init={"model": model})
+        old = await ctl.spawn(TrainerWorker, name="trainer", devices=[0, 1], init=init)
         await ctl.process_group("trainer_dp", [old])
         total = (await old.call("start", "trainer_dp"))[0]
-        result = await p2p_migrate(ctl, old, [2], {"model": model})
+        result = await p2p_migrate(ctl, old, [2], init)
         moved_mb = result.elements_moved * 4 / 2**20
         reshard_s = result.phases["transfer"]
         # The same bytes by plain send/recv: each old rank's range, to one receiver, posted together.
-        peers = await ctl.spawn(BenchTrainer, name="raw", devices=[0, 1, 2], init={"model": model})
+        peers = await ctl.spawn(ProbeWorker, name="raw", devices=[0, 1, 2])
         await ctl.process_group("raw", [peers])
         half = result.elements_moved // 2
         raw = await asyncio.gather(peers.call("raw_recv", "raw", [0, 1], half, ranks=[2]),

@@ -15,7 +15,7 @@ import time
 
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.controller import Controller
-from dynarl.launch.bench.transport_workers import BenchWorker
+from dynarl.core.probe import ProbeWorker
 from dynarl.launch.bench.zmq_floor import measure_zmq_floor
 
 
@@ -27,7 +27,7 @@ def percentile(values: list[float], q: float) -> float:
 async def measure(args: argparse.Namespace) -> dict:
     out: dict = {}
     async with Controller(RuntimeConfig(launcher="local")) as ctl:
-        workers = await ctl.spawn(BenchWorker, num_ranks=2)
+        workers = await ctl.spawn(ProbeWorker, num_ranks=2)
         one = workers.handles[0]
         for _ in range(200):  # warm up
             await one.call("noop")

@@ -1,4 +1,7 @@
-"""Workers the transport benchmark drives (importable by worker processes)."""
+"""ProbeWorker: a worker that only measures the runtime, for `dynarl bench`
+(transport, hosts, scheduler): no-op calls, channel traffic, raw torch.distributed
+transfers (the floor a migration or a weight sync is compared with) and the weight
+sync's own sender and receiver on a model of a given size. It copies no component."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +10,7 @@ import time
 from dynarl.core.worker import Worker
 
 
-class BenchWorker(Worker):
+class ProbeWorker(Worker):
     def noop(self) -> None:
         """A plain method, like the Ray actor's no-op it is compared with."""
         return None
@@ -57,6 +60,27 @@ class BenchWorker(Worker):
             await asyncio.to_thread(dist.recv, t, group_src=0, group=self.process_group(group))
             times.append(time.perf_counter() - start)
         return times
+
+    async def raw_send(self, group: str, dst: int, numel: int) -> None:
+        import torch
+        import torch.distributed as dist
+        t = torch.ones(numel)
+        await asyncio.to_thread(dist.send, t, group_dst=dst, group=self.process_group(group))
+
+    async def raw_recv(self, group: str, sources: list[int], numel: int) -> float:
+        """Receives `numel` floats from each source, all posted at once; returns seconds."""
+        import torch
+        import torch.distributed as dist
+        pg = self.process_group(group)
+        buffers = [torch.empty(numel) for _ in sources]
+
+        def run() -> float:
+            start = time.perf_counter()
+            works = [dist.irecv(b, group_src=s, group=pg) for b, s in zip(buffers, sources)]
+            for w in works:
+                w.wait()
+            return time.perf_counter() - start
+        return await asyncio.to_thread(run)
 
     async def weights_send(self, group: str, mb: int, repeats: int, bucket_bytes: int) -> None:
         """The weight sync's sender (components/weight_sync.py) for a model of `mb` MB."""
