@@ -20,8 +20,9 @@ converted to megatron's layout, so switching the backend keeps the starting poli
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -29,73 +30,73 @@ from .model.spec import ModelSpec, build_model
 from .trainer.base import TrainerConfig
 
 
-def make_rollout_engine(backend: str, model: Mapping[str, Any], engine: Mapping[str, Any],
-                        backend_config: Mapping[str, Any] | None = None, weight_version: int = -1) -> Any:
-    """A rollout engine holding weight version `weight_version` (-1: none synced yet).
-    sglang: call inside the worker's running loop (its TokenizerManager binds to it)."""
+def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_config: Any = None,
+                        weight_version: int = -1) -> Any:
+    """A rollout engine holding weight version `weight_version` (-1: none synced yet):
+    native (`engine`, a NativeEngineConfig), sglang (`backend_config`, an SGLangConfig)
+    or emulated (an EmulatedRolloutConfig). sglang: call inside the worker's running
+    loop (its TokenizerManager binds to it)."""
     if backend == "native":
-        from .rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+        from .rollout.native.engine import NativeRolloutEngine
 
-        return NativeRolloutEngine(build_model(ModelSpec(**model)), NativeEngineConfig(**engine),
-                                   weight_version=weight_version)
+        return NativeRolloutEngine(build_model(model), engine, weight_version=weight_version)
     if backend == "sglang":
         from .rollout.sglang.engine import SGLangRolloutEngine
 
-        return SGLangRolloutEngine.start(sglang_config(model, backend_config), weight_version)
+        return SGLangRolloutEngine.start(sglang_config(model.path, backend_config), weight_version)
     if backend == "emulated":
         from .rollout.emulated.config import EmulatedRolloutConfig
         from .rollout.emulated.engine import EmulatedRolloutEngine
 
-        return EmulatedRolloutEngine(EmulatedRolloutConfig(**(backend_config or {})), weight_version=weight_version)
+        return EmulatedRolloutEngine(backend_config or EmulatedRolloutConfig(), weight_version=weight_version)
     raise ValueError(f"rollout backend {backend!r} has no engine here; choose 'native', 'sglang' or 'emulated'")
 
 
-def make_inference_engine(backend: str, model: Mapping[str, Any], micro_batch_size: int,
-                          emulated: Mapping[str, Any] | None = None, device: str = "cpu") -> Any:
-    """An inference engine (inference/base.py) holding no policy weights yet (version -1)."""
+def make_inference_engine(backend: str, model: ModelSpec, micro_batch_size: int, emulated: Any = None,
+                          device: str = "cpu") -> Any:
+    """An inference engine (inference/base.py) holding no policy weights yet (version -1);
+    `emulated`: an EmulatedInferenceConfig."""
     if backend == "native":
         from .inference.native import NativeInference
 
-        return NativeInference(build_model(ModelSpec(**model)), micro_batch_size, device)
+        return NativeInference(build_model(model), micro_batch_size, device)
     if backend == "emulated":
         from .inference.emulated import EmulatedInference, EmulatedInferenceConfig
 
-        return EmulatedInference(EmulatedInferenceConfig(**(emulated or {})), weight_version=-1)
+        return EmulatedInference(emulated or EmulatedInferenceConfig(), weight_version=-1)
     raise ValueError(f"inference backend {backend!r} has no engine here; choose 'native' or 'emulated'")
 
 
-def sglang_config(model: Mapping[str, Any], sglang: Mapping[str, Any] | None) -> Any:
-    """SGLangConfig with model_path defaulting to the job's model.path (SGLang loads the
-    architecture and tokenizer from an HF folder; the trainer's weights replace its own)."""
+def sglang_config(model_path: str | None, sglang: Any) -> Any:
+    """The SGLangConfig with model_path defaulting to the job's model.path (SGLang loads
+    the architecture and tokenizer from an HF folder; the trainer's weights replace its own)."""
     from .rollout.sglang.config import SGLangConfig
 
-    settings = dict(sglang or {})
-    if not settings.get("model_path"):
-        if not model.get("path"):
-            raise ValueError("rollout.sglang.model_path: SGLang needs an HF model folder; set it or model.path")
-        settings["model_path"] = model["path"]
-    return SGLangConfig(**settings)
+    sglang = sglang or SGLangConfig()
+    if sglang.model_path:
+        return sglang
+    if not model_path:
+        raise ValueError("rollout.sglang.model_path: SGLang needs an HF model folder; set it or model.path")
+    return dataclasses.replace(sglang, model_path=model_path)
 
 
-async def make_trainer(backend: str, model: Mapping[str, Any], config: TrainerConfig,
-                       backend_config: Mapping[str, Any] | None = None, group: Any = None, *,
-                       rank: int = 0, world_size: int = 1) -> Any:
+async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, backend_config: Any = None,
+                       group: Any = None, *, rank: int = 0, world_size: int = 1) -> Any:
     """One trainer rank, behind the async TrainerEngine contract. Collective over
-    `group` (the trainer's data-parallel runtime group, None for a single rank)."""
+    `group` (the trainer's data-parallel runtime group, None for a single rank).
+    `backend_config`: a MegatronConfig or an EmulatedTrainerConfig."""
     if backend == "emulated":
         from .trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 
         size = group.size() if group is not None else 1
-        return EmulatedTrainer(config, emulation=EmulatedTrainerConfig(**(backend_config or {})),
+        return EmulatedTrainer(config, emulation=backend_config or EmulatedTrainerConfig(),
                                rank=group.rank() if group is not None else 0, world_size=size)
     from .trainer.threaded import ThreadedTrainer
 
     return ThreadedTrainer(await asyncio.to_thread(_blocking_trainer, backend, model, config, backend_config, group))
 
 
-def _blocking_trainer(backend: str, model: Mapping[str, Any], config: TrainerConfig,
-                      megatron: Mapping[str, Any] | None, group: Any) -> Any:
-    spec = ModelSpec(**model)
+def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, megatron: Any, group: Any) -> Any:
     if backend == "native":
         from .trainer.native.trainer import NativeTrainer
 
@@ -109,7 +110,7 @@ def _blocking_trainer(backend: str, model: Mapping[str, Any], config: TrainerCon
         # model built on the side), or the seeded init of a built-in config
         start = read_state_dict(spec.path) if spec.path else dict(build_model(spec).state_dict())
         init_default_group(group)
-        return MegatronTrainer(spec.config(), config, MegatronConfig(**(megatron or {})), hf_weights=start)
+        return MegatronTrainer(spec.config(), config, megatron or MegatronConfig(), hf_weights=start)
     raise ValueError(f"trainer backend {backend!r} has no engine here; choose 'native', 'megatron' or 'emulated'")
 
 
@@ -131,7 +132,7 @@ def init_default_group(group: Any) -> None:
                             world_size=size)
 
 
-def hf_model(trainer: Any, model: Mapping[str, Any], bucket_bytes: int) -> torch.nn.Module:
+def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> torch.nn.Module:
     """The trainer's current weights as a native (HF-layout) model, for save_pretrained.
     Collective over the trainer's TP group for megatron."""
     from .model.io import load_weights
@@ -141,12 +142,12 @@ def hf_model(trainer: Any, model: Mapping[str, Any], bucket_bytes: int) -> torch
     if isinstance(engine, NativeTrainer):
         return engine.model
 
-    native = build_model(ModelSpec(**model))
+    native = build_model(model)
     load_weights(native, [pair for bucket in engine.named_weights(bucket_bytes) for pair in bucket], strict=True)
     return native
 
 
-def weights_template(engine: Any, model: Mapping[str, Any]) -> torch.nn.Module | None:
+def weights_template(engine: Any, model: ModelSpec) -> torch.nn.Module | None:
     """The module weight_sync.receive plans its buckets from (names and shapes, in the
     native model's order): the native engine's own model, or for an engine that holds
     no torch model (sglang) the native architecture on the meta device (no memory);
@@ -161,7 +162,7 @@ def weights_template(engine: Any, model: Mapping[str, Any]) -> torch.nn.Module |
     from .model.qwen2 import Qwen2ForCausalLM
 
     with torch.device("meta"):
-        return Qwen2ForCausalLM(ModelSpec(**model).config())
+        return Qwen2ForCausalLM(model.config())
 
 
 # --- what the DynaRL scheduler needs to know of the configured engines (workflows/dynamic.py)

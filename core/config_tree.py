@@ -122,3 +122,15 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+def wire_config(code: int):
+    """Class decorator: a config dataclass crosses the wire (RPC arguments, a worker's
+    constructor) as itself: its plain data (`to_dict`), rebuilt and validated on the
+    other side (`build`: an invalid record is rejected as malformed)."""
+    from dynarl.transport.wire import register_struct
+
+    def register(cls: type) -> type:
+        return register_struct(code, encode=lambda obj: [to_dict(obj)],
+                               decode=lambda fields: build(cls, fields[0] if len(fields) == 1 else None))(cls)
+    return register

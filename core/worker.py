@@ -34,6 +34,10 @@ class WorkerSpec:
     main_file: str | None = None
     """Path of the user's script when the class lives in __main__."""
     init_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The constructor's arguments: plain data and config dataclasses (wire_config)."""
+    init_wire: dict[str, Any] | None = None
+    """init_kwargs as they crossed a process boundary (`to_wire`): their msgpack, hex, and
+    the modules that define their records; the runtime decodes them (`init`)."""
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     """torchrun-compatible rendezvous address reserved for this group."""
@@ -59,7 +63,37 @@ class WorkerSpec:
         return env
 
     def to_wire(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        """JSON- and msgpack-safe: the constructor's arguments as one wire record."""
+        d = {name: getattr(self, name) for name in self.__slots__}
+        if self.init_wire is None:
+            d["init_wire"], d["init_kwargs"] = encode_init(self.init_kwargs), {}
+        return d
+
+    def init(self) -> dict[str, Any]:
+        """The constructor's arguments (decoded, if they crossed a process boundary)."""
+        return self.init_kwargs if self.init_wire is None else decode_init(self.init_wire)
+
+
+def encode_init(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A worker's constructor arguments as wire data (transport/wire.py: config records
+    cross as themselves), with the modules the receiving process imports to decode them."""
+    import dataclasses
+
+    from dynarl.transport.wire import encode_blob
+    blob = encode_blob(kwargs)
+    if blob.frames:
+        raise ValueError("a worker's constructor arguments hold no tensors or arrays")
+    modules = sorted({type(v).__module__ for v in kwargs.values() if dataclasses.is_dataclass(v)})
+    return {"msgpack": blob.body.hex(), "modules": modules}
+
+
+def decode_init(wire: dict[str, Any]) -> dict[str, Any]:
+    import importlib
+
+    from dynarl.transport.wire import Blob, decode_blob
+    for module in wire["modules"]:
+        importlib.import_module(module)  # registers its records (the controller named them)
+    return decode_blob(Blob(bytes.fromhex(wire["msgpack"]), []))
 
 
 class Worker:

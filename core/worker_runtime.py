@@ -105,7 +105,7 @@ class WorkerRuntime:
         cls = self._cls or import_worker_class(self.spec.cls_path, self.spec.main_file)
         worker = cls.__new__(cls)
         worker._bind(self)
-        worker.__init__(**self.spec.init_kwargs)
+        worker.__init__(**self.spec.init())
         self.worker = worker
         await worker.setup()
         return {"pid": os.getpid()}

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dynarl.components.extras import is_available
+from dynarl.components.model.spec import ModelSpec
 from dynarl.components.model.io import load_weights, save_pretrained
 from dynarl.components.trainer.megatron import checkpoint
 from dynarl.components.trainer.megatron.convert import join_tp_shards
@@ -48,13 +49,13 @@ def _ranks(rank: int, world: int, out: str) -> None:
     t = trainer(1, hf_weights=load_file(os.path.join(out, "start.safetensors")))
     # the worker's path: engine_factory from an HF folder of the same weights
     from_folder = asyncio.run(make_trainer(
-        "megatron", {"path": os.path.join(out, "hf_folder")}, make_config(),
-        {"tensor_parallel_size": 2, "dtype": "float32", "use_cpu_initialization": True,
-         "use_distributed_optimizer": False, "optimizer": "adamw"})).engine
+        "megatron", ModelSpec(path=os.path.join(out, "hf_folder")), make_config(),
+        MegatronConfig(tensor_parallel_size=2, dtype="float32", use_cpu_initialization=True,
+                       use_distributed_optimizer=False, optimizer="adamw"))).engine
     same_start = all(torch.equal(w, from_folder.local_weights()[n]) for n, w in t.local_weights().items())
     first = t.train_step(make_batch(FIRST))
     after_first = {n: x.clone() for b in t.named_weights(1 << 20) for n, x in b}  # collective over TP
-    as_native = hf_model(ThreadedTrainer(t), {"name": "tiny-0.5m"}, 1 << 16)  # what save_model writes (collective over TP)
+    as_native = hf_model(ThreadedTrainer(t), ModelSpec(name="tiny-0.5m"), 1 << 16)  # what save_model writes (collective over TP)
     if rank == 0:
         save_file(after_first, os.path.join(out, "after_first.safetensors"))
         save_file(dict(as_native.state_dict()), os.path.join(out, "as_native.safetensors"))

@@ -17,6 +17,8 @@ from dynarl.components.experience import END
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.rollout.sglang import engine as sglang_engine
+from dynarl.components.model.spec import ModelSpec
+from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import bucket_by_bytes
@@ -25,7 +27,7 @@ from dynarl.components.experience import PromptGroup, Sample
 from fakes.sglang_engine import FakeEngine, FakeTokenizerManager
 from fakes.sglang_harness import Payloads, expected, fake_sglang  # noqa: F401  (fixture)
 
-MODEL = {"name": "tiny-0.5m"}
+MODEL = ModelSpec(name="tiny-0.5m")
 SGLANG = {"model_path": "/models/tiny", "abort_retry_s": 0.01, "mem_fraction_static": 0.5,
           "weight_bucket_bytes": 1 << 18}
 
@@ -48,7 +50,8 @@ def worker(fake_sglang, monkeypatch):
     workers = []
 
     def build(**init):
-        w = RolloutWorker(MODEL, {}, bucket_bytes=1 << 16, backend="sglang", backend_config=dict(SGLANG), **init)
+        w = RolloutWorker(MODEL, NativeEngineConfig(), bucket_bytes=1 << 16, backend="sglang",
+                          backend_config=SGLangConfig(**SGLANG), **init)
         w.engine._encode = payloads.encode  # SGLang's CUDA-IPC serializer: the process boundary
         workers.append(w)
         return w, made

@@ -19,7 +19,8 @@ from dynarl.components.trainer.emulated.engine import EmulatedTrainer
 from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
-from dynarl.components.rollout.native.engine import NativeRolloutEngine
+from dynarl.components.model.spec import ModelSpec
+from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
@@ -88,32 +89,37 @@ def test_train_refuses_an_unwired_combination_before_starting_anything():
 # ---- the factory -----------------------------------------------------------------------------
 
 async def test_native_engines_come_from_the_factory():
-    engine = make_rollout_engine("native", {"name": "tiny-0.5m"}, {"num_blocks": 64}, None)
+    tiny = ModelSpec(name="tiny-0.5m")
+    engine = make_rollout_engine("native", tiny, NativeEngineConfig(num_blocks=64), None)
     assert isinstance(engine, NativeRolloutEngine) and engine.weight_version == -1
-    assert weights_template(engine, {"name": "tiny-0.5m"}) is engine.model
-    trainer = await make_trainer("native", {"name": "tiny-0.5m"}, TrainerConfig())
+    assert weights_template(engine, tiny) is engine.model
+    trainer = await make_trainer("native", tiny, TrainerConfig())
     assert isinstance(trainer, ThreadedTrainer) and isinstance(trainer.engine, NativeTrainer)
     with pytest.raises(ValueError, match="choose 'native', 'sglang' or 'emulated'"):
-        make_rollout_engine("vllm", {"name": "tiny-0.5m"}, {}, None)
+        make_rollout_engine("vllm", tiny, NativeEngineConfig(), None)
     with pytest.raises(ValueError, match="choose 'native', 'megatron' or 'emulated'"):
-        await make_trainer("deepspeed", {"name": "tiny-0.5m"}, TrainerConfig())
+        await make_trainer("deepspeed", tiny, TrainerConfig())
 
 
 async def test_emulated_engines_come_from_the_factory():
     """`dynarl sim`'s engines: settings from the backend config, no torch model."""
-    rollout = make_rollout_engine("emulated", {}, {}, {"model": "qwen2.5-7b", "tp": 2})
+    from dynarl.components.inference.emulated import EmulatedInferenceConfig
+    from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+    from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
+    rollout = make_rollout_engine("emulated", ModelSpec(), NativeEngineConfig(),
+                                  EmulatedRolloutConfig(model="qwen2.5-7b", tp=2))
     assert isinstance(rollout, EmulatedRolloutEngine) and rollout.config.tp == 2 and rollout.weight_version == -1
-    assert weights_template(rollout, {}) is None
-    inference = make_inference_engine("emulated", {}, 8, {"model": "qwen2.5-7b"})
+    assert weights_template(rollout, ModelSpec()) is None
+    inference = make_inference_engine("emulated", ModelSpec(), 8, EmulatedInferenceConfig(model="qwen2.5-7b"))
     assert isinstance(inference, EmulatedInference) and inference.weights_template is None
-    trainer = await make_trainer("emulated", {}, TrainerConfig(), {"model": "qwen2.5-7b"})
+    trainer = await make_trainer("emulated", ModelSpec(), TrainerConfig(), EmulatedTrainerConfig(model="qwen2.5-7b"))
     assert isinstance(trainer, EmulatedTrainer) and not trainer.needs_token_ids
 
 
 def test_engines_without_a_torch_model_get_a_meta_template_with_the_native_plan():
     """weight_sync receivers plan buckets from names and shapes; the sglang rank has no
     torch model, so it plans from the native architecture on the meta device."""
-    template = weights_template(object(), {"name": "tiny-1m"})
+    template = weights_template(object(), ModelSpec(name="tiny-1m"))
     assert all(p.device.type == "meta" for p in template.parameters())
     native = Qwen2ForCausalLM(TINY_CONFIGS["tiny-1m"])
     for bucket_bytes in (1 << 16, 1 << 20):
@@ -122,10 +128,10 @@ def test_engines_without_a_torch_model_get_a_meta_template_with_the_native_plan(
 
 
 def test_sglang_model_path_defaults_to_the_job_model():
-    assert sglang_config({"path": "/models/qwen"}, {"tp_size": 2}).engine_kwargs()["model_path"] == "/models/qwen"
-    assert sglang_config({"path": "/a"}, {"model_path": "/b"}).model_path == "/b"
+    assert sglang_config("/models/qwen", SGLangConfig(tp_size=2)).engine_kwargs()["model_path"] == "/models/qwen"
+    assert sglang_config("/a", SGLangConfig(model_path="/b")).model_path == "/b"
     with pytest.raises(ValueError, match="rollout.sglang.model_path"):
-        sglang_config({"name": "tiny-0.5m", "path": None}, None)
+        sglang_config(None, None)
     with pytest.raises(ValueError, match="offload_tags"):
         SGLangConfig(offload_tags=["kv_cache", "activations"])
 

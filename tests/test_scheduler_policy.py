@@ -204,6 +204,7 @@ def test_an_engine_that_may_still_get_prompts_is_never_low_one_that_may_not_drai
 
 @pytest.mark.parametrize("held, held_peak, low", [
     pytest.param(4, 8, True, id="half-its-requests-finished-drains-though-its-kv-still-grows"),
+    pytest.param(5, 8, False, id="its-first-requests-finished-it-still-fills"),
     pytest.param(8, 8, False, id="all-its-requests-still-running-fills"),
 ])
 def test_an_engine_at_its_peak_fill_drains_once_its_requests_finish(held, held_peak, low):

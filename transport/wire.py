@@ -28,7 +28,7 @@ import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -275,13 +275,16 @@ def decode_blob(blob: Blob) -> Any:
 
 _STRUCT_CODES: dict[type, int] = {}
 _STRUCT_TYPES: dict[int, type] = {}
+_CODECS: dict[type, tuple[Callable[[Any], list], Callable[[list], Any]]] = {}
 
 
-def register_struct(code: int):
+def register_struct(code: int, encode: Callable[[Any], list] | None = None,
+                    decode: Callable[[list], Any] | None = None):
     """Class decorator: instances of a dataclass cross the wire as themselves, not as
     dicts. The class gives `to_wire() -> list` (plain data, arrays, tensors, other
-    records) and `from_wire(list)`, which must reject what it cannot build (a
-    malformed record); the receiving process must have imported the class."""
+    records) and `from_wire(list)`, or `encode` / `decode` do; decoding must reject
+    what it cannot build (a malformed record); the receiving process must have
+    imported the class."""
     if code < EXT_STRUCTS_FROM or code > 127:
         raise ValueError(f"struct ext codes are {EXT_STRUCTS_FROM}..127, not {code}")
 
@@ -289,6 +292,7 @@ def register_struct(code: int):
         if _STRUCT_TYPES.get(code, cls) is not cls:
             raise ValueError(f"ext code {code} is {_STRUCT_TYPES[code].__name__}'s")
         _STRUCT_CODES[cls], _STRUCT_TYPES[code] = code, cls
+        _CODECS[cls] = (encode or cls.to_wire, decode or cls.from_wire)
         return cls
     return register
 
@@ -298,7 +302,7 @@ def register_struct(code: int):
 def _to_ext(obj: Any, frames: list[Any]) -> msgpack.ExtType:
     code = _STRUCT_CODES.get(type(obj))
     if code is not None:
-        return msgpack.ExtType(code, msgpack.packb(obj.to_wire(), default=lambda o: _to_ext(o, frames),
+        return msgpack.ExtType(code, msgpack.packb(_CODECS[type(obj)][0](obj), default=lambda o: _to_ext(o, frames),
                                                    use_bin_type=True))
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
@@ -339,7 +343,7 @@ def _from_ext(code: int, data: bytes, frames: Sequence[memoryview]) -> Any:
         fields = msgpack.unpackb(data, ext_hook=lambda c, d: _from_ext(c, d, frames), raw=False,
                                  strict_map_key=False)
         try:
-            return cls.from_wire(fields)
+            return _CODECS[cls][1](fields)
         except (TypeError, ValueError) as exc:
             raise WireError("malformed", f"bad {cls.__name__}: {exc}") from None
     meta = msgpack.unpackb(data, raw=False)

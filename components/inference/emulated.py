@@ -21,8 +21,10 @@ from dynarl.components import costmodel
 from dynarl.components.rollout.emulated.engine import payload_bytes
 from dynarl.components.rollout.emulated.tokens import LazyList, response_logprobs
 from dynarl.components.trainer.emulated.layout import synced_weight_bytes
+from dynarl.core.config_tree import wire_config
 
 
+@wire_config(25)
 @dataclass(kw_only=True, slots=True)
 class EmulatedInferenceConfig:
     model: str = "qwen2.5-7b"

@@ -17,17 +17,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from typing import Any
 
 import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.busy import BusyLog
 from dynarl.components.engine_factory import make_inference_engine
+from dynarl.components.model.spec import ModelSpec
 from dynarl.components.experience import END
 
 
 class InferenceWorker(dynarl.Worker):
-    def __init__(self, model: dict, micro_batch_size: int, with_ref: bool, bucket_bytes: int,
-                 shares_device: bool = False, backend: str = "native", backend_config: dict | None = None) -> None:
+    def __init__(self, model: ModelSpec, micro_batch_size: int, with_ref: bool, bucket_bytes: int,
+                 shares_device: bool = False, backend: str = "native", backend_config: Any = None) -> None:
+        """`backend_config`: an EmulatedInferenceConfig for the emulated backend."""
         self.engine = make_inference_engine(backend, model, micro_batch_size, backend_config, self.device)
         self.with_ref = with_ref
         self.has_ref = False

@@ -11,8 +11,10 @@ from typing import Any
 
 from .config import TINY_CONFIGS, ModelConfig
 from .tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from dynarl.core.config_tree import wire_config
 
 
+@wire_config(20)
 @dataclass(kw_only=True, slots=True)
 class ModelSpec:
     name: str = "tiny-0.5m"

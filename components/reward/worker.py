@@ -16,9 +16,9 @@ from dynarl.components.reward.verifiers import make_verifier
 
 
 class RewardWorker(dynarl.Worker):
-    def __init__(self, model: dict, verifier: str, adv_eps: float = 1e-6) -> None:
+    def __init__(self, model: ModelSpec, verifier: str, adv_eps: float = 1e-6) -> None:
         self.verify, self.backend = make_verifier(verifier)
-        self.tokenizer = build_tokenizer(ModelSpec(**model)) if self.verify is not None else None
+        self.tokenizer = build_tokenizer(model) if self.verify is not None else None
         self.adv_eps = adv_eps
 
     async def score(self, get: str, put: str) -> dict:

@@ -22,13 +22,16 @@ from dynarl.components import weight_sync
 from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END, PromptGroup
 from dynarl.components.engine_factory import make_rollout_engine, weights_template
+from dynarl.components.model.spec import ModelSpec
+from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, SamplingParams
 from dynarl.components.rollout.base import RolloutEngine
 
 
 class RolloutWorker(dynarl.Worker):
-    def __init__(self, model: dict, engine: dict, bucket_bytes: int, shares_device: bool = False,
-                 backend: str = "native", backend_config: dict | None = None) -> None:
+    def __init__(self, model: ModelSpec, engine: NativeEngineConfig, bucket_bytes: int, shares_device: bool = False,
+                 backend: str = "native", backend_config: Any = None) -> None:
+        """`backend_config`: the SGLangConfig or EmulatedRolloutConfig of those backends."""
         # engine_factory picks the backend; -1: no policy weights until the first sync
         self.engine = make_rollout_engine(backend, model, engine, backend_config, weight_version=-1)
         self.weights_template = weights_template(self.engine, model)  # weight_sync plans buckets from it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from dynarl.core.config_tree import wire_config
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
 """The sharded per-element state of a ZeRO-1 rank: fp32 master copy of the
@@ -226,6 +227,7 @@ class StateLayout:
                    shards=d["shards"], master_dtype=d.get("master_dtype", "float32"))
 
 
+@wire_config(22)
 @dataclass(kw_only=True, slots=True)
 class TrainerConfig:
     lr: float = 1e-5

@@ -43,12 +43,12 @@ from dynarl.components.trainer.reshard import ReshardableTrainer
 
 
 class TrainerWorker(ReshardableTrainer, dynarl.Worker):
-    def __init__(self, model: dict, engine: dict, warmup_lr: float, bucket_bytes: int,
-                 shares_device: bool = False, backend: str = "native", backend_config: dict | None = None) -> None:
-        self.model_spec = ModelSpec(**model)
+    def __init__(self, model: ModelSpec, engine: TrainerConfig, warmup_lr: float, bucket_bytes: int,
+                 shares_device: bool = False, backend: str = "native", backend_config: Any = None) -> None:
+        """`backend_config`: a MegatronConfig or an EmulatedTrainerConfig (engine_factory.make_trainer)."""
         self.model = model
-        self.backend, self.backend_config = backend, backend_config  # engine_factory.make_trainer
-        self.config = TrainerConfig.from_wire(engine)
+        self.backend, self.backend_config = backend, backend_config
+        self.config = engine
         self.warmup_config = dataclasses.replace(self.config, lr=warmup_lr, entropy_coef=0.0, kl_coef=0.0)
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
@@ -70,7 +70,7 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
         group = self.process_group(dp_group) if dp_group else None
         self.trainer = await make_trainer(self.backend, self.model, self.config, self.backend_config, group)
-        return self.model_spec.config().num_parameters if self.backend != "emulated" else 0
+        return self.model.config().num_parameters if self.backend != "emulated" else 0
 
     async def onload(self) -> None:
         if self.shares_device:

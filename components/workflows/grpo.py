@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -46,7 +47,6 @@ from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_e
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
-from dynarl.core.config_tree import to_dict
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
 from dynarl.core.hypergraph import GRAPH_FILE
@@ -307,7 +307,7 @@ class GRPO:
         tensor-parallel size `tp` where given (tail-TP's wider rollout engines)."""
         init = dict(getattr(self.g, component).handles[0].spec.init_kwargs)
         if tp is not None:
-            init["backend_config"] = dict(init["backend_config"], tp=tp)
+            init["backend_config"] = dataclasses.replace(init["backend_config"], tp=tp)
         return init
 
     def open_channels(self) -> None:
@@ -426,22 +426,20 @@ class GRPO:
         """Each component's worker constructor arguments (the components in `shared`
         time-share their devices): the job's groups, and the ranks a profile times."""
         cfg = self.cfg
-        model = to_dict(cfg.model)
-        bucket = cfg.trainer.sync_bucket_bytes
+        model, bucket = cfg.model, cfg.trainer.sync_bucket_bytes
         rollout_backend = cfg.rollout.sglang if cfg.rollout.backend == "sglang" else cfg.rollout.emulated
         trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
-        return {  # engines: engine_factory.py
+        return {  # engines: engine_factory.py; the config sections cross as themselves (core/config_tree.wire_config)
             "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps},
-            "rollout": {"model": model, "engine": to_dict(cfg.rollout.engine), "bucket_bytes": bucket,
+            "rollout": {"model": model, "engine": cfg.rollout.engine, "bucket_bytes": bucket,
                         "shares_device": "rollout" in shared,
-                        "backend": cfg.rollout.backend, "backend_config": to_dict(rollout_backend),
-                        **self.rollout_init()},
+                        "backend": cfg.rollout.backend, "backend_config": rollout_backend, **self.rollout_init()},
             "inference": {"model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
                           "bucket_bytes": bucket, "shares_device": "inference" in shared,
-                          "backend": cfg.inference.backend, "backend_config": to_dict(cfg.inference.emulated)},
-            "trainer": {"model": model, "engine": cfg.trainer.engine.to_wire(), "warmup_lr": cfg.trainer.warmup.lr,
+                          "backend": cfg.inference.backend, "backend_config": cfg.inference.emulated},
+            "trainer": {"model": model, "engine": cfg.trainer.engine, "warmup_lr": cfg.trainer.warmup.lr,
                         "bucket_bytes": bucket, "shares_device": "trainer" in shared,
-                        "backend": cfg.trainer.backend, "backend_config": to_dict(trainer_backend)}}
+                        "backend": cfg.trainer.backend, "backend_config": trainer_backend}}
 
     async def spawn(self) -> Groups:
         cfg, ctl = self.cfg, self.ctl

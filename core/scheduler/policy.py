@@ -111,13 +111,13 @@ class Plan:
 
 def engine_low(utilization: float, peak: float, u_low: float, held: int = 0, held_peak: int = 0) -> bool:
     """The donor signal of one engine: its utilization (active KV / capacity) is below
-    U_low and it is draining, not filling: below its own peak fill this cycle, or holding
-    fewer requests than at its peak (some finished, none replaced them). At a step's
-    start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine: below any
-    U_low, but a filling engine; while a small engine's tail can hold all the KV it ever
-    held (its long requests still decode) yet be done with most of its requests. An
-    engine that never held a request is low."""
-    return peak == 0.0 or (utilization < u_low and (utilization < peak or held < held_peak))
+    U_low and it is draining, not filling: below its own peak fill this cycle, or done
+    with at least half the requests it held at its peak (none replaced them). At a
+    step's start 256 requests x 200 prompt tokens use 2.5% of a 7B TP-2 engine: below
+    any U_low, and its first short requests finish, but it is filling; while a small
+    engine's tail can hold all the KV it ever held (its long requests still decode)
+    yet be done with most of its requests. An engine that never held a request is low."""
+    return peak == 0.0 or (utilization < u_low and (utilization < peak or 0 < held_peak and 2 * held <= held_peak))
 
 
 def track_low(engines: Sequence[str], utilization: Sequence[float], now: float,

@@ -26,7 +26,7 @@ import time
 
 from dynarl.components.workflows.config import TrainerSection
 from dynarl.core.controller import Controller
-from dynarl.core.probe import ProbeWorker
+from dynarl.components.probe import ProbeWorker
 
 P2P_MB = 100
 SYNC_BUCKET_BYTES = TrainerSection().sync_bucket_bytes

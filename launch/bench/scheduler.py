@@ -54,7 +54,7 @@ async def reshard_bandwidth(model: str) -> dict:
     beside the same bytes by plain send/recv between probe workers (the floor)."""
     from dynarl.components.trainer.base import TrainerConfig
     from dynarl.components.trainer.worker import TrainerWorker
-    from dynarl.core.probe import ProbeWorker
+    from dynarl.components.probe import ProbeWorker
     config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=3))
     init = {"model": {"name": model}, "engine": TrainerConfig().to_wire(), "warmup_lr": 1e-3,
             "bucket_bytes": 1 << 20}

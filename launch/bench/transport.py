@@ -15,7 +15,7 @@ import time
 
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.controller import Controller
-from dynarl.core.probe import ProbeWorker
+from dynarl.components.probe import ProbeWorker
 from dynarl.launch.bench.zmq_floor import measure_zmq_floor
 
 

@@ -18,8 +18,10 @@ import dynarl
 from dynarl.components import costmodel as cm
 from dynarl.components.experience import END
 from dynarl.components.inference.emulated import EmulatedInference, EmulatedInferenceConfig
+from dynarl.components.model.spec import ModelSpec
 from dynarl.components.placement.profile import StageProfile
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
@@ -62,8 +64,8 @@ def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
     multi_turn = any(s.is_multi_turn for _, g in mine for s in g.samples)
     prompts = WorkloadPrompts([[g for _, g in mine]], cm.get_model(scn.workload.model).vocab_size)
     engine = {k: v for k, v in scn.engines["rollout"].items() if k != "affinity"}
-    init = {"model": {}, "engine": {}, "bucket_bytes": 1 << 20, "backend": "emulated",
-            "backend_config": dict(engine, time_scale=1.0)}
+    init = {"model": ModelSpec(), "engine": NativeEngineConfig(), "bucket_bytes": 1 << 20, "backend": "emulated",
+            "backend_config": EmulatedRolloutConfig(**dict(engine, time_scale=1.0))}
 
     async def workflow(ctl):
         loop = asyncio.get_running_loop()
@@ -92,7 +94,7 @@ def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
 async def _play_episodes(ctl, groups: list[dict], sampled: int, init: dict, vocab_size: int) -> list[dict]:
     """Engine k serves the episodes of groups k, k + sampled, ... (round-robin, as the
     batch's groups over the engines): one driver per engine, its turns scripted."""
-    engine = EmulatedRolloutConfig(**init["backend_config"])  # as train_config sets the agentic queue
+    engine = init["backend_config"]  # as train_config sets the agentic queue
     group = await ctl.spawn(AgenticRolloutWorker, name="rollout", devices=[0] * sampled,
                             init=dict(init, queue=engine.queue, max_bonus_s=engine.priority_window_s))
     keys = [h.spec.worker_id for h in group.handles]

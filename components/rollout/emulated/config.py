@@ -5,8 +5,10 @@ from dataclasses import dataclass
 
 from dynarl.components.costmodel import (DEFAULT_MEM_UTIL, DeviceSpec, ModelShape, get_device,
                                          get_model, kv_capacity_tokens)
+from dynarl.core.config_tree import wire_config
 
 
+@wire_config(23)
 @dataclass(kw_only=True, slots=True)
 class EmulatedRolloutConfig:
     model: str = "qwen2.5-7b"

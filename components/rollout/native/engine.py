@@ -35,8 +35,10 @@ from .radix_cache import RadixCache
 from .sampling import sample
 from .scheduler import Scheduler, fifo_key
 from .sequence import Sequence
+from dynarl.core.config_tree import wire_config
 
 
+@wire_config(21)
 @dataclass(kw_only=True, slots=True)
 class NativeEngineConfig:
     block_size: int = 16

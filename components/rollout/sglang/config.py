@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from dynarl.core.config_tree import wire_config
 
 POLICIES = ("fcfs", "lof", "random", "routing-key", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
 """SGLang's schedule policies. "priority" is accepted by its CLI but has no enum: the
@@ -16,6 +17,7 @@ MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
 """What SGLang's release/resume_memory_occupation take (srt/constants.py)."""
 
 
+@wire_config(24)
 @dataclass(kw_only=True, slots=True)
 class SGLangConfig:
     model_path: str | None = None

@@ -30,6 +30,7 @@ from dynarl.components.trainer.base import STATE_NAMES, StateLayout, TrainBatch,
 from dynarl.core.files import atomic_open
 
 from .layout import build_layout
+from dynarl.core.config_tree import wire_config
 
 MASTER_ITEMSIZE = 4
 """fp32 master weights, AdamW moments and reduced gradients (as the native trainer)."""
@@ -37,6 +38,7 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 FORMAT_VERSION = 1
 
 
+@wire_config(26)
 @dataclass(kw_only=True, slots=True)
 class EmulatedTrainerConfig:
     model: str = "qwen2.5-7b"

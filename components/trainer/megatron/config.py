@@ -4,11 +4,13 @@ import, so a config file is validated where the extra is not installed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dynarl.core.config_tree import wire_config
 
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("megatron", "adamw")
 
 
+@wire_config(27)
 @dataclass(kw_only=True, slots=True)
 class MegatronConfig:
     tensor_parallel_size: int = 1
