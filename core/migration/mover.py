@@ -209,7 +209,7 @@ class Mover:
         if devices < self.tp:
             return
         group = self.group(donor)
-        loads = await group.call("metrics")
+        loads = await self.managers[donor].current_reports()
         width = [len(self.engine_devices(h.spec.devices[0])) for h in group.handles]
         release = release_order([bool(x["active_run"]) for x in loads], [x["kv_utilization"] for x in loads],
                                  width, devices)

@@ -106,7 +106,9 @@ class Manager:
         """The component's node, under its name (P2P moves replace the group)."""
         self.gate = InterruptGate()
         self.reports: list[dict] = []
-        """The current ranks' last metrics, in rank order."""
+        """The ranks' last metrics, in rank order."""
+        self.reported: list[str] = []
+        """The workers those reports are of."""
         self.low_since: dict[str, float | None] = {}
         self.peak: dict[str, float] = {}
         """Per engine: its highest utilization this cycle (track_low's fill)."""
@@ -132,7 +134,7 @@ class Manager:
         self.held_peak.clear()
         self.finished.clear()
         self.packable = None
-        self.reports = []
+        self.reports, self.reported = [], []
 
     async def poll(self, now: float) -> None:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
@@ -141,7 +143,7 @@ class Manager:
 
     def observe(self, now: float, workers: list[str], reports: list[dict]) -> None:
         """One poll's reports of `workers` into the hypergraph and the cycle's state."""
-        self.reports = reports
+        self.reports, self.reported = reports, workers
         self.observe_group()
         self.graph.nodes[self.spec.name].kind = self.spec.kind
         # a rollout engine's KV fill (the DynaRL signal), a stage's busy flag
@@ -164,6 +166,14 @@ class Manager:
         """A stage's tokens and samples processed this step, over its ranks' last reports."""
         return (float(sum(r.get("tokens", 0) for r in self.reports)),
                 int(sum(r.get("samples", 0) for r in self.reports)))
+
+    async def current_reports(self) -> list[dict]:
+        """The ranks' metrics: the last poll's while the ranks are those it asked (a
+        decision acts on what it saw, without a second round trip to busy engines),
+        else asked again."""
+        if self.reported != [h.spec.worker_id for h in self.group.handles]:
+            return await self.group.call("metrics")
+        return self.reports
 
     def observe_group(self) -> list[str]:
         """The component's node gets its group's current workers and devices (after a
