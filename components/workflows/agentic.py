@@ -33,6 +33,7 @@ from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns, ScriptedTurns
 from dynarl.components.workflows.grpo import GRPO, Groups
+from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import held
 from dynarl.core.worker_group import WorkerGroup
@@ -40,10 +41,40 @@ from dynarl.core.worker_group import WorkerGroup
 TURNS, TURN_RESULTS = "turns", "turn_results"
 
 
+class AgenticStepRanks(StepRanks):
+    """Rollout ranks leave and join the episode driver: it routes each next turn."""
+
+    async def releasing(self, component: str, ranks: list[str]) -> None:
+        """Rollout ranks (worker ids) are about to be released by a migration: the
+        driver routes nothing more to them, and each gets its END behind its turns."""
+        if component == "rollout" and self.wf.driver is not None:
+            await self.wf.driver.leave(ranks)
+
+    def stage_call(self, component: str, position: int, version: int) -> Any:
+        """A rollout rank joins the running step: the driver routes to it from now on,
+        and it serves turns until the driver's close."""
+        if component != "rollout":
+            return super().stage_call(component, position, version)
+
+        async def call() -> Any:
+            if self.wf.driver is None:
+                raise ValueError("no agentic step is running for a rollout rank to join")
+            key = self.wf.g.rollout.handles[position].spec.worker_id
+            await self.wf.driver.join([key])
+            results = await self.wf.g.rollout.call("serve_turns", TURNS, TURN_RESULTS, key, version,
+                                                   self.wf.sampling(), ranks=[position])
+            return results[0]
+        return call()
+
+    async def joined(self, component: str, ranks: list[str]) -> None:
+        """Nothing: the driver ends every rank in the run once the episodes are over."""
+
+
 class AgenticGRPO(GRPO):
     rollout_worker = AgenticRolloutWorker
     reward_worker = None  # episodes are scored here, as each group ends (episode_reward)
     multi_turn = True
+    step_ranks = AgenticStepRanks
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -94,31 +125,6 @@ class AgenticGRPO(GRPO):
         rollout = live.joined("rollout", rollout)
         reward = live.done["reward"] = asyncio.ensure_future(self.play(groups, driver))
         return rollout, reward
-
-    async def releasing(self, component: str, ranks: list[str]) -> None:
-        """Rollout ranks (worker ids) are about to be released by a migration: the
-        driver routes nothing more to them, and each gets its END behind its turns."""
-        if component == "rollout" and self.driver is not None:
-            await self.driver.leave(ranks)
-
-    def stage_call(self, component: str, position: int, version: int) -> Any:
-        """A rollout rank joins the running step: the driver routes to it from now on,
-        and it serves turns until the driver's close."""
-        if component != "rollout":
-            return super().stage_call(component, position, version)
-
-        async def call() -> Any:
-            if self.driver is None:
-                raise ValueError("no agentic step is running for a rollout rank to join")
-            key = self.g.rollout.handles[position].spec.worker_id
-            await self.driver.join([key])
-            results = await self.g.rollout.call("serve_turns", TURNS, TURN_RESULTS, key, version, self.sampling(),
-                                                ranks=[position])
-            return results[0]
-        return call()
-
-    async def joined(self, component: str, ranks: list[str]) -> None:
-        """Nothing: the driver ends every rank in the run once the episodes are over."""
 
     def make_driver(self, keys: list[str], groups: list[PromptGroup]) -> EpisodeDriver:
         a, ctl = self.cfg.agentic, self.ctl

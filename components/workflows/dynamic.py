@@ -84,8 +84,8 @@ class DynamicScheduling:
         scheduler.register(spec("trainer", "static", "join" if streaming else "p2p",
                                 None if streaming else "reshard_warm", barrier=not streaming, stateful=True,
                                 min_devices=engine_factory.trainer_min_devices(cfg)), groups.trainer)
-        mover = Mover(ctl, wf, scheduler.managers, scheduler.log, engine_factory.move_costs(cfg), lend=d.lend,
-                      tail_tp=d.tail_tp, time_scale=time_scale)
+        mover = Mover(ctl, wf.step_ranks(wf), scheduler.managers, scheduler.log, engine_factory.move_costs(cfg),
+                      lend=d.lend, tail_tp=d.tail_tp, time_scale=time_scale)
         scheduler.mover = mover
         self = cls(wf, scheduler, mover, rates)
         if not streaming:  # warm standbys where the trainer may reshard to, and its profile on them

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import time
@@ -44,6 +43,7 @@ from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling
 from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
+from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
@@ -84,6 +84,8 @@ class GRPO:
     """The group that scores rollouts; None: the workflow scores them itself."""
     multi_turn = False
     """A finished request is a sample (not a turn of an episode)."""
+    step_ranks: type = StepRanks
+    """How ranks join and leave its running step (joins.py: what a move asks of it)."""
 
     def __init__(self, ctl: Controller, cfg: TrainConfig, source: ProblemSource | None, tokenizer: Any,
                  run_dir: str | None, progress: Progress, *, prompts: Prompts | None = None,
@@ -233,82 +235,6 @@ class GRPO:
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
-
-    # --- what a move asks of the workflow (core/migration/mover.py) ---------------------
-    async def releasing(self, component: str, ranks: list[str]) -> None:
-        """A migration is about to release `ranks` (worker ids) of `component`: nothing to
-        do here (the prompt channel is shared); a workflow that routes work to ranks
-        (the agentic one) stops routing to them."""
-
-    async def ready_ranks(self, component: str, group: WorkerGroup, positions: list[int],
-                          version: int | None) -> None:
-        """Ranks that joined `component` (from a standby pool, or started) get ready for
-        the running step: a rollout engine resumes (it was paused when it was parked);
-        rollout and inference load weight version `version` (None: the weight sync that
-        follows gives it); a streaming trainer rank starts (its state arrives as the
-        engine's own P2P transfer)."""
-        if component == "rollout":
-            await group.call("workload_resume", ranks=positions)
-        if component == "trainer":
-            await group.call("start", None, ranks=positions)
-            return
-        if version is not None:
-            await self.load_weights(group, positions, version)
-        if component == "inference" and self.cfg.with_ref and self.run_dir is not None:
-            await group.call("load_reference", os.path.join(self.run_dir, "reference"), ranks=positions)
-
-    async def load_weights(self, group: WorkerGroup, positions: list[int], version: int) -> None:
-        """The ranks that do not hold `version` yet receive it from the trainer, over a
-        group of their own (a parked rank may hold it already)."""
-        held = await group.call("weight_version", ranks=positions)
-        positions = [p for p, v in zip(positions, held) if v != version]
-        if not positions:
-            return
-        name = "weight_load"
-        await self.ctl.process_group(name, [(self.g.trainer, 0), *((group, p) for p in positions)])
-        try:
-            await gather_or_cancel([self.g.trainer.call("send_weights", name, version, ranks=[0]),
-                                    group.call("receive_weights", name, version, ranks=positions)])
-        finally:
-            await self.ctl.process_groups.destroy(name)
-
-    def stage_call(self, component: str, position: int, version: int) -> Any:
-        """The stage call of a rank that joins `component` while its stage runs, on the
-        stage's channels; an awaitable of its result."""
-        async def call() -> Any:
-            group = getattr(self.g, component)
-            if component == "rollout":
-                results = await group.call("generate", "prompts", "rollouts", version=version,
-                                           chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(),
-                                           ranks=[position])
-            elif component == "inference":
-                results = await group.call("compute_logprobs", "scored", "experience", version=version,
-                                           split=self.cfg.trainer.streaming, ranks=[position])
-            elif component == "trainer":
-                results = await group.call("train_stream", "experience", None, with_ref=self.cfg.with_ref,
-                                           ranks=[position])
-            else:
-                raise ValueError(f"no rank joins a running {component} stage")
-            return results[0]
-        return call()
-
-    async def joined(self, component: str, ranks: list[str]) -> None:
-        """The joined ranks (worker ids) have taken the work handed to them: each gets
-        its END on the prompts (drained by then: the joined ranks get no prompt)."""
-        for _ in ranks:
-            await self.ctl.channel("prompts").put(END)
-
-    def replaced(self, component: str, group: WorkerGroup) -> None:
-        """A move replaced the component's group (a P2P reshard): the step goes on with it."""
-        setattr(self.g, component, group)
-
-    def rank_init(self, component: str, tp: int | None = None) -> dict[str, Any]:
-        """A new rank's constructor arguments: the component's first rank's, at
-        tensor-parallel size `tp` where given (tail-TP's wider rollout engines)."""
-        init = dict(getattr(self.g, component).handles[0].spec.init_kwargs)
-        if tp is not None:
-            init["backend_config"] = dataclasses.replace(init["backend_config"], tp=tp)
-        return init
 
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only

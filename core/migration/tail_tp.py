@@ -92,7 +92,8 @@ async def widen(mover: "Mover", live: "Step") -> int:
     live.extras[name].extend(slots)
     release = sorted(p for pair in pairs for p in pair)
     exported: dict[int, list[dict]] = {}
-    await wf.releasing(name, [handles[p].spec.worker_id for p in release])  # the agentic driver routes no more turns to them
+    # the agentic driver routes no more turns to them
+    await wf.releasing(name, [handles[p].spec.worker_id for p in release])
     try:
         await group.call("workload_pause", ranks=release)
         await export_each(group, release, exported)
