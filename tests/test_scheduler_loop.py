@@ -12,7 +12,8 @@ import dynarl
 from dynarl import ClusterConfig, RuntimeConfig
 from dynarl.components.workflows.live import LiveStep
 from dynarl.core.migration.mover import Mover
-from dynarl.core.scheduler.loop import DeviceCounts, GlobalScheduler, StepState, device_stats
+from dynarl.core.scheduler.log import DeviceCounts, device_stats
+from dynarl.core.scheduler.loop import GlobalScheduler, StepState
 from dynarl.core.scheduler.manager import ComponentSpec, InterruptGate
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel

@@ -54,17 +54,15 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         self.shares_device = shares_device
         self.trainer: Any = None
         """A TrainerEngine (trainer/base.py), from engine_factory.make_trainer."""
-        self.tokens_done = 0
-        """Sequence tokens trained, all steps."""
         self.step_samples = self.step_tokens = 0
         """What the streaming step in progress trained so far."""
         self.training = False
 
     def metrics(self) -> dict:
         """The scheduler's view: what a streaming step trained so far (samples, their
-        sequence tokens); work_done counts tokens over every step."""
+        sequence tokens)."""
         return {"utilization": 1.0 if self.training else 0.0, "running": int(self.training), "waiting": 0,
-                "work_done": float(self.tokens_done), "samples": self.step_samples, "tokens": self.step_tokens}
+                "samples": self.step_samples, "tokens": self.step_tokens}
 
     async def start(self, dp_group: str | None = None) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
@@ -85,11 +83,9 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         batch = TrainBatch.from_wire(batch)
         self.training = True
         try:
-            result = await self.trainer.train_step(batch)
+            return await self.trainer.train_step(batch)
         finally:
             self.training = False
-        self.tokens_done += sum(len(ids) for ids in batch.input_ids)
-        return result
 
     async def train_stream(self, get: str, put: str | None = None, *, with_ref: bool = False) -> dict:
         """Collective at its end. Chunks of scored groups (each sample with its
@@ -105,10 +101,8 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
                 await self.trainer.accumulate(batch)
                 busy.add(begun, loop.time())
                 trained.add(chunk, digests=self.trainer.needs_token_ids)
-                tokens = sum(len(ids) for ids in batch.input_ids)
-                self.tokens_done += tokens
                 self.step_samples += len(batch)
-                self.step_tokens += tokens
+                self.step_tokens += sum(len(ids) for ids in batch.input_ids)
             begun = loop.time()
             metrics = await self.trainer.apply()
             busy.add(begun, loop.time())

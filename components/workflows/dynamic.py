@@ -39,7 +39,6 @@ from dynarl.core.scheduler.log import device_stats
 from dynarl.core.scheduler.manager import ComponentSpec
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.view import StepWork
-from dynarl.core.worker_group import WorkerGroup
 from dynarl.transport.errors import DynarlError
 
 if TYPE_CHECKING:
@@ -116,7 +115,8 @@ class DynamicScheduling:
         live.park(self.mover.parked)
         live.rollout_lock = not self.mover.parked
         log = self.scheduler.log
-        self._marks = {"decisions": len(log.decisions), "migrations": len(log.migrations), "counts": len(log.counts)}
+        self._marks = {"decisions": len(log.decisions), "migrations": len(log.migrations), "counts": len(log.counts),
+                       "failures": len(log.failures)}
         self._begun = asyncio.get_running_loop().time()
 
     def start(self, live: LiveStep, label: str) -> None:
@@ -162,13 +162,12 @@ class DynamicScheduling:
         if failure is not None and raise_failure:
             raise failure
 
-    async def rollout_done(self) -> WorkerGroup:
+    async def rollout_done(self) -> None:
         """Generation is over (a barrier step): one more decision where the train step has
-        not begun (engines idle through the tail's end give their devices now). Returns
-        the trainer group to train on (a P2P move replaced it)."""
+        not begun (engines idle through the tail's end give their devices now; a P2P
+        move hands the workflow its new trainer group)."""
         await self.stop()
         await self.scheduler.tick(self.state)
-        return self.scheduler.group("trainer")
 
     async def end(self, label: str, *, rollout_end: float, train_end: float, measured: dict[str, Any],
                   last: bool = False) -> dict[str, Any]:
@@ -177,9 +176,8 @@ class DynamicScheduling:
         step's scheduling metrics. `measured`: the step's rollout and inference stats
         and the trainer's (devices, tokens/s)."""
         await self.stop()
-        failures = len(self.scheduler.log.failures)
         await self.mover.restore(lend=not last)
-        for text in self.scheduler.log.failures[failures:]:
+        for text in self.scheduler.log.failures[self._marks["failures"]:]:  # the step's moves rolled back
             self.wf.progress.note(f"scheduler: {text}")
         metrics = self._scheduling_metrics(train_end, rollout_end, label)
         self._learn(measured)

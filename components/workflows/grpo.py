@@ -140,17 +140,8 @@ class GRPO:
         inference = live.joined("inference", stage(
             self.ctl, self.g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
             gate=live.gates.get("inference"), clock=self.clock, label=label, version=step))
-        try:
-            if sched is not None:
-                sched.start(live, label)
-            (scored, first_chunk), rollout_stats, reward_stats, inference_stats = await gather_or_cancel(
-                [self.collect(len(groups)), rollout, reward, inference])
-            if sched is not None:
-                self.g.trainer = await sched.rollout_done()
-        except BaseException:
-            if sched is not None:
-                await sched.stop(raise_failure=False)
-            raise
+        (scored, first_chunk), rollout_stats, reward_stats, inference_stats = await self._run_stages(
+            live, label, [self.collect(len(groups)), rollout, reward, inference])
         live.later.clear()
         rollout_end = self.clock.last_end("rollout")
         pipeline = {"first_chunk_s": first_chunk - begun, "rollout_end_s": rollout_end - begun}
@@ -211,15 +202,8 @@ class GRPO:
         trainer = live.joined("trainer", stage(
             self.ctl, g.trainer, "train_stream", get="experience", after=inference, gate=live.gates.get("trainer"),
             clock=self.clock, label=label, with_ref=self.cfg.with_ref))
-        try:
-            if sched is not None:
-                sched.start(live, label)
-            rollout_stats, reward_stats, inference_stats, trainer_stats = await gather_or_cancel(
-                [rollout, reward, inference, trainer])
-        except BaseException:
-            if sched is not None:
-                await sched.stop(raise_failure=False)
-            raise
+        rollout_stats, reward_stats, inference_stats, trainer_stats = await self._run_stages(
+            live, label, [rollout, reward, inference, trainer])
         ids = [s.id for group in groups for s in group.samples]
         trained = experience.Trained.merge(trainer_stats)
         self.check_trained(step, ids, trained)
@@ -235,6 +219,23 @@ class GRPO:
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
+
+    async def _run_stages(self, live: LiveStep, label: str, stages: list[Any]) -> list[Any]:
+        """The step's stages to their end, the scheduler ticking beside them (policy
+        dynarl; before a barrier trainer's turn it decides once more); a failure stops
+        the scheduler and is raised."""
+        sched = self.scheduling
+        try:
+            if sched is not None:
+                sched.start(live, label)
+            results = await gather_or_cancel(stages)
+            if sched is not None and live.later:
+                await sched.rollout_done()
+            return results
+        except BaseException:
+            if sched is not None:
+                await sched.stop(raise_failure=False)
+            raise
 
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only

@@ -5,7 +5,7 @@ import time
 from typing import Any, Sequence
 
 from dynarl.components.experience import Trained
-from dynarl.core.scheduler.loop import DeviceCounts, device_stats
+from dynarl.core.scheduler.log import DeviceCounts, device_stats
 
 STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Protocol, Sequence
 
 from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
 from dynarl.core.migration.standby import StandbyPool
+from dynarl.core.migration.tail_tp import widen
 from dynarl.core.migration.workload import workload_migrate
-
 from dynarl.core.scheduler.log import DeviceCounts, Migration, SchedulerLog
 
 if TYPE_CHECKING:
@@ -152,7 +152,9 @@ class Mover:
 
     def record(self, kind: str, component: str, devices: list[int], begun: float,
                seconds: float | None = None) -> None:
-        seconds = self.now() - begun if seconds is None else seconds
+        """A move in the log: started at loop time `begun`; its cost in emulated seconds
+        (`seconds`, as charged, or the time since `begun` over the time scale)."""
+        seconds = (self.now() - begun) / self.time_scale if seconds is None else seconds
         self.log.migrations.append(Migration(kind, component, list(devices), begun, seconds))
         manager = self.managers.get(component)
         if manager is not None:
@@ -199,7 +201,6 @@ class Mover:
                 credit = self.credit.pop(receiver, 0)
                 await self._move(donor, receiver, devices - credit, live)
                 if self.tail_tp:
-                    from dynarl.core.migration.tail_tp import widen
                     try:
                         await widen(self, live)
                     except MigrationFailed as exc:  # rolled back: the engines go on at the base TP

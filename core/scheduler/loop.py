@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from dynarl.core.migration.p2p import MigrationFailed
-from dynarl.core.scheduler.log import DecisionRecord, DeviceCounts, Migration, SchedulerLog, device_stats  # noqa: F401
+from dynarl.core.scheduler.log import DecisionRecord, SchedulerLog
 from dynarl.core.scheduler.manager import ComponentSpec, Manager
 from dynarl.core.scheduler.policy import ClusterView, ComponentView, DynarlConfig, Plan, decide_dynarl
 from dynarl.core.scheduler.predictor import Predictor

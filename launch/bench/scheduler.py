@@ -52,12 +52,12 @@ def decision_times(devices: int, count: int, seed: int) -> list[float]:
 async def reshard_bandwidth(model: str) -> dict:
     """The trainer's own ranks (components/trainer/worker.py) reshard DP 2 -> 1 by P2P,
     beside the same bytes by plain send/recv between probe workers (the floor)."""
+    from dynarl.components.model.spec import ModelSpec
+    from dynarl.components.probe import ProbeWorker
     from dynarl.components.trainer.base import TrainerConfig
     from dynarl.components.trainer.worker import TrainerWorker
-    from dynarl.components.probe import ProbeWorker
     config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=3))
-    init = {"model": {"name": model}, "engine": TrainerConfig().to_wire(), "warmup_lr": 1e-3,
-            "bucket_bytes": 1 << 20}
+    init = {"model": ModelSpec(name=model), "engine": TrainerConfig(), "warmup_lr": 1e-3, "bucket_bytes": 1 << 20}
     async with Controller(config) as ctl:
         old = await ctl.spawn(TrainerWorker, name="trainer", devices=[0, 1], init=init)
         await ctl.process_group("trainer_dp", [old])

@@ -33,7 +33,7 @@ from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
-from dynarl.core.scheduler.loop import DeviceCounts
+from dynarl.core.scheduler.log import DeviceCounts
 
 from .records import IterationRecord, PolicyRun, timed
 from .scenario import Scenario, for_policy, train_config
