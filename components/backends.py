@@ -62,17 +62,9 @@ def check_wired(*, rollout_backend: str, trainer_backend: str, scheduler_policy:
     for path, backend in (("rollout.backend", rollout_backend), ("trainer.backend", trainer_backend)):
         if backend == "emulated":
             raise ConfigError(path, "'emulated' engines run in the simulator (dynarl sim), not in dynarl train")
-    if scheduler_policy == "dynarl":
-        # the scheduler's migrations read engine internals the new backends do not share
-        if trainer_backend == "megatron":
-            raise ConfigError("scheduler.policy", "'dynarl' reshards the native trainer's ZeRO-1 state; with "
-                                                  "trainer.backend=megatron use 'static'")
-        if rollout_backend == "sglang":
-            raise ConfigError("scheduler.policy", "'dynarl' migrates requests between native engines; with "
-                                                  "rollout.backend=sglang use 'static'")
-    if workflow == "agentic" and rollout_backend == "sglang":
-        raise ConfigError("rollout.backend", "the agentic workflow reads the native engine's running requests; "
-                                             "use 'native'")
+    if scheduler_policy == "dynarl" and trainer_backend == "megatron":
+        raise ConfigError("scheduler.policy", "'dynarl' reshards the native trainer's ZeRO-1 state; with "
+                                              "trainer.backend=megatron use 'static'")
     if rollout_backend == "sglang" and device_kind == "cpu":
         raise ConfigError("rollout.backend", "'sglang' runs on CUDA devices only (runtime.cluster.device_kind "
                                              "is 'cpu'); use 'native'")

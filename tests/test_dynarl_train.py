@@ -27,6 +27,7 @@ from dynarl.components.workflows.ledger import read_entries
 from dynarl.launch.train import prepare
 from dynarl.transport.errors import ConfigError
 from dynarl.components.workflows.config import load_config
+from fakes.sglang_harness import fake_sglang, sglang_workers  # noqa: F401  (fixtures)
 from grpo_tiny import overrides
 
 STEPS = 2
@@ -199,22 +200,26 @@ GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
 
 
-async def _two_engines(ctl, cls=RolloutWorker):
-    """Two tiny native rollout engines on devices 0 and 1, admitting prompts."""
+async def _two_engines(ctl, cls=RolloutWorker, backend="native"):
+    """Two tiny rollout engines on devices 0 and 1, admitting prompts: native, or
+    SGLang's adapter over the fake engine (the `sglang_workers` fixture)."""
     from dynarl.components.model.spec import ModelSpec
     from dynarl.components.rollout.native.engine import NativeEngineConfig
+    from dynarl.components.rollout.sglang.config import SGLangConfig
     init = {"model": ModelSpec(name="tiny-0.5m"), "engine": NativeEngineConfig(num_blocks=512, max_num_seqs=256),
             "bucket_bytes": 1 << 20}
+    if backend == "sglang":
+        init.update(backend="sglang", backend_config=SGLangConfig(model_path="fake", abort_retry_s=0.01))
     group = await ctl.spawn(cls, name="rollout", devices=[0, 1], init=init)
     await group.call("begin_step")
     return group
 
 
-async def _generate(migrate: bool, refuse: bool = False):
+async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"):
     """`refuse`: the kept rank refuses the import, so the migration rolls back."""
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
-        group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker)
+        group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker, backend)
         for i in range(GROUPS):
             await ctl.channel("prompts").put(PromptGroup(i, f"p{i}", "", [1, 2 + i, 3],
                                                          [Sample(f"p{i}/{k}", 100 * i + k) for k in range(SAMPLES)]))
@@ -248,9 +253,23 @@ async def _generate(migrate: bool, refuse: bool = False):
         return out, sorted(emitted), stats, moved
 
 
-async def test_released_rollout_rank_hands_whole_groups_over_mid_generation():
-    reference, emitted, stats, _ = await _generate(migrate=False)
-    migrated, emitted_m, stats_m, moved = await _generate(migrate=True)
+# sglang: the adapter over tests/fakes' engine (sglang 0.5.23's signatures, its pause
+# and abort rules); tokens are a function of the sequence there, so a continued request
+# matches an uninterrupted one as on the native engine.
+
+
+@pytest.fixture
+def backend_of(request):
+    """The backend parameter, with the SGLang fake installed for 'sglang'."""
+    if request.param == "sglang":
+        request.getfixturevalue("sglang_workers")
+    return request.param
+
+
+@pytest.mark.parametrize("backend_of", ["native", "sglang"], indirect=True)
+async def test_released_rollout_rank_hands_whole_groups_over_mid_generation(backend_of):
+    reference, emitted, stats, _ = await _generate(migrate=False, backend=backend_of)
+    migrated, emitted_m, stats_m, moved = await _generate(migrate=True, backend=backend_of)
     assert moved >= 1  # groups with samples still decoding went to the kept rank
     assert emitted == emitted_m == list(range(GROUPS))  # every group downstream exactly once
     assert migrated == reference  # continued from the exported state: the same tokens
@@ -260,14 +279,57 @@ async def test_released_rollout_rank_hands_whole_groups_over_mid_generation():
     assert sum(s["groups_exported"] for s in stats_m) == sum(s["groups_imported"] for s in stats_m) == moved
 
 
-async def test_a_rolled_back_migration_gives_the_real_workers_groups_back():
+@pytest.mark.parametrize("backend_of", ["native", "sglang"], indirect=True)
+async def test_a_rolled_back_migration_gives_the_real_workers_groups_back(backend_of):
     """The released rank stays open after its export until the migration commits, so
     when the kept rank refuses the import its groups go back to it and finish there."""
-    reference, emitted, _, _ = await _generate(migrate=False)
-    rolled_back, emitted_r, stats_r, _ = await _generate(migrate=True, refuse=True)
+    reference, emitted, _, _ = await _generate(migrate=False, backend=backend_of)
+    rolled_back, emitted_r, stats_r, _ = await _generate(migrate=True, refuse=True, backend=backend_of)
     assert emitted == emitted_r == list(range(GROUPS))  # every group downstream exactly once
     assert rolled_back == reference
     assert sum(s["tokens"] for s in stats_r) == GROUPS * SAMPLES * NEW_TOKENS
+
+
+async def test_an_sglang_export_that_fails_midway_rolls_back_and_loses_nothing(sglang_workers):
+    """Released engine 0's abort-all reaches one request, then fails: the request SGLang
+    already aborted goes back into that engine with its tokens so far, the migration
+    rolls back, and every group reaches downstream once with an uninterrupted run's tokens."""
+    from fakes.sglang_harness import broken_abort
+    reference, emitted, _, _ = await _generate(migrate=False, backend="sglang")
+    broken_abort.add(len(sglang_workers))  # the next run's engine at device 0: the one released
+    rolled_back, emitted_r, stats_r, _ = await _generate(migrate=True, refuse=True, backend="sglang")
+    assert emitted == emitted_r == list(range(GROUPS))
+    assert rolled_back == reference
+    assert sum(s["groups_exported"] for s in stats_r) == 0
+
+
+async def test_a_released_sglang_engine_frees_its_kv_until_it_rejoins(sglang_workers):
+    """The trainer that gets a released engine's device needs its memory: the parked
+    SGLang engine has released its KV cache and CUDA graphs (its weights stay, as under
+    device_lock), and takes them back, then resumes, when it rejoins the rollout; a
+    rolled-back release keeps its memory."""
+    from dynarl.core.migration.standby import StandbyPool
+    config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
+    async with dynarl.Controller(config) as ctl:
+        group = await _two_engines(ctl, backend="sglang")
+        tm = {h.spec.devices[0]: sglang_workers[i] for i, h in enumerate(group.handles)}
+        pool = StandbyPool(ctl, RolloutWorker, "rollout", dict(group.handles[0].spec.init_kwargs))
+        await ctl.channel("prompts").put(END)
+        await ctl.channel("prompts").put(END)
+        await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1, sampling=SAMPLING)
+        assert tm[0].released == tm[1].released == set()
+        result = await workload_migrate(ctl, group, [0], park=pool)
+        assert result.freed_devices == [0] and group.devices == [1]
+        assert tm[0].released == {"kv_cache", "cuda_graph"} and tm[1].released == set()
+        pool.join(group, [0])
+        await group.call("workload_resume", ranks=[group.devices.index(0)])
+        assert tm[0].released == set() and not tm[0].is_pause
+        await group.call("begin_step")
+        await ctl.channel("prompts").put(PromptGroup(0, "p0", "", [1, 2, 3], [Sample("p0/0", 1)]))
+        for _ in range(2):
+            await ctl.channel("prompts").put(END)
+        stats = await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1, sampling=SAMPLING)
+        assert sum(s["groups"] for s in stats) == 1  # the rejoined engine serves again
 
 
 async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does():

@@ -37,16 +37,22 @@ class RolloutWorker(dynarl.Worker):
         self.weights_template = weights_template(self.engine, model)  # weight_sync plans buckets from it
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
+        self.frees_released = backend != "emulated"
+        """A rank a Workload migration releases frees its KV memory for the component that
+        gets its devices (emulated devices: MoveCosts charges that, core/migration/mover.py)."""
         self.run: _Generation | None = None
         """The step's generation while `generate` runs (the scheduler's view and moves)."""
         self.admitting = False
         """Between `begin_step` and this rank taking its END: it may still get prompts."""
         self.tokens_done = 0
         """Tokens of finished requests, all steps (work_done adds those decoded so far)."""
+        self.freed = False
+        """The engine's KV memory is released: by device_lock (offload) or because the rank
+        was released by a Workload migration (its devices go to another component)."""
 
     async def setup(self) -> None:
         if self.shares_device:
-            await self.engine.release_memory()  # starts off the device; onload brings the cache
+            await self._free()  # starts off the device; onload brings the cache
 
     async def teardown(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)  # sglang: its scheduler processes
@@ -55,11 +61,21 @@ class RolloutWorker(dynarl.Worker):
 
     async def onload(self) -> None:
         if self.shares_device:
-            await self.engine.resume_memory()
+            await self._take_back()
 
     async def offload(self) -> None:
         if self.shares_device:
+            await self._free()
+
+    async def _free(self) -> None:
+        if not self.freed:
             await self.engine.release_memory()
+            self.freed = True
+
+    async def _take_back(self) -> None:
+        if self.freed:
+            await self.engine.resume_memory()
+            self.freed = False
 
     def weight_version(self) -> int:
         """The policy version this rank's engine holds (-1: none yet)."""
@@ -121,13 +137,15 @@ class RolloutWorker(dynarl.Worker):
 
     async def workload_commit(self) -> None:
         """The kept ranks have the exported work: this rank's generate() emits what it
-        finished and returns; waits for that, so its counters are in before it stops."""
+        finished and returns (waited for, so its counters are in before it stops); then
+        its engine frees its KV memory, as the devices go to another component."""
         run = self.run
-        if run is None or not run.handed_off:
-            return
-        run.hold = False
-        run.arrived.set()
-        await run.finished.wait()
+        if run is not None and run.handed_off:
+            run.hold = False
+            run.arrived.set()
+            await run.finished.wait()
+        if self.frees_released:
+            await self._free()
 
     async def workload_load(self) -> float:
         """In the unit of the exported items' weights: the tokens the held requests made
@@ -152,7 +170,8 @@ class RolloutWorker(dynarl.Worker):
     async def workload_resume(self) -> None:
         if self.run is not None:
             await self.run.resume()
-        else:  # a released rank rejoining its group (standby): its engine was left paused
+        else:  # a released rank rejoining its group (standby): its engine was left paused, freed
+            await self._take_back()
             await self.engine.resume()
 
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int, sampling: dict[str, Any]) -> dict:

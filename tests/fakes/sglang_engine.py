@@ -57,8 +57,11 @@ class FakeTokenizerManagerOld:
     """sglang before weight-update sessions (no begin/end_weight_update)."""
 
     def __init__(self, *, max_total_num_tokens: int = 256, tp_size: int = 1, force_stream_interval: int = 50,
-                 enable_priority_scheduling: bool = False, decode: Callable[[Any], list] | None = None) -> None:
+                 enable_priority_scheduling: bool = False, decode: Callable[[Any], list] | None = None,
+                 tick_s: float = 0.0) -> None:
         self.max_total_num_tokens, self.tp_size = max_total_num_tokens, tp_size
+        self.tick_s = tick_s
+        """Seconds per decode step (0: as fast as the loop turns)."""
         self.force_stream_interval = force_stream_interval  # SGLANG_FORCE_STREAM_INTERVAL
         self.enable_priority_scheduling = enable_priority_scheduling
         self.decode = decode
@@ -118,7 +121,7 @@ class FakeTokenizerManagerOld:
             await self._wake.wait()
             if not self._tick():
                 self._wake.clear()
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.tick_s)
 
     def _used(self) -> int:
         return sum(len(r.input_ids) + len(r.output_ids) for r in self.running)

@@ -79,3 +79,43 @@ def expected(prompt, max_new, stop=()):
 async def ticks(n=5):
     for _ in range(n):
         await asyncio.sleep(0)
+
+
+
+@pytest.fixture
+def sglang_workers(fake_sglang, monkeypatch):
+    """Rollout workers built with rollout.backend=sglang get the fake: SGLangRolloutEngine.start
+    wraps a FakeEngine made from the server args, with an in-memory Payloads in place of
+    SGLang's IPC serializer, a KV of 256 tokens and 2 ms decode steps (so a migration can
+    meet requests mid-generation). For workers of the inproc launcher (this process).
+    Yields the fake TokenizerManagers made, in order."""
+    made, payloads = [], Payloads()
+
+    def start(cls, config, weight_version=0):
+        kwargs = config.engine_kwargs()
+        tm = (BrokenAbortTokenizerManager if len(made) in broken_abort else FakeTokenizerManager)(max_total_num_tokens=256, decode=payloads.decode, tp_size=kwargs["tp_size"],
+                                  enable_priority_scheduling=kwargs["enable_priority_scheduling"], tick_s=0.002)
+        made.append(tm)
+        return cls(FakeEngine(tm), config, weight_version, encode_bucket=payloads.encode)
+
+    monkeypatch.setattr(SGLangRolloutEngine, "start", classmethod(start))
+    yield made
+    broken_abort.clear()
+
+
+broken_abort: set[int] = set()
+"""Engines (by the order `sglang_workers` makes them) whose abort-all fails midway."""
+
+
+class BrokenAbortTokenizerManager(FakeTokenizerManager):
+    """Its scheduler takes an abort-all for one request, then the call fails (a
+    migration that fails mid-export)."""
+
+    def abort_request(self, rid: str = "", abort_all: bool = False):
+        if not abort_all:
+            return super().abort_request(rid, abort_all)
+        first = (self.running or self.waiting)[:1]
+        for req in first:
+            self._finish(req, {"type": "abort", "message": "Abort request", "status_code": 499, "err_type": None},
+                         visible=req.sent if req in self.waiting else None)
+        raise ConnectionError("scheduler unreachable (fault injection)")

@@ -254,10 +254,33 @@ class SGLangRolloutEngine:
                 elif entry.request.request_id not in self._watched:
                     self._finished.append(result)
             return exported
+        except BaseException:
+            # Some may be aborted already (SGLang answers now or later): each goes back in
+            # with its tokens so far once its result is in, one that finished is a result of
+            # step(); until then it stays claimed, so no abort result reaches step().
+            kept = [e for e in entries if e.request.request_id not in self._watched]
+            for entry in kept:
+                futures[entry.request.request_id].add_done_callback(functools.partial(self._take_back, entry))
+            ids = [rid for rid in ids if rid in self._watched]
+            raise
         finally:
             self._claimed.difference_update(ids)
             self._exporting = False
             self._update_gate()
+
+    def _take_back(self, entry: Entry, future: asyncio.Future) -> None:
+        """After a failed export: `entry`'s result is in; an abort continues here."""
+        self._claimed.discard(entry.request.request_id)
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            self._errors.append(future.exception())
+        elif (result := future.result()).finish_reason == "abort":
+            self._add(Entry(entry.request, self._rids.next(), list(result.output_token_ids),
+                            list(result.output_logprobs)))
+        else:
+            self._finished.append(result)
+        self._progress.set()
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:
         """named_tensors: (HF name, tensor) pairs or a mapping, any subset of the model;
