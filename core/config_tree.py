@@ -55,11 +55,14 @@ def to_dict(obj: Any) -> Any:
 
 
 def apply_override(data: dict, dotted: str, value: Any) -> None:
-    """Sets `a.b.c=value` inside nested mapping `data`."""
+    """Sets `a.b.c=value` inside nested mapping `data`; an optional section left unset
+    (None, e.g. rollout.sglang) starts empty."""
     keys = dotted.split(".")
     node = data
     for key in keys[:-1]:
-        nxt = node.setdefault(key, {})
+        if node.get(key) is None:
+            node[key] = {}
+        nxt = node[key]
         if not isinstance(nxt, dict):
             raise ConfigError(dotted, f"{key} is not a section")
         node = nxt
