@@ -319,3 +319,6 @@ class TrainerEngine(Protocol):
         """Collective. Works across world sizes (re-slices the shards)."""
     async def onload(self) -> None: ...
     async def offload(self) -> None: ...
+    async def close(self) -> None:
+        """Let go of what the engine holds in the process beyond its tensors (megatron:
+        its parallel state), so a later engine there may take another layout."""

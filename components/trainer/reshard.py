@@ -12,6 +12,12 @@ state to a new set of ranks:
 All transfers are posted at once (isend/irecv), so no ordering can deadlock.
 With a standby pool, old ranks `reshard_retire` after the switch: they drop their
 state and wait, parked, to be adopted by a later migration (`start` rebuilds).
+
+A model-parallel trainer (megatron) holds boxes of global tensors, not one flat
+range (megatron/layout.py ShardedLayout): its layout is "boxes", and each rank
+plans its own part of the copies from both layouts (layout.plan_copies, pure and
+the same on every rank), `reshard_send_boxes` / `reshard_recv_boxes`, for the
+weights and every optimizer moment (same geometry), across changes of DP and TP.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from dynarl.components.trainer.base import STATE_NAMES
+from dynarl.components.trainer.megatron.layout import ShardedLayout, plan_copies
 from dynarl.core.reshard_plan import LayoutError, Shard, check_tiling
 
 Transfer = list
@@ -34,10 +41,70 @@ class ReshardableTrainer:
     _received: dict[str, torch.Tensor] | None = None
 
     async def reshard_layout(self) -> dict:
-        """What the planner needs: the flat extent and this rank's range per state."""
-        layout = self.trainer.layout()
+        """What the planner needs: the flat extent and this rank's range per state; or
+        for a model-parallel trainer (collective over its world) the boxes layout and
+        the state kinds it carries."""
+        layout = await asyncio.to_thread(self.trainer.layout)
+        if isinstance(layout, ShardedLayout):
+            kinds = sorted({k.split("/", 1)[0] for k in self.trainer.export_state_shard() if "/" in k})
+            return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(), "kinds": kinds}
         return {"total_numel": layout.total_numel,
                 "ranges": {s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES}}
+
+    async def reshard_send_boxes(self, group: str, old: dict, new: dict, offset: int) -> int:
+        """An old rank sends every box the plan reads from it (each state kind), to new
+        rank r at rank offset + r of the transfer group. Returns the elements sent."""
+        me, kinds, pg = self.trainer.rank, old["kinds"], self.process_group(group)
+        copies = plan_copies(ShardedLayout.from_wire(old["layout"]), ShardedLayout.from_wire(new["layout"]))
+        state = self.trainer.export_state_shard()
+
+        def run() -> int:
+            works, sent = [], 0
+            for i, c in enumerate(copies):
+                if c.src_rank != me:
+                    continue
+                for j, kind in enumerate(kinds):
+                    piece = state[f"{kind}/{c.src_param}"][_slices(c.src_box)].contiguous()
+                    works.append(dist.isend(piece, group_dst=offset + c.dst_rank, group=pg,
+                                            tag=i * len(kinds) + j))
+                    sent += piece.numel()
+            for w in works:
+                w.wait()
+            return sent
+        return await asyncio.to_thread(run)
+
+    async def reshard_recv_boxes(self, group: str, old: dict, new: dict) -> int:
+        """A new rank receives every box of its own tensors (replicas too), checking that
+        each element of each arrives exactly once. Returns the elements received."""
+        me, kinds, pg = self.trainer.rank, old["kinds"], self.process_group(group)
+        copies = [(i, c) for i, c in enumerate(plan_copies(ShardedLayout.from_wire(old["layout"]),
+                                                            ShardedLayout.from_wire(new["layout"])))
+                  if c.dst_rank == me]
+        own = self.trainer.export_state_shard()
+        buffers = {f"{k}/{name}": torch.empty_like(own[f"{k}/{name}"]) for k in kinds
+                   for name in {c.dst_param for _, c in copies}}
+        for key, t in buffers.items():  # every element exactly once: checked before any byte moves
+            covered = sum(c.numel for _, c in copies if key.endswith("/" + c.dst_param))
+            if covered != t.numel():
+                raise RuntimeError(f"reshard plan covers {covered} of {t.numel()} elements of {key}")
+        missing = [k for k in own if "/" in k and k not in buffers]
+        if missing:
+            raise RuntimeError(f"reshard plan leaves {missing[:3]} of this rank unfilled")
+
+        def run() -> int:
+            posted = []
+            for i, c in copies:
+                for j, kind in enumerate(kinds):
+                    dst = buffers[f"{kind}/{c.dst_param}"][_slices(c.dst_box)]
+                    tmp = torch.empty(dst.shape, dtype=dst.dtype)
+                    posted.append((dist.irecv(tmp, group_src=c.src_rank, group=pg, tag=i * len(kinds) + j), tmp, dst))
+            for work, tmp, dst in posted:
+                work.wait()
+                dst.copy_(tmp)
+            return sum(tmp.numel() for _, tmp, _ in posted)
+        received = await asyncio.to_thread(run)
+        self._received = buffers
+        return received
 
     async def reshard_send(self, group: str, transfers: list[Transfer]) -> int:
         """Sends this old rank's slices. Returns the elements sent."""
@@ -100,20 +167,37 @@ class ReshardableTrainer:
 
     async def reshard_retire(self) -> None:
         """After the switch: this old rank's state now lives on the new ranks; drop it."""
+        if self.trainer is not None:
+            await self.trainer.close()
         self.trainer = None
         self._received = None
 
     async def state_digest(self) -> dict:
-        """Per state: this rank's range and a float64 sum of it (a cheap confirmation)."""
+        """Per state: this rank's range and a float64 sum of it (a cheap confirmation);
+        boxes: the elements it holds as the one copy of (replica 0) and their sums."""
         state = self.trainer.export_state_shard()
+        layout = self.trainer.layout()
+        if isinstance(layout, ShardedLayout):
+            mine = [p for p in layout.pieces[self.trainer.rank] if p.replica == 0]
+            return {"owned": sum(p.numel for p in mine), "step": self.trainer.global_step,
+                    "sums": {k: sum(float(v.double().sum()) for n, v in state.items() if n.startswith(k + "/"))
+                             for k in sorted({n.split("/", 1)[0] for n in state if "/" in n})}}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 "sums": {k: float(state[k].double().sum()) for k in STATE_NAMES}}
 
     async def full_state(self) -> dict:
-        """Rank's state ranges and weights as tensors (tests compare them bitwise)."""
+        """Rank's state ranges and weights as tensors (tests compare them bitwise); boxes:
+        its whole state shard by key."""
         state = self.trainer.export_state_shard()
+        if isinstance(self.trainer.layout(), ShardedLayout):
+            return {"step": self.trainer.global_step,
+                    "state": {k: v.clone() for k, v in state.items() if k != "step"}}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 **{k: state[k].clone() for k in STATE_NAMES},
                 "params": {n: p.detach().clone() for n, p in self.trainer.engine.model.named_parameters()}}
+
+
+def _slices(box: Any) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi) for lo, hi in box)

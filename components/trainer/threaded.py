@@ -73,6 +73,13 @@ class ThreadedTrainer:
     async def load_checkpoint(self, path: str) -> None:
         await asyncio.to_thread(self.engine.load_checkpoint, path)
 
+    async def close(self) -> None:
+        """Release what the engine holds in this process beyond its tensors (megatron's
+        parallel state and default group)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
+
     async def onload(self) -> None:
         self.engine.onload()
 

@@ -64,10 +64,17 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         return {"utilization": 1.0 if self.training else 0.0, "running": int(self.training), "waiting": 0,
                 "samples": self.step_samples, "tokens": self.step_tokens}
 
-    async def start(self, dp_group: str | None = None) -> int:
-        """Collective over `dp_group` (replicas start from rank 0's weights). Returns the parameter count."""
+    async def start(self, dp_group: str | None = None, tensor_parallel_size: int | None = None) -> int:
+        """Collective over `dp_group` (replicas start from rank 0's weights). Returns the
+        parameter count. `tensor_parallel_size`: a megatron trainer's TP for this start
+        (a P2P reshard to another layout), else the configured one."""
         group = self.process_group(dp_group) if dp_group else None
-        self.trainer = await make_trainer(self.backend, self.model, self.config, self.backend_config, group)
+        backend_config = self.backend_config
+        if tensor_parallel_size is not None:
+            if self.backend != "megatron":
+                raise ValueError(f"tensor_parallel_size: the {self.backend} trainer has no tensor parallelism")
+            backend_config = dataclasses.replace(backend_config, tensor_parallel_size=tensor_parallel_size)
+        self.trainer = await make_trainer(self.backend, self.model, self.config, backend_config, group)
         return self.model.config().num_parameters if self.backend != "emulated" else 0
 
     async def onload(self) -> None:

@@ -18,8 +18,11 @@ are stopped either way.
 
 The trainer workers implement the reshard protocol (components/trainer/reshard.py):
 reshard_layout, reshard_send, reshard_recv, reshard_install, state_digest, and
-start(dp_group) to build a fresh trainer in the new group; with a standby pool
-also reshard_retire() to drop an old rank's state before it is parked.
+start(dp_group, **start) to build a fresh trainer in the new group; with a standby
+pool also reshard_retire() to drop an old rank's state before it is parked. A
+layout of kind "boxes" (a model-parallel trainer: TP x DP) is planned by the ranks
+themselves from both layouts (reshard_send_boxes / reshard_recv_boxes); `start`
+then may carry the new layout's own settings (e.g. tensor_parallel_size).
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ class P2PResult:
     dp_group: str | None
     elements_moved: int
     transfers: int
+    """Point-to-point messages planned (-1: the ranks planned their own, boxes)."""
     seconds: float
     phases: dict[str, float]
     """Seconds per phase: create, plan, transfer, install, destroy."""
@@ -58,7 +62,7 @@ class P2PResult:
 
 async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], init: dict[str, Any], *,
                       dp_group_prefix: str = "trainer_dp", timeout_s: float = 120.0,
-                      standby: StandbyPool | None = None) -> P2PResult:
+                      standby: StandbyPool | None = None, start: dict[str, Any] | None = None) -> P2PResult:
     loop = asyncio.get_running_loop()
     started = loop.time()
     gen = next(_generations)
@@ -68,8 +72,7 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
     layouts = await old.call("reshard_layout")
     digests = await old.call("state_digest")
     total = layouts[0]["total_numel"]
-    old_shards = flat_layout({k: [r["ranges"][k][i] for i, r in enumerate(layouts)]
-                              for k in layouts[0]["ranges"]})
+    boxes = layouts[0].get("kind") == "boxes"
     new: WorkerGroup | None = None
     phases: dict[str, float] = {}
     mark = loop.time()
@@ -88,22 +91,26 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
                 new = await ctl.spawn(old.cls, name=name, devices=devices, init=init)
             if new_dp is not None:
                 await ctl.process_group(new_dp, [new])
-            await new.call("start", new_dp)
+            await new.call("start", new_dp, **(start or {}))
             phase("create")
             new_layouts = await new.call("reshard_layout")
-            new_shards = flat_layout({k: [r["ranges"][k][i] for i, r in enumerate(new_layouts)]
-                                      for k in new_layouts[0]["ranges"]})
-            extents = {k: (total,) for k in layouts[0]["ranges"]}
-            plan = plan_reshard(old_shards, new_shards, extents)
             await ctl.process_group(transfer_group, [old, new])
-            phase("plan")
             offset = old.world_size  # new rank r is rank offset + r of the transfer group
-            wire = [[t.key, t.src, offset + t.dst, t.offset[0], t.shape[0], tag] for tag, t in enumerate(plan)]
-            sends = [[transfer_group, [w for w in wire if w[1] == r]] for r in range(old.world_size)]
-            recvs = [[transfer_group, [w for w in wire if w[2] == offset + r], *new_layouts[r]["ranges"]["master"][r]]
-                     for r in range(new.world_size)]
-            sent, received = await gather_or_cancel([old.scatter("reshard_send", sends),
-                                                     new.scatter("reshard_recv", recvs)])
+            if boxes:  # each rank plans its own copies from the two layouts
+                transfers = -1
+                calls = [old.call("reshard_send_boxes", transfer_group, layouts[0], new_layouts[0], offset),
+                         new.call("reshard_recv_boxes", transfer_group, layouts[0], new_layouts[0])]
+            else:
+                plan = _flat_plan(layouts, new_layouts, total)
+                transfers = len(plan)
+                wire = [[t.key, t.src, offset + t.dst, t.offset[0], t.shape[0], tag] for tag, t in enumerate(plan)]
+                calls = [old.scatter("reshard_send", [[transfer_group, [w for w in wire if w[1] == r]]
+                                                      for r in range(old.world_size)]),
+                         new.scatter("reshard_recv", [[transfer_group, [w for w in wire if w[2] == offset + r],
+                                                       *new_layouts[r]["ranges"]["master"][r]]
+                                                      for r in range(new.world_size)])]
+            phase("plan")
+            sent, received = await gather_or_cancel(calls)
             if sum(sent) != sum(received):
                 raise MigrationFailed(f"sent {sum(sent)} elements but received {sum(received)}")
             phase("transfer")
@@ -127,7 +134,13 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
     seconds = loop.time() - started
     ctl.tracer.complete("p2p migration", "migration", "migrations", 0, started, loop.time(),
                         {"from": old.name, "to": name, "devices": devices, "elements": sum(sent)})
-    return P2PResult(new, new_dp, sum(sent), len(plan), seconds, phases)
+    return P2PResult(new, new_dp, sum(sent), transfers, seconds, phases)
+
+
+def _flat_plan(layouts: list[dict], new_layouts: list[dict], total: int) -> list:
+    def shards(ls: list[dict]) -> Any:
+        return flat_layout({k: [r["ranges"][k][i] for i, r in enumerate(ls)] for k in ls[0]["ranges"]})
+    return plan_reshard(shards(layouts), shards(new_layouts), {k: (total,) for k in layouts[0]["ranges"]})
 
 
 def _dp_groups_of(ctl: "Controller", old: WorkerGroup, prefix: str) -> list[str]:
@@ -151,6 +164,12 @@ async def _retire(ctl: "Controller", old: WorkerGroup, groups: list[str], standb
 
 
 def _check_confirmations(confirmed: list[dict], total: int, step: int) -> None:
+    if any(c["step"] != step for c in confirmed):
+        raise MigrationFailed("a new rank installed a different optimizer step")
+    if "owned" in confirmed[0]:  # boxes: the one copies (replica 0) tile the state
+        if sum(c["owned"] for c in confirmed) != total:
+            raise MigrationFailed(f"new ranks own {sum(c['owned'] for c in confirmed)} of {total} elements")
+        return
     ranges = sorted(tuple(c["range"]) for c in confirmed)
     position = 0
     for start, end in ranges:
@@ -159,8 +178,6 @@ def _check_confirmations(confirmed: list[dict], total: int, step: int) -> None:
         position = end
     if position != total:
         raise MigrationFailed(f"new ranks cover {position} of {total} elements")
-    if any(c["step"] != step for c in confirmed):
-        raise MigrationFailed("a new rank installed a different optimizer step")
 
 
 async def _roll_back(ctl: "Controller", new: WorkerGroup | None, groups: list[str | None]) -> None:

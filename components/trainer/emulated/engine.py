@@ -228,6 +228,9 @@ class EmulatedTrainer:
         await asyncio.sleep(costmodel.ROLE_SWITCH_S / 2 * self.emulation.time_scale)
         self._onloaded = True
 
+    async def close(self) -> None:
+        """Nothing beyond its (emulated) tensors."""
+
     @property
     def is_onloaded(self) -> bool:
         return self._onloaded

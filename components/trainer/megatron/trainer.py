@@ -244,6 +244,15 @@ class MegatronTrainer:
         self.import_state_shard(tensors)
         dist.barrier()
 
+    def close(self) -> None:
+        """Leave megatron's parallel state and the default group (a retired rank: a later
+        trainer in this process, e.g. at another TP x DP, builds its own)."""
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def _checkpoint_layout(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "tensor_parallel_size": self.megatron.tensor_parallel_size,
                 "pipeline_parallel_size": self.megatron.pipeline_parallel_size, "dtype": self.megatron.dtype}

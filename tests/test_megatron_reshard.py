@@ -1,0 +1,93 @@
+NUM_GPUS = 0
+"""P2P create-before-destroy resharding of the megatron trainer (trainer.megatron.optimizer
+adamw, the one that runs on CPU) between spawned TrainerWorker processes over gloo:
+data parallel 1 -> 2 -> 1 and tensor parallel 1 -> 2 -> 1 through core/migration/p2p.py,
+each rank planning its own box copies (megatron/layout.py plan_copies) for the weights
+and both Adam moments. After the round trips the state is bitwise the unmoved one, and
+the next step is bitwise the step of a trainer that never moved. Old ranks are parked
+in a standby pool (their megatron parallel state torn down) and adopted again by the
+next move, at another layout.
+
+The workers get tests/megatron_cpu.py's CUDA shims (megatron_cpu_site on their path)."""
+import os
+import sys
+
+import pytest
+import torch
+
+import dynarl
+from dynarl import ClusterConfig, RuntimeConfig
+from dynarl.components.extras import is_available
+from dynarl.components.model.spec import ModelSpec
+from dynarl.components.trainer.worker import TrainerWorker
+from dynarl.core.migration.p2p import p2p_migrate
+from dynarl.core.migration.standby import StandbyPool
+from conftest import assert_reaped
+from test_trainer import make_batch, make_config
+
+pytestmark = pytest.mark.skipif(not is_available("megatron"),
+                                reason="megatron-core not installed: pip install 'dynarl[megatron]'")
+
+SITE = os.path.join(os.path.dirname(__file__), "megatron_cpu_site")
+
+
+@pytest.fixture
+def megatron_cpu(monkeypatch):
+    monkeypatch.setenv("DYNARL_TEST_MEGATRON_CPU", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.syspath_prepend(SITE)  # the local launcher hands the controller's path to its workers
+
+
+def _init():
+    from dynarl.components.trainer.megatron.config import MegatronConfig
+    return {"model": ModelSpec(name="tiny-0.5m"), "engine": make_config(), "warmup_lr": 1e-3,
+            "bucket_bytes": 1 << 20, "backend": "megatron",
+            "backend_config": MegatronConfig(tensor_parallel_size=1, dtype="float32", use_cpu_initialization=True,
+                                             use_distributed_optimizer=False, optimizer="adamw")}
+
+
+def _equal(a: dict, b: dict) -> list[str]:
+    """Keys whose tensors differ (bitwise)."""
+    assert a.keys() == b.keys()
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+async def test_dp_and_tp_round_trips_keep_the_state_bitwise(megatron_cpu):
+    init = _init()
+    config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))
+    async with dynarl.Controller(config) as ctl:
+        trainer = await ctl.spawn(TrainerWorker, name="trainer", devices=[0], init=init)
+        unmoved = await ctl.spawn(TrainerWorker, name="unmoved", devices=[1], init=init)
+        await trainer.call("start", None)
+        await unmoved.call("start", None)
+        for group in (trainer, unmoved):
+            await group.call("train", make_batch(31).to_wire())  # moments are not zero
+        before = (await trainer.call("full_state"))[0]
+        assert not _equal(before["state"], (await unmoved.call("full_state"))[0]["state"])
+        pool = StandbyPool(ctl, TrainerWorker, "trainer", init)
+        pids = list(trainer.pids)
+
+        dp2 = await p2p_migrate(ctl, trainer, [0, 1], init, standby=pool)  # DP 1 -> 2 (replicas)
+        for replica in await dp2.group.call("full_state"):
+            assert replica["step"] == before["step"] and not _equal(replica["state"], before["state"])
+        dp1 = await p2p_migrate(ctl, dp2.group, [0], init, standby=pool)  # back, onto the parked rank
+        assert dp1.group.pids == pids  # adopted from the pool: no process started
+        after_dp = (await dp1.group.call("full_state"))[0]
+        assert after_dp["step"] == before["step"] and not _equal(after_dp["state"], before["state"])
+
+        tp2 = await p2p_migrate(ctl, dp1.group, [0, 1], init, standby=pool, start={"tensor_parallel_size": 2})
+        slices = await tp2.group.call("full_state")
+        wide = [k for k in before["state"] if slices[0]["state"][k].shape != before["state"][k].shape]
+        assert wide  # the TP=2 ranks hold slices of the sharded weights and their moments
+        tp1 = await p2p_migrate(ctl, tp2.group, [0], init, standby=pool, start={"tensor_parallel_size": 1})
+        after_tp = (await tp1.group.call("full_state"))[0]
+        assert not _equal(after_tp["state"], before["state"])
+
+        # and the moved trainer steps as the unmoved one does
+        moved_metrics = (await tp1.group.call("train", make_batch(32).to_wire()))[0]
+        unmoved_metrics = (await unmoved.call("train", make_batch(32).to_wire()))[0]
+        assert moved_metrics == unmoved_metrics
+        assert not _equal((await tp1.group.call("full_state"))[0]["state"],
+                          (await unmoved.call("full_state"))[0]["state"])
+        every = [*tp1.group.pids, *unmoved.pids, *pool.group.pids]
+    assert_reaped(every)
