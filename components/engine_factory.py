@@ -169,8 +169,20 @@ def weights_template(engine: Any, model: ModelSpec) -> torch.nn.Module | None:
 
 def trainer_min_devices(cfg: Any) -> int:
     """Fewest devices the trainer runs on: an emulated trainer's fp32 state must fit in
-    its devices' memory (at the engines' memory fraction); a real one: 1."""
-    return emulated_trainer_min_devices(cfg.trainer.emulated) if cfg.trainer.backend == "emulated" else 1
+    its devices' memory (at the engines' memory fraction); megatron: one replica
+    (trainer_unit); native: 1."""
+    if cfg.trainer.backend == "emulated":
+        return emulated_trainer_min_devices(cfg.trainer.emulated)
+    return trainer_unit(cfg)
+
+
+def trainer_unit(cfg: Any) -> int:
+    """The trainer gains and gives devices in multiples of this: a megatron trainer's
+    tensor x pipeline parallel size (one data-parallel replica); 1 otherwise."""
+    if cfg.trainer.backend != "megatron":
+        return 1
+    m = cfg.trainer.megatron
+    return m.tensor_parallel_size * m.pipeline_parallel_size
 
 
 def emulated_trainer_min_devices(emulation: Any) -> int:

@@ -120,8 +120,9 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     async def reshard_warm(self) -> None:
         """A warm standby's one-off warm-up (core/migration/standby.py): build a trainer
         alone, take one step on a token-sized batch, drop it; so a migration that adopts
-        this rank pays neither the lazy imports nor the first step's allocations."""
-        await self.start(None)
+        this rank pays neither the lazy imports nor the first step's allocations (alone:
+        a megatron trainer at tensor parallel 1)."""
+        await self.start(None, tensor_parallel_size=1 if self.backend == "megatron" else None)
         probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], advantages=[1.0, -1.0])
         await self.trainer.train_step(probe)
         await self.reshard_retire()

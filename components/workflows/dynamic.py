@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynarl.components import engine_factory
 from dynarl.components.experience import PromptGroup
-from dynarl.components.trainer.base import TrainBatch
+from dynarl.components.trainer.base import TrainBatch, data_parts
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.rates import MeasuredRates
 from dynarl.components.workflows.stages import Span
@@ -82,7 +82,8 @@ class DynamicScheduling:
                            groups.inference)
         scheduler.register(spec("trainer", "static", "join" if streaming else "p2p",
                                 None if streaming else "reshard_warm", barrier=not streaming, stateful=True,
-                                min_devices=engine_factory.trainer_min_devices(cfg)), groups.trainer)
+                                unit=engine_factory.trainer_unit(cfg), min_devices=engine_factory.trainer_min_devices(cfg)),
+                           groups.trainer)
         mover = Mover(ctl, wf.step_ranks(wf), scheduler.managers, scheduler.log, engine_factory.move_costs(cfg),
                       lend=d.lend, tail_tp=d.tail_tp, time_scale=time_scale)
         scheduler.mover = mover
@@ -266,7 +267,8 @@ class DynamicScheduling:
         tokens = sum(len(ids) for ids in batch.input_ids)
         points = []
         every = self.cfg.scheduler.dynarl.trainer_profile == "every"
-        for extra in range(len(rollout) if every else 1):
+        unit = engine_factory.trainer_unit(self.cfg)
+        for extra in range(0, len(rollout), unit) if every else [0]:
             devices = home + rollout[:extra]
             group = pool.adopt(devices, f"trainer~profile{len(devices)}")
             dp = f"trainer_profile@{len(devices)}" if len(devices) > 1 else None
@@ -274,7 +276,7 @@ class DynamicScheduling:
                 if dp is not None:
                     await self.ctl.process_group(dp, [group])
                 await group.call("start", dp)
-                shards = [[batch.shard(r, group.world_size).to_wire()] for r in range(group.world_size)]
+                shards = [[batch.shard(*part).to_wire()] for part in data_parts(group.world_size, unit)]
                 begun = time.perf_counter()
                 await group.scatter("train", shards)
                 points.append((len(devices), tokens / (time.perf_counter() - begun)))

@@ -165,7 +165,7 @@ class GlobalScheduler:
             tokens, samples = m.processed()
             views.append(ComponentView(
                 name, "static", counts[name], stage_tokens_left(work, progress, tokens, samples) if accepting else 0.0,
-                devices_per_engine=m.spec.devices_per_engine, min_devices=m.spec.min_devices,
+                devices_per_engine=m.spec.unit or m.spec.devices_per_engine, min_devices=m.spec.min_devices,
                 interruptible=m.gate.interruptible and accepting and m.spec.strategy is not None,
                 move_cost_s=m.move_cost_s, barrier=m.spec.barrier))
         return ClusterView(now, tuple(views)), progress

@@ -83,6 +83,10 @@ class ComponentSpec:
     streaming trainer), p2p (a sharded trainer reshards onto them); None: it never
     receives. The dynamic component gives devices by Workload migration."""
     devices_per_engine: int = 1
+    """Devices one rank runs on (a rollout engine's TP)."""
+    unit: int = 0
+    """It gains and gives devices in multiples of this (0: devices_per_engine): a
+    megatron trainer's tensor-parallel size, one data-parallel replica."""
     min_devices: int = 1
     init: dict | None = None
     """Constructor arguments for ranks the component gains."""
