@@ -25,6 +25,7 @@ import zmq
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.devices import DevicePool
 from dynarl.core.device_lock import LockManager
+from dynarl.core.health import HealthLimits, State, rank_health
 from dynarl.core.hypergraph import Hypergraph
 from dynarl.core.launcher import Launcher, make_launcher
 from dynarl.core.process_groups import ProcessGroups, RuntimeProcessGroup
@@ -48,6 +49,8 @@ class Controller:
     def __init__(self, config: RuntimeConfig | None = None, *, launcher: Launcher | None = None,
                  secret: bytes | None = None) -> None:
         self.config = config or RuntimeConfig()
+        c = self.config
+        self.health_limits = HealthLimits.of(c.heartbeat_interval_s, c.heartbeat_timeout_s, c.hang_timeout_s)
         # Per-job secret: generated here, or handed in out-of-band (node agents).
         self.secret = secret or secrets.token_bytes(32)
         self.codec = Codec(self.secret, max_message_bytes=self.config.max_message_bytes)
@@ -321,8 +324,9 @@ class Controller:
         self.router.routes[identity] = on_message
 
     async def _monitor(self) -> None:
-        """Reports silent or hung workers as lost. Consumes: router.last_seen and
-        heartbeat lag. Unblocked by: cancellation at shutdown."""
+        """Reports silent or hung workers as lost (core/health.py: a rank is suspect
+        first). Consumes: router.last_seen and heartbeat lag. Unblocked by: cancellation
+        at shutdown."""
         cfg = self.config
         loop = asyncio.get_running_loop()
         while True:
@@ -332,14 +336,24 @@ class Controller:
             for h in watched:
                 if not h.alive or h.endpoint is None:
                     continue
-                seen = self.router.last_seen.get(h.spec.worker_id.encode(), now)
-                if now - seen > cfg.heartbeat_timeout_s:
+                h.silent_s = now - self.router.last_seen.get(h.spec.worker_id.encode(), now)
+                if rank_health(gone=False, silent_s=h.silent_s, loop_lag_s=h.loop_lag_s,
+                               limits=self.health_limits) != "lost":
+                    continue
+                if h.silent_s > cfg.heartbeat_timeout_s:
                     # its heartbeat thread is silent: the process is frozen (SIGSTOP, swapped
                     # out), its host or the network is gone, or a C call holds the GIL
-                    h.mark_lost(f"no heartbeat for {now - seen:.1f} s{self.where(h)} (process frozen or "
+                    h.mark_lost(f"no heartbeat for {h.silent_s:.1f} s{self.where(h)} (process frozen or "
                                 "unreachable: its host or the network to it down, or a native call holding the GIL)")
-                elif h.loop_lag_s > cfg.hang_timeout_s:
+                else:
                     h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s{self.where(h)}")
+
+    def fleet(self, weights: int | None = None) -> dict[str, State]:
+        """Every rank's health now (core/health.py), by name; `weights`: the version the
+        step needs (ranks holding an older one are stale)."""
+        return {h.name: rank_health(gone=not h.alive, silent_s=h.silent_s, loop_lag_s=h.loop_lag_s,
+                                    limits=self.health_limits, weights=h.weight_version, current=weights)
+                for group in list(self.groups.values()) for h in group.handles if not h.stopped}
 
     def where(self, handle: WorkerHandle) -> str:
         """' from node N (its address)' in a job of several nodes, else ''."""

@@ -27,6 +27,10 @@ class WorkerHandle:
         """A graceful stop is under way: an exit is expected, not a loss."""
         self.stopped = False
         self.loop_lag_s = 0.0
+        self.silent_s = 0.0
+        """Seconds since the controller last heard from it (the monitor's last look)."""
+        self.weight_version: int | None = None
+        """The policy weights it holds, where they apply (set by the workflow's sync)."""
         self.connected: asyncio.Future = asyncio.get_running_loop().create_future()
         self._tracer = tracer
 

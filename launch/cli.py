@@ -17,6 +17,7 @@ BENCHES = {
     "agentic": "dynarl.launch.bench.agentic",
     "hosts": "dynarl.launch.bench.hosts",
     "faults": "dynarl.launch.bench.faults",
+    "gpu": "dynarl.launch.bench.gpu",
 }
 
 

@@ -49,6 +49,7 @@ from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
+from dynarl.core.health import STATES
 from dynarl.core.hypergraph import GRAPH_FILE
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
@@ -165,7 +166,8 @@ class GRPO:
             last=step + 1 == self.cfg.run.steps)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, train, rollout_stats, reward_stats,
-                            self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
+                            self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics \
+            | self.fleet_metrics(step + 1)
 
     async def start_rollout(self, groups: list[PromptGroup], step: int, label: str,
                             live: LiveStep) -> tuple[asyncio.Future, asyncio.Future]:
@@ -218,7 +220,8 @@ class GRPO:
             measured={"rollout": rollout_stats, "inference": inference_stats}, last=step + 1 == self.cfg.run.steps)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, trainer_stats[0]["metrics"], rollout_stats, reward_stats,
-                            self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics
+                            self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics \
+            | self.fleet_metrics(step + 1)
 
     async def _run_stages(self, live: LiveStep, label: str, stages: list[Any]) -> list[Any]:
         """The step's stages to their end, the scheduler ticking beside them (policy
@@ -275,6 +278,15 @@ class GRPO:
                 g.trainer.call("send_weights", "weight_sync", version, ranks=self.export_ranks),
                 g.rollout.call("receive_weights", "weight_sync", version),
                 g.inference.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
+        for h in (*g.rollout.handles, *g.inference.handles):
+            h.weight_version = version
+
+    def fleet_metrics(self, version: int) -> dict[str, Any]:
+        """How many ranks are healthy, suspect, stale (weights older than `version`) or
+        lost (core/health.py), and which are not healthy."""
+        fleet = self.ctl.fleet(version)
+        counts = {state: sum(1 for s in fleet.values() if s == state) for state in STATES}
+        return {"fleet": counts, "unhealthy": {name: s for name, s in fleet.items() if s != "healthy"}}
 
     async def weight_sync_group(self) -> None:
         """The weight-sync group of the trainer's rank 0 and every rollout and inference

@@ -1,0 +1,51 @@
+"""Fleet health: each rank, as the controller sees it, in one of four states.
+
+    healthy   heard from within `suspect_after_s`, its event loop responsive, and
+              holding the step's weights (or weights do not apply to it)
+    suspect   silent past `suspect_after_s` (a paused or swapped-out process, a slow
+              link) or its event loop lagging past `lag_suspect_s`: not lost yet,
+              but no new work or devices should be planned onto it
+    stale     alive, but holding older weights than the step's (it joined or was
+              replaced since the last sync): it serves only after a weight refit
+    lost      gone (exited, unreachable), silent past `lost_after_s`, or its loop
+              blocked past `hang_after_s`
+
+`rank_health` is pure (table-tested); the controller's monitor applies it to every
+rank each heartbeat interval and marks the lost ones (core/controller.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+State = Literal["healthy", "suspect", "stale", "lost"]
+STATES: tuple[State, ...] = ("healthy", "suspect", "stale", "lost")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthLimits:
+    suspect_after_s: float
+    lost_after_s: float
+    lag_suspect_s: float
+    hang_after_s: float
+
+    @classmethod
+    def of(cls, heartbeat_interval_s: float, heartbeat_timeout_s: float, hang_timeout_s: float) -> "HealthLimits":
+        """Suspect after three missed heartbeats (or a loop a heartbeat behind), never
+        later than the loss itself."""
+        return cls(suspect_after_s=min(3 * heartbeat_interval_s, heartbeat_timeout_s),
+                   lost_after_s=heartbeat_timeout_s, lag_suspect_s=min(heartbeat_interval_s, hang_timeout_s),
+                   hang_after_s=hang_timeout_s)
+
+
+def rank_health(*, gone: bool, silent_s: float, loop_lag_s: float, limits: HealthLimits,
+                weights: int | None = None, current: int | None = None) -> State:
+    """`gone`: the rank is known lost already; `weights`/`current`: the weight version
+    it holds and the step's (None where weights do not apply)."""
+    if gone or silent_s > limits.lost_after_s or loop_lag_s > limits.hang_after_s:
+        return "lost"
+    if silent_s > limits.suspect_after_s or loop_lag_s > limits.lag_suspect_s:
+        return "suspect"
+    if weights is not None and current is not None and weights < current:
+        return "stale"
+    return "healthy"

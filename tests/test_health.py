@@ -1,0 +1,66 @@
+NUM_GPUS = 0
+"""Fleet health (core/health.py): the pure state of a rank, and the controller's view
+of a live one that is paused (suspect before it would be lost) and comes back."""
+import asyncio
+import os
+import signal
+
+import pytest
+
+import dynarl
+from dynarl import RuntimeConfig
+from dynarl.core.health import HealthLimits, rank_health
+from conftest import assert_reaped
+from workers import Echo
+
+LIMITS = HealthLimits(suspect_after_s=1.5, lost_after_s=5.0, lag_suspect_s=0.5, hang_after_s=300.0)
+
+
+@pytest.mark.parametrize("kw, state", [
+    pytest.param(dict(silent_s=0.2, loop_lag_s=0.0), "healthy", id="beating"),
+    pytest.param(dict(silent_s=2.0, loop_lag_s=0.0), "suspect", id="silent-past-three-beats"),
+    pytest.param(dict(silent_s=0.2, loop_lag_s=1.0), "suspect", id="loop-lagging"),
+    pytest.param(dict(silent_s=5.1, loop_lag_s=0.0), "lost", id="silent-past-the-timeout"),
+    pytest.param(dict(silent_s=0.2, loop_lag_s=301.0), "lost", id="loop-blocked-past-the-hang-bound"),
+    pytest.param(dict(silent_s=0.0, loop_lag_s=0.0, gone=True), "lost", id="known-gone"),
+    pytest.param(dict(silent_s=0.2, loop_lag_s=0.0, weights=3, current=4), "stale", id="older-weights"),
+    pytest.param(dict(silent_s=0.2, loop_lag_s=0.0, weights=4, current=4), "healthy", id="the-steps-weights"),
+    pytest.param(dict(silent_s=2.0, loop_lag_s=0.0, weights=3, current=4), "suspect", id="suspect-before-stale"),
+    pytest.param(dict(silent_s=0.2, loop_lag_s=0.0, weights=None, current=4), "healthy", id="no-weights"),
+])
+def test_rank_health_table(kw, state):
+    assert rank_health(limits=LIMITS, **{"gone": False, **kw}) == state
+
+
+def test_limits_from_the_runtime_config():
+    limits = HealthLimits.of(heartbeat_interval_s=0.5, heartbeat_timeout_s=5.0, hang_timeout_s=300.0)
+    assert limits == HealthLimits(suspect_after_s=1.5, lost_after_s=5.0, lag_suspect_s=0.5, hang_after_s=300.0)
+    assert HealthLimits.of(0.5, 1.0, 300.0).suspect_after_s == 1.0  # never later than the loss
+
+
+async def test_a_paused_worker_is_suspect_then_healthy_again():
+    config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=3.0)
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=2)
+        pid = (await group.call("hello", 0, ranks=[1]))[0]["pid"]
+        name = group.handles[1].name
+        await asyncio.sleep(0.5)
+        assert set(ctl.fleet().values()) == {"healthy"}
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(40):  # suspect after 0.6 s of silence, lost only after 3 s
+                await asyncio.sleep(0.1)
+                if ctl.fleet()[name] != "healthy":
+                    break
+            assert ctl.fleet() == {group.handles[0].name: "healthy", name: "suspect"}
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(40):
+            await asyncio.sleep(0.1)
+            if ctl.fleet()[name] == "healthy":
+                break
+        assert ctl.fleet()[name] == "healthy" and group.handles[1].lost is None
+        assert await group.call("hello", 1, ranks=[1])  # it serves again
+        group.handles[0].weight_version = 3
+        assert ctl.fleet(weights=4)[group.handles[0].name] == "stale"
+    assert_reaped([pid])
