@@ -200,14 +200,14 @@ GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
 
 
-async def _two_engines(ctl, cls=RolloutWorker, backend="native"):
+async def _two_engines(ctl, cls=RolloutWorker, backend="native", move_kv=False):
     """Two tiny rollout engines on devices 0 and 1, admitting prompts: native, or
     SGLang's adapter over the fake engine (the `sglang_workers` fixture)."""
     from dynarl.components.model.spec import ModelSpec
     from dynarl.components.rollout.native.engine import NativeEngineConfig
     from dynarl.components.rollout.sglang.config import SGLangConfig
     init = {"model": ModelSpec(name="tiny-0.5m"), "engine": NativeEngineConfig(num_blocks=512, max_num_seqs=256),
-            "bucket_bytes": 1 << 20}
+            "bucket_bytes": 1 << 20, "move_kv": move_kv}
     if backend == "sglang":
         init.update(backend="sglang", backend_config=SGLangConfig(model_path="fake", abort_retry_s=0.01))
     group = await ctl.spawn(cls, name="rollout", devices=[0, 1], init=init)
@@ -215,11 +215,11 @@ async def _two_engines(ctl, cls=RolloutWorker, backend="native"):
     return group
 
 
-async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"):
+async def _generate(migrate: bool, refuse: bool = False, backend: str = "native", move_kv: bool = False):
     """`refuse`: the kept rank refuses the import, so the migration rolls back."""
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
-        group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker, backend)
+        group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker, backend, move_kv)
         for i in range(GROUPS):
             await ctl.channel("prompts").put(PromptGroup(i, f"p{i}", "", [1, 2 + i, 3],
                                                          [Sample(f"p{i}/{k}", 100 * i + k) for k in range(SAMPLES)]))
@@ -288,6 +288,21 @@ async def test_a_rolled_back_migration_gives_the_real_workers_groups_back(backen
     assert emitted == emitted_r == list(range(GROUPS))  # every group downstream exactly once
     assert rolled_back == reference
     assert sum(s["tokens"] for s in stats_r) == GROUPS * SAMPLES * NEW_TOKENS
+
+
+async def test_moved_groups_carry_their_kv_and_the_kept_rank_re_prefills_less():
+    """rollout.move_kv: the released rank's requests travel with their computed KV; the
+    kept engine's prefix cache serves it, so only each request's last partial block is
+    computed again, and the tokens are the unmoved run's."""
+    reference, _, _, _ = await _generate(migrate=False)
+    plain, _, stats_plain, moved_plain = await _generate(migrate=True)
+    with_kv, emitted, stats_kv, moved = await _generate(migrate=True, move_kv=True)
+    assert moved >= 1 and moved_plain >= 1 and emitted == list(range(GROUPS))
+    assert with_kv == plain == reference
+    per_request = {"plain": sum(s["reprefill_tokens"] for s in stats_plain) / (moved_plain * SAMPLES),
+                   "kv": sum(s["reprefill_tokens"] for s in stats_kv) / (moved * SAMPLES)}
+    # with the KV, under one block (16 tokens) each; without, prompt and every token so far
+    assert per_request["kv"] < min(16, per_request["plain"]), per_request
 
 
 async def test_an_sglang_export_that_fails_midway_rolls_back_and_loses_nothing(sglang_workers):

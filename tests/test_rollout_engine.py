@@ -10,7 +10,7 @@ import torch
 
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
-from dynarl.components.rollout.base import GenerationRequest, InflightRequest, RolloutEngine, SamplingParams
+from dynarl.components.rollout.base import GenerationRequest, InflightRequest, KVBlocks, RolloutEngine, SamplingParams
 from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
 from dynarl.components.rollout.native.sampling import sample
 
@@ -302,3 +302,53 @@ def test_rejects_bad_requests(model, request_, error):
     e.add_request(GenerationRequest("dup", [3], SamplingParams(max_new_tokens=4)))
     with pytest.raises(ValueError, match="already"):
         e.add_request(GenerationRequest("dup", [4], SamplingParams(max_new_tokens=4)))
+
+
+# --- prefix-preserving migration: the KV moves with the request -------------------------
+
+async def _moved(model, *, move_kv: bool, version: int = 0):
+    """Five requests stepped 6 times on one engine, exported mid-generation (with their
+    KV or not) into another; that one's results and counters."""
+    first = engine(model)
+    for r in REQUESTS:
+        first.add_request(r)
+    for _ in range(6):
+        await first.step()
+    await first.pause()
+    exported = await first.export_inflight()
+    kvs = [await first.export_kv(list(i.request.prompt_token_ids) + i.output_token_ids) for i in exported]
+    second = NativeRolloutEngine(model, NativeEngineConfig(block_size=4, num_blocks=256), weight_version=version)
+    installed = [second.import_kv(KVBlocks.from_wire(msgpack.unpackb(msgpack.packb(
+        kv.to_wire(), default=_tensor), ext_hook=_ext))) for kv in kvs if kv is not None] if move_kv else []
+    second.import_inflight(exported)
+    results = []
+    while second.has_work():
+        results += await second.step()
+    return results, installed, second.stats()
+
+
+def _tensor(obj):  # a stand-in for the wire's tensor frames: raw float32 bytes and the shape
+    return msgpack.ExtType(1, msgpack.packb([list(obj.shape), obj.numpy().tobytes()]))
+
+
+def _ext(code, data):
+    shape, raw = msgpack.unpackb(data)
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)
+
+
+async def test_a_request_moved_with_its_kv_continues_to_the_same_tokens(model, expected):
+    results, installed, stats = await _moved(model, move_kv=True)
+    assert sorted(r.request_id for r in results) == sorted(r.request_id for r in REQUESTS)
+    check(results, expected)  # the same tokens as an unmoved run
+    assert sum(installed) > 0 and stats["kv_imported_tokens"] == sum(installed) and stats["kv_refused"] == 0
+    _, _, re_prefilled = await _moved(model, move_kv=False)
+    # with the KV only each request's last partial block (< 4 tokens) is computed again
+    assert stats["reprefill_tokens"] < 4 * len(REQUESTS) <= re_prefilled["reprefill_tokens"]
+
+
+async def test_kv_of_other_weights_is_refused_and_the_request_re_prefilled(model, expected):
+    results, installed, stats = await _moved(model, move_kv=True, version=3)  # the importer holds v3
+    assert installed and not any(installed) and stats["kv_refused"] == len(installed)
+    check(results, expected)
+    _, _, re_prefilled = await _moved(model, move_kv=False)
+    assert stats["reprefill_tokens"] == re_prefilled["reprefill_tokens"]

@@ -96,6 +96,26 @@ class InflightRequest:
 
 
 @dataclass(slots=True)
+class KVBlocks:
+    """A request's computed KV, for another engine's prefix cache (a prefix-preserving
+    Workload migration): the full blocks of `token_ids` (a whole number of blocks), K
+    and V as [layers, blocks, block_size, kv_heads, head_dim], and the weight version
+    they were computed with (an engine holding other weights refuses them)."""
+    token_ids: list[int]
+    k: Any
+    v: Any
+    weight_version: int
+
+    def to_wire(self) -> list[Any]:
+        return [list(self.token_ids), self.k, self.v, self.weight_version]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> "KVBlocks":
+        token_ids, k, v, version = w
+        return cls(list(token_ids), k, v, int(version))
+
+
+@dataclass(slots=True)
 class EngineLoad:
     active_kv_tokens: int
     kv_capacity_tokens: int
@@ -109,6 +129,9 @@ class EngineLoad:
     """Output tokens the held requests may still make at most (max_new_tokens left)."""
     num_preemptions: int = 0
     """Requests preempted for KV since the engine started (0 where the engine does not say)."""
+    reprefill_tokens: int = 0
+    """Tokens of requests imported from other engines computed again here since it
+    started (0 where the engine does not say)."""
     devices: int = 1
     """Devices the engine spans (its tensor-parallel size): its busy time counts that many times."""
 
@@ -139,7 +162,12 @@ class RolloutEngine(Protocol):
     `export_inflight()` takes every unfinished request out with its tokens so far, and
     `import_inflight()` on any engine continues them at the right output positions
     (seeded sampling: the same tokens as an uninterrupted run); `release_memory()` is
-    refused while requests are running."""
+    refused while requests are running.
+
+    KV moves with a request where the engine can (`export_kv` after the export,
+    `import_kv` before the import: the importer's prefix cache then serves the moved
+    prefix, and only the tail is computed again); an engine that cannot returns None /
+    0 and the request is re-prefilled."""
 
     weight_version: int
 
@@ -155,6 +183,11 @@ class RolloutEngine(Protocol):
     async def pause(self) -> None: ...
     async def resume(self) -> None: ...
     async def export_inflight(self) -> list[InflightRequest]: ...
+    async def export_kv(self, token_ids: Sequence[int]) -> KVBlocks | None:
+        """The KV this engine still holds for the longest cached prefix of token_ids."""
+    def import_kv(self, kv: KVBlocks) -> int:
+        """Into the prefix cache; returns the tokens installed (0: refused, no room, or
+        already cached)."""
     async def update_weights(self, named_tensors: Any, version: int) -> None: ...
     async def release_memory(self) -> None: ...
     async def resume_memory(self) -> None: ...

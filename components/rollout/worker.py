@@ -24,19 +24,21 @@ from dynarl.components.experience import END, PromptGroup
 from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.native.engine import NativeEngineConfig
-from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, SamplingParams
+from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, KVBlocks, SamplingParams
 from dynarl.components.rollout.base import RolloutEngine
 
 
 class RolloutWorker(dynarl.Worker):
     def __init__(self, model: ModelSpec, engine: NativeEngineConfig, bucket_bytes: int, shares_device: bool = False,
-                 backend: str = "native", backend_config: Any = None) -> None:
-        """`backend_config`: the SGLangConfig or EmulatedRolloutConfig of those backends."""
+                 backend: str = "native", backend_config: Any = None, move_kv: bool = False) -> None:
+        """`backend_config`: the SGLangConfig or EmulatedRolloutConfig of those backends;
+        `move_kv`: exported requests carry their KV (rollout.move_kv)."""
         # engine_factory picks the backend; -1: no policy weights until the first sync
         self.engine = make_rollout_engine(backend, model, engine, backend_config, weight_version=-1)
         self.weights_template = weights_template(self.engine, model)  # weight_sync plans buckets from it
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
+        self.move_kv = move_kv
         self.frees_released = backend != "emulated"
         """A rank a Workload migration releases frees its KV memory for the component that
         gets its devices (emulated devices: MoveCosts charges that, core/migration/mover.py)."""
@@ -180,9 +182,10 @@ class RolloutWorker(dynarl.Worker):
         if self.engine.weight_version != version:
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
-        run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling)
+        run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling, self.move_kv)
         started = time.perf_counter()
-        preempted = (await self.engine.load()).num_preemptions
+        load = await self.engine.load()
+        preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
         fetch = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: never take a second END
         try:
             await run.drive(fetch)
@@ -199,6 +202,7 @@ class RolloutWorker(dynarl.Worker):
             return {"groups": run.num_groups, "tokens": run.num_tokens, "engine_steps": run.num_steps,
                     "busy_s": time.perf_counter() - started, "busy": run.busy.intervals,
                     "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
+                    "reprefill_tokens": load.reprefill_tokens - reprefilled,
                     "devices": load.devices, "groups_exported": run.num_exported,
                     "groups_imported": run.num_imported}
         finally:
@@ -214,8 +218,10 @@ def _mean_step(run: Any) -> float:
 class _Generation:
     """One step's generation on one rank: fetch prompts, step the engine, emit chunks."""
 
-    def __init__(self, engine: RolloutEngine, outbox: Any, chunk_size: int, sampling: dict) -> None:
+    def __init__(self, engine: RolloutEngine, outbox: Any, chunk_size: int, sampling: dict,
+                 move_kv: bool = False) -> None:
         self.engine = engine
+        self.move_kv = move_kv
         self.outbox = outbox
         self.chunk_size = chunk_size
         self.sampling = sampling
@@ -264,18 +270,28 @@ class _Generation:
             self.num_tokens += sum(len(r.output_token_ids) for r in requests)  # generated here
             weight = float(sum(max(len(r.output_token_ids), 1) for r in requests))  # as workload_load's
             items.append({"id": f"group/{index}", "weight": weight, "group": group,
-                          "inflight": [r.to_wire() for r in requests]})
+                          "inflight": [r.to_wire() for r in requests], "kv": await self._kv_of(requests)})
         self.num_exported = len(items)
         self.handed_off = True
         self.arrived.set()
         return items
 
+    async def _kv_of(self, requests: list[InflightRequest]) -> list[list]:
+        """With move_kv, the KV the engine still holds for each request's tokens so far."""
+        if not self.move_kv:
+            return []
+        kvs = [await self.engine.export_kv(r.request.prompt_token_ids + r.output_token_ids) for r in requests]
+        return [kv.to_wire() for kv in kvs if kv is not None]
+
     def adopt(self, items: list[dict]) -> None:
         """Takes whole groups over from a released rank (or back, on this released
-        rank, from a migration rolled back): this rank completes and emits them."""
+        rank, from a migration rolled back): this rank completes and emits them, from
+        the KV that came with them where it did (its prefix cache serves it)."""
         self.handed_off = False
         requests = []
         for item in items:
+            for kv in item.get("kv", ()):
+                self.engine.import_kv(KVBlocks.from_wire(kv))
             group = item["group"]
             index_of = {s.id: k for k, s in enumerate(group.samples)}
             inflight = [InflightRequest.from_wire(r) for r in item["inflight"]]

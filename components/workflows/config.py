@@ -48,6 +48,10 @@ class RolloutSection:
     max_new_tokens: int = 32
     chunk_size: int = 4
     """Finished groups per channel item: the elastic-pipelining granularity."""
+    move_kv: bool = False
+    """A Workload migration moves each request's computed KV with it (the receiving
+    engine's prefix cache serves it) instead of re-prefilling prompt and tokens so far;
+    engines that cannot (SGLang, emulated) re-prefill."""
     engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
     backend: Literal["native", "emulated", "sglang"] = "native"
     """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`;

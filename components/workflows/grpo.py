@@ -371,7 +371,7 @@ class GRPO:
         return {  # engines: engine_factory.py; the config sections cross as themselves (core/config_tree.wire_config)
             "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps},
             "rollout": {"model": model, "engine": cfg.rollout.engine, "bucket_bytes": bucket,
-                        "shares_device": "rollout" in shared,
+                        "shares_device": "rollout" in shared, "move_kv": cfg.rollout.move_kv,
                         "backend": cfg.rollout.backend, "backend_config": rollout_backend, **self.rollout_init()},
             "inference": {"model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
                           "bucket_bytes": bucket, "shares_device": "inference" in shared,

@@ -277,6 +277,13 @@ class EmulatedRolloutEngine:
         if not self._released:
             self._runnable.set()
 
+    async def export_kv(self, token_ids: Sequence[int]) -> None:
+        """Not modelled yet: a moved request is re-prefilled where it goes (priced as such)."""
+        return None
+
+    def import_kv(self, kv: Any) -> int:
+        return 0
+
     async def update_weights(self, named_tensors: Any, version: int) -> None:
         """`named_tensors`: a byte count, or (name, bytes-or-array) pairs; anything else counts
         as the full model. The transfer (bytes split over TP ranks, at the link bandwidth)

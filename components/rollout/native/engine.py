@@ -28,7 +28,7 @@ import torch
 
 from ...model.io import load_weights
 from ...model.qwen2 import Qwen2ForCausalLM
-from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
+from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, KVBlocks, QueueKey
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .radix_cache import RadixCache
@@ -80,6 +80,8 @@ class NativeRolloutEngine:
         self.runner = ModelRunner(model, config.num_blocks, config.block_size)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.released = False
+        self.kv_imported_tokens = self.kv_refused = 0
+        """Tokens of KV installed from other engines; imports refused (other weights)."""
         self._seqs: dict[str, Sequence] = {}
         self._order = 0
         self._ready: list[GenerationResult] = []  # finished outside step() (import of a complete request)
@@ -177,7 +179,8 @@ class NativeRolloutEngine:
         return EngineLoad(active_kv_tokens=s.active_kv_tokens(), kv_capacity_tokens=s.blocks.capacity_tokens,
                           num_running=len(s.running), num_waiting=len(s.waiting),
                           cache_hit_tokens=s.num_cached_tokens,
-                          num_preemptions=s.num_preemptions, generated_tokens=sum(q.num_output_tokens for q in held),
+                          num_preemptions=s.num_preemptions, reprefill_tokens=s.num_reprefill_tokens,
+                          generated_tokens=sum(q.num_output_tokens for q in held),
                           budget_tokens=sum(max(q.request.sampling.max_new_tokens - q.num_output_tokens, 0)
                                             for q in held))
 
@@ -185,7 +188,9 @@ class NativeRolloutEngine:
         """Counters beyond EngineLoad (benchmarks: prefix-cache savings, preemptions)."""
         s = self.scheduler
         return {"prefill_tokens": s.num_prefill_tokens, "cached_prefill_tokens": s.num_cached_tokens,
-                "preemptions": s.num_preemptions, "used_blocks": s.blocks.num_used_blocks}
+                "preemptions": s.num_preemptions, "used_blocks": s.blocks.num_used_blocks,
+                "reprefill_tokens": s.num_reprefill_tokens, "kv_imported_tokens": self.kv_imported_tokens,
+                "kv_refused": self.kv_refused}
 
     async def abort(self, request_ids: Seq[str]) -> list[GenerationResult]:
         results = []
@@ -207,12 +212,44 @@ class NativeRolloutEngine:
         self._record([self._result(s) for s in seqs if s.request_id in self._watched])
         return [InflightRequest(s.request, s.output_token_ids, list(s.output_logprobs)) for s in seqs]
 
+    async def export_kv(self, token_ids: Seq[int]) -> KVBlocks | None:
+        """The KV of the longest prefix of token_ids still in the prefix cache (an
+        exported request's computed full blocks stay there after export_inflight)."""
+        cache = self.scheduler.cache
+        if cache is None or self.runner.cache is None:
+            return None
+        blocks = cache.match_prefix(token_ids, touch=False)
+        if not blocks:
+            return None
+        index = torch.tensor(blocks, dtype=torch.long, device=self.runner.device)
+        kv = self.runner.cache
+        return KVBlocks(list(token_ids[:len(blocks) * kv.block_size]), kv.k[:, index].cpu(), kv.v[:, index].cpu(),
+                        self.weight_version)
+
+    def import_kv(self, kv: KVBlocks) -> int:
+        """Into the prefix cache, where the weights and the cache's geometry match; else
+        refused (counted in stats()'s kv_refused: the request is re-prefilled)."""
+        cache = self.runner.cache
+        if (cache is None or self.scheduler.cache is None or kv.weight_version != self.weight_version
+                or tuple(kv.k.shape[2:]) != tuple(cache.k.shape[2:]) or kv.k.shape[0] != cache.k.shape[0]):
+            self.kv_refused += 1
+            return 0
+
+        def fill(blocks: list[int], first: int) -> None:
+            index = torch.tensor(blocks, dtype=torch.long, device=cache.k.device)
+            cache.k[:, index] = kv.k[:, first:first + len(blocks)].to(cache.k.device, cache.k.dtype)
+            cache.v[:, index] = kv.v[:, first:first + len(blocks)].to(cache.v.device, cache.v.dtype)
+        installed = self.scheduler.cache_prefix(kv.token_ids, fill)
+        self.kv_imported_tokens += installed
+        return installed
+
     def import_inflight(self, items: Seq[InflightRequest]) -> None:
         if len({item.request.request_id for item in items}) != len(items):
             raise ValueError("request ids in one import_inflight() call must be unique")
         seqs = [self._checked(Sequence(item.request, self._next_order(), list(item.output_token_ids),
                                        list(item.output_logprobs))) for item in items]
         for seq in seqs:
+            seq.imported = True
             self._add(seq)
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:

@@ -14,7 +14,7 @@ waiting sequence fits, else one decode step for every running sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq
 
 from ..base import GenerationRequest, QueueKey
 from .block_manager import BlockManager
@@ -51,6 +51,9 @@ class Scheduler:
         self.paused = False
         self._admission_blocked = False
         self.num_prefill_tokens = 0
+        self.num_reprefill_tokens = 0
+        """Of those, tokens of requests imported from another engine (their prompt and
+        outputs so far) that were computed again here: not served by a prefix cache."""
         """Tokens needing KV at each admission (re-admissions count again)."""
         self.num_cached_tokens = 0
         """Of those, tokens served from the prefix cache."""
@@ -151,6 +154,9 @@ class Scheduler:
             seq.cache_epoch = self.cache_epoch
             self.num_prefill_tokens += seq.num_tokens
             self.num_cached_tokens += seq.num_cached_tokens
+            if seq.imported:  # continued from another engine: what it computes again
+                self.num_reprefill_tokens += new_tokens
+                seq.imported = False
             num_new_tokens += new_tokens
             admitted.append(self.waiting.pop(0))
         if not admitted:
@@ -220,6 +226,35 @@ class Scheduler:
         self.running, self.waiting = [], []
         self._admission_blocked = False
         return seqs
+
+    def cache_prefix(self, token_ids: Seq[int], fill: Callable[[list[int], int], None]) -> int:
+        """Enter the full blocks of token_ids past the cached prefix into the prefix cache
+        (a prefix computed elsewhere): blocks allocated, making room by eviction, and
+        `fill(blocks, first)` writes their KV (blocks for full blocks first, first + 1, ...).
+        Returns the tokens entered (0: no cache or no room)."""
+        if self.cache is None:
+            return 0
+        bs = self.blocks.block_size
+        full = len(token_ids) // bs
+        have = self.cache.match_prefix(token_ids[:full * bs])
+        need = full - len(have)
+        if need <= 0:
+            return 0
+        self.blocks.incref(have)  # making room must not evict the prefix it extends
+        try:
+            if not self._make_room(need):
+                return 0
+            new = self.blocks.allocate(need)
+            try:
+                fill(new, len(have))
+            except BaseException:
+                self.blocks.free(new)
+                raise
+            kept = self.cache.insert(token_ids[:full * bs], have + new)  # the tree holds new's one reference
+            self.blocks.free([b for b in new if b not in kept])
+            return len(kept) * bs
+        finally:
+            self.blocks.free(have)
 
     def reset_prefix_cache(self) -> None:
         self.cache_epoch += 1

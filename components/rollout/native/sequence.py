@@ -18,7 +18,7 @@ class Sequence:
 
     __slots__ = ("request", "order", "token_ids", "num_prompt_tokens", "output_logprobs", "block_table",
                  "num_computed_tokens", "num_cached_tokens", "cache_epoch", "status", "finish_reason",
-                 "weight_version")
+                 "weight_version", "imported")
 
     def __init__(self, request: GenerationRequest, order: int,
                  output_token_ids: list[int] | None = None, output_logprobs: list[float] | None = None):
@@ -42,6 +42,8 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.weight_version = -1
+        self.imported = False
+        """Continued from another engine and not yet admitted here."""
 
     @property
     def request_id(self) -> str:

@@ -282,6 +282,13 @@ class SGLangRolloutEngine:
             self._finished.append(result)
         self._progress.set()
 
+    async def export_kv(self, token_ids: Sequence[int]) -> None:
+        """SGLang exports no KV: a moved request is re-prefilled where it goes."""
+        return None
+
+    def import_kv(self, kv: Any) -> int:
+        return 0
+
     async def update_weights(self, named_tensors: Any, version: int) -> None:
         """named_tensors: (HF name, tensor) pairs or a mapping, any subset of the model;
         sent in buckets of config.weight_bucket_bytes. See update_weights_in_buckets."""
