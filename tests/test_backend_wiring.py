@@ -40,12 +40,10 @@ CPU_MEGATRON = MegatronConfig(optimizer="adamw", dtype="float32", use_distribute
     dict(rollout_backend="sglang", trainer_backend="megatron", scheduler_policy="static"),
     dict(rollout_backend="native", trainer_backend="megatron", scheduler_policy="static",
          megatron=CPU_MEGATRON, device_kind="cpu"),
-    dict(rollout_backend="native", trainer_backend="native", scheduler_policy="static", workflow="agentic"),
     dict(rollout_backend="sglang", trainer_backend="megatron", scheduler_policy="static",
          megatron=MegatronConfig(tensor_parallel_size=2)),  # every TP rank takes part in the export
     # SGLang behind the one engine protocol: Workload migration and agentic turn serving
     dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="dynarl"),
-    dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="dynarl", workflow="agentic"),
     dict(rollout_backend="native", trainer_backend="megatron", scheduler_policy="dynarl", megatron=CPU_MEGATRON,
          device_kind="cpu"),  # the trainer reshards live (test_megatron_reshard.py)
 ])

@@ -321,8 +321,7 @@ async def test_an_sglang_export_that_fails_midway_rolls_back_and_loses_nothing(s
 async def test_a_released_sglang_engine_frees_its_kv_until_it_rejoins(sglang_workers):
     """The trainer that gets a released engine's device needs its memory: the parked
     SGLang engine has released its KV cache and CUDA graphs (its weights stay, as under
-    device_lock), and takes them back, then resumes, when it rejoins the rollout; a
-    rolled-back release keeps its memory."""
+    device_lock), and takes them back, then resumes, when it rejoins the rollout."""
     from dynarl.core.migration.standby import StandbyPool
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from dynarl.components.trainer.base import STATE_NAMES
 from dynarl.components.trainer.megatron.layout import ShardedLayout, plan_copies
+from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.core.reshard_plan import LayoutError, Shard, check_tiling
 
 Transfer = list
@@ -44,7 +45,9 @@ class ReshardableTrainer:
         """What the planner needs: the flat extent and this rank's range per state; or
         for a model-parallel trainer (collective over its world) the boxes layout and
         the state kinds it carries."""
-        layout = await asyncio.to_thread(self.trainer.layout)
+        # a blocking engine's layout() may be a collective (megatron's first): off the event loop
+        threaded = isinstance(self.trainer, ThreadedTrainer)
+        layout = await asyncio.to_thread(self.trainer.layout) if threaded else self.trainer.layout()
         if isinstance(layout, ShardedLayout):
             kinds = sorted({k.split("/", 1)[0] for k in self.trainer.export_state_shard() if "/" in k})
             return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(), "kinds": kinds}
@@ -84,7 +87,7 @@ class ReshardableTrainer:
         buffers = {f"{k}/{name}": torch.empty_like(own[f"{k}/{name}"]) for k in kinds
                    for name in {c.dst_param for _, c in copies}}
         for key, t in buffers.items():  # every element exactly once: checked before any byte moves
-            covered = sum(c.numel for _, c in copies if key.endswith("/" + c.dst_param))
+            covered = sum(c.numel for _, c in copies if key.split("/", 1)[1] == c.dst_param)
             if covered != t.numel():
                 raise RuntimeError(f"reshard plan covers {covered} of {t.numel()} elements of {key}")
         missing = [k for k in own if "/" in k and k not in buffers]
@@ -96,12 +99,16 @@ class ReshardableTrainer:
             for i, c in copies:
                 for j, kind in enumerate(kinds):
                     dst = buffers[f"{kind}/{c.dst_param}"][_slices(c.dst_box)]
-                    tmp = torch.empty(dst.shape, dtype=dst.dtype)
-                    posted.append((dist.irecv(tmp, group_src=c.src_rank, group=pg, tag=i * len(kinds) + j), tmp, dst))
-            for work, tmp, dst in posted:
+                    into = dst if dst.is_contiguous() else torch.empty_like(dst, memory_format=torch.contiguous_format)
+                    posted.append((dist.irecv(into, group_src=c.src_rank, group=pg, tag=i * len(kinds) + j), into,
+                                   dst))
+            received = 0
+            for work, into, dst in posted:
                 work.wait()
-                dst.copy_(tmp)
-            return sum(tmp.numel() for _, tmp, _ in posted)
+                if into is not dst:
+                    dst.copy_(into)
+                received += into.numel()
+            return received
         received = await asyncio.to_thread(run)
         self._received = buffers
         return received
@@ -134,7 +141,8 @@ class ReshardableTrainer:
             except LayoutError as exc:
                 raise RuntimeError(f"reshard plan covers {key!r} of range [{start}, {end}) unevenly: {exc}") from None
         pg = self.process_group(group)
-        buffers = {key: torch.empty(size, dtype=torch.float32) for key in STATE_NAMES}
+        device = self.trainer.export_state_shard()["master"].device
+        buffers = {key: torch.empty(size, dtype=torch.float32, device=device) for key in STATE_NAMES}
 
         def run() -> int:
             works = []
@@ -178,10 +186,11 @@ class ReshardableTrainer:
         state = self.trainer.export_state_shard()
         layout = self.trainer.layout()
         if isinstance(layout, ShardedLayout):
-            mine = [p for p in layout.pieces[self.trainer.rank] if p.replica == 0]
+            mine = [p for p in layout.pieces[self.trainer.rank] if p.replica == 0]  # each element's one copy
+            kinds = sorted({n.split("/", 1)[0] for n in state if "/" in n})
             return {"owned": sum(p.numel for p in mine), "step": self.trainer.global_step,
-                    "sums": {k: sum(float(v.double().sum()) for n, v in state.items() if n.startswith(k + "/"))
-                             for k in sorted({n.split("/", 1)[0] for n in state if "/" in n})}}
+                    "sums": {k: sum(float(state[f"{k}/{p.param}"][_slices(_param_box(p))].double().sum()) for p in mine)
+                             for k in kinds}}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 "sums": {k: float(state[k].double().sum()) for k in STATE_NAMES}}
@@ -201,3 +210,9 @@ class ReshardableTrainer:
 
 def _slices(box: Any) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def _param_box(piece: Any) -> tuple[tuple[int, int], ...]:
+    """A piece's box in its local parameter's coordinates (leading axes it lacks dropped)."""
+    lead = len(piece.shape) - len(piece.param_offset)
+    return tuple((o, o + e) for o, e in zip(piece.param_offset, piece.shape[lead:]))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 from typing import Any
 
 import dynarl
@@ -73,7 +74,9 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         if tensor_parallel_size is not None:
             if self.backend != "megatron":
                 raise ValueError(f"tensor_parallel_size: the {self.backend} trainer has no tensor parallelism")
-            backend_config = dataclasses.replace(backend_config, tensor_parallel_size=tensor_parallel_size)
+            from dynarl.components.trainer.megatron.config import MegatronConfig
+            backend_config = dataclasses.replace(backend_config or MegatronConfig(),
+                                                 tensor_parallel_size=tensor_parallel_size)
         self.trainer = await make_trainer(self.backend, self.model, self.config, backend_config, group)
         return self.model.config().num_parameters if self.backend != "emulated" else 0
 
@@ -120,9 +123,13 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     async def reshard_warm(self) -> None:
         """A warm standby's one-off warm-up (core/migration/standby.py): build a trainer
         alone, take one step on a token-sized batch, drop it; so a migration that adopts
-        this rank pays neither the lazy imports nor the first step's allocations (alone:
-        a megatron trainer at tensor parallel 1)."""
-        await self.start(None, tensor_parallel_size=1 if self.backend == "megatron" else None)
+        this rank pays neither the lazy imports nor the first step's allocations. A
+        megatron rank only imports megatron-core: built alone, a model that needs TP
+        would not fit this device (often a rollout engine's)."""
+        if self.backend == "megatron":
+            await asyncio.to_thread(importlib.import_module, "megatron.core.models.gpt")
+            return
+        await self.start(None)
         probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], advantages=[1.0, -1.0])
         await self.trainer.train_step(probe)
         await self.reshard_retire()

@@ -82,8 +82,8 @@ class DynamicScheduling:
                            groups.inference)
         scheduler.register(spec("trainer", "static", "join" if streaming else "p2p",
                                 None if streaming else "reshard_warm", barrier=not streaming, stateful=True,
-                                unit=engine_factory.trainer_unit(cfg), min_devices=engine_factory.trainer_min_devices(cfg)),
-                           groups.trainer)
+                                unit=engine_factory.trainer_unit(cfg),
+                                min_devices=engine_factory.trainer_min_devices(cfg)), groups.trainer)
         mover = Mover(ctl, wf.step_ranks(wf), scheduler.managers, scheduler.log, engine_factory.move_costs(cfg),
                       lend=d.lend, tail_tp=d.tail_tp, time_scale=time_scale)
         scheduler.mover = mover

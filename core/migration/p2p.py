@@ -116,7 +116,7 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
             phase("transfer")
             step = digests[0]["step"]
             confirmed = await new.call("reshard_install", step)
-            _check_confirmations(confirmed, total, step)
+            _check_confirmations(confirmed, total, step, digests if boxes else None)
             phase("install")
     except BaseException as exc:
         await _roll_back(ctl, new, [new_dp, transfer_group])
@@ -163,12 +163,18 @@ async def _retire(ctl: "Controller", old: WorkerGroup, groups: list[str], standb
     return True
 
 
-def _check_confirmations(confirmed: list[dict], total: int, step: int) -> None:
+def _check_confirmations(confirmed: list[dict], total: int, step: int, old: list[dict] | None = None) -> None:
+    """New ranks' ranges tile the state at the old step; boxes (`old`: the old ranks'
+    digests): their one copies hold the old ones' sums per state kind."""
     if any(c["step"] != step for c in confirmed):
         raise MigrationFailed("a new rank installed a different optimizer step")
-    if "owned" in confirmed[0]:  # boxes: the one copies (replica 0) tile the state
+    if old is not None:
         if sum(c["owned"] for c in confirmed) != total:
             raise MigrationFailed(f"new ranks own {sum(c['owned'] for c in confirmed)} of {total} elements")
+        for kind in old[0]["sums"]:
+            before, after = (sum(d["sums"][kind] for d in ds) for ds in (old, confirmed))
+            if abs(after - before) > 1e-6 * max(1.0, abs(before)):  # float64 sums in another order
+                raise MigrationFailed(f"{kind}: the new ranks hold a sum of {after!r}, the old ones {before!r}")
         return
     ranges = sorted(tuple(c["range"]) for c in confirmed)
     position = 0

@@ -81,7 +81,6 @@ async def ticks(n=5):
         await asyncio.sleep(0)
 
 
-
 @pytest.fixture
 def sglang_workers(fake_sglang, monkeypatch):
     """Rollout workers built with rollout.backend=sglang get the fake: SGLangRolloutEngine.start
@@ -93,8 +92,9 @@ def sglang_workers(fake_sglang, monkeypatch):
 
     def start(cls, config, weight_version=0):
         kwargs = config.engine_kwargs()
-        tm = (BrokenAbortTokenizerManager if len(made) in broken_abort else FakeTokenizerManager)(max_total_num_tokens=256, decode=payloads.decode, tp_size=kwargs["tp_size"],
-                                  enable_priority_scheduling=kwargs["enable_priority_scheduling"], tick_s=0.002)
+        tm_cls = BrokenAbortTokenizerManager if len(made) in broken_abort else FakeTokenizerManager
+        tm = tm_cls(max_total_num_tokens=256, decode=payloads.decode, tp_size=kwargs["tp_size"],
+                    enable_priority_scheduling=kwargs["enable_priority_scheduling"], tick_s=0.002)
         made.append(tm)
         return cls(FakeEngine(tm), config, weight_version, encode_bucket=payloads.encode)
 

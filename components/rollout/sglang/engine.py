@@ -246,9 +246,9 @@ class SGLangRolloutEngine:
             while not all(f.done() for f in remote):
                 self.tm.abort_request(abort_all=True)
                 await asyncio.wait([f for f in remote if not f.done()], timeout=self.config.abort_retry_s)
+            results = [futures[e.request.request_id].result() for e in entries]  # raises before any is taken
             exported = []
-            for entry in entries:
-                result = futures[entry.request.request_id].result()
+            for entry, result in zip(entries, results):
                 if result.finish_reason == "abort":
                     exported.append(InflightRequest(entry.request, result.output_token_ids, result.output_logprobs))
                 elif entry.request.request_id not in self._watched:

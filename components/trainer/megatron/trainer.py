@@ -251,7 +251,16 @@ class MegatronTrainer:
 
         parallel_state.destroy_model_parallel()
         if dist.is_initialized():
+            # destroying the default group forgets every group torch knows of; dynarl's own
+            # (transport/process_group.py: registered without a name) stay for their members
+            world = dist.distributed_c10d._world
+            own = {pg: (world.pg_map[pg], world.pg_group_ranks.get(pg)) for pg in list(world.pg_map)
+                   if pg not in world.pg_names}
             dist.destroy_process_group()
+            for pg, (entry, ranks) in own.items():
+                world.pg_map[pg] = entry
+                if ranks is not None:
+                    world.pg_group_ranks[pg] = ranks
 
     def _checkpoint_layout(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "tensor_parallel_size": self.megatron.tensor_parallel_size,
