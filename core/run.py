@@ -52,3 +52,31 @@ def cancel_on_sigterm() -> None:
         loop.add_signal_handler(signal.SIGTERM, once)
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
         pass
+
+
+def dump_tasks_on_sigusr1() -> None:
+    """`kill -USR1 PID` prints where each task of this loop waits (its chain of awaits),
+    for a run that seems stuck; nothing else changes."""
+    import signal
+    import sys
+    loop = asyncio.get_running_loop()
+
+    def dump() -> None:
+        for task in asyncio.all_tasks(loop):
+            print(f"--- task {task.get_name()}: " + " <- ".join(reversed(await_chain(task.get_coro()))),
+                  file=sys.stderr, flush=True)
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, dump)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        pass
+
+
+def await_chain(coro: Any) -> list[str]:
+    """file:line function of each coroutine a suspended one awaits, outermost first."""
+    out = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            out.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return out

@@ -335,11 +335,12 @@ class Job:
         from dynarl.components.workflows import checkpoints as ckpt
         from dynarl.core.config_tree import to_dict
         from dynarl.core.controller import Controller
-        from dynarl.core.run import cancel_on_sigterm
+        from dynarl.core.run import cancel_on_sigterm, dump_tasks_on_sigusr1
         from dynarl.launch.recovery import lost_workers, restart_note
         from dynarl.launch.trackers import tracked
 
         cancel_on_sigterm()
+        dump_tasks_on_sigusr1()
         progress = tracked(progress, self.cfg.run.loggers, self.run_dir, to_dict(self.cfg))
         max_restarts = self.cfg.run.max_restarts if controller is None else 0
         checkpoint, restart = self.checkpoint, 0

@@ -124,3 +124,26 @@ def test_start_without_the_extra_names_the_pip_command():
     with pytest.raises(ConfigError, match=r"pip install 'dynarl\[sglang\]'") as info:
         SGLangRolloutEngine.start(SGLangConfig(model_path="m"))
     assert info.value.path == "rollout.backend"
+
+
+async def test_a_release_sglang_refuses_leaves_the_engine_serving(make, monkeypatch):
+    """SGLang refuses to release (its call fails): the engine keeps its memory and its
+    gate, so what it holds and what comes later still run once it resumes (a released
+    rollout rank whose release failed must still serve when it rejoins)."""
+    eng, tm = make()
+    eng.add_request(req("r", [5, 6], 30))
+    await ticks(6)
+    await eng.pause()
+
+    async def refuse(obj, request=None):
+        raise RuntimeError("release_memory_occupation failed (fault injection)")
+    monkeypatch.setattr(tm, "release_memory_occupation", refuse)
+    with pytest.raises(RuntimeError, match="fault injection"):
+        await eng.release_memory()
+    assert tm.released == set()
+    eng.add_request(req("after", [7], 3))
+    await eng.resume()
+    results = []
+    while eng.has_work():
+        results += await eng.step()
+    assert sorted(r.request_id for r in results) == ["after", "r"]

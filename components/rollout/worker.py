@@ -14,6 +14,7 @@ next update. On a device of its own the cache simply stays.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, KVBlocks, SamplingParams
 from dynarl.components.rollout.base import RolloutEngine
 
+
+log = logging.getLogger(__name__)
 
 class RolloutWorker(dynarl.Worker):
     def __init__(self, model: ModelSpec, engine: NativeEngineConfig, bucket_bytes: int, shares_device: bool = False,
@@ -147,7 +150,10 @@ class RolloutWorker(dynarl.Worker):
             run.arrived.set()
             await run.finished.wait()
         if self.frees_released:
-            await self._free()
+            try:
+                await self._free()
+            except Exception as exc:  # the engine kept its memory and still serves if it rejoins
+                log.warning("rollout rank %d, released: its engine could not free its KV memory: %r", self.rank, exc)
 
     async def workload_load(self) -> float:
         """In the unit of the exported items' weights: the tokens the held requests made

@@ -325,9 +325,15 @@ class SGLangRolloutEngine:
             raise RuntimeError(f"release_memory with {in_sglang} requests in SGLang; pause(), abort or "
                                "export them first")
         tags = list(tags) if tags is not None else list(self.config.offload_tags)
+        new = set(tags) - self._released
         self._released.update(tags)
-        self._update_gate()
-        await self.tm.release_memory_occupation(self.io.ReleaseMemoryOccupationReqInput(tags=tags), None)
+        self._update_gate()  # first, so nothing new reaches SGLang while it releases
+        try:
+            await self.tm.release_memory_occupation(self.io.ReleaseMemoryOccupationReqInput(tags=tags), None)
+        except BaseException:  # SGLang kept its memory: so does this engine (and its gate reopens)
+            self._released.difference_update(new)
+            self._update_gate()
+            raise
 
     async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
         """Re-allocate memory; verl's order is ["weights"], push weights, then ["kv_cache"].
