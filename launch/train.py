@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from dynarl.core.files import atomic_open
 from dynarl.transport.errors import ConfigError, DynarlError, RemoteError
 
 USAGE = "usage: dynarl train [CONFIG.yaml] [key.path=value ...] [--run-dir DIR] [--resume DIR] [--dry-run]"
@@ -276,11 +277,12 @@ class Job:
 
         try:
             os.makedirs(self.run_dir, exist_ok=True)
-            with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
+            # whole or not at all: other nodes' agents read config.yaml on --resume meanwhile
+            with atomic_open(os.path.join(self.run_dir, "config.yaml")) as f:
                 yaml.safe_dump(to_dict(self.cfg), f, sort_keys=False)
             report = {"task": self.cfg.task.kind, "report": self.source.report,
                       "skipped": [{"row": n, "reason": why} for n, why in self.source.skipped]}
-            with open(os.path.join(self.run_dir, "data_report.json"), "w") as f:
+            with atomic_open(os.path.join(self.run_dir, "data_report.json")) as f:
                 json.dump(report, f, indent=1)
         except OSError as exc:
             print(f"dynarl train: failed: cannot write the run directory {self.run_dir}: "
