@@ -25,8 +25,8 @@ from dynarl.components.experience import END, PromptGroup
 from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.native.engine import NativeEngineConfig
-from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest, KVBlocks, SamplingParams
-from dynarl.components.rollout.base import RolloutEngine
+from dynarl.components.rollout.base import (GenerationRequest, GenerationResult, InflightRequest, KVBlocks,
+                                            RolloutEngine, SamplingParams)
 
 
 log = logging.getLogger(__name__)

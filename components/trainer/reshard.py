@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from dynarl.components.trainer.base import STATE_NAMES
-from dynarl.components.trainer.megatron.layout import ShardedLayout, plan_copies
+from dynarl.components.trainer.megatron.layout import ShardedLayout, box_slices, plan_copies
 from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.core.reshard_plan import LayoutError, Shard, check_tiling
 
@@ -49,8 +49,8 @@ class ReshardableTrainer:
         threaded = isinstance(self.trainer, ThreadedTrainer)
         layout = await asyncio.to_thread(self.trainer.layout) if threaded else self.trainer.layout()
         if isinstance(layout, ShardedLayout):
-            kinds = sorted({k.split("/", 1)[0] for k in self.trainer.export_state_shard() if "/" in k})
-            return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(), "kinds": kinds}
+            return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(),
+                    "kinds": _kinds(self.trainer.export_state_shard())}
         return {"total_numel": layout.total_numel,
                 "ranges": {s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES}}
 
@@ -67,7 +67,7 @@ class ReshardableTrainer:
                 if c.src_rank != me:
                     continue
                 for j, kind in enumerate(kinds):
-                    piece = state[f"{kind}/{c.src_param}"][_slices(c.src_box)].contiguous()
+                    piece = state[f"{kind}/{c.src_param}"][box_slices(c.src_box)].contiguous()
                     works.append(dist.isend(piece, group_dst=offset + c.dst_rank, group=pg,
                                             tag=i * len(kinds) + j))
                     sent += piece.numel()
@@ -98,7 +98,7 @@ class ReshardableTrainer:
             posted = []
             for i, c in copies:
                 for j, kind in enumerate(kinds):
-                    dst = buffers[f"{kind}/{c.dst_param}"][_slices(c.dst_box)]
+                    dst = buffers[f"{kind}/{c.dst_param}"][box_slices(c.dst_box)]
                     into = dst if dst.is_contiguous() else torch.empty_like(dst, memory_format=torch.contiguous_format)
                     posted.append((dist.irecv(into, group_src=c.src_rank, group=pg, tag=i * len(kinds) + j), into,
                                    dst))
@@ -187,10 +187,9 @@ class ReshardableTrainer:
         layout = self.trainer.layout()
         if isinstance(layout, ShardedLayout):
             mine = [p for p in layout.pieces[self.trainer.rank] if p.replica == 0]  # each element's one copy
-            kinds = sorted({n.split("/", 1)[0] for n in state if "/" in n})
             return {"owned": sum(p.numel for p in mine), "step": self.trainer.global_step,
-                    "sums": {k: sum(float(state[f"{k}/{p.param}"][_slices(_param_box(p))].double().sum()) for p in mine)
-                             for k in kinds}}
+                    "sums": {k: sum(float(state[f"{k}/{p.param}"][box_slices(p.param_box)].double().sum())
+                                    for p in mine) for k in _kinds(state)}}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 "sums": {k: float(state[k].double().sum()) for k in STATE_NAMES}}
@@ -208,11 +207,6 @@ class ReshardableTrainer:
                 "params": {n: p.detach().clone() for n, p in self.trainer.engine.model.named_parameters()}}
 
 
-def _slices(box: Any) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
-def _param_box(piece: Any) -> tuple[tuple[int, int], ...]:
-    """A piece's box in its local parameter's coordinates (leading axes it lacks dropped)."""
-    lead = len(piece.shape) - len(piece.param_offset)
-    return tuple((o, o + e) for o, e in zip(piece.param_offset, piece.shape[lead:]))
+def _kinds(state: dict[str, Any]) -> list[str]:
+    """The state kinds of a boxes shard ("param", the optimizer moments), sorted."""
+    return sorted({k.split("/", 1)[0] for k in state if "/" in k})

@@ -54,6 +54,11 @@ class Piece:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def param_box(self) -> "Box":
+        """The whole box in its local parameter's coordinates."""
+        return _to_param(tuple((o, o + e) for o, e in zip(self.offset, self.shape)), self)
+
     def to_wire(self) -> list[Any]:
         return [self.key, list(self.offset), list(self.shape), self.replica, self.param, list(self.param_offset)]
 
@@ -213,6 +218,11 @@ def _intersect(a: Piece, b: Piece) -> Box | None:
             return None
         box.append((lo, hi))
     return tuple(box)
+
+
+def box_slices(box: Box) -> tuple[slice, ...]:
+    """The box as an index into a tensor."""
+    return tuple(slice(lo, hi) for lo, hi in box)
 
 
 def _to_param(box: Box, piece: Piece) -> Box:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..base import ParamSpec
-from .layout import BoxCopy, Piece, ShardedLayout
+from .layout import BoxCopy, Piece, ShardedLayout, box_slices
 
 
 def rank_pieces(model: torch.nn.Module) -> tuple[list[Piece], dict[str, tuple[tuple[int, ...], str]]]:
@@ -99,11 +99,7 @@ def apply_copies(copies: Iterable[BoxCopy], sources: Mapping[int, Mapping[str, t
     for c in copies:
         if c.dst_rank != dst_rank:
             continue
-        src = sources[c.src_rank][c.src_param][_slices(c.src_box)]
-        destination[c.dst_param][_slices(c.dst_box)].copy_(src)
+        src = sources[c.src_rank][c.src_param][box_slices(c.src_box)]
+        destination[c.dst_param][box_slices(c.dst_box)].copy_(src)
         moved += c.numel
     return moved
-
-
-def _slices(box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
