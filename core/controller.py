@@ -255,9 +255,10 @@ class Controller:
         if live:
             await _best_effort("stop ranks", asyncio.wait_for(
                 asyncio.gather(*(h.call("__stop__") for h in live), return_exceptions=True), grace))
-        # A rank that was lost or never connected gets no grace: it won't exit by itself.
-        await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(h, grace if h in live else 0.0))
-                               for h in handles))
+        # A rank that was lost or never connected gets no grace: it won't exit by itself;
+        # nor one that went silent or exited while asked (its endpoint failed meanwhile).
+        await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(
+            h, grace if h in live and h.endpoint.failure is None else 0.0)) for h in handles))
         for h in handles:
             h.mark_stopped()
             if self.router is not None:

@@ -62,7 +62,13 @@ class WorkerHandle:
             self._tracer.complete(method, "rpc", self.spec.group, self.spec.rank, start, loop.time())
 
     def mark_lost(self, reason: str) -> None:
-        if self.lost is not None or self.stopped or self.stopping:
+        if self.lost is not None or self.stopped:
+            return
+        if self.stopping:
+            # an exit while stopping is no loss; but its stop call ends now (a rank behind
+            # a cut link would otherwise hold the shutdown for the whole grace period)
+            if self.endpoint is not None:
+                self.endpoint.fail(WorkerLost(self.name, reason))
             return
         self.lost = WorkerLost(self.name, reason)
         if self.endpoint is not None:

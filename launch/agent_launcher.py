@@ -51,6 +51,7 @@ class AgentLauncher(Launcher):
         self._ctl = ctl
         await self._local.start(ctl)
         ctl.router.on_unknown = self._on_unknown
+        ctl.router.on_disconnect = self._on_disconnect
 
     def _on_unknown(self, identity: bytes, body: Any) -> None:
         if not identity.startswith(b"agent/") or not isinstance(body, dict) or body.get("e") != "hello":
@@ -63,6 +64,16 @@ class AgentLauncher(Launcher):
         self.agents[node] = endpoint
         self._hosts[node] = str(data.get("host", "127.0.0.1"))
         self._arrived.set()
+
+    def _on_disconnect(self, identity: bytes) -> None:
+        """An agent's connection closed: it exited, or its heartbeats went unanswered for
+        runtime.heartbeat_timeout_s (its host or the link is down). Calls to it in flight
+        end now rather than at their bounds; a send to it would fail from here on."""
+        if identity.startswith(b"agent/"):
+            node = int(identity.removeprefix(b"agent/"))
+            if node in self.agents and not self.is_unreachable(node):
+                log.info("the connection to the agent of node %d (%s) closed", node, self.node_address(node))
+                self._mark_unreachable(node)
 
     def _on_agent_event(self, name: str, data: Any) -> None:
         if name == "worker_exit":

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import dynarl
 from dynarl import RuntimeConfig
 from dynarl.transport import wire
+from dynarl.transport.sockets import DealerClient, RouterServer
 from dynarl.transport.wire import (MAC_HMAC, MAC_POLY1305, MAGIC, PROTOCOL_VERSION, Codec, MessageTooLarge,
                                    WireError, decode_blob, encode_blob)
 from workers import Echo
@@ -190,6 +191,38 @@ async def _garbage_then_call(garbage):
         assert (await group.call("hello", 3))[0]["x"] == 3  # still serving
         intruder.close(linger=0)
         ctx.term()
+
+
+async def test_the_router_reports_a_known_peer_whose_connection_closes():
+    """on_disconnect hears a peer that delivered an authenticated message (the agent
+    launcher ends its calls to a node agent so); a stranger's closed connection is
+    only counted."""
+    router = RouterServer(codec, bind=None)
+    closed: list[bytes] = []
+    router.on_disconnect = closed.append
+    router.on_unknown = lambda identity, body: None
+    serving = asyncio.ensure_future(router.serve())
+    known = DealerClient(codec, router.local_address, b"agent/1")
+    stranger = DealerClient(Codec(b"w" * 32), router.local_address, b"agent/2")
+    try:
+        await known.send({"k": "event", "e": "hello", "d": {}})
+        await stranger.send({"k": "event", "e": "hello", "d": {}})
+        for _ in range(200):
+            if b"agent/1" in router.last_seen and router.rejects.total:
+                break
+            await asyncio.sleep(0.01)
+        assert list(router.last_seen) == [b"agent/1"] and closed == []
+        known.close()
+        stranger.close()
+        for _ in range(200):
+            if closed and router.rejects.counts["dropped_connection"]:
+                break
+            await asyncio.sleep(0.01)
+        assert closed == [b"agent/1"] and router.rejects.counts["dropped_connection"] == 1
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        router.close()
 
 
 def _nonce(sender: bytes, counter: int) -> bytes:

@@ -80,3 +80,22 @@ async def test_inproc_kill_surfaces_as_worker_lost():
         ctl.launcher.kill(group.handles[0])
         with pytest.raises(dynarl.WorkerLost):
             await pending
+
+
+async def test_a_rank_that_goes_silent_while_stopping_does_not_hold_the_shutdown():
+    """A rank frozen (or behind a cut link) when the run stops: its stop call ends once
+    its heartbeats are missed, not at the grace period, and it is killed at once."""
+    grace_s = 30.0
+    config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0,
+                           shutdown_grace_s=grace_s)
+    async with dynarl.Controller(config) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=2)
+        pids = [r["pid"] for r in await group.call("hello", 0)]
+        os.kill(pids[1], signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await ctl.stop_group(group)
+        took = loop.time() - began
+        assert group.handles[1].lost is None  # a rank gone while stopping is no loss
+    assert took < 1.0 + 2 * 0.2 + 2.0, took
+    assert_reaped(pids)

@@ -172,8 +172,8 @@ class RouterServer:
         self._sock = LoopSocket(self._ctx, zmq.ROUTER, codec.max_message_bytes)
         self._sock.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._monitor = self._sock.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._authenticated_fds: set[int] = set()
-        """Connections that delivered an authenticated message (their peers are known)."""
+        self._peer_of_fd: dict[int, bytes] = {}
+        """Connections that delivered an authenticated message, with their peer's identity."""
         self.address: str | None = None
         if bind is not None:
             self._sock.sock.bind(bind)
@@ -189,6 +189,9 @@ class RouterServer:
         self.routes: dict[bytes, Callable[[Any], None]] = {}
         self.last_seen: dict[bytes, float] = {}
         self.on_unknown: Callable[[bytes, Any], None] | None = None
+        self.on_disconnect: Callable[[bytes], None] | None = None
+        """Called with a known peer's identity when its connection closes (its process
+        exited, or its ZMTP heartbeats went unanswered: its host or the network is down)."""
 
     async def send(self, identity: bytes, body: Any) -> None:
         frames = self.codec.encode(body)
@@ -212,7 +215,7 @@ class RouterServer:
                 self.rejects.add(exc.reason, peer, exc)
                 return True
             self.last_seen[peer] = loop.time()
-            self._authenticated_fds.add(frames[1].get(_SRCFD))
+            self._peer_of_fd[frames[1].get(_SRCFD)] = identity
             if identity.endswith(HEARTBEAT_SUFFIX):
                 handler = self.routes.get(peer)
                 if handler is not None and isinstance(body, dict):
@@ -240,16 +243,18 @@ class RouterServer:
     def _disconnects(self) -> None:
         """A closed connection that never delivered an authenticated message is counted
         as rejected: ZeroMQ cut it for a frame over max_message_bytes (before
-        allocating it) or a protocol error, or its peer gave up. A known peer's
-        goes unremarked here (liveness reports a lost worker)."""
+        allocating it) or a protocol error, or its peer gave up. A known peer's goes to
+        `on_disconnect` (a worker's loss is reported by liveness, from its heartbeats)."""
         while self._monitor.get(_EVENTS) & _POLLIN:
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(_NOBLOCK))
             except zmq.Again:
                 return
             fd = event["value"]
-            if fd in self._authenticated_fds:
-                self._authenticated_fds.discard(fd)
+            peer = self._peer_of_fd.pop(fd, None)
+            if peer is not None:
+                if self.on_disconnect is not None:
+                    self.on_disconnect(peer)
             else:
                 self.rejects.add("dropped_connection", event["endpoint"],
                                  "a connection closed before it delivered an authenticated message "
