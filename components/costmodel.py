@@ -219,6 +219,17 @@ def weight_sync_time(num_bytes: float, bandwidth: float, num_receivers_parallel:
     return num_bytes / num_receivers_parallel / bandwidth
 
 
+def kv_transfer_time(model: ModelShape, device: DeviceSpec, num_tokens: int, tp: int = 1,
+                     across_nodes: bool = False) -> float:
+    """Floor for moving `num_tokens` of a request's KV to another engine: kv_bytes_per_token
+    each, the TP ranks' shards side by side, over NVLink within a node (link_bandwidth,
+    ~380 GB/s measured) or one NIC across nodes (nic_bandwidth, 50 GB/s) [E, the same
+    links as weight sync]. 20k tokens of Qwen2.5-7B (57 kB each, 1.1 GB): 3 ms over
+    NVLink, 23 ms across nodes, against 0.6 s to prefill them again on an H100 (prefill_time)."""
+    bandwidth = device.nic_bandwidth if across_nodes else device.link_bandwidth
+    return num_tokens * model.kv_bytes_per_token / tp / bandwidth
+
+
 def kv_capacity_tokens(model: ModelShape, device: DeviceSpec, tp: int = 1,
                        mem_util: float = DEFAULT_MEM_UTIL) -> int:
     """KV-cache tokens one engine instance of `tp` devices holds; 0 when the weights do not fit.

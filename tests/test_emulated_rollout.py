@@ -185,6 +185,57 @@ def test_export_then_import_continues_to_the_same_tokens():
     assert not {7, 9} & set(stop.output_token_ids[:-1])
 
 
+def _moved_with_kv(move_kv: bool, importer_version: int = 0, across_nodes: bool = False):
+    """Eight long requests moved mid-generation from engine a to engine b, with their KV
+    or without; returns (results, the moved tokens so far, b's load, b's KV counters,
+    b's seconds to finish them)."""
+    reqs = [request(f"r{i}", prompt_of(2000 + 37 * i, i), 400, seed=10 + i) for i in range(8)]
+
+    async def main():
+        a, b = engine(), engine()
+        if importer_version:
+            await b.update_weights(0, importer_version)
+        for r in reqs:
+            a.add_request(r)
+        driver = asyncio.create_task(drive(a))
+        await asyncio.sleep(1.0)
+        await a.pause()
+        items = [InflightRequest.from_wire(i.to_wire()) for i in await a.export_inflight()]
+        kvs = [await a.export_kv(i) for i in items] if move_kv else []
+        installed = [b.import_kv(kv, across_nodes=across_nodes) for kv in kvs if kv is not None]
+        b.import_inflight(items)
+        await driver
+        began = asyncio.get_running_loop().time()
+        done = {rid: r for rid, (r, _) in (await drive(b)).items()}
+        took = asyncio.get_running_loop().time() - began
+        moved = {i.request.request_id: len(i.request.prompt_token_ids) + len(i.output_token_ids) for i in items}
+        return done, moved, await b.load(), (installed, b.kv_refused, b.kv_transfer_s), took
+
+    return run_virtual(main())
+
+
+def test_a_request_moved_with_its_kv_recomputes_one_block_and_keeps_its_tokens():
+    """rollout.move_kv on emulated engines (issue 21): the importer computes only each
+    moved request's last block (prefix cache), pays the transfer (NVLink within a node,
+    the NIC across) instead of the prefill, and the tokens are an unmoved run's."""
+    whole, moved, plain, _, plain_s = _moved_with_kv(move_kv=False)
+    assert len(moved) == 8 and all(n > 2000 for n in moved.values())  # all were running
+    assert plain.reprefill_tokens == sum(moved.values())  # re-prefilled: prompt + tokens so far
+    for across in (False, True):
+        done, moved_kv, load, (installed, refused, transfer_s), took = _moved_with_kv(True, across_nodes=across)
+        assert moved_kv == moved and refused == 0
+        assert {rid: r.output_token_ids for rid, r in done.items()} == \
+            {rid: r.output_token_ids for rid, r in whole.items()}
+        assert load.reprefill_tokens <= 16 * len(moved)  # the last block of each, at most
+        assert sum(installed) == sum(n // 16 * 16 for n in moved.values())
+        assert transfer_s == pytest.approx(cm.kv_transfer_time(M7, H100, sum(installed), 1, across))
+        assert took < plain_s - cm.prefill_time(M7, H100, sum(moved.values())) / 2, (took, plain_s)
+    # the importer holds other weights: refused, counted, re-prefilled as without KV
+    _, _, stale, (installed, refused, transfer_s), _ = _moved_with_kv(True, importer_version=3)
+    assert installed == [0] * 8 and refused == 8 and transfer_s == 0.0
+    assert stale.reprefill_tokens == plain.reprefill_tokens
+
+
 def test_import_keeps_foreign_tokens_verbatim():
     async def main():
         eng = engine()

@@ -316,7 +316,7 @@ async def _moved(model, *, move_kv: bool, version: int = 0):
         await first.step()
     await first.pause()
     exported = await first.export_inflight()
-    kvs = [await first.export_kv(list(i.request.prompt_token_ids) + i.output_token_ids) for i in exported]
+    kvs = [await first.export_kv(i) for i in exported]
     second = NativeRolloutEngine(model, NativeEngineConfig(block_size=4, num_blocks=256), weight_version=version)
     installed = [second.import_kv(KVBlocks.from_wire(msgpack.unpackb(msgpack.packb(
         kv.to_wire(), default=_tensor), ext_hook=_ext))) for kv in kvs if kv is not None] if move_kv else []

@@ -30,7 +30,10 @@ def test_the_mode_reaches_the_rollout_engines_of_agentic_runs_only():
     assert (rollout["queue"], rollout["affinity"]) == ("priority", "prefer")
     assert "queue" not in scn.engines["rollout"]  # the shared scenario is left alone
     math = build_scenario(SimConfig(workload="math-1.5b", devices=8, prompts=2))
-    assert for_policy(math, make_policy("dynarl")) is math
+    assert "queue" not in for_policy(math, make_policy("dynarl")).engines["rollout"]
+    # whether moved requests take their KV (dynarl-kv) reaches every workload's engines
+    assert [for_policy(w, make_policy(p)).engines["rollout"]["move_kv"]
+            for w in (scn, math) for p in ("dynarl", "dynarl-kv")] == [False, True, False, True]
     with pytest.raises(ValueError, match="affinity"):
         AgenticMode(queue="fifo", affinity="sometimes")
 

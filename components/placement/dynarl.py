@@ -22,6 +22,9 @@ Variants (each measured against dynarl on the same runs):
                          consolidated onto fewer engines and more devices move, earlier
     dynarl-tailtp        dynarl's decisions; after each move the kept engines merge pairwise
                          into engines of twice the TP (core/migration/tail_tp.py)
+    dynarl-kv            dynarl with rollout.move_kv: a request a Workload migration moves
+                         takes its KV along (priced over NVLink or the NIC,
+                         costmodel.kv_transfer_time) instead of being re-prefilled
 """
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ class Dynarl:
     needs_profile = False
     has_hook = False
     tail_tp = False
+    move_kv = False
 
     def __init__(self, config: DynarlConfig = DEFAULT_CONFIG) -> None:
         self.config = config
@@ -118,7 +122,16 @@ class DynarlTailTP(Dynarl):
     tail_tp = True
 
 
+class DynarlKV(Dynarl):
+    """dynarl, and the requests a Workload migration moves take their KV along: the
+    kept engines import it into their prefix caches and compute only the last block
+    again, instead of the whole context (issue 21)."""
+    name = "dynarl-kv"
+    move_kv = True
+
+
 register("dynarl", Dynarl)
 register("dynarl-costaware", DynarlCostAware)
 register("dynarl-consolidate", DynarlConsolidate)
 register("dynarl-tailtp", DynarlTailTP)
+register("dynarl-kv", DynarlKV)

@@ -105,14 +105,16 @@ class KVBlocks:
     k: Any
     v: Any
     weight_version: int
+    request_id: str = ""
+    """The exported request it was computed for."""
 
     def to_wire(self) -> list[Any]:
-        return [list(self.token_ids), self.k, self.v, self.weight_version]
+        return [list(self.token_ids), self.k, self.v, self.weight_version, self.request_id]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> "KVBlocks":
-        token_ids, k, v, version = w
-        return cls(list(token_ids), k, v, int(version))
+        token_ids, k, v, version, request_id = w
+        return cls(list(token_ids), k, v, int(version), str(request_id))
 
 
 @dataclass(slots=True)
@@ -167,7 +169,8 @@ class RolloutEngine(Protocol):
     KV moves with a request where the engine can (`export_kv` after the export,
     `import_kv` before the import: the importer's prefix cache then serves the moved
     prefix, and only the tail is computed again); an engine that cannot returns None /
-    0 and the request is re-prefilled."""
+    0 and the request is re-prefilled. Either way `EngineLoad.reprefill_tokens` counts
+    what an imported request computed again."""
 
     weight_version: int
 
@@ -183,11 +186,13 @@ class RolloutEngine(Protocol):
     async def pause(self) -> None: ...
     async def resume(self) -> None: ...
     async def export_inflight(self) -> list[InflightRequest]: ...
-    async def export_kv(self, token_ids: Sequence[int]) -> KVBlocks | None:
-        """The KV this engine still holds for the longest cached prefix of token_ids."""
-    def import_kv(self, kv: KVBlocks) -> int:
+    async def export_kv(self, item: InflightRequest) -> KVBlocks | None:
+        """The KV this engine still holds for the longest cached prefix of an exported
+        request's tokens (its prompt and output so far)."""
+    def import_kv(self, kv: KVBlocks, across_nodes: bool = False) -> int:
         """Into the prefix cache; returns the tokens installed (0: refused, no room, or
-        already cached)."""
+        already cached). `across_nodes`: the KV came from another node (over the NIC,
+        not the node's device links; an engine that models transfer time prices it)."""
     async def update_weights(self, named_tensors: Any, version: int) -> None: ...
     async def release_memory(self) -> None: ...
     async def resume_memory(self) -> None: ...

@@ -138,7 +138,17 @@ class RolloutWorker(dynarl.Worker):
             return []
         items = await run.export()
         run.hold = True  # open until the migration commits (or gives the items back)
+        if self.move_kv:
+            for item in items:
+                await self._attach_kv(item)
         return items
+
+    async def _attach_kv(self, item: dict) -> None:
+        """rollout.move_kv: the KV the engine still holds for each of the item's requests
+        (their tokens so far), and the node it leaves from."""
+        kvs = [await self.engine.export_kv(InflightRequest.from_wire(r)) for r in item["inflight"]]
+        item["kv"] = [kv.to_wire() for kv in kvs if kv is not None]
+        item["node"] = self.node
 
     async def workload_commit(self) -> None:
         """The kept ranks have the exported work: this rank's generate() emits what it
@@ -172,6 +182,9 @@ class RolloutWorker(dynarl.Worker):
             return 0
         if self.run is None or self.run.closed:
             raise RuntimeError("workload_import: this rank has no generation to take work into")
+        for item in items:  # first: the engine's prefix cache then serves the moved prefixes
+            for kv in item.get("kv", ()):
+                self.engine.import_kv(KVBlocks.from_wire(kv), across_nodes=item.get("node", self.node) != self.node)
         self.run.adopt(items)
         return len(items)
 
@@ -188,7 +201,7 @@ class RolloutWorker(dynarl.Worker):
         if self.engine.weight_version != version:
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
-        run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling, self.move_kv)
+        run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling)
         started = time.perf_counter()
         load = await self.engine.load()
         preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
@@ -224,10 +237,8 @@ def _mean_step(run: Any) -> float:
 class _Generation:
     """One step's generation on one rank: fetch prompts, step the engine, emit chunks."""
 
-    def __init__(self, engine: RolloutEngine, outbox: Any, chunk_size: int, sampling: dict,
-                 move_kv: bool = False) -> None:
+    def __init__(self, engine: RolloutEngine, outbox: Any, chunk_size: int, sampling: dict) -> None:
         self.engine = engine
-        self.move_kv = move_kv
         self.outbox = outbox
         self.chunk_size = chunk_size
         self.sampling = sampling
@@ -276,28 +287,20 @@ class _Generation:
             self.num_tokens += sum(len(r.output_token_ids) for r in requests)  # generated here
             weight = float(sum(max(len(r.output_token_ids), 1) for r in requests))  # as workload_load's
             items.append({"id": f"group/{index}", "weight": weight, "group": group,
-                          "inflight": [r.to_wire() for r in requests], "kv": await self._kv_of(requests)})
+                          "inflight": [r.to_wire() for r in requests]})
         self.num_exported = len(items)
         self.handed_off = True
         self.arrived.set()
         return items
 
-    async def _kv_of(self, requests: list[InflightRequest]) -> list[list]:
-        """With move_kv, the KV the engine still holds for each request's tokens so far."""
-        if not self.move_kv:
-            return []
-        kvs = [await self.engine.export_kv(r.request.prompt_token_ids + r.output_token_ids) for r in requests]
-        return [kv.to_wire() for kv in kvs if kv is not None]
-
     def adopt(self, items: list[dict]) -> None:
         """Takes whole groups over from a released rank (or back, on this released
         rank, from a migration rolled back): this rank completes and emits them, from
-        the KV that came with them where it did (its prefix cache serves it)."""
+        the KV that came with them where it did (its prefix cache serves it:
+        RolloutWorker.workload_import put it there)."""
         self.handed_off = False
         requests = []
         for item in items:
-            for kv in item.get("kv", ()):
-                self.engine.import_kv(KVBlocks.from_wire(kv))
             group = item["group"]
             index_of = {s.id: k for k, s in enumerate(group.samples)}
             inflight = [InflightRequest.from_wire(r) for r in item["inflight"]]

@@ -82,7 +82,8 @@ class AgenticRolloutWorker(RolloutWorker):
                                            f"the step needs v{version}")
         run = self.run = _TurnServe(self.engine, self.channel(put), key, sampling, self.time_scale)
         self.admitting = False  # its work is the turns the driver routes to it, not the prompt channel
-        preempted = (await self.engine.load()).num_preemptions
+        load = await self.engine.load()
+        preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
         started = time.perf_counter()
         fetch = run.fetch_task = asyncio.ensure_future(run.fetch(self.channel(get)))
         try:
@@ -101,6 +102,7 @@ class AgenticRolloutWorker(RolloutWorker):
                                    "busy": run.busy.intervals, "turns_exported": run.num_exported,
                                    "turns_imported": run.num_imported,
                                    "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
+                                   "reprefill_tokens": load.reprefill_tokens - reprefilled,
                                    "devices": load.devices}
         finally:
             run.finished.set()
@@ -207,7 +209,7 @@ class _TurnServe:
             self.waits.finished(item.request.request_id, self.now())
             self.num_tokens += len(item.output_token_ids)  # generated here
             items.append({"id": item.request.request_id, "weight": float(max(len(item.output_token_ids), 1)),
-                          "inflight": item.to_wire()})
+                          "inflight": [item.to_wire()]})
         self.num_exported = len(items)
         self.handed_off = True
         self.arrived.set()
@@ -217,7 +219,7 @@ class _TurnServe:
         """Takes turns over from a released rank (or back, from a rolled-back migration)."""
         self.handed_off = False
         now = self.now()
-        inflight = [InflightRequest.from_wire(item["inflight"]) for item in items]
+        inflight = [InflightRequest.from_wire(r) for item in items for r in item["inflight"]]
         for r in inflight:
             self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
             self.waits.arrived(r.request.request_id, now)

@@ -29,7 +29,7 @@ def step_metrics(step: int, trained: Trained, train: dict[str, float], rollout_s
         "truncated_frac": sum(f == "length" for f in trained.finishes) / n,
         "samples": n,
         "tokens": tokens,
-        "reprefill_tokens": sum(r.get("reprefill_tokens", 0) for r in rollout_stats),
+        "moved_reprefill_tokens": sum(r.get("reprefill_tokens", 0) for r in rollout_stats),
         "tokens_per_s": tokens / step_time_s,
         "step_time_s": step_time_s,
         **{f"{name}_s": stage_s.get(name, 0.0) for name in STAGES},

@@ -7,6 +7,8 @@
     migrations        per kind (reboot, workload, p2p, switch: parked inference/trainer onloading
                       on their devices, join: the rollout's engines rejoining at an iteration's
                       end): count and total cost in seconds
+    moved_reprefill_tokens  per iteration: tokens of requests a migration moved (Workload,
+                      tail-TP) that their new engines computed again (dynarl-kv: the last block)
     decisions         the scheduler's decisions and iteration-end hooks; decision_ms_p99 their
                       wall-clock p99 (0 without either)
 """
@@ -43,6 +45,7 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
         "placement": run.placements[0][1].to_dict(),
         "replans": list(run.notes),
         "preemptions": run.preemptions,
+        "moved_reprefill_tokens": sum(run.moved_reprefill_tokens[cfg.warmup:]) / n,  # per iteration
     }
     if len(run.placements) > 1:
         out["final_placement"] = run.placements[-1][1].to_dict()

@@ -63,7 +63,8 @@ def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
     mine = [(i, g) for i, g in enumerate(batch) if i % engines < sampled]
     multi_turn = any(s.is_multi_turn for _, g in mine for s in g.samples)
     prompts = WorkloadPrompts([[g for _, g in mine]], cm.get_model(scn.workload.model).vocab_size)
-    engine = {k: v for k, v in scn.engines["rollout"].items() if k != "affinity"}
+    # (affinity and move_kv are the run's settings, not the engine's)
+    engine = {k: v for k, v in scn.engines["rollout"].items() if k not in ("affinity", "move_kv")}
     init = {"model": ModelSpec(), "engine": NativeEngineConfig(), "bucket_bytes": 1 << 20, "backend": "emulated",
             "backend_config": EmulatedRolloutConfig(**dict(engine, time_scale=1.0))}
 

@@ -37,6 +37,8 @@ class PolicyRun:
     preemptions: int = 0
     reprefill_tokens: list[int] = field(default_factory=list)
     """Per iteration: context tokens computed before that an engine computed again (agentic)."""
+    moved_reprefill_tokens: list[int] = field(default_factory=list)
+    """Per iteration: tokens the requests migrations moved computed again where they went."""
 
 
 def timed(policy, snapshot, run: PolicyRun) -> list:

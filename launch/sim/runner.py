@@ -161,6 +161,7 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
             totals.append(total)
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
     run.preemptions += sum(r["preemptions"] for r in wf.stage_results["rollout"])
+    run.moved_reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in wf.stage_results["rollout"]))
     label = f"step {it}"
     spans: dict[str, float] = {}
     for span in wf.clock.spans:

@@ -122,13 +122,14 @@ def build_scenario(config: SimConfig) -> Scenario:
 
 
 def for_policy(scn: Scenario, policy: object) -> Scenario:
-    """The scenario as `policy` runs it: on agentic workloads its queue order and turn
-    affinity (components/placement/agentic.py) go into every rollout engine's settings,
-    so engines started later (restores, re-plans) get them too."""
-    if scn.workload.kind != "agentic":
-        return scn
-    mode = agentic_mode(policy)
-    rollout = dict(scn.engines["rollout"], queue=mode.queue, affinity=mode.affinity)
+    """The scenario as `policy` runs it: whether a moved request takes its KV along
+    (rollout.move_kv: dynarl-kv), and on agentic workloads its queue order and turn
+    affinity (components/placement/agentic.py), in every rollout engine's settings, so
+    engines started later (restores, re-plans) get them too."""
+    rollout = dict(scn.engines["rollout"], move_kv=bool(getattr(policy, "move_kv", False)))
+    if scn.workload.kind == "agentic":
+        mode = agentic_mode(policy)
+        rollout.update(queue=mode.queue, affinity=mode.affinity)
     return dataclasses.replace(scn, engines=dict(scn.engines, rollout=rollout))
 
 
@@ -180,6 +181,7 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
     rollout = dict(engines["rollout"], weight_sync_bandwidth=nic_or_link(
         placement.segment_of("rollout") == placement.segment_of("trainer"), cfg.device))
     affinity = rollout.pop("affinity", "none")  # multi-turn: the agentic workflow's routing
+    move_kv = rollout.pop("move_kv", False)
     ranks = {c: placement.num_ranks(c) for c in COMPONENTS}
     pools = [list(s.components) for s in placement.segments] if placement.mode == "hybrid" else []
     return TrainConfig(
@@ -187,7 +189,7 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
                               cluster=ClusterConfig(num_nodes=cfg.devices // per_node, devices_per_node=per_node,
                                                     device_kind="emulated")),
         rollout=RolloutSection(num_ranks=ranks["rollout"], samples_per_prompt=len(scn.batches[0][0].samples),
-                               chunk_size=cfg.chunk_size, backend="emulated",
+                               chunk_size=cfg.chunk_size, backend="emulated", move_kv=move_kv,
                                max_new_tokens=max_new_tokens(scn, EmulatedRolloutConfig(**rollout)),
                                emulated=EmulatedRolloutConfig(**rollout)),
         inference=InferenceSection(num_ranks=ranks["inference"], backend="emulated",

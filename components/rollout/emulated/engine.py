@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from dynarl.components import costmodel
 from dynarl.components.rollout.base import (EngineLoad, GenerationRequest, GenerationResult,
-                                            InflightRequest, QueueKey)
+                                            InflightRequest, KVBlocks, QueueKey)
 from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.trainer.emulated.layout import synced_weight_bytes
 from dynarl.core.priority import PriorityConfig
@@ -75,6 +75,13 @@ class EmulatedRolloutEngine:
         """Cost-model seconds spent in steps (before time_scale)."""
         self.last_step_time = 0.0
         """Cost-model seconds of the last step() call."""
+        self._exported_kv: dict[str, int] = {}
+        """The last export's running requests -> the tokens of KV they held (full blocks)."""
+        self._kv_in: dict[str, int] = {}
+        """Request id -> tokens of KV imported for it (import_kv), until import_inflight."""
+        self.kv_imported_tokens = self.kv_refused = 0
+        self.kv_transfer_s = 0.0
+        """Cost-model seconds of KV moved in (charged to the next step)."""
         if self.config.queue != "fifo":  # the native engine's key function, not a copy of it
             self.set_queue_key(make_queue_key(self.config.queue, PriorityConfig(
                 max_bonus_s=self.config.priority_window_s)))
@@ -96,8 +103,9 @@ class EmulatedRolloutEngine:
                                  f"but {len(item.output_logprobs)} logprobs")
         self._cut()
         for item in items:
-            self._enqueue(self.scheduler.new_state(item.request, list(item.output_token_ids),
-                                                   list(item.output_logprobs)))
+            state = self.scheduler.new_state(item.request, list(item.output_token_ids), list(item.output_logprobs))
+            state.kv_tokens = self._kv_in.pop(item.request.request_id, 0)
+            self._enqueue(state)
 
     def _enqueue(self, state: RequestState) -> None:
         if state.out_base >= state.target:  # imported already complete
@@ -238,7 +246,7 @@ class EmulatedRolloutEngine:
         return EngineLoad(active_kv_tokens=sched.active_kv_tokens(), kv_capacity_tokens=self.capacity,
                           num_running=len(sched.running), num_waiting=len(sched.waiting),
                           cache_hit_tokens=sched.cache_hit_tokens, num_preemptions=sched.num_preemptions,
-                          generated_tokens=generated,
+                          generated_tokens=generated, reprefill_tokens=sched.num_reprefill_tokens,
                           budget_tokens=sum(targets) - generated, devices=self.config.tp)
 
     def running_request_ids(self) -> list[str]:
@@ -261,6 +269,9 @@ class EmulatedRolloutEngine:
         sched = self.scheduler
         ids = [s.request_id for s in sorted([*sched.running.values(), *sched.waiting.values()],
                                             key=lambda s: s.order)]
+        bs = self.config.block_size
+        self._exported_kv = {s.request_id: (s.prompt_len + s.num_output(sched.step)) // bs * bs
+                             for s in sched.running.values()}
         removed = sched.remove(ids)
         vocab = self.model.vocab_size
         self._resolve([self._result(state, n, "abort") for state, n in removed])
@@ -277,12 +288,33 @@ class EmulatedRolloutEngine:
         if not self._released:
             self._runnable.set()
 
-    async def export_kv(self, token_ids: Sequence[int]) -> None:
-        """Not modelled yet: a moved request is re-prefilled where it goes (priced as such)."""
-        return None
+    async def export_kv(self, item: InflightRequest) -> KVBlocks | None:
+        """The KV a request of the last export_inflight held while it ran here (its full
+        blocks: no tensors, the token ids they cover); None if it was not running."""
+        tokens = self._exported_kv.pop(item.request.request_id, 0)
+        if not tokens:
+            return None
+        token_ids = list(item.request.prompt_token_ids) + list(item.output_token_ids)
+        return KVBlocks(token_ids[:tokens], None, None, self.weight_version, item.request.request_id)
 
-    def import_kv(self, kv: Any) -> int:
-        return 0
+    def import_kv(self, kv: KVBlocks, across_nodes: bool = False) -> int:
+        """Held for the request it came with (kv.request_id, imported next) where the
+        weights match, else refused (counted in kv_refused: the request is re-prefilled);
+        its admission then computes only the last block. The transfer
+        (costmodel.kv_transfer_time, within a node or across) is charged to the next step.
+        (The KV is not in the pool's accounting until that admission, nor in the prefix
+        cache: it serves its own request only.)"""
+        if kv.weight_version != self.weight_version:
+            self.kv_refused += 1
+            return 0
+        self._cut()
+        installed = len(kv.token_ids)
+        self._kv_in[kv.request_id] = installed
+        seconds = costmodel.kv_transfer_time(self.model, self.device, installed, self.config.tp, across_nodes)
+        self._pending_delay += seconds
+        self.kv_transfer_s += seconds
+        self.kv_imported_tokens += installed
+        return installed
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:
         """`named_tensors`: a byte count, or (name, bytes-or-array) pairs; anything else counts

@@ -16,7 +16,7 @@ class RequestState:
 
     __slots__ = ("request", "order", "seed", "prompt_len", "target", "prior_ids", "prior_logprobs",
                  "out_base", "admit_step", "finish_step", "key", "hashes", "hash_epoch", "held",
-                 "shared_tokens", "cached_tokens")
+                 "shared_tokens", "cached_tokens", "imported", "kv_tokens")
 
     def __init__(self, request: GenerationRequest, order: int,
                  prior_ids: list[int] | None = None, prior_logprobs: list[float] | None = None):
@@ -43,6 +43,11 @@ class RequestState:
         """Cache blocks this sequence pins while running."""
         self.shared_tokens = 0
         self.cached_tokens = 0
+        self.imported = prior_ids is not None
+        """Continued from another engine (import_inflight) and not admitted here yet:
+        what its admission computes is counted as re-prefilled."""
+        self.kv_tokens = 0
+        """Tokens of KV that came with it from another engine (import_kv), used at its admission."""
 
     @property
     def request_id(self) -> str:

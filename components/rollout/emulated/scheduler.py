@@ -43,6 +43,8 @@ class Scheduler:
         """Their tokens outside shared cache blocks."""
         self.cache_hit_tokens = 0
         self.num_preemptions = 0
+        self.num_reprefill_tokens = 0
+        """Tokens imported requests computed again at their admission here."""
         self._admission_blocked = False
         """Set by a preemption, cleared when a request finishes (or none runs): an
         engine short of KV does not admit new work only to preempt it again."""
@@ -140,6 +142,9 @@ class Scheduler:
             hashes = self._hashes(state)
             matched = self._match(state) if cache else 0
             cached = matched * bs
+            if state.kv_tokens:  # moved here with its KV: all but its last token's block is in hand
+                cached = max(cached, min(state.kv_tokens, (context - 1) // self.config.block_size
+                                         * self.config.block_size))
             if admitted and prefill + context - cached > self.config.max_prefill_tokens:
                 self._budget_limited = True
                 break
@@ -164,7 +169,10 @@ class Scheduler:
             self.running[rid] = state
             self.context_tokens += context
             self.private_tokens += context - state.shared_tokens
-            self.cache_hit_tokens += cached
+            self.cache_hit_tokens += matched * bs
+            if state.imported:
+                self.num_reprefill_tokens += context - cached
+                state.imported, state.kv_tokens = False, 0
             prefill += context - cached
             admitted += 1
         return prefill

@@ -212,9 +212,10 @@ class NativeRolloutEngine:
         self._record([self._result(s) for s in seqs if s.request_id in self._watched])
         return [InflightRequest(s.request, s.output_token_ids, list(s.output_logprobs)) for s in seqs]
 
-    async def export_kv(self, token_ids: Seq[int]) -> KVBlocks | None:
-        """The KV of the longest prefix of token_ids still in the prefix cache (an
-        exported request's computed full blocks stay there after export_inflight)."""
+    async def export_kv(self, item: InflightRequest) -> KVBlocks | None:
+        """The KV of the longest prefix of the request's tokens still in the prefix cache
+        (an exported request's computed full blocks stay there after export_inflight)."""
+        token_ids = list(item.request.prompt_token_ids) + list(item.output_token_ids)
         cache = self.scheduler.cache
         if cache is None or self.runner.cache is None:
             return None
@@ -224,9 +225,9 @@ class NativeRolloutEngine:
         index = torch.tensor(blocks, dtype=torch.long, device=self.runner.device)
         kv = self.runner.cache
         return KVBlocks(list(token_ids[:len(blocks) * kv.block_size]), kv.k[:, index].cpu(), kv.v[:, index].cpu(),
-                        self.weight_version)
+                        self.weight_version, item.request.request_id)
 
-    def import_kv(self, kv: KVBlocks) -> int:
+    def import_kv(self, kv: KVBlocks, across_nodes: bool = False) -> int:
         """Into the prefix cache, where the weights and the cache's geometry match; else
         refused (counted in stats()'s kv_refused: the request is re-prefilled)."""
         cache = self.runner.cache

@@ -282,11 +282,11 @@ class SGLangRolloutEngine:
             self._finished.append(result)
         self._progress.set()
 
-    async def export_kv(self, token_ids: Sequence[int]) -> None:
+    async def export_kv(self, item: InflightRequest) -> None:
         """SGLang exports no KV: a moved request is re-prefilled where it goes."""
         return None
 
-    def import_kv(self, kv: Any) -> int:
+    def import_kv(self, kv: Any, across_nodes: bool = False) -> int:
         return 0
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:
