@@ -3,7 +3,7 @@ NUM_GPUS = 0
 import pytest
 
 from dynarl.core.scheduler.policy import (ClusterView, ComponentView, DynarlConfig, _release_options, decide_dynarl,
-                                          decide_static, is_donor, predicted_time, track_low)
+                                          decide_static, is_donor, moved_requests_s, predicted_time, track_low)
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
 CFG = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8)
@@ -246,3 +246,38 @@ async def test_the_manager_reads_the_engines_fill_and_admitting_flag_into_the_hy
         await manager.poll(now)
         assert manager.low() == expected[now], now
     assert manager.graph.nodes["rollout"].loads() == ((0.15, 0.50), (1, 1))  # the hypergraph holds the KV fill
+
+
+@pytest.mark.parametrize("engine_kv, per_engine, release, token_s, expected", [
+    pytest.param((100, 300, 600, 0), 1, 2, 0.01, 100 * 0.01 / 2, id="the-two-emptiest-go-shared-by-two"),
+    pytest.param((100, 300, 600, 0), 1, 1, 0.01, 0.0, id="an-idle-engine-moves-nothing"),
+    pytest.param((100, 300, 600, 0), 1, 2, 0.0, 0.0, id="cost-not-known-not-charged"),
+    pytest.param((100, 300), 1, 2, 0.01, 0.0, id="no-engine-kept"),
+    pytest.param((100, 300), 2, 2, 0.01, 100 * 0.01, id="tp2-one-engine-goes"),
+    pytest.param((), 1, 2, 0.01, 0.0, id="no-reports"),
+])
+def test_moved_requests_s(engine_kv, per_engine, release, token_s, expected):
+    donor = ComponentView("rollout", "dynamic", len(engine_kv) * per_engine, 100.0, devices_per_engine=per_engine,
+                          engine_kv=engine_kv, moved_token_s=token_s)
+    assert moved_requests_s(donor, release) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("token_s, moves", [
+    pytest.param(0.0, (("rollout", "trainer", 2),), id="kv-moves-with-them-packs-onto-one-engine"),
+    pytest.param(0.02, (("rollout", "trainer", 1),), id="re-prefill-keeps-two-engines"),
+    pytest.param(1.0, None, id="re-prefill-costlier-than-any-gain"),
+])
+def test_the_context_moved_requests_compute_again_is_charged_to_the_donor(token_s, moves):
+    """Three engines of 1000 KV tokens each, floor one engine: releasing two makes the
+    kept one compute 2000 moved tokens again, releasing one 1000 shared by two. The
+    trainer (2560 samples) is the bottleneck: 51.2 s on 1 device, 25.6 on 2, 17.1 on 3."""
+    r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=20, requests_per_engine=8,
+                      keep_engines=1, engine_low_since=(0.0, 0.0, 0.0), engine_kv=(1000, 1000, 1000),
+                      moved_token_s=token_s)
+    t = ComponentView("trainer", "static", 1, 2560.0)
+    plan = decide_dynarl(ClusterView(10.0, (r, t)), predictor(), CFG)
+    assert (plan.moves if plan is not None else None) == moves
+    if token_s == 0.02:  # release 2: 2000 x 0.02 s on the kept engine (+2 s decode) = 42 s > 25.6 s
+        assert plan.predicted_time_s == pytest.approx(2560.0 / 100.0)
+    free = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8, charge_move_cost=False)
+    assert decide_dynarl(ClusterView(10.0, (r, t)), predictor(), free).moves == (("rollout", "trainer", 2),)

@@ -136,6 +136,10 @@ class EngineLoad:
     started (0 where the engine does not say)."""
     devices: int = 1
     """Devices the engine spans (its tensor-parallel size): its busy time counts that many times."""
+    prefill_s_per_token: float = 0.0
+    """Seconds its prefill takes per new token (measured, or the cost model's); 0: not known."""
+    kv_move_s_per_token: float = 0.0
+    """Seconds a token of KV moved to it takes to arrive (across nodes, the worse case); 0: not known."""
 
     @property
     def utilization(self) -> float:

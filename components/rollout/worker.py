@@ -104,8 +104,10 @@ class RolloutWorker(dynarl.Worker):
         consumed its END, and the kept ranks see every remaining prompt and their own ENDs.
         Also the raw numbers a view of the tail is made of: KV utilization, active and
         total KV tokens, the tokens the held requests made so far, the requests
-        finished in this step's generation with their tokens (no oracle lengths), and
-        its mean engine step so far (the predictor's decode step on real engines)."""
+        finished in this step's generation with their tokens (no oracle lengths), its
+        mean engine step so far (the predictor's decode step on real engines), and what a
+        token of a request moved here costs it (its prefill, or with move_kv the KV's
+        transfer: the policy's moved_requests_s)."""
         load = await self.engine.load()
         run = self.run
         remaining, decoding = 0.0, 0
@@ -119,7 +121,8 @@ class RolloutWorker(dynarl.Worker):
                 "finished": run.num_finished if run is not None else 0,
                 "finished_tokens": run.finished_tokens if run is not None else 0,
                 "active_run": run is not None and not run.closed,
-                "step_s": _mean_step(run)}
+                "step_s": _mean_step(run),
+                "moved_token_s": load.kv_move_s_per_token if self.move_kv else load.prefill_s_per_token}
 
     # --- Workload migration (core/migration/workload.py) ---------------------------
     async def workload_pause(self) -> None:

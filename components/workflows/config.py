@@ -162,8 +162,10 @@ class DynarlSection:
     """Donor shrink options evaluated per decision (3..10)."""
     charge_move_cost: bool = True
     """Charge each moving component its measured move cost (its last round trip: out
-    in the tail, back after the train step), so a move that cannot pay for itself is
-    not made. false: the policy moves whenever the devices alone would be faster."""
+    in the tail, back after the train step), and the rollout the context its kept
+    engines compute again for the requests a move hands them (their measured prefill
+    per token; with rollout.move_kv, the KV's transfer), so a move that cannot pay for
+    itself is not made. false: the policy moves whenever the devices alone would be faster."""
     pack: float = 1.0
     """The donor keeps the engines its active KV needs at this multiple of the step's
     mean peak fill (above 1: the stragglers consolidate onto fewer engines)."""

@@ -157,7 +157,8 @@ class GlobalScheduler:
             devices_per_engine=spec.devices_per_engine, min_devices=spec.min_devices,
             interruptible=donor.gate.interruptible and (drained or rollout_done(progress, queued)),
             active_requests=progress.active, keep_engines=demand,
-            move_cost_s=donor.move_cost_s, engine_low_since=low)]
+            move_cost_s=donor.move_cost_s, engine_low_since=low, engine_kv=tuple(int(r["kv"]) for r in donor.reports),
+            moved_token_s=max((float(r.get("moved_token_s", 0.0)) for r in donor.reports), default=0.0))]
         for name, m in self.managers.items():
             if m is donor:
                 continue

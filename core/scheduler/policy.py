@@ -15,7 +15,10 @@ the same in `dynarl train` and `dynarl sim`).
    stage throughput), plus the time of barrier stages (a trainer on the whole
    batch starts when the others are done, so its time adds to theirs); a
    component that gives or takes devices also pays its measured move cost
-   (`move_cost_s`: its last round trip of migrations, out and back). The best
+   (`move_cost_s`: its last round trip of migrations, out and back), and a
+   donor the context its kept engines compute again for the requests moved to
+   them (`moved_requests_s`: none where they take their KV along); with
+   `charge_move_cost` false (the paper's rule) moves are free. The best
    is committed only if strictly faster than now, so a move that cannot pay
    for itself is not made.
 Only components at an interruptible point take part, and only those the predictor
@@ -56,6 +59,11 @@ class ComponentView:
     that steps on the whole batch): its time adds to theirs instead of overlapping."""
     engine_low_since: tuple[float | None, ...] = ()
     """Per engine: since when its utilization has stayed below u_low (None: not low)."""
+    engine_kv: tuple[int, ...] = ()
+    """A dynamic component's engines' active KV tokens (any order)."""
+    moved_token_s: float = 0.0
+    """Seconds an engine spends per token of context of a request moved to it (its
+    prefill; with rollout.move_kv, the KV's transfer); 0: not known, not charged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +79,8 @@ class DynarlConfig:
     window_s: float = 4.0
     max_candidates: int = 8
     charge_move_cost: bool = True
-    """Charge each moving component its measured move cost (False: moves are free)."""
+    """Charge each moving component its measured move cost, and the donor the context
+    its kept engines compute again (moved_requests_s); False: moves are free."""
     pack: float = 1.0
     """The donor's floor packs its active KV at this multiple of the step's mean peak
     fill (view.rollout_demand): above 1 the stragglers consolidate onto fewer engines."""
@@ -153,16 +162,16 @@ def is_donor(c: ComponentView, now: float, config: DynarlConfig) -> bool:
 
 
 def predicted_time(components: tuple[ComponentView, ...], allocation: dict[str, int], predictor: Predictor,
-                   moving: frozenset[str] = frozenset()) -> float:
+                   moving: frozenset[str] = frozenset(), delays: Mapping[str, float] | None = None) -> float:
     """Remaining iteration time: the slowest pipelined stage's remaining work over
     its rate, then the barrier stages' in turn; each component in `moving` delayed
-    by its move cost."""
+    by its move cost, and each in `delays` by that many seconds."""
     worst = after = 0.0
     for c in components:
         if c.remaining_work <= 0 or not predictor.knows(c.name):
             continue
         rate = predictor.rate(c.name, allocation[c.name], c.devices_per_engine, demand_engines(c))
-        cost = c.move_cost_s if c.name in moving else 0.0
+        cost = (c.move_cost_s if c.name in moving else 0.0) + (delays or {}).get(c.name, 0.0)
         t = float("inf") if rate <= 0 else cost + c.remaining_work / rate
         if c.barrier:
             after += t
@@ -197,10 +206,23 @@ def decide_dynarl(view: ClusterView, predictor: Predictor, config: DynarlConfig)
             allocation, moves = _give_to_bottlenecks(comps, current, donor, release, receivers, predictor)
             count += 1
             moving = frozenset({donor.name, *(r for _, r, _ in moves)} if config.charge_move_cost else ())
-            t = predicted_time(comps, allocation, predictor, moving)
+            delays = {donor.name: moved_requests_s(donor, release)} if config.charge_move_cost else None
+            t = predicted_time(comps, allocation, predictor, moving, delays)
             if t < now_time and (best is None or t < best.predicted_time_s):
                 best = Plan(allocation, moves, t, now_time, 0, sum(c.move_cost_s for c in comps if c.name in moving))
     return None if best is None else replace(best, candidates=count)
+
+
+def moved_requests_s(donor: ComponentView, release: int) -> float:
+    """Pure: seconds the donor's kept engines spend on the context of the requests that
+    giving up `release` devices moves to them: the emptiest engines go (as the mover's
+    release_order picks them), and their active KV tokens are shared out over the
+    engines kept, each at moved_token_s (0: not charged)."""
+    gone = release // donor.devices_per_engine
+    kept = len(donor.engine_kv) - gone
+    if donor.moved_token_s <= 0 or gone <= 0 or kept <= 0:
+        return 0.0
+    return sum(sorted(donor.engine_kv)[:gone]) * donor.moved_token_s / kept
 
 
 def _release_options(donor: ComponentView, max_candidates: int) -> list[int]:

@@ -243,11 +243,16 @@ class EmulatedRolloutEngine:
         made = [s.num_output(sched.step) for s in sched.running.values()] + [s.out_base for s in sched.waiting.values()]
         targets = [s.target for s in sched.running.values()] + [s.target for s in sched.waiting.values()]
         generated = sum(made)
+        scale, tp = self.config.time_scale, self.config.tp
         return EngineLoad(active_kv_tokens=sched.active_kv_tokens(), kv_capacity_tokens=self.capacity,
                           num_running=len(sched.running), num_waiting=len(sched.waiting),
                           cache_hit_tokens=sched.cache_hit_tokens, num_preemptions=sched.num_preemptions,
                           generated_tokens=generated, reprefill_tokens=sched.num_reprefill_tokens,
-                          budget_tokens=sum(targets) - generated, devices=self.config.tp)
+                          budget_tokens=sum(targets) - generated, devices=self.config.tp,
+                          # (in loop seconds, as the engine's steps take them: cost-model x time_scale)
+                          prefill_s_per_token=scale * costmodel.prefill_time(self.model, self.device, 1, tp),
+                          kv_move_s_per_token=scale * costmodel.kv_transfer_time(self.model, self.device, 1, tp,
+                                                                                 across_nodes=True))
 
     def running_request_ids(self) -> list[str]:
         """Requests admitted and holding KV now (the agentic worker's queue waits)."""

@@ -20,6 +20,7 @@ Semantics the controller relies on:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence as Seq
@@ -81,6 +82,8 @@ class NativeRolloutEngine:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.released = False
         self.kv_imported_tokens = self.kv_refused = 0
+        self.prefill_s, self.prefill_new_tokens = 0.0, 0
+        """Wall seconds of prefill batches and the tokens they computed."""
         """Tokens of KV installed from other engines; imports refused (other weights)."""
         self._seqs: dict[str, Sequence] = {}
         self._order = 0
@@ -126,8 +129,12 @@ class NativeRolloutEngine:
         if not (self.scheduler.paused or self.released):
             batch = self.scheduler.schedule()
             if batch is not None:
+                began = time.perf_counter()
                 # sample on the CPU: the seeded streams are then the same whatever device ran the model
                 logits = self.runner.run(batch).float().cpu()
+                if batch.is_prefill:  # its measured cost per token (EngineLoad.prefill_s_per_token)
+                    self.prefill_s += time.perf_counter() - began
+                    self.prefill_new_tokens += sum(s.num_tokens - s.num_cached_tokens for s in batch.seqs)
                 tokens, logprobs = sample(logits, [s.request.sampling for s in batch.seqs],
                                           [s.num_output_tokens for s in batch.seqs], self.generator)
                 for seq in self.scheduler.postprocess(batch, tokens, logprobs, self.weight_version):
@@ -180,6 +187,7 @@ class NativeRolloutEngine:
                           num_running=len(s.running), num_waiting=len(s.waiting),
                           cache_hit_tokens=s.num_cached_tokens,
                           num_preemptions=s.num_preemptions, reprefill_tokens=s.num_reprefill_tokens,
+                          prefill_s_per_token=self.prefill_s / self.prefill_new_tokens if self.prefill_new_tokens else 0.0,
                           generated_tokens=sum(q.num_output_tokens for q in held),
                           budget_tokens=sum(max(q.request.sampling.max_new_tokens - q.num_output_tokens, 0)
                                             for q in held))
