@@ -199,6 +199,28 @@ async def test_a_putter_cancelled_after_being_woken_passes_the_room_on():
     assert await ch.get() == 2
 
 
+async def test_puts_under_backpressure_land_in_the_order_they_came():
+    """A put that finds room while an earlier one waits, or has been woken and not run
+    yet, goes behind it: a driver's END for a rank cannot overtake that rank's last turn
+    (the agentic run on SGLang that hung on a turn queued behind its rank's END)."""
+    ch = Channel("c", capacity=1)
+    await ch.put("x", key="r")
+    turn = asyncio.ensure_future(ch.put("turn", key="r"))
+    await asyncio.sleep(0)
+
+    async def release() -> None:
+        assert ch.get_nowait("r") == "x"  # room for one: wakes `turn`, which has not run yet...
+        await ch.put("END", key="r")      # ...when the END comes, in the same tick
+
+    end = asyncio.ensure_future(release())
+    await asyncio.wait_for(turn, 1)
+    await asyncio.sleep(0)
+    assert not end.done()
+    assert await ch.get(key="r") == "turn"
+    await asyncio.wait_for(end, 1)
+    assert await ch.get(key="r") == "END"
+
+
 async def test_bookkeeping_of_used_keys_is_dropped():
     ch = Channel("c")
     for k in range(1000):

@@ -84,6 +84,8 @@ class Channel:
         """Per key: a heap of (weight served to the consumer when pushed, seq, getter)."""
         self._by_consumer: dict[tuple[Hashable, str | None], deque[_Getter]] = defaultdict(deque)
         self._putters: deque[asyncio.Future] = deque()
+        self._woken: set[asyncio.Future] = set()
+        """Putters a take has woken that have not run yet: the room is theirs."""
         self._room_waiters: deque[asyncio.Future] = deque()
         self._served: dict[str, float] = defaultdict(float)
         self._producers: dict[str, int] = defaultdict(int)
@@ -118,22 +120,34 @@ class Channel:
         await self._until_room(self._putters, takes_turn=True)
 
     async def _until_room(self, waiters: deque[asyncio.Future], takes_turn: bool) -> None:
+        """Putters go in the order they came: one that finds room while others wait (or
+        have been woken and not run yet) waits behind them, and a woken putter that finds
+        the channel full again keeps its place at the front. (Else a producer's later put,
+        e.g. a rank's END, could overtake its earlier one.)"""
+        woken = False
         while True:
             if self.closed:
                 raise ChannelClosed(f"channel {self.name!r} is closed")
-            if self._size < self.capacity:
+            ahead = takes_turn and not woken and (self._putters or self._woken)
+            if self._size < self.capacity and not ahead:
                 return
             fut = asyncio.get_running_loop().create_future()
-            waiters.append(fut)
+            if woken:
+                waiters.appendleft(fut)
+            else:
+                waiters.append(fut)
             try:
                 await fut
             except asyncio.CancelledError:
-                if takes_turn and fut.done() and not fut.cancelled():
+                if fut in self._woken:
+                    self._woken.discard(fut)
                     self._wake_putter()  # woken, then cancelled: the room goes to the next putter
                 raise
             finally:
                 if fut in waiters:
                     waiters.remove(fut)
+            woken = takes_turn
+            self._woken.discard(fut)
 
     def put_nowait(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                    producer: str | None = None) -> None:
@@ -385,6 +399,7 @@ class Channel:
             fut = self._putters.popleft()
             if not fut.done():
                 fut.set_result(None)
+                self._woken.add(fut)
                 return
 
 
