@@ -135,6 +135,20 @@ class Worker:
         balancing; `window` bounds puts in flight before put() waits."""
         return self._runtime.channel(name, prefetch=prefetch, window=window)
 
+    def offer(self, value: Any) -> Any:
+        """Keeps `value` in this process for another rank to `fetch` straight from here
+        (a RemoteRef to hand it), skipping the controller; None where there is no data
+        plane (the inproc launcher: pass the value itself)."""
+        return self._runtime.offer(value)
+
+    def withdraw(self, ref: Any) -> None:
+        """Drops an offer nobody will fetch any more."""
+        self._runtime.withdraw(ref)
+
+    async def fetch(self, ref: Any) -> Any:
+        """Another rank's offer (and tells it it may drop it). Raises PayloadLost."""
+        return await self._runtime.fetch(ref)
+
     def process_group(self, name: str) -> Any:
         """The torch.distributed ProcessGroup named `name` that includes this rank."""
         return self._runtime.process_group(name)

@@ -18,8 +18,9 @@ from typing import Any, Awaitable, Callable
 
 from dynarl.core.worker import Worker, WorkerSpec
 from dynarl.transport.channel_client import ChannelClient
-from dynarl.transport.data_plane import PayloadFetcher, PayloadServer
+from dynarl.transport.data_plane import PayloadFetcher, PayloadLost, PayloadServer
 from dynarl.transport.process_group import GroupMembership, host_store, join_group, leave_group
+from dynarl.transport.wire import RemoteRef, decode_blob, encode_blob
 
 Call = Callable[[str, list, dict], Awaitable[Any]]
 log = logging.getLogger(__name__)
@@ -85,6 +86,25 @@ class WorkerRuntime:
         return None if fn is None else fn.__get__(worker)
 
     # --- services for the Worker ----------------------------------------------
+    def offer(self, value: Any) -> RemoteRef | None:
+        """Keeps `value` here for a peer rank to fetch straight from this process
+        (data_plane.py); None where there is no data plane (in-process ranks)."""
+        if self._payloads is None:
+            return None
+        return self._payloads.offer(encode_blob(value))
+
+    def withdraw(self, ref: RemoteRef) -> None:
+        if self._payloads is not None:
+            self._payloads.withdraw(ref)
+
+    async def fetch(self, ref: RemoteRef) -> Any:
+        """A peer's offer, and tells that peer it may drop it. Raises PayloadLost."""
+        if self._fetcher is None:
+            raise PayloadLost(f"no data plane here to fetch {ref}")
+        blob = await self._fetcher.fetch(ref)
+        await self._fetcher.release(ref)
+        return decode_blob(blob)
+
     def channel(self, name: str, *, prefetch: int, window: int) -> ChannelClient:
         client = self._channels.get(name)
         if client is None:

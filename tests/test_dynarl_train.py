@@ -216,9 +216,10 @@ async def _two_engines(ctl, cls=RolloutWorker, backend="native", move_kv=False):
     return group
 
 
-async def _generate(migrate: bool, refuse: bool = False, backend: str = "native", move_kv: bool = False):
+async def _generate(migrate: bool, refuse: bool = False, backend: str = "native", move_kv: bool = False,
+                    launcher: str = "inproc"):
     """`refuse`: the kept rank refuses the import, so the migration rolls back."""
-    config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=2))
+    config = RuntimeConfig(launcher=launcher, cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
         group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker, backend, move_kv)
         for i in range(GROUPS):
@@ -291,14 +292,18 @@ async def test_a_rolled_back_migration_gives_the_real_workers_groups_back(backen
     assert sum(s["tokens"] for s in stats_r) == GROUPS * SAMPLES * NEW_TOKENS
 
 
-async def test_moved_groups_carry_their_kv_and_the_kept_rank_re_prefills_less():
-    """rollout.move_kv: the released rank's requests travel with their computed KV; the
-    kept engine's prefix cache serves it, so only each request's last partial block is
-    computed again, and the tokens are the unmoved run's."""
+@pytest.mark.parametrize("launcher", ["inproc", "local"])
+async def test_moved_groups_carry_their_kv_and_the_kept_rank_re_prefills_less(launcher):
+    """rollout.move_kv: the released rank's requests travel with their computed KV (with
+    worker processes, fetched by the kept rank straight from the released one: the data
+    plane); the kept engine's prefix cache serves it, so only each request's last
+    partial block is computed again, and the tokens are the unmoved run's."""
     reference, _, _, _ = await _generate(migrate=False)
     plain, _, stats_plain, moved_plain = await _generate(migrate=True)
-    with_kv, emitted, stats_kv, moved = await _generate(migrate=True, move_kv=True)
+    with_kv, emitted, stats_kv, moved = await _generate(migrate=True, move_kv=True, launcher=launcher)
     assert moved >= 1 and moved_plain >= 1 and emitted == list(range(GROUPS))
+    fetched = sum(s["kv_fetched"] for s in stats_kv)
+    assert (0 < fetched <= moved) if launcher == "local" else fetched == 0
     assert with_kv == plain == reference
     per_request = {"plain": sum(s["reprefill_tokens"] for s in stats_plain) / (moved_plain * SAMPLES),
                    "kv": sum(s["reprefill_tokens"] for s in stats_kv) / (moved * SAMPLES)}

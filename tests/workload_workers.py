@@ -93,7 +93,7 @@ class RefusingRolloutWorker(RolloutWorker):
     """The real rollout worker, whose rank 1 refuses a non-empty import (a kept rank
     that fails to take work over)."""
 
-    def workload_import(self, items: list[dict]) -> int:
+    async def workload_import(self, items: list[dict]) -> int:
         if items and self.rank == 1:  # still held: the rollback's empty import lets it go
             raise RuntimeError("import refused (fault injection)")
-        return super().workload_import(items)
+        return await super().workload_import(items)

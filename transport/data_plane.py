@@ -72,6 +72,11 @@ class PayloadServer:
         self._store[ref_id] = blob
         return RemoteRef(self.address, ref_id, blob.nbytes)
 
+    def withdraw(self, ref: RemoteRef) -> None:
+        """Drops an offer nobody will fetch any more (a later fetch finds it missing)."""
+        self._store.pop(ref.id, None)
+        self._served.discard(ref.id)
+
     def take_all(self) -> list[tuple[RemoteRef, Blob, bool]]:
         """Everything still held, each with whether a fetch was already answered (then a
         consumer most likely has the bytes and its release is on the way or lost)."""

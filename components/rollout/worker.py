@@ -27,6 +27,7 @@ from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.base import (GenerationRequest, GenerationResult, InflightRequest, KVBlocks,
                                             RolloutEngine, SamplingParams)
+from dynarl.transport.wire import RemoteRef
 
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,10 @@ class RolloutWorker(dynarl.Worker):
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
         self.move_kv = move_kv
+        self.offered: list[Any] = []
+        """KV offered for the last export's items (RemoteRefs), until commit or resume."""
+        self.kv_fetched = self.kv_lost = 0
+        """Items whose KV came peer-to-peer, and whose KV could not be fetched."""
         self.frees_released = backend != "emulated"
         """A rank a Workload migration releases frees its KV memory for the component that
         gets its devices (emulated devices: MoveCosts charges that, core/migration/mover.py)."""
@@ -150,8 +155,18 @@ class RolloutWorker(dynarl.Worker):
         """rollout.move_kv: the KV the engine still holds for each of the item's requests
         (their tokens so far), and the node it leaves from."""
         kvs = [await self.engine.export_kv(InflightRequest.from_wire(r)) for r in item["inflight"]]
-        item["kv"] = [kv.to_wire() for kv in kvs if kv is not None]
+        wires = [kv.to_wire() for kv in kvs if kv is not None]
+        ref = self.offer(wires) if wires else None  # fetched by the kept rank from here, not via the controller
+        if ref is not None:
+            self.offered.append(ref)
+        item["kv"] = wires if ref is None else ref
         item["node"] = self.node
+
+    def _withdraw_kv(self) -> None:
+        """Drops the KV offers of this rank's last export (fetched by now, or never to be)."""
+        for ref in self.offered:
+            self.withdraw(ref)
+        self.offered.clear()
 
     async def workload_commit(self) -> None:
         """The kept ranks have the exported work: this rank's generate() emits what it
@@ -162,6 +177,7 @@ class RolloutWorker(dynarl.Worker):
             run.hold = False
             run.arrived.set()
             await run.finished.wait()
+        self._withdraw_kv()
         if self.frees_released:
             try:
                 await self._free()
@@ -177,7 +193,9 @@ class RolloutWorker(dynarl.Worker):
         load = await self.engine.load()
         return float(load.generated_tokens + load.num_running + load.num_waiting)
 
-    def workload_import(self, items: list[dict]) -> int:
+    async def workload_import(self, items: list[dict]) -> int:
+        # the KV first: the run stays held (workload_load) while it is fetched
+        kvs = [await self._kv_in(item) for item in items]
         if self.run is not None:
             self.run.hold = False
             self.run.arrived.set()
@@ -185,13 +203,30 @@ class RolloutWorker(dynarl.Worker):
             return 0
         if self.run is None or self.run.closed:
             raise RuntimeError("workload_import: this rank has no generation to take work into")
-        for item in items:  # first: the engine's prefix cache then serves the moved prefixes
-            for kv in item.get("kv", ()):
-                self.engine.import_kv(KVBlocks.from_wire(kv), across_nodes=item.get("node", self.node) != self.node)
+        for item, blocks in zip(items, kvs):  # first: the engine's prefix cache then serves the moved prefixes
+            for kv in blocks:
+                self.engine.import_kv(kv, across_nodes=item.get("node", self.node) != self.node)
         self.run.adopt(items)
         return len(items)
 
+    async def _kv_in(self, item: dict) -> list[KVBlocks]:
+        """The KV that came with an item: inline, or offered by the released rank and
+        fetched straight from it (the data plane). KV that cannot be fetched is not
+        needed for correctness: its requests are re-prefilled (logged, counted)."""
+        kv = item.get("kv", ())
+        if isinstance(kv, RemoteRef):
+            try:
+                kv = await self.fetch(kv)
+            except Exception as exc:  # PayloadLost, or the rank is gone: re-prefill instead
+                log.warning("rollout rank %d: the KV of %s could not be fetched, re-prefilling: %r",
+                            self.rank, item.get("id"), exc)
+                self.kv_lost += 1
+                return []
+            self.kv_fetched += 1
+        return [KVBlocks.from_wire(w) for w in kv]
+
     async def workload_resume(self) -> None:
+        self._withdraw_kv()  # a rolled-back move: what it got back came with its KV or is re-prefilled
         if self.run is not None:
             await self.run.resume()
         else:  # a released rank rejoining its group (standby): its engine was left paused, freed
@@ -207,7 +242,7 @@ class RolloutWorker(dynarl.Worker):
         run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling)
         started = time.perf_counter()
         load = await self.engine.load()
-        preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
+        preempted, reprefilled, kv_fetched = load.num_preemptions, load.reprefill_tokens, self.kv_fetched
         fetch = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: never take a second END
         try:
             await run.drive(fetch)
@@ -225,6 +260,7 @@ class RolloutWorker(dynarl.Worker):
                     "busy_s": time.perf_counter() - started, "busy": run.busy.intervals,
                     "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
                     "reprefill_tokens": load.reprefill_tokens - reprefilled,
+                    "kv_fetched": self.kv_fetched - kv_fetched,
                     "devices": load.devices, "groups_exported": run.num_exported,
                     "groups_imported": run.num_imported}
         finally:
