@@ -62,10 +62,6 @@ def check_wired(*, rollout_backend: str, trainer_backend: str, scheduler_policy:
     for path, backend in (("rollout.backend", rollout_backend), ("trainer.backend", trainer_backend)):
         if backend == "emulated":
             raise ConfigError(path, "'emulated' engines run in the simulator (dynarl sim), not in dynarl train")
-    if scheduler_policy == "dynarl" and workflow == "agentic" and rollout_backend == "sglang":
-        raise ConfigError("scheduler.policy", "'dynarl' with the agentic workflow on SGLang engines is not reliable "
-                                              "yet (a run stalled in CI with a turn never served after a move); "
-                                              "use 'static', or rollout.backend 'native'")
     optimizer = (megatron or MegatronConfig()).optimizer
     if scheduler_policy == "dynarl" and trainer_backend == "megatron" and optimizer != "adamw":
         raise ConfigError("trainer.megatron.optimizer", "scheduler.policy 'dynarl' reshards the trainer's optimizer "

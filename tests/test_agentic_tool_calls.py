@@ -167,3 +167,23 @@ def test_a_groups_episodes_start_together_and_a_leaving_rank_gets_its_end_and_no
     assert ended == ["a", "b", "c"] and driver.routed_to == {}
     assert [(e.turns, e.finish, e.tool_calls, len(e.response)) for e in episodes] == [(2, "answer", 1, 3 + 2 + 4)] * 6
     assert driver.router.by_reason["group"] == 3  # g0e2, g1e1, g1e2 followed their group's first episode
+
+
+def test_a_rank_that_leaves_after_the_run_closed_gets_no_second_end():
+    """A move that releases ranks after every episode is over (the tail of the step's
+    stages): close() gave each rank its END; leave() must not add another, which would
+    wait in that rank's queue and end its next step before its first turn (the agentic
+    run on SGLang that stalled in its second step)."""
+    ended = []
+
+    async def end(rank):
+        ended.append(rank)
+
+    async def main():
+        driver = EpisodeDriver(ScriptedTurns({}, vocab_size=100), ["a", "b", "c"], None, end=end)
+        await driver.leave(["a"])  # during the run: its END now
+        await driver.close()       # the others' ENDs
+        await driver.leave(["b"])  # after: none
+        return driver
+    driver = asyncio.run(main())
+    assert ended == ["a", "b", "c"] and list(driver.outstanding) == ["c"]

@@ -45,6 +45,7 @@ CPU_MEGATRON = MegatronConfig(optimizer="adamw", dtype="float32", use_distribute
     # SGLang behind the one engine protocol: Workload migration and agentic turn serving
     dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="dynarl"),
     dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="static", workflow="agentic"),
+    dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="dynarl", workflow="agentic"),
     dict(rollout_backend="native", trainer_backend="megatron", scheduler_policy="dynarl", megatron=CPU_MEGATRON,
          device_kind="cpu"),  # the trainer reshards live (test_megatron_reshard.py)
 ])
@@ -57,7 +58,6 @@ def test_wired_combinations_pass(kwargs):
     (dict(rollout_backend="native", trainer_backend="emulated"), "trainer.backend", "simulator"),
     (dict(trainer_backend="megatron", scheduler_policy="dynarl"), "trainer.megatron.optimizer", "'adamw' only"),
     (dict(rollout_backend="sglang", device_kind="cpu"), "rollout.backend", "CUDA devices only"),
-    (dict(rollout_backend="sglang", scheduler_policy="dynarl", workflow="agentic"), "scheduler.policy", "not reliable"),
     (dict(trainer_backend="megatron", device_kind="cpu"), "trainer.megatron.optimizer", "'adamw'"),
     (dict(trainer_backend="megatron", device_kind="cpu",
           megatron=MegatronConfig(optimizer="adamw", dtype="float32", use_distributed_optimizer=False)),

@@ -2,10 +2,9 @@ NUM_GPUS = 0
 """`dynarl train` with rollout.backend=sglang, end to end, on tests/fakes' SGLang engine
 (sglang 0.5.23's signatures and idle/paused rules; tokens a function of the sequence):
 the agentic workflow serves its turns through the SGLang adapter, and under
-scheduler.policy=dynarl the GRPO workflow's SGLang engines are released mid-step (their
-requests, tokens so far, move to the kept engines) while the trainer reshards onto
-their devices (dynarl with the agentic workflow on SGLang is refused for now: a CI run
-stalled in its second step with a turn never served). The
+scheduler.policy=dynarl the SGLang engines of either workflow are released mid-step
+(their requests, tokens so far, move to the kept engines) while the trainer reshards
+onto their devices. The
 worker processes import tests/fakes/sglang_pkg as `sglang`; the weight sync reaches
 the fake through the adapter's bucketed update path. sglang's CUDA-only refusal is
 lifted for these runs (the fake runs on CPU). What a real SGLang engine does is not
@@ -77,4 +76,16 @@ def test_dynarl_moves_sglang_engines_in_the_grpo_workflow(fake_sglang_package, t
     rows, entries = _train(str(tmp_path / "dynarl"), *job, "scheduler.policy=dynarl", *FAST)
     assert any(r["migrations"].get("workload:rollout") and r["migrations"].get("p2p:trainer") for r in rows), rows
     for s, d in zip(static, entries):  # the same samples as the static run, each once
+        assert sorted(d.sample_ids) == sorted(s.sample_ids) and len(set(d.sample_ids)) == len(d.sample_ids)
+
+
+def test_dynarl_moves_sglang_engines_in_the_agentic_workflow(fake_sglang_package, tmp_path):
+    """The engines move (Workload out, P2P to the trainer, the engines back), every step
+    runs to its end, and each trains the static run's episodes once. (Its second step used to stall: ranks
+    released after the step's episodes were over got a second END, which ended their
+    next step's turn serving before its first turn; episodes.py leave.)"""
+    _, static = _train(str(tmp_path / "static"), *ARGS)
+    rows, entries = _train(str(tmp_path / "dynarl"), *ARGS, "scheduler.policy=dynarl", *FAST)
+    assert any(r["migrations"].get("workload:rollout") and r["migrations"].get("join:rollout") for r in rows), rows
+    for s, d in zip(static, entries):
         assert sorted(d.sample_ids) == sorted(s.sample_ids) and len(set(d.sample_ids)) == len(d.sample_ids)

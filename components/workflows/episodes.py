@@ -227,11 +227,13 @@ class EpisodeDriver:
 
     async def leave(self, ranks: Sequence[Any]) -> None:
         """`ranks` leave the run (a migration releases them): no turn is routed to them
-        from now on, and each gets its end marker (`end`) behind the turns it has."""
+        from now on, and each gets its end marker (`end`) behind the turns it has, unless
+        the run is closed: then it has it already, and a second one would stay in its
+        queue and end that rank's next step before its first turn."""
         for key in ranks:
             if key in self.outstanding:
                 del self.outstanding[key]
-                if self.end is not None:
+                if self.end is not None and not self.closed:
                     await self.end(key)
 
     async def join(self, ranks: Sequence[Any]) -> None:
