@@ -72,3 +72,12 @@ class TimedEngine(dynarl.Worker):
     def finished(self) -> list[str]:
         self._collect()
         return self.done
+
+
+class ClosingEngine(TimedEngine):
+    """A TimedEngine whose generation closes when its last request finishes: then it
+    takes no work (workload_load inf), as a RolloutWorker whose generate() returned."""
+
+    def workload_load(self) -> float:
+        self._collect()
+        return float(len(self.requests)) if self.requests else float("inf")

@@ -15,10 +15,10 @@ from dynarl.core.migration.mover import Mover
 from dynarl.core.scheduler.log import DeviceCounts, device_stats
 from dynarl.core.scheduler.loop import GlobalScheduler, StepState
 from dynarl.core.scheduler.manager import ComponentSpec, InterruptGate
-from dynarl.core.scheduler.policy import DynarlConfig
+from dynarl.core.scheduler.policy import DynarlConfig, Plan
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 from dynarl.core.scheduler.view import StepWork
-from sched_workers import TimedEngine
+from sched_workers import ClosingEngine, TimedEngine
 
 
 class Rates:
@@ -161,3 +161,34 @@ def test_device_stats_need_a_count_at_the_windows_start():
 def test_release_order(active, utilization, width, devices, release):
     from dynarl.core.migration.mover import release_order
     assert release_order(active, utilization, width, devices) == release
+
+
+def test_a_move_whose_kept_engine_finished_meanwhile_releases_that_engine_instead():
+    """The decision saw both engines generating and chose to release the emptier one
+    (engine 0, 1 request of 4); by the move, engine 1 had finished, so the Workload
+    migration has no kept engine to hand engine 0's request to and refuses. The mover
+    asks the engines again and releases the finished engine 1 instead: the devices move
+    (the megatron example's one step in ten without a move), engine 0's request stays."""
+    async def workflow(ctl):
+        rollout = await ctl.spawn(ClosingEngine, name="rollout", devices=[0, 1])
+        inference = await ctl.spawn(TimedEngine, name="inference", devices=[2], init={"capacity": 100})
+        await rollout.scatter("submit", [[{"long": 10.0}], [{"a": 1.0, "b": 1.0}]])
+        sched = GlobalScheduler(ctl, "dynarl", Rates(), DynarlConfig(), interval_s=1.0)
+        sched.register(ComponentSpec("rollout", "dynamic"), rollout)
+        sched.register(ComponentSpec("inference", "static", "join"), inference)
+        sched.mover = Mover(ctl, Flow(), sched.managers, sched.log)
+        await sched.managers["rollout"].poll(0.0)  # both generating: engine 0 is the emptier
+        await asyncio.sleep(2.0)  # engine 1 finishes at t=1
+        live = LiveStep(0)
+        live.done = {c: asyncio.get_running_loop().create_future() for c in ("rollout", "reward", "inference")}
+        await sched.mover.execute(Plan({"rollout": 1, "inference": 2}, (("rollout", "inference", 1),), 1.0, 2.0, 1),
+                                  live)
+        left = [x for part in await sched.group("rollout").call("submit", {}) for x in [part]]
+        return sched.log, sched.group("rollout").devices, sched.group("inference").devices, left
+    config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=3))
+    log, rollout_devices, inference_devices, left = dynarl.run(workflow, config, virtual_time=True)
+    assert [(m.kind, m.component, m.devices) for m in log.migrations] == [("workload", "rollout", [1]),
+                                                                         ("workload", "inference", [1])]
+    assert len(log.failures) == 1 and "no kept rank can take work" in log.failures[0]
+    assert rollout_devices == [0] and inference_devices == [2, 1]
+    assert left == [1]  # engine 0 kept its request

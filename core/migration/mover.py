@@ -209,17 +209,22 @@ class Mover:
     async def _move(self, donor: str, target: str, devices: int, live: Step) -> None:
         if devices < self.tp:
             return
-        group = self.group(donor)
-        loads = await self.managers[donor].current_reports()
-        width = [len(self.engine_devices(h.spec.devices[0])) for h in group.handles]
-        release = release_order([bool(x["active_run"]) for x in loads], [x["kv_utilization"] for x in loads],
-                                 width, devices)
-        if not release:
-            return
         begun = self.now()
-        freed = await self._release(donor, release, [loads[p] for p in release], live)
+        freed = None
+        for attempt in range(2):  # again once, on fresh reports, if the kept engines finished meanwhile:
+            group = self.group(donor)  # then they can go instead
+            manager = self.managers[donor]
+            loads = await (manager.current_reports() if attempt == 0 else group.call("metrics"))
+            width = [len(self.engine_devices(h.spec.devices[0])) for h in group.handles]
+            release = release_order([bool(x["active_run"]) for x in loads], [x["kv_utilization"] for x in loads],
+                                     width, devices)
+            if not release:
+                return
+            freed = await self._release(donor, release, [loads[p] for p in release], live)
+            if freed is not None:
+                break
         if freed is None:
-            return  # the kept engines finished meanwhile: nothing moved, the next decision sees that
+            return  # nothing moved: the next decision sees the engines as they are
         moved = [d for first in freed for d in self.engine_devices(first)]
         for first in freed:
             self.wide.pop(first, None)
