@@ -303,6 +303,7 @@ async def test_moved_groups_carry_their_kv_and_the_kept_rank_re_prefills_less(la
     with_kv, emitted, stats_kv, moved = await _generate(migrate=True, move_kv=True, launcher=launcher)
     assert moved >= 1 and moved_plain >= 1 and emitted == list(range(GROUPS))
     fetched = sum(s["kv_fetched"] for s in stats_kv)
+    assert sum(s["kv_lost"] for s in stats_kv) == 0
     assert (0 < fetched <= moved) if launcher == "local" else fetched == 0
     assert with_kv == plain == reference
     per_request = {"plain": sum(s["reprefill_tokens"] for s in stats_plain) / (moved_plain * SAMPLES),

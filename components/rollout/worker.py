@@ -242,7 +242,8 @@ class RolloutWorker(dynarl.Worker):
         run = self.run = _Generation(self.engine, self.channel(put), chunk_size, sampling)
         started = time.perf_counter()
         load = await self.engine.load()
-        preempted, reprefilled, kv_fetched = load.num_preemptions, load.reprefill_tokens, self.kv_fetched
+        preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
+        kv_fetched, kv_lost = self.kv_fetched, self.kv_lost
         fetch = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: never take a second END
         try:
             await run.drive(fetch)
@@ -260,7 +261,7 @@ class RolloutWorker(dynarl.Worker):
                     "busy_s": time.perf_counter() - started, "busy": run.busy.intervals,
                     "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
                     "reprefill_tokens": load.reprefill_tokens - reprefilled,
-                    "kv_fetched": self.kv_fetched - kv_fetched,
+                    "kv_fetched": self.kv_fetched - kv_fetched, "kv_lost": self.kv_lost - kv_lost,
                     "devices": load.devices, "groups_exported": run.num_exported,
                     "groups_imported": run.num_imported}
         finally:
