@@ -242,7 +242,9 @@ async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"
                     await workload_migrate(ctl, group, [0])
                 assert group.world_size == 2
             else:
-                moved = (await workload_migrate(ctl, group, [0])).moved
+                result = await workload_migrate(ctl, group, [0])
+                moved = result.moved
+                assert (result.kv_tokens > 0) is move_kv  # what travelled with the moved groups
                 assert group.world_size == 1
         stats = await generate
         out: dict[str, list[int]] = {}

@@ -160,6 +160,7 @@ class RolloutWorker(dynarl.Worker):
         if ref is not None:
             self.offered.append(ref)
         item["kv"] = wires if ref is None else ref
+        item["kv_tokens"] = sum(len(w[0]) for w in wires)
         item["node"] = self.node
 
     def _withdraw_kv(self) -> None:

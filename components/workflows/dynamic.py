@@ -213,6 +213,7 @@ class DynamicScheduling:
                  for d in decisions if d.plan is not None]
         out = {"migrations": count, "migration_s": seconds, "decisions": len(decisions),
                "migrations_in_tail": sum(1 for m in migrations if m.started < rollout_end),
+               "migrated_kv_tokens": sum(m.kv_tokens for m in migrations),
                "devices": device_stats(log.counts, self._begun, end),
                "device_counts_vs_rollout_end_s": [[c.at - rollout_end, dict(c.counts)] for c in counts],
                "move_cost_s": {name: m.move_cost_s for name, m in self.scheduler.managers.items()},

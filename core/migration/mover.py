@@ -151,11 +151,11 @@ class Mover:
         self.log.counts.append(DeviceCounts(self.now(), dict(self.counts)))
 
     def record(self, kind: str, component: str, devices: list[int], begun: float,
-               seconds: float | None = None) -> None:
+               seconds: float | None = None, kv_tokens: int = 0) -> None:
         """A move in the log: started at loop time `begun`; its cost in emulated seconds
         (`seconds`, as charged, or the time since `begun` over the time scale)."""
         seconds = (self.now() - begun) / self.time_scale if seconds is None else seconds
-        self.log.migrations.append(Migration(kind, component, list(devices), begun, seconds))
+        self.log.migrations.append(Migration(kind, component, list(devices), begun, seconds, kv_tokens))
         manager = self.managers.get(component)
         if manager is not None:
             manager.cycle_moves.append(seconds)
@@ -220,25 +220,28 @@ class Mover:
                                      width, devices)
             if not release:
                 return
-            freed = await self._release(donor, release, [loads[p] for p in release], live)
-            if freed is not None:
+            released = await self._release(donor, release, [loads[p] for p in release], live)
+            if released is not None:
                 break
-        if freed is None:
+        if released is None:
             return  # nothing moved: the next decision sees the engines as they are
+        freed, kv_tokens = released
         moved = [d for first in freed for d in self.engine_devices(first)]
         for first in freed:
             self.wide.pop(first, None)
         self.change(**{donor: -len(moved)})
         await self.charge(self.costs.release_s)
-        self.record("workload", donor, moved, begun)
+        self.record("workload", donor, moved, begun, kv_tokens=kv_tokens)
         await self.grow(target, moved, live)
 
-    async def _release(self, name: str, positions: list[int], loads: list[dict], live: Step) -> list[int] | None:
+    async def _release(self, name: str, positions: list[int], loads: list[dict], live: Step
+                       ) -> tuple[list[int], int] | None:
         """Donor engines at `positions` leave: their requests move to the others
         (Workload migration), or, with no live run among them, they just go. They are
         parked, unless engines may run at a wider TP (tail-TP), which could not rejoin
-        as base engines: those are stopped. Returns the freed first devices, or None
-        when the migration failed (nothing moved)."""
+        as base engines: those are stopped. Returns the freed first devices and the KV
+        tokens the moved requests took along, or None when the migration failed (nothing
+        moved)."""
         manager, group = self.managers[name], self.group(name)
         manager.note([group.handles[p].spec.worker_id for p in positions], loads)
         park = None if self.tail_tp else self.pool(name)
@@ -246,11 +249,12 @@ class Mover:
             if any(load["active_run"] for load in loads):
                 await self.wf.releasing(name, [group.handles[p].spec.worker_id for p in positions])
                 try:
-                    return (await workload_migrate(self.ctl, group, positions, park=park)).freed_devices
+                    result = await workload_migrate(self.ctl, group, positions, park=park)
                 except MigrationFailed as exc:
                     self.log.failures.append(str(exc))
                     return None
-            return await (park.park(group, positions) if park else self.ctl.shrink_group(group, positions))
+                return result.freed_devices, result.kv_tokens
+            return await (park.park(group, positions) if park else self.ctl.shrink_group(group, positions)), 0
 
     async def grow(self, target: str, devices: list[int], live: Step) -> None:
         """The receiver takes `devices` by its strategy (p2p: a reshard; else its
@@ -323,12 +327,13 @@ class Mover:
         positions = [p for p, h in enumerate(group.handles) if h.spec.devices[0] in self.lent]
         loads = await group.call("metrics", ranks=positions)
         begun = self.now()
-        if await self._release(self.donor, positions, loads, live) is None:
+        released = await self._release(self.donor, positions, loads, live)
+        if released is None:
             return  # only the lent engines still run: they keep the devices until they finish
         await self.charge(self.costs.release_s)
         self.change(**{self.donor: -len(self.lent) * self.tp})
         self.lent = []
-        self.record("workload", self.donor, [], begun)
+        self.record("workload", self.donor, [], begun, kv_tokens=released[1])
         begun = self.now()
         await self.charge(self.costs.switch_s)  # the parked components onload: a role switch
         parked, self.parked = self.parked, []

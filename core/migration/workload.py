@@ -17,7 +17,8 @@ Worker protocol: workload_pause(), workload_export() -> [item], workload_load()
 -> float, workload_import([item]), workload_resume(), workload_commit(). A released
 rank stays open after its export (it may get its items back) until workload_commit,
 sent once every kept rank has imported. Each item is a dict with
-at least "id" and "weight" (its expected remaining work, for balancing).
+at least "id" and "weight" (its expected remaining work, for balancing), and
+"kv_tokens" where KV travels with it (counted in the result).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class WorkloadResult:
     moved: int
     freed_devices: list[int]
     seconds: float
+    kv_tokens: int = 0
+    """Tokens of KV the moved items took along (their "kv_tokens"; the rest is re-prefilled)."""
 
 
 def assign(weights: Sequence[float], loads: dict[int, float]) -> list[int]:
@@ -105,7 +108,8 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     freed = await (park.park(group, release) if park is not None else ctl.shrink_group(group, release))
     ctl.tracer.complete("workload migration", "migration", "migrations", 0, started, loop.time(),
                         {"group": group.name, "moved": len(items), "freed": freed})
-    return WorkloadResult(len(items), freed, loop.time() - started)
+    return WorkloadResult(len(items), freed, loop.time() - started,
+                          sum(int(item.get("kv_tokens", 0)) for item in items))
 
 
 async def export_each(group: WorkerGroup, release: list[int], exported: dict[int, list[dict]]) -> None:

@@ -16,6 +16,8 @@ class Migration:
     devices: list[int]
     started: float
     seconds: float
+    kv_tokens: int = 0
+    """A Workload migration's: tokens of KV the moved requests took along."""
 
 
 @dataclass(slots=True)
