@@ -74,8 +74,11 @@ class PayloadServer:
 
     def withdraw(self, ref: RemoteRef) -> None:
         """Drops an offer nobody will fetch any more (a later fetch finds it missing)."""
-        self._store.pop(ref.id, None)
-        self._served.discard(ref.id)
+        self._drop(ref.id)
+
+    def _drop(self, ref_id: int) -> None:
+        self._store.pop(ref_id, None)
+        self._served.discard(ref_id)
 
     def take_all(self) -> list[tuple[RemoteRef, Blob, bool]]:
         """Everything still held, each with whether a fetch was already answered (then a
@@ -99,9 +102,7 @@ class PayloadServer:
             try:
                 request = self._codec.decode(frames[1:], self._window)
                 if "release" in request:
-                    released = int(request["release"])
-                    self._store.pop(released, None)
-                    self._served.discard(released)
+                    self._drop(int(request["release"]))
                     return
                 ref_id = int(request["fetch"])
             except (WireError, KeyError, TypeError, ValueError):

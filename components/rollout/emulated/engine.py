@@ -79,9 +79,13 @@ class EmulatedRolloutEngine:
         """The last export's running requests -> the tokens of KV they held (full blocks)."""
         self._kv_in: dict[str, int] = {}
         """Request id -> tokens of KV imported for it (import_kv), until import_inflight."""
-        self.kv_imported_tokens = self.kv_refused = 0
+        self.kv_refused = 0
         self.kv_transfer_s = 0.0
         """Cost-model seconds of KV moved in (charged to the next step)."""
+        scale, tp = self.config.time_scale, self.config.tp  # (per token, in loop seconds: load())
+        self._prefill_s_per_token = scale * costmodel.prefill_time(self.model, self.device, 1, tp)
+        self._kv_move_s_per_token = scale * costmodel.kv_transfer_time(self.model, self.device, 1, tp,
+                                                                       across_nodes=True)
         if self.config.queue != "fifo":  # the native engine's key function, not a copy of it
             self.set_queue_key(make_queue_key(self.config.queue, PriorityConfig(
                 max_bonus_s=self.config.priority_window_s)))
@@ -243,16 +247,13 @@ class EmulatedRolloutEngine:
         made = [s.num_output(sched.step) for s in sched.running.values()] + [s.out_base for s in sched.waiting.values()]
         targets = [s.target for s in sched.running.values()] + [s.target for s in sched.waiting.values()]
         generated = sum(made)
-        scale, tp = self.config.time_scale, self.config.tp
         return EngineLoad(active_kv_tokens=sched.active_kv_tokens(), kv_capacity_tokens=self.capacity,
                           num_running=len(sched.running), num_waiting=len(sched.waiting),
                           cache_hit_tokens=sched.cache_hit_tokens, num_preemptions=sched.num_preemptions,
                           generated_tokens=generated, reprefill_tokens=sched.num_reprefill_tokens,
                           budget_tokens=sum(targets) - generated, devices=self.config.tp,
-                          # (in loop seconds, as the engine's steps take them: cost-model x time_scale)
-                          prefill_s_per_token=scale * costmodel.prefill_time(self.model, self.device, 1, tp),
-                          kv_move_s_per_token=scale * costmodel.kv_transfer_time(self.model, self.device, 1, tp,
-                                                                                 across_nodes=True))
+                          prefill_s_per_token=self._prefill_s_per_token,
+                          kv_move_s_per_token=self._kv_move_s_per_token)
 
     def running_request_ids(self) -> list[str]:
         """Requests admitted and holding KV now (the agentic worker's queue waits)."""
@@ -318,7 +319,6 @@ class EmulatedRolloutEngine:
         seconds = costmodel.kv_transfer_time(self.model, self.device, installed, self.config.tp, across_nodes)
         self._pending_delay += seconds
         self.kv_transfer_s += seconds
-        self.kv_imported_tokens += installed
         return installed
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:

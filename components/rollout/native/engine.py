@@ -82,9 +82,9 @@ class NativeRolloutEngine:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.released = False
         self.kv_imported_tokens = self.kv_refused = 0
+        """Tokens of KV installed from other engines; imports refused (other weights)."""
         self.prefill_s, self.prefill_new_tokens = 0.0, 0
         """Wall seconds of prefill batches and the tokens they computed."""
-        """Tokens of KV installed from other engines; imports refused (other weights)."""
         self._seqs: dict[str, Sequence] = {}
         self._order = 0
         self._ready: list[GenerationResult] = []  # finished outside step() (import of a complete request)
@@ -187,7 +187,7 @@ class NativeRolloutEngine:
                           num_running=len(s.running), num_waiting=len(s.waiting),
                           cache_hit_tokens=s.num_cached_tokens,
                           num_preemptions=s.num_preemptions, reprefill_tokens=s.num_reprefill_tokens,
-                          prefill_s_per_token=self.prefill_s / self.prefill_new_tokens if self.prefill_new_tokens else 0.0,
+                          prefill_s_per_token=self.prefill_s / max(self.prefill_new_tokens, 1),
                           generated_tokens=sum(q.num_output_tokens for q in held),
                           budget_tokens=sum(max(q.request.sampling.max_new_tokens - q.num_output_tokens, 0)
                                             for q in held))
