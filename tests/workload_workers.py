@@ -28,7 +28,7 @@ class EngineWorker(dynarl.Worker):
         self.fail_load = list(fail_load)
         self.held = False
         """Set by workload_load, cleared by any workload_import: a real rank's generate
-        may not end while it is held (components/rollout/worker.py)."""
+        may not end while it is held (components/rollout/generation.py)."""
 
     def submit(self, reqs: list[dict]) -> int:
         for r in reqs:

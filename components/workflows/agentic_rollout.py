@@ -21,7 +21,8 @@ from dynarl.components.experience import END
 from dynarl.components.busy import BusyLog
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.queue_keys import make_queue_key
-from dynarl.components.rollout.worker import RolloutWorker, pause_run, resume_run
+from dynarl.components.rollout.generation import pause_run, resume_run
+from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.core.priority import PriorityConfig
 
 
@@ -116,7 +117,7 @@ class AgenticRolloutWorker(RolloutWorker):
 
 class _TurnServe:
     """One step's turn serving on one rank; the same migration surface as a
-    generate()'s run (rollout/worker.py): pause, export, adopt, resume, hold."""
+    generate()'s run (rollout/generation.py): pause, export, adopt, resume, hold."""
 
     def __init__(self, engine: Any, outbox: Any, key: Any, sampling: dict[str, Any], time_scale: float) -> None:
         self.engine, self.outbox, self.key, self.sampling = engine, outbox, key, sampling

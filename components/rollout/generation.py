@@ -1,0 +1,201 @@
+"""One step's generation on one rollout rank (RolloutWorker.generate): fetch prompt
+groups, step the engine, emit finished groups in chunks; and the migration surface a
+Workload migration uses while it runs (pause, export, adopt, resume, hold), which the
+agentic workflow's turn serving shares (pause_run, resume_run)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dynarl.components.busy import BusyLog
+from dynarl.components.experience import END, PromptGroup
+from dynarl.components.rollout.base import (GenerationRequest, GenerationResult, InflightRequest,
+                                            RolloutEngine, SamplingParams)
+
+
+def mean_step(run: Any) -> float:
+    """Mean seconds of the run's engine steps so far (0: none, or not counted)."""
+    steps = getattr(run, "num_steps", 0)
+    return run.busy.seconds / steps if steps else 0.0
+
+
+class Generation:
+    """One step's generation on one rank: fetch prompts, step the engine, emit chunks."""
+
+    def __init__(self, engine: RolloutEngine, outbox: Any, chunk_size: int, sampling: dict) -> None:
+        self.engine = engine
+        self.outbox = outbox
+        self.chunk_size = chunk_size
+        self.sampling = sampling
+        self.pending: dict[str, tuple[PromptGroup, int]] = {}
+        """request id -> (its group, its sample index)."""
+        self.left: dict[int, int] = {}
+        """group index -> samples still generating."""
+        self.groups_by_index: dict[int, PromptGroup] = {}
+        self.ready: list[PromptGroup] = []
+        self.busy = BusyLog()
+        """When the engine stepped (loop time)."""
+        self.arrived = asyncio.Event()
+        self.num_groups = self.num_tokens = self.num_steps = 0
+        self.num_exported = self.num_imported = 0
+        self.num_finished = self.finished_tokens = 0
+        """Requests finished here this step, and their output tokens."""
+        self.paused = False
+        self.hold = False
+        """A migration is about to hand this rank work: do not return yet."""
+        self.handed_off = False
+        """Exported: drive emits what it finished and returns."""
+        self.at_boundary = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.closed = False
+
+    async def pause(self) -> None:
+        await pause_run(self)
+
+    async def resume(self) -> None:
+        await resume_run(self)
+
+    async def export(self) -> list[dict]:
+        """Whole groups that still have samples generating here (see RolloutWorker)."""
+        if not self.paused:
+            raise RuntimeError("export before pause")
+        inflight = {i.request.request_id: i for i in await self.engine.export_inflight()}
+        by_group: dict[int, list[InflightRequest]] = {}
+        for rid, item in inflight.items():
+            group, _ = self.pending.pop(rid)
+            by_group.setdefault(group.index, []).append(item)
+        items = []
+        for index, requests in sorted(by_group.items()):
+            group = self.groups_by_index[index]
+            if self.left.pop(index) != len(requests):
+                raise RuntimeError(f"group {index}: bookkeeping disagrees with the engine's requests")
+            self.num_tokens += sum(len(r.output_token_ids) for r in requests)  # generated here
+            weight = float(sum(max(len(r.output_token_ids), 1) for r in requests))  # as workload_load's
+            items.append({"id": f"group/{index}", "weight": weight, "group": group,
+                          "inflight": [r.to_wire() for r in requests]})
+        self.num_exported = len(items)
+        self.handed_off = True
+        self.arrived.set()
+        return items
+
+    def adopt(self, items: list[dict]) -> None:
+        """Takes whole groups over from a released rank (or back, on this released
+        rank, from a migration rolled back): this rank completes and emits them, from
+        the KV that came with them where it did (its prefix cache serves it:
+        RolloutWorker.workload_import put it there)."""
+        self.handed_off = False
+        requests = []
+        for item in items:
+            group = item["group"]
+            index_of = {s.id: k for k, s in enumerate(group.samples)}
+            inflight = [InflightRequest.from_wire(r) for r in item["inflight"]]
+            for r in inflight:
+                self.pending[r.request.request_id] = (group, index_of[r.request.request_id])
+                self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
+            self.left[group.index] = len(inflight)
+            self.groups_by_index[group.index] = group
+            requests += inflight
+        self.engine.import_inflight(requests)
+        self.num_imported += len(items)
+        self.arrived.set()
+
+    async def fetch(self, inbox: Any, worker: Any = None) -> None:
+        while True:
+            group = await inbox.get()
+            if group is END:
+                if worker is not None:
+                    worker.admitting = False
+                return
+            for k, sample in enumerate(group.samples):
+                # a sample may carry its own length (a simulated workload's: the emulated
+                # engine makes exactly max_new_tokens)
+                sampling = self.sampling if sample.max_new_tokens is None else \
+                    {**self.sampling, "max_new_tokens": sample.max_new_tokens}
+                request = GenerationRequest(sample.id, list(group.prompt_ids),
+                                            SamplingParams(**sampling, seed=sample.seed))
+                self.pending[sample.id] = (group, k)
+                self.engine.add_request(request)
+            self.left[group.index] = len(group.samples)
+            self.groups_by_index[group.index] = group
+            self.num_groups += 1
+            self.arrived.set()
+
+    async def drive(self, fetch: asyncio.Future) -> None:
+        while True:
+            await self._drive(fetch)
+            fetch.result()
+            if self.ready:
+                await self._emit()
+            await self.outbox.flush()
+            if self.handed_off and self.hold:  # exported: the migration's commit or give-back comes next
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
+            # Decide and close with no await in between: a migration's workload_load
+            # either came before (hold: go on, the import follows) or sees `closed`.
+            if self.handed_off or not (self.paused or self.hold or self.engine.has_work()):
+                self.closed = True
+                return
+
+    async def _drive(self, fetch: asyncio.Future) -> None:
+        loop = asyncio.get_running_loop()
+        while self.paused or self.hold or not (fetch.done() and not self.engine.has_work()):
+            if fetch.done() and fetch.exception() is not None:
+                raise fetch.exception()
+            if self.paused:
+                for result in await self.engine.step():  # paused: only results already complete
+                    await self._finished(result)
+                self.at_boundary.set()  # between engine steps: safe to export
+                if self.handed_off:
+                    break
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
+            if not self.engine.has_work():
+                self.arrived.clear()
+                waiter = asyncio.ensure_future(self.arrived.wait())
+                await asyncio.wait([waiter] if fetch.done() else [fetch, waiter],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                continue
+            begun = loop.time()
+            results = await self.engine.step()
+            self.busy.add(begun, loop.time())
+            for result in results:
+                await self._finished(result)
+            self.num_steps += 1
+            await asyncio.sleep(0)  # lets fetch add newly arrived prompts between steps
+
+    async def _finished(self, result: GenerationResult) -> None:
+        group, k = self.pending.pop(result.request_id)
+        sample = group.samples[k]
+        sample.output_ids, sample.logprobs = result.output_token_ids, result.output_logprobs
+        sample.finish, sample.version = result.finish_reason, result.weight_version
+        self.num_tokens += len(result.output_token_ids)
+        self.num_finished += 1
+        self.finished_tokens += len(result.output_token_ids)
+        self.left[group.index] -= 1
+        if self.left[group.index] == 0:
+            self.ready.append(group)
+            if len(self.ready) >= self.chunk_size:
+                await self._emit()
+
+    async def _emit(self) -> None:
+        chunk, self.ready = self.ready, []
+        await self.outbox.put(chunk, weight=len(chunk))
+
+
+async def pause_run(run: Any) -> None:
+    """A step's run (a generation, or the agentic workflow's turn serving) stops at an
+    engine-step boundary: its drive loop sets `at_boundary` once the step in flight ends."""
+    run.paused = True
+    await run.engine.pause()
+    run.arrived.set()
+    await run.at_boundary.wait()
+
+
+async def resume_run(run: Any) -> None:
+    run.paused = False
+    run.at_boundary.clear()
+    await run.engine.resume()
+    run.arrived.set()
