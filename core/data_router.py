@@ -8,6 +8,9 @@ is a pure decision; `DataRouter` wraps it with counters.
 When an item with a prefix leaves the worker that cached it (that worker was
 removed by a migration, or is saturated for a `prefer` item), the new worker
 must prefill the prefix again: those tokens are the re-prefill cost, counted.
+(With rollout.move_kv a worker a migration removes first offers the prefix's KV,
+and the new worker moves it in where that is cheaper, components/rollout/kv_choice.py:
+the count here is the cost without it; the episode driver measures what is computed.)
 """
 from __future__ import annotations
 

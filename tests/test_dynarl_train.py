@@ -201,14 +201,14 @@ GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
 
 
-async def _two_engines(ctl, cls=RolloutWorker, backend="native", move_kv=False):
+async def _two_engines(ctl, cls=RolloutWorker, backend="native", move_kv=False, kv_choice="always"):
     """Two tiny rollout engines on devices 0 and 1, admitting prompts: native, or
     SGLang's adapter over the fake engine (the `sglang_workers` fixture)."""
     from dynarl.components.model.spec import ModelSpec
     from dynarl.components.rollout.native.engine import NativeEngineConfig
     from dynarl.components.rollout.sglang.config import SGLangConfig
     init = {"model": ModelSpec(name="tiny-0.5m"), "engine": NativeEngineConfig(num_blocks=512, max_num_seqs=256),
-            "bucket_bytes": 1 << 20, "move_kv": move_kv}
+            "bucket_bytes": 1 << 20, "move_kv": move_kv, "kv_choice": kv_choice}
     if backend == "sglang":
         init.update(backend="sglang", backend_config=SGLangConfig(model_path="fake", abort_retry_s=0.01))
     group = await ctl.spawn(cls, name="rollout", devices=[0, 1], init=init)
@@ -217,11 +217,13 @@ async def _two_engines(ctl, cls=RolloutWorker, backend="native", move_kv=False):
 
 
 async def _generate(migrate: bool, refuse: bool = False, backend: str = "native", move_kv: bool = False,
-                    launcher: str = "inproc"):
-    """`refuse`: the kept rank refuses the import, so the migration rolls back."""
+                    launcher: str = "inproc", cls=RolloutWorker, kv_choice: str = "always"):
+    """`refuse`: the kept rank refuses the import, so the migration rolls back. Returns
+    the outputs, the groups in emission order, the generate() counters and the
+    migration's WorkloadResult (None without one)."""
     config = RuntimeConfig(launcher=launcher, cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
-        group = await _two_engines(ctl, RefusingRolloutWorker if refuse else RolloutWorker, backend, move_kv)
+        group = await _two_engines(ctl, RefusingRolloutWorker if refuse else cls, backend, move_kv, kv_choice)
         for i in range(GROUPS):
             await ctl.channel("prompts").put(PromptGroup(i, f"p{i}", "", [1, 2 + i, 3],
                                                          [Sample(f"p{i}/{k}", 100 * i + k) for k in range(SAMPLES)]))
@@ -229,7 +231,7 @@ async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"
             await ctl.channel("prompts").put(END)
         generate = asyncio.ensure_future(group.call("generate", "prompts", "rollouts", version=-1, chunk_size=2,
                                                     sampling=SAMPLING))
-        moved = 0
+        result = None
         if migrate:
             while True:  # both ranks hold their last prompt and rank 0 is decoding: its long tail
                 m = await group.call("metrics")
@@ -243,8 +245,6 @@ async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"
                 assert group.world_size == 2
             else:
                 result = await workload_migrate(ctl, group, [0])
-                moved = result.moved
-                assert (result.kv_tokens > 0) is move_kv  # what travelled with the moved groups
                 assert group.world_size == 1
         stats = await generate
         out: dict[str, list[int]] = {}
@@ -254,7 +254,7 @@ async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"
                 emitted.append(g.index)
                 for s in g.samples:
                     out[s.id] = s.output_ids
-        return out, sorted(emitted), stats, moved
+        return out, sorted(emitted), stats, result
 
 
 # sglang: the adapter over tests/fakes' engine (sglang 0.5.23's signatures, its pause
@@ -273,7 +273,8 @@ def backend_of(request):
 @pytest.mark.parametrize("backend_of", ["native", "sglang"], indirect=True)
 async def test_released_rollout_rank_hands_whole_groups_over_mid_generation(backend_of):
     reference, emitted, stats, _ = await _generate(migrate=False, backend=backend_of)
-    migrated, emitted_m, stats_m, moved = await _generate(migrate=True, backend=backend_of)
+    migrated, emitted_m, stats_m, result = await _generate(migrate=True, backend=backend_of)
+    moved = result.moved
     assert moved >= 1  # groups with samples still decoding went to the kept rank
     assert emitted == emitted_m == list(range(GROUPS))  # every group downstream exactly once
     assert migrated == reference  # continued from the exported state: the same tokens
@@ -301,17 +302,38 @@ async def test_moved_groups_carry_their_kv_and_the_kept_rank_re_prefills_less(la
     plane); the kept engine's prefix cache serves it, so only each request's last
     partial block is computed again, and the tokens are the unmoved run's."""
     reference, _, _, _ = await _generate(migrate=False)
-    plain, _, stats_plain, moved_plain = await _generate(migrate=True)
-    with_kv, emitted, stats_kv, moved = await _generate(migrate=True, move_kv=True, launcher=launcher)
+    plain, _, stats_plain, result_plain = await _generate(migrate=True)
+    with_kv, emitted, stats_kv, result = await _generate(migrate=True, move_kv=True, launcher=launcher)
+    moved, moved_plain = result.moved, result_plain.moved
     assert moved >= 1 and moved_plain >= 1 and emitted == list(range(GROUPS))
+    taken = result.taken  # every request that offered KV moved it (kv_choice "always")
+    assert taken.kv_requests > 0 and taken.kv_tokens > 0 and taken.reprefilled == 0 and taken.kv_s > 0
+    assert result_plain.taken.kv_requests == result_plain.taken.kv_tokens == 0
     fetched = sum(s["kv_fetched"] for s in stats_kv)
     assert sum(s["kv_lost"] for s in stats_kv) == 0
-    assert (0 < fetched <= moved) if launcher == "local" else fetched == 0
+    assert fetched == (taken.kv_requests if launcher == "local" else 0)  # inproc: no data plane, inline
     assert with_kv == plain == reference
     per_request = {"plain": sum(s["reprefill_tokens"] for s in stats_plain) / (moved_plain * SAMPLES),
                    "kv": sum(s["reprefill_tokens"] for s in stats_kv) / (moved * SAMPLES)}
     # with the KV, under one block (16 tokens) each; without, prompt and every token so far
     assert per_request["kv"] < min(16, per_request["plain"]), per_request
+
+
+async def test_the_taker_prefills_again_where_moving_the_kv_costs_it_more():
+    """kv_choice "cost": a kept rank whose measured KV transfers cost more than its
+    measured prefill leaves every offered request to be prefilled again (counted per
+    migration, nothing fetched), and the tokens are still the unmoved run's."""
+    from workload_workers import SlowLinkRolloutWorker
+    reference, _, _, _ = await _generate(migrate=False)
+    out, emitted, stats, result = await _generate(migrate=True, move_kv=True, cls=SlowLinkRolloutWorker,
+                                                  kv_choice="cost", launcher="local")
+    taken = result.taken
+    assert emitted == list(range(GROUPS)) and out == reference
+    assert taken.kv_requests == taken.kv_tokens == 0 and taken.reprefilled >= result.moved >= 1
+    assert sum(s["kv_fetched"] for s in stats) == 0
+    # a rank with no such history measures its link on the first move and keeps moving KV
+    _, _, _, result = await _generate(migrate=True, move_kv=True, kv_choice="cost", launcher="local")
+    assert result.taken.kv_requests >= 1
 
 
 async def test_an_sglang_export_that_fails_midway_rolls_back_and_loses_nothing(sglang_workers):

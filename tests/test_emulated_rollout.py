@@ -273,6 +273,34 @@ def test_follow_up_turn_hits_the_prefix_cache_and_prefills_less():
     assert load.cache_hit_tokens == 128
 
 
+def test_a_follow_up_turn_on_another_engine_takes_its_context_kv_along():
+    """A finished turn's context is in engine a's prefix cache: exported (export_kv of a
+    request that never ran there) and imported for the next turn on engine b, b computes
+    only what follows it, paying the transfer instead of the prefill."""
+    bs = 16
+
+    async def main(carry: bool):
+        a, b = engine(block_size=bs), engine(block_size=bs)
+        [turn1] = await a.generate([request("t1", prompt_of(100), 37)])
+        history = turn1.prompt_token_ids + turn1.output_token_ids
+        nxt = request("t2", history + [5, 6, 7], 10)
+        kv = await a.export_kv(InflightRequest(request("t2", history, 1), [], []))
+        installed = b.import_kv(kv) if carry else 0
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        [turn2] = await b.generate([nxt])
+        return kv, installed, turn2, loop.time() - t0
+
+    kv, installed, moved, took = run_virtual(main(True))
+    _, _, plain, plain_took = run_virtual(main(False))
+    assert len(kv.token_ids) == installed == 128 and kv.request_id == "t2"  # 137 tokens: 8 full blocks
+    assert moved.cached_tokens == 128 and plain.cached_tokens == 0
+    assert moved.output_token_ids == plain.output_token_ids
+    transfer = cm.kv_transfer_time(M7, H100, 128, 1, False)
+    assert took == pytest.approx(plain_took - cm.prefill_time(M7, H100, 140) + cm.prefill_time(M7, H100, 12)
+                                 + transfer, rel=1e-9)
+
+
 def test_grpo_siblings_share_prompt_kv_and_hit_the_cache():
     async def main():
         eng = engine(block_size=16, coalesce_steps=False)

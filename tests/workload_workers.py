@@ -93,7 +93,17 @@ class RefusingRolloutWorker(RolloutWorker):
     """The real rollout worker, whose rank 1 refuses a non-empty import (a kept rank
     that fails to take work over)."""
 
-    async def workload_import(self, items: list[dict]) -> int:
+    async def workload_import(self, items: list[dict]) -> list:
         if items and self.rank == 1:  # still held: the rollback's empty import lets it go
             raise RuntimeError("import refused (fault injection)")
         return await super().workload_import(items)
+
+
+class SlowLinkRolloutWorker(RolloutWorker):
+    """The real rollout worker, as if every KV transfer it made so far had cost 10 s
+    (its measured link): with kv_choice "cost", re-prefilling always costs it less."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for fit in self.kv_links.values():
+            fit.add(100, 10.0)

@@ -140,6 +140,9 @@ class EngineLoad:
     """Seconds its prefill takes per new token (measured, or the cost model's); 0: not known."""
     kv_move_s_per_token: float = 0.0
     """Seconds a token of KV moved to it takes to arrive (across nodes, the worse case); 0: not known."""
+    kv_import_s: float = 0.0
+    """Seconds its import_kv calls took since it started (measured, or the transfer an
+    emulated engine charged itself); with the fetch before it, a KV move's cost."""
 
     @property
     def utilization(self) -> float:

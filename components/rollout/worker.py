@@ -24,7 +24,9 @@ from dynarl.components.engine_factory import make_rollout_engine, weights_templa
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.generation import Generation, mean_step
 from dynarl.components.rollout.native.engine import NativeEngineConfig
-from dynarl.components.rollout.base import InflightRequest, KVBlocks
+from dynarl.components.rollout.base import EngineLoad, InflightRequest, KVBlocks
+from dynarl.components.rollout.kv_choice import KVCost, KVLinkFit, choose
+from dynarl.core.migration.workload import Taken
 from dynarl.transport.wire import RemoteRef
 
 
@@ -32,19 +34,27 @@ log = logging.getLogger(__name__)
 
 class RolloutWorker(dynarl.Worker):
     def __init__(self, model: ModelSpec, engine: NativeEngineConfig, bucket_bytes: int, shares_device: bool = False,
-                 backend: str = "native", backend_config: Any = None, move_kv: bool = False) -> None:
+                 backend: str = "native", backend_config: Any = None, move_kv: bool = False,
+                 kv_choice: str = "cost") -> None:
         """`backend_config`: the SGLangConfig or EmulatedRolloutConfig of those backends;
-        `move_kv`: exported requests carry their KV (rollout.move_kv)."""
+        `move_kv`: exported requests offer their KV (rollout.move_kv); `kv_choice`: a
+        rank taking them in moves each one's KV when that costs less than prefilling it
+        again ("cost", kv_choice.py), or always ("always")."""
         # engine_factory picks the backend; -1: no policy weights until the first sync
         self.engine = make_rollout_engine(backend, model, engine, backend_config, weight_version=-1)
         self.weights_template = weights_template(self.engine, model)  # weight_sync plans buckets from it
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
         self.move_kv = move_kv
+        if kv_choice not in ("cost", "always"):
+            raise ValueError(f"kv_choice must be 'cost' or 'always', got {kv_choice!r}")
+        self.kv_choice = kv_choice
         self.offered: list[Any] = []
         """KV offered for the last export's items (RemoteRefs), until commit or resume."""
         self.kv_fetched = self.kv_lost = 0
-        """Items whose KV came peer-to-peer, and whose KV could not be fetched."""
+        """Requests whose KV came peer-to-peer, and whose KV could not be fetched."""
+        self.kv_links = {False: KVLinkFit(), True: KVLinkFit()}
+        """What taking KV in cost this rank, within its node and across nodes (loop seconds)."""
         self.frees_released = backend != "emulated"
         """A rank a Workload migration releases frees its KV memory for the component that
         gets its devices (emulated devices: MoveCosts charges that, core/migration/mover.py)."""
@@ -125,7 +135,19 @@ class RolloutWorker(dynarl.Worker):
                 "finished_tokens": run.finished_tokens if run is not None else 0,
                 "active_run": run is not None and not run.closed,
                 "step_s": mean_step(run),
-                "moved_token_s": load.kv_move_s_per_token if self.move_kv else load.prefill_s_per_token}
+                "moved_token_s": self._moved_token_s(load)}
+
+    def _moved_token_s(self, load: EngineLoad) -> float:
+        """What a token of a request moved here costs (the policy's moved_requests_s): its
+        prefill, or with move_kv its KV's transfer across nodes (the worse case), the
+        cheaper of the two with kv_choice "cost"; 0: not known."""
+        if not self.move_kv:
+            return load.prefill_s_per_token
+        cost = self._kv_cost(load, across=True)
+        kv = cost.per_token_s if cost is not None else 0.0
+        if self.kv_choice == "cost" and kv > 0 and load.prefill_s_per_token > 0:
+            return min(kv, load.prefill_s_per_token)
+        return kv
 
     # --- Workload migration (core/migration/workload.py) ---------------------------
     async def workload_pause(self) -> None:
@@ -151,14 +173,20 @@ class RolloutWorker(dynarl.Worker):
 
     async def _attach_kv(self, item: dict) -> None:
         """rollout.move_kv: the KV the engine still holds for each of the item's requests
-        (their tokens so far), and the node it leaves from."""
-        kvs = [await self.engine.export_kv(InflightRequest.from_wire(r)) for r in item["inflight"]]
-        wires = [kv.to_wire() for kv in kvs if kv is not None]
-        ref = self.offer(wires) if wires else None  # fetched by the kept rank from here, not via the controller
-        if ref is not None:
-            self.offered.append(ref)
-        item["kv"] = wires if ref is None else ref
-        item["kv_tokens"] = sum(len(w[0]) for w in wires)
+        (their tokens so far), offered one request at a time (the taker chooses per
+        request), as item["kv"] = [[tokens, KV or its RemoteRef], ...]; and the node it leaves from."""
+        kv = []
+        for r in item["inflight"]:
+            blocks = await self.engine.export_kv(InflightRequest.from_wire(r))
+            if blocks is None:
+                continue
+            wire = blocks.to_wire()
+            ref = self.offer(wire)  # fetched by the kept rank from here, not via the controller
+            if ref is not None:
+                self.offered.append(ref)
+            kv.append([len(blocks.token_ids), wire if ref is None else ref])
+        item["kv"] = kv
+        item["kv_tokens"] = sum(tokens for tokens, _ in kv)
         item["node"] = self.node
 
     def _withdraw_kv(self) -> None:
@@ -192,37 +220,73 @@ class RolloutWorker(dynarl.Worker):
         load = await self.engine.load()
         return float(load.generated_tokens + load.num_running + load.num_waiting)
 
-    async def workload_import(self, items: list[dict]) -> int:
+    async def workload_import(self, items: list[dict]) -> list:
+        """Takes the items over; returns what it took (Taken's wire): per request with KV
+        on offer, the KV moved (fetched and installed, its measured cost) or left to be
+        prefilled again here (the cheaper choice, or its KV could not be fetched)."""
+        taken = Taken(len(items))
+        load = await self.engine.load()
         # the KV first: the run stays held (workload_load) while it is fetched
-        kvs = [await self._kv_in(item) for item in items]
+        kvs = [await self._kv_in(item, load, taken) for item in items]
         if self.run is not None:
             self.run.hold = False
             self.run.arrived.set()
         if not items:
-            return 0
+            return taken.to_wire()
         if self.run is None or self.run.closed:
             raise RuntimeError("workload_import: this rank has no generation to take work into")
         for item, blocks in zip(items, kvs):  # first: the engine's prefix cache then serves the moved prefixes
-            for kv in blocks:
-                self.engine.import_kv(kv, across_nodes=item.get("node", self.node) != self.node)
+            await self._install(item, blocks, taken)
         self.run.adopt(items)
-        return len(items)
+        return taken.to_wire()
 
-    async def _kv_in(self, item: dict) -> list[KVBlocks]:
-        """The KV that came with an item: inline, or offered by the released rank and
-        fetched straight from it (the data plane). KV that cannot be fetched is not
-        needed for correctness: its requests are re-prefilled (logged, counted)."""
-        kv = item.get("kv", ())
-        if isinstance(kv, RemoteRef):
-            try:
-                kv = await self.fetch(kv)
-            except Exception as exc:  # PayloadLost, or the rank is gone: re-prefill instead
-                log.warning("rollout rank %d: the KV of %s could not be fetched, re-prefilling: %r",
-                            self.rank, item.get("id"), exc)
-                self.kv_lost += 1
-                return []
-            self.kv_fetched += 1
-        return [KVBlocks.from_wire(w) for w in kv]
+    async def _install(self, item: dict, blocks: list[tuple[KVBlocks, float]], taken: Taken) -> None:
+        """Into the engine, each with its measured cost (its fetch, plus the engine's
+        import: this link's fit learns from it); a refused one is prefilled again."""
+        across = item.get("node", self.node) != self.node
+        for kv, fetch_s in blocks:
+            before = (await self.engine.load()).kv_import_s
+            installed = self.engine.import_kv(kv, across_nodes=across)
+            seconds = fetch_s + (await self.engine.load()).kv_import_s - before
+            if installed:
+                self.kv_links[across].add(installed, seconds)
+                taken.moved(installed, seconds)
+            else:  # refused (weights, geometry, no room): prefilled again
+                taken.reprefilled += 1
+
+    def _kv_cost(self, load: EngineLoad, across: bool) -> KVCost | None:
+        """Taking KV in, as measured here, else the engine's own per-token figure, else unknown."""
+        measured = self.kv_links[across].cost()
+        if measured is not None:
+            return measured
+        return KVCost(0.0, load.kv_move_s_per_token) if load.kv_move_s_per_token > 0 else None
+
+    async def _kv_in(self, item: dict, load: EngineLoad, taken: Taken) -> list[tuple[KVBlocks, float]]:
+        """The KV that came with an item, per request: inline, or offered by the released
+        rank and fetched straight from it (the data plane), with the seconds its fetch
+        took; only where moving it is the cheaper choice (kv_choice). KV that is not
+        taken, or cannot be fetched, is not needed for correctness: its request is
+        prefilled again (counted; a failed fetch is logged)."""
+        out = []
+        across = item.get("node", self.node) != self.node
+        loop = asyncio.get_running_loop()
+        for tokens, kv in item.get("kv", ()):
+            if self.kv_choice == "cost" and not choose(tokens, self._kv_cost(load, across), load.prefill_s_per_token):
+                taken.reprefilled += 1
+                continue
+            begun = loop.time()
+            if isinstance(kv, RemoteRef):
+                try:
+                    kv = await self.fetch(kv)
+                except Exception as exc:  # PayloadLost, or the rank is gone: re-prefill instead
+                    log.warning("rollout rank %d: the KV of %s could not be fetched, re-prefilling: %r",
+                                self.rank, item.get("id"), exc)
+                    self.kv_lost += 1
+                    taken.reprefilled += 1
+                    continue
+                self.kv_fetched += 1
+            out.append((KVBlocks.from_wire(kv), loop.time() - begun))
+        return out
 
     async def workload_resume(self) -> None:
         self._withdraw_kv()  # a rolled-back move: what it got back came with its KV or is re-prefilled

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 from typing import Any
 
 from dynarl.components import experience
@@ -39,6 +40,7 @@ from dynarl.components.workflows.stages import held
 from dynarl.core.worker_group import WorkerGroup
 
 TURNS, TURN_RESULTS = "turns", "turn_results"
+log = logging.getLogger(__name__)
 
 
 class AgenticStepRanks(StepRanks):
@@ -46,9 +48,27 @@ class AgenticStepRanks(StepRanks):
 
     async def releasing(self, component: str, ranks: list[str]) -> None:
         """Rollout ranks (worker ids) are about to be released by a migration: the
-        driver routes nothing more to them, and each gets its END behind its turns."""
-        if component == "rollout" and self.wf.driver is not None:
-            await self.wf.driver.leave(ranks)
+        driver routes nothing more to them, and each gets its END behind its turns.
+        With rollout.move_kv, each first offers the KV of the contexts whose next turn
+        will go elsewhere (episodes between turns whose last turn it served)."""
+        driver = self.wf.driver
+        if component != "rollout" or driver is None:
+            return
+        if self.wf.cfg.rollout.move_kv:
+            for handle in self.wf.g.rollout.handles:
+                key = handle.spec.worker_id
+                episodes = driver.between_turns(key) if key in ranks else []
+                if not episodes:
+                    continue
+                turns = [[f"{ep.id}#{ep.turns}", ep.context[:ep.computed]] for ep in episodes]
+                try:
+                    offers = await handle.call("offer_prefixes", [turns])
+                except Exception as exc:  # not needed for correctness: those turns are prefilled again
+                    log.warning("rollout rank %s could not offer its episodes' KV: %r", key, exc)
+                    continue
+                for ep, (turn_id, _), offer in zip(episodes, turns, offers):
+                    driver.carry(ep, turn_id, offer, handle.spec.node)
+        await driver.leave(ranks)
 
     def stage_call(self, component: str, position: int, version: int) -> Any:
         """A rollout rank joins the running step: the driver routes to it from now on,
@@ -245,4 +265,7 @@ def episode_metrics(driver: EpisodeDriver, rollout_stats: list[dict]) -> dict[st
             "reprefill_tokens": driver.reprefill_tokens,
             "cached_tokens": sum(r["cached_tokens"] for r in rollout_stats),
             "max_wait_s": driver.max_wait_s,
-            "route_reasons": dict(driver.router.by_reason)}
+            "route_reasons": dict(driver.router.by_reason),
+            # follow-up turns whose last rank left, with its KV of their context: moved in, or prefilled again
+            **{key: sum(r.get(key, 0) for r in rollout_stats)
+               for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")}}

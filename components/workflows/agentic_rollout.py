@@ -23,6 +23,7 @@ from dynarl.components.rollout.base import GenerationRequest, InflightRequest, S
 from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.rollout.generation import pause_run, resume_run
 from dynarl.components.rollout.worker import RolloutWorker
+from dynarl.core.migration.workload import Taken
 from dynarl.core.priority import PriorityConfig
 
 
@@ -71,6 +72,41 @@ class AgenticRolloutWorker(RolloutWorker):
         super().__init__(*args, **kwargs)
         if queue is not None:
             self.engine.set_queue_key(make_queue_key(queue, PriorityConfig(max_bonus_s=max_bonus_s)))
+        self.prefix_offers: list[Any] = []
+        """KV of finished turns' contexts offered when this rank left a step (RemoteRefs)."""
+        self.turn_kv = Taken(0)
+        """This step's follow-up turns that came with KV: moved in, or prefilled again."""
+
+    async def offer_prefixes(self, turns: list[list]) -> list:
+        """This rank is leaving the step (a migration releases it): for each [turn id,
+        context tokens] of an episode whose last turn it served, the KV its engine holds
+        for that context, offered for the rank the next turn goes to, as [tokens, KV or
+        its RemoteRef] (None: none held). Offers live until this rank serves again."""
+        out = []
+        for turn_id, token_ids in turns:
+            request = GenerationRequest(str(turn_id), list(token_ids), SamplingParams(max_new_tokens=1))
+            blocks = await self.engine.export_kv(InflightRequest(request, [], []))
+            if blocks is None:
+                out.append(None)
+                continue
+            wire = blocks.to_wire()
+            ref = self.offer(wire)
+            if ref is not None:
+                self.prefix_offers.append(ref)
+            out.append([len(blocks.token_ids), wire if ref is None else ref])
+        return out
+
+    async def _take_turn_kv(self, item: dict) -> None:
+        """A follow-up turn routed away from the rank that served its last turn may carry
+        that rank's KV of its context: moved in where that is the cheaper choice
+        (kv_choice), before the turn is queued, so its admission finds it cached."""
+        blocks = await self._kv_in(item, await self.engine.load(), self.turn_kv)
+        await self._install(item, blocks, self.turn_kv)
+
+    def _withdraw_prefixes(self) -> None:
+        for ref in self.prefix_offers:
+            self.withdraw(ref)
+        self.prefix_offers.clear()
 
     async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> dict:
         """Turns {"id", "prompt_ids", "seed", "tool_count", "max_new_tokens"} from
@@ -81,7 +117,10 @@ class AgenticRolloutWorker(RolloutWorker):
         if self.engine.weight_version != version:
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
-        run = self.run = _TurnServe(self.engine, self.channel(put), key, sampling, self.time_scale)
+        self._withdraw_prefixes()  # a step that left this rank is over: its next turns went elsewhere
+        self.turn_kv = Taken(0)
+        run = self.run = _TurnServe(self.engine, self.channel(put), key, sampling, self.time_scale,
+                                    self._take_turn_kv)
         self.admitting = False  # its work is the turns the driver routes to it, not the prompt channel
         load = await self.engine.load()
         preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
@@ -104,7 +143,9 @@ class AgenticRolloutWorker(RolloutWorker):
                                    "turns_imported": run.num_imported,
                                    "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
                                    "reprefill_tokens": load.reprefill_tokens - reprefilled,
-                                   "devices": load.devices}
+                                   "devices": load.devices, "turn_kv_requests": self.turn_kv.kv_requests,
+                                   "turn_kv_tokens": self.turn_kv.kv_tokens, "turn_kv_s": self.turn_kv.kv_s,
+                                   "turn_kv_reprefilled": self.turn_kv.reprefilled}
         finally:
             run.finished.set()
 
@@ -119,8 +160,11 @@ class _TurnServe:
     """One step's turn serving on one rank; the same migration surface as a
     generate()'s run (rollout/generation.py): pause, export, adopt, resume, hold."""
 
-    def __init__(self, engine: Any, outbox: Any, key: Any, sampling: dict[str, Any], time_scale: float) -> None:
+    def __init__(self, engine: Any, outbox: Any, key: Any, sampling: dict[str, Any], time_scale: float,
+                 take_kv: Any = None) -> None:
+        """`take_kv`: takes in the KV a turn carries (its item's "kv"), before it is queued."""
         self.engine, self.outbox, self.key, self.sampling = engine, outbox, key, sampling
+        self.take_kv = take_kv
         self.time_scale = time_scale
         self.waits = TurnWaits()
         self.busy = BusyLog()
@@ -138,6 +182,8 @@ class _TurnServe:
 
     async def fetch(self, inbox: Any) -> None:
         while (item := await inbox.get(self.key)) is not END:
+            if item.get("kv") and self.take_kv is not None:
+                await self.take_kv(item)
             now = self.now()
             self.engine.add_request(GenerationRequest(
                 item["id"], list(item["prompt_ids"]),

@@ -49,9 +49,13 @@ class RolloutSection:
     chunk_size: int = 4
     """Finished groups per channel item: the elastic-pipelining granularity."""
     move_kv: bool = False
-    """A Workload migration moves each request's computed KV with it (the receiving
+    """A Workload migration offers each moved request's computed KV (the receiving
     engine's prefix cache serves it) instead of re-prefilling prompt and tokens so far;
-    engines that cannot (SGLang, emulated) re-prefill."""
+    engines that cannot (SGLang) re-prefill."""
+    kv_choice: Literal["cost", "always"] = "cost"
+    """With move_kv, per request: "cost" moves its KV only where that costs the receiver
+    less than prefilling it again (its measured prefill vs the transfers it measured,
+    components/rollout/kv_choice.py); "always" moves every one."""
     engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
     backend: Literal["native", "emulated", "sglang"] = "native"
     """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`;

@@ -35,7 +35,7 @@ from dynarl.components.workflows.stages import Span
 from dynarl.core.migration.mover import Mover
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.scheduler.loop import GlobalScheduler, RateSource, StepState
-from dynarl.core.scheduler.log import device_stats
+from dynarl.core.scheduler.log import device_stats, kv_stats
 from dynarl.core.scheduler.manager import ComponentSpec
 from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.view import StepWork
@@ -213,7 +213,7 @@ class DynamicScheduling:
                  for d in decisions if d.plan is not None]
         out = {"migrations": count, "migration_s": seconds, "decisions": len(decisions),
                "migrations_in_tail": sum(1 for m in migrations if m.started < rollout_end),
-               "migrated_kv_tokens": sum(m.kv_tokens for m in migrations),
+               **kv_stats(migrations),
                "devices": device_stats(log.counts, self._begun, end),
                "device_counts_vs_rollout_end_s": [[c.at - rollout_end, dict(c.counts)] for c in counts],
                "move_cost_s": {name: m.move_cost_s for name, m in self.scheduler.managers.items()},

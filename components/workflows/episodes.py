@@ -193,6 +193,11 @@ class EpisodeDriver:
         self.reprefill_tokens = 0
         self.max_wait_s = 0.0
         self.turns = 0
+        self.live: dict[str, Episode] = {}
+        """Episodes started and not over (run)."""
+        self.carried: dict[str, list] = {}
+        """Episode id -> the KV of its context a leaving rank offered ([tokens, KV or
+        its RemoteRef, node]), sent along with its next turn."""
 
     @property
     def calls_by_tool(self) -> Counter[str]:
@@ -221,9 +226,27 @@ class EpisodeDriver:
         capacity = self.kv_capacity.get(rank)
         if capacity:
             self.kv[rank] += (len(ep.context) + budget) / capacity
-        await self.submit(rank, {"id": rid, "prompt_ids": ep.context,
-                                 "seed": stable_seed(ep.seed, "turn", ep.turns), "tool_count": ep.tool_calls,
-                                 "max_new_tokens": budget})
+        turn = {"id": rid, "prompt_ids": ep.context, "seed": stable_seed(ep.seed, "turn", ep.turns),
+                "tool_count": ep.tool_calls, "max_new_tokens": budget}
+        carried = self.carried.pop(ep.id, None)
+        if carried is not None:  # its last turn's rank left: its KV comes along (the rank chooses to take it)
+            turn["kv"], turn["node"] = [carried[:2]], carried[2]
+        await self.submit(rank, turn)
+
+    def between_turns(self, rank: Any) -> list[Episode]:
+        """Live episodes whose last turn `rank` served and whose next turn is not out yet
+        (a tool runs): the contexts its prefix cache holds that a next turn will want."""
+        home = str(rank)
+        return [ep for ep in self.live.values()
+                if ep.turns > 0 and ep.status.last_worker == home and f"{ep.id}#{ep.turns}" not in self.routed_to]
+
+    def carry(self, ep: Episode, turn_id: str, offer: list | None, node: Any) -> None:
+        """The KV of `ep`'s context, offered by the rank it leaves ([tokens, payload]) for
+        its turn `turn_id`, goes with that turn, if it is not out yet; None: that rank
+        held none."""
+        if offer is not None and ep.id in self.live and turn_id == f"{ep.id}#{ep.turns}" \
+                and turn_id not in self.routed_to:
+            self.carried[ep.id] = [offer[0], offer[1], node]
 
     async def leave(self, ranks: Sequence[Any]) -> None:
         """`ranks` leave the run (a migration releases them): no turn is routed to them
@@ -295,6 +318,7 @@ class EpisodeDriver:
         for ep in episodes:
             ep.status.affinity = self.affinity  # type: ignore[assignment]
         by_id = {ep.id: ep for ep in episodes}
+        self.live.update(by_id)
         events: asyncio.Queue = asyncio.Queue()
 
         async def pump() -> None:
@@ -316,6 +340,8 @@ class EpisodeDriver:
                     tasks.create_task(handle(by_id[value["id"].rsplit("#", 1)[0]], value))
                     continue
                 left -= 1
+                self.live.pop(value.id, None)
+                self.carried.pop(value.id, None)
                 self.finished.append(value)
                 if on_done is not None:
                     await on_done(value)

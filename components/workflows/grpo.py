@@ -372,6 +372,7 @@ class GRPO:
             "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps},
             "rollout": {"model": model, "engine": cfg.rollout.engine, "bucket_bytes": bucket,
                         "shares_device": "rollout" in shared, "move_kv": cfg.rollout.move_kv,
+                        "kv_choice": cfg.rollout.kv_choice,
                         "backend": cfg.rollout.backend, "backend_config": rollout_backend, **self.rollout_init()},
             "inference": {"model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
                           "bucket_bytes": bucket, "shares_device": "inference" in shared,

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Protocol, Sequence
 from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.migration.tail_tp import widen
-from dynarl.core.migration.workload import workload_migrate
+from dynarl.core.migration.workload import Taken, workload_migrate
 from dynarl.core.scheduler.log import DeviceCounts, Migration, SchedulerLog
 
 if TYPE_CHECKING:
@@ -151,11 +151,13 @@ class Mover:
         self.log.counts.append(DeviceCounts(self.now(), dict(self.counts)))
 
     def record(self, kind: str, component: str, devices: list[int], begun: float,
-               seconds: float | None = None, kv_tokens: int = 0) -> None:
+               seconds: float | None = None, kv: Taken | None = None) -> None:
         """A move in the log: started at loop time `begun`; its cost in emulated seconds
         (`seconds`, as charged, or the time since `begun` over the time scale)."""
         seconds = (self.now() - begun) / self.time_scale if seconds is None else seconds
-        self.log.migrations.append(Migration(kind, component, list(devices), begun, seconds, kv_tokens))
+        if kv is not None:  # its seconds are loop seconds, the log's are emulated ones
+            kv = Taken(kv.items, kv.kv_requests, kv.kv_tokens, kv.kv_s / self.time_scale, kv.reprefilled)
+        self.log.migrations.append(Migration(kind, component, list(devices), begun, seconds, kv))
         manager = self.managers.get(component)
         if manager is not None:
             manager.cycle_moves.append(seconds)
@@ -225,23 +227,23 @@ class Mover:
                 break
         if released is None:
             return  # nothing moved: the next decision sees the engines as they are
-        freed, kv_tokens = released
+        freed, taken = released
         moved = [d for first in freed for d in self.engine_devices(first)]
         for first in freed:
             self.wide.pop(first, None)
         self.change(**{donor: -len(moved)})
         await self.charge(self.costs.release_s)
-        self.record("workload", donor, moved, begun, kv_tokens=kv_tokens)
+        self.record("workload", donor, moved, begun, kv=taken)
         await self.grow(target, moved, live)
 
     async def _release(self, name: str, positions: list[int], loads: list[dict], live: Step
-                       ) -> tuple[list[int], int] | None:
+                       ) -> tuple[list[int], Taken | None] | None:
         """Donor engines at `positions` leave: their requests move to the others
         (Workload migration), or, with no live run among them, they just go. They are
         parked, unless engines may run at a wider TP (tail-TP), which could not rejoin
-        as base engines: those are stopped. Returns the freed first devices and the KV
-        tokens the moved requests took along, or None when the migration failed (nothing
-        moved)."""
+        as base engines: those are stopped. Returns the freed first devices and what the
+        kept engines took in (the moved requests' KV; None: nothing moved with them), or
+        None when the migration failed (nothing moved)."""
         manager, group = self.managers[name], self.group(name)
         manager.note([group.handles[p].spec.worker_id for p in positions], loads)
         park = None if self.tail_tp else self.pool(name)
@@ -253,8 +255,8 @@ class Mover:
                 except MigrationFailed as exc:
                     self.log.failures.append(str(exc))
                     return None
-                return result.freed_devices, result.kv_tokens
-            return await (park.park(group, positions) if park else self.ctl.shrink_group(group, positions)), 0
+                return result.freed_devices, result.taken
+            return await (park.park(group, positions) if park else self.ctl.shrink_group(group, positions)), None
 
     async def grow(self, target: str, devices: list[int], live: Step) -> None:
         """The receiver takes `devices` by its strategy (p2p: a reshard; else its
@@ -333,7 +335,7 @@ class Mover:
         await self.charge(self.costs.release_s)
         self.change(**{self.donor: -len(self.lent) * self.tp})
         self.lent = []
-        self.record("workload", self.donor, [], begun, kv_tokens=released[1])
+        self.record("workload", self.donor, [], begun, kv=released[1])
         begun = self.now()
         await self.charge(self.costs.switch_s)  # the parked components onload: a role switch
         parked, self.parked = self.parked, []

@@ -14,16 +14,17 @@ their processes stay warm, and the component gets them back (`StandbyPool.join`,
 then workload_resume) when its devices return, without a spawn.
 
 Worker protocol: workload_pause(), workload_export() -> [item], workload_load()
--> float, workload_import([item]), workload_resume(), workload_commit(). A released
-rank stays open after its export (it may get its items back) until workload_commit,
-sent once every kept rank has imported. Each item is a dict with
-at least "id" and "weight" (its expected remaining work, for balancing), and
-"kv_tokens" where KV travels with it (counted in the result).
+-> float, workload_import([item]) -> Taken's wire (or a count), workload_resume(),
+workload_commit(). A released rank stays open after its export (it may get its items
+back) until workload_commit, sent once every kept rank has imported. Each item is a
+dict with at least "id" and "weight" (its expected remaining work, for balancing);
+a rollout rank's items may offer their requests' KV (components/rollout/worker.py),
+which the taker moves or leaves, per request, and reports in its Taken.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from dynarl.core.migration.p2p import MigrationFailed
@@ -35,12 +36,48 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
+class Taken:
+    """What a kept rank's workload_import took: its items, and of their requests that
+    offered KV, those whose KV it moved in (tokens, measured loop seconds) and those it
+    left to be prefilled again (the cheaper choice, or the KV could not be had)."""
+    items: int
+    kv_requests: int = 0
+    kv_tokens: int = 0
+    kv_s: float = 0.0
+    reprefilled: int = 0
+
+    def moved(self, tokens: int, seconds: float) -> None:
+        self.kv_requests += 1
+        self.kv_tokens += tokens
+        self.kv_s += seconds
+
+    def add(self, other: "Taken") -> None:
+        self.items += other.items
+        self.kv_requests += other.kv_requests
+        self.kv_tokens += other.kv_tokens
+        self.kv_s += other.kv_s
+        self.reprefilled += other.reprefilled
+
+    def to_wire(self) -> list:
+        return [self.items, self.kv_requests, self.kv_tokens, self.kv_s, self.reprefilled]
+
+    @classmethod
+    def from_wire(cls, w: Any) -> "Taken":
+        """A Taken's wire, or a bare count of items (workers with no KV to report)."""
+        if isinstance(w, (int, float)) or w is None:
+            return cls(int(w or 0))
+        items, kv_requests, kv_tokens, kv_s, reprefilled = w
+        return cls(int(items), int(kv_requests), int(kv_tokens), float(kv_s), int(reprefilled))
+
+
+@dataclass(slots=True)
 class WorkloadResult:
     moved: int
     freed_devices: list[int]
     seconds: float
-    kv_tokens: int = 0
-    """Tokens of KV the moved items took along (their "kv_tokens"; the rest is re-prefilled)."""
+    taken: Taken = field(default_factory=lambda: Taken(0))
+    """What the kept ranks took in: the moved requests' KV (tokens, loop seconds) and
+    the requests prefilled again instead."""
 
 
 def assign(weights: Sequence[float], loads: dict[int, float]) -> list[int]:
@@ -91,7 +128,8 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
         targets = assign([float(item["weight"]) for item in items], dict(zip(keep, loads)))
         for item, target in zip(items, targets):
             per_rank[target].append(item)
-        failed = await _import_each(group, [(p, per_rank[p]) for p in keep])
+        taken = Taken(0)
+        failed = await _import_each(group, [(p, per_rank[p]) for p in keep], taken)
         placed.update(p for p in keep if p not in failed)
         if failed:
             raise MigrationFailed(f"workload_import failed on positions {failed}")
@@ -108,8 +146,7 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     freed = await (park.park(group, release) if park is not None else ctl.shrink_group(group, release))
     ctl.tracer.complete("workload migration", "migration", "migrations", 0, started, loop.time(),
                         {"group": group.name, "moved": len(items), "freed": freed})
-    return WorkloadResult(len(items), freed, loop.time() - started,
-                          sum(int(item.get("kv_tokens", 0)) for item in items))
+    return WorkloadResult(len(items), freed, loop.time() - started, taken)
 
 
 async def export_each(group: WorkerGroup, release: list[int], exported: dict[int, list[dict]]) -> None:
@@ -154,9 +191,11 @@ async def roll_back(group: WorkerGroup, keep: list[int], release: list[int], exp
     return lost
 
 
-async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[dict]]]) -> list[int]:
+async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[dict]]], taken: Taken | None = None
+                       ) -> list[int]:
     """workload_import(items) on each (rank position, items); returns the positions that
-    failed (a rank that ended its generation, or is gone). Cancellation is raised."""
+    failed (a rank that ended its generation, or is gone), adding what the others took
+    to `taken`. Cancellation is raised."""
     results = await asyncio.gather(*(group.handles[p].call("workload_import", [items]) for p, items in parts),
                                    return_exceptions=True)
     failed = []
@@ -165,6 +204,8 @@ async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[dict]]]) 
             if not isinstance(result, Exception):
                 raise result
             failed.append(p)
+        elif taken is not None:
+            taken.add(Taken.from_wire(result))
     return failed
 
 

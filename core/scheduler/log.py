@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dynarl.core.migration.workload import Taken
     from dynarl.core.scheduler.policy import Plan
 
 
@@ -16,8 +17,9 @@ class Migration:
     devices: list[int]
     started: float
     seconds: float
-    kv_tokens: int = 0
-    """A Workload migration's: tokens of KV the moved requests took along."""
+    kv: "Taken | None" = None
+    """A Workload migration's: the moved requests' KV its takers moved in (tokens,
+    seconds in the migration's unit) and the requests they prefilled again instead."""
 
 
 @dataclass(slots=True)
@@ -42,6 +44,16 @@ class SchedulerLog:
     counts: list[DeviceCounts] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     """Moves that rolled back or were left half done (their reasons)."""
+
+
+def kv_stats(migrations: list[Migration]) -> dict[str, float]:
+    """What the Workload migrations' takers did with the moved requests' KV: requests
+    and tokens moved in, the seconds that took, and requests prefilled again instead."""
+    kv = [m.kv for m in migrations if m.kv is not None]
+    return {"migrated_kv_requests": sum(t.kv_requests for t in kv),
+            "migrated_kv_tokens": sum(t.kv_tokens for t in kv),
+            "migrated_kv_s": sum(t.kv_s for t in kv),
+            "migrated_reprefilled_requests": sum(t.reprefilled for t in kv)}
 
 
 def device_stats(samples: list[DeviceCounts], start: float, end: float) -> dict[str, dict[str, float]]:

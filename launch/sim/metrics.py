@@ -9,6 +9,10 @@
                       end): count and total cost in seconds
     moved_reprefill_tokens  per iteration: tokens of requests a migration moved (Workload,
                       tail-TP) that their new engines computed again (dynarl-kv: the last block)
+    moved_kv          per iteration (dynarl-kv): requests whose KV the takers moved in, its
+                      tokens and transfer seconds, and requests they chose to prefill again
+    turn_kv           the same for follow-up turns whose last engine a migration released
+                      (agentic, dynarl-kv: that engine offers the KV of their context)
     decisions         the scheduler's decisions and iteration-end hooks; decision_ms_p99 their
                       wall-clock p99 (0 without either)
 """
@@ -47,6 +51,10 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
         "preemptions": run.preemptions,
         "moved_reprefill_tokens": sum(run.moved_reprefill_tokens[cfg.warmup:]) / n,  # per iteration
     }
+    for name in ("moved_kv", "turn_kv"):  # per iteration
+        kv = getattr(run, name)[cfg.warmup:]
+        if kv:
+            out[name] = {k: sum(x[k] for x in kv) / n for k in kv[0]}
     if len(run.placements) > 1:
         out["final_placement"] = run.placements[-1][1].to_dict()
     if scn.workload.kind == "math":

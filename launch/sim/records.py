@@ -39,6 +39,11 @@ class PolicyRun:
     """Per iteration: context tokens computed before that an engine computed again (agentic)."""
     moved_reprefill_tokens: list[int] = field(default_factory=list)
     """Per iteration: tokens the requests migrations moved computed again where they went."""
+    turn_kv: list[dict[str, float]] = field(default_factory=list)
+    """Per iteration (agentic): follow-up turns whose last engine left, with its KV of their
+    context: moved in (requests, tokens, seconds), or prefilled again."""
+    moved_kv: list[dict[str, float]] = field(default_factory=list)
+    """Per iteration (with a scheduler): the moved requests' KV moved in (core/scheduler/log.kv_stats)."""
 
 
 def timed(policy, snapshot, run: PolicyRun) -> list:

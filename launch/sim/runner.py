@@ -33,7 +33,7 @@ from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
-from dynarl.core.scheduler.log import DeviceCounts
+from dynarl.core.scheduler.log import DeviceCounts, kv_stats
 
 from .records import IterationRecord, PolicyRun, timed
 from .scenario import Scenario, for_policy, train_config
@@ -162,6 +162,9 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
     run.preemptions += sum(r["preemptions"] for r in wf.stage_results["rollout"])
     run.moved_reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in wf.stage_results["rollout"]))
+    if wf.scheduling is not None:  # what the takers of this iteration's Workload migrations did with the KV
+        run.moved_kv.append(kv_stats([m for m in wf.scheduling.scheduler.log.migrations
+                                      if start <= (m.started - origin) / scale < end]))
     label = f"step {it}"
     spans: dict[str, float] = {}
     for span in wf.clock.spans:
@@ -180,6 +183,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
     driver = getattr(wf, "driver", None)
     if driver is not None:  # multi-turn: the context recomputed on another engine (or after eviction)
         run.reprefill_tokens.append(driver.reprefill_tokens)
+        run.turn_kv.append({key: sum(r.get(key, 0) for r in wf.stage_results["rollout"])
+                            for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")})
     tokens, samples = batch_tokens(scn.batches[it])
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
                                           stage_s=stage_s, span_s=spans))

@@ -78,7 +78,7 @@ class EmulatedRolloutEngine:
         self._exported_kv: dict[str, int] = {}
         """The last export's running requests -> the tokens of KV they held (full blocks)."""
         self._kv_in: dict[str, int] = {}
-        """Request id -> tokens of KV imported for it (import_kv), until import_inflight."""
+        """Request id -> tokens of KV imported for it (import_kv), until it is imported or added."""
         self.kv_refused = 0
         self.kv_transfer_s = 0.0
         """Cost-model seconds of KV moved in (charged to the next step)."""
@@ -95,7 +95,9 @@ class EmulatedRolloutEngine:
     def add_request(self, request: GenerationRequest) -> None:
         self.scheduler.check(request, set())
         self._cut()
-        self._enqueue(self.scheduler.new_state(request))
+        state = self.scheduler.new_state(request)
+        state.kv_tokens = self._kv_in.pop(request.request_id, 0)  # a follow-up turn's context, moved here
+        self._enqueue(state)
 
     def import_inflight(self, items: Sequence[InflightRequest]) -> None:
         """Continue requests exported by another engine; their tokens so far are kept."""
@@ -253,7 +255,8 @@ class EmulatedRolloutEngine:
                           generated_tokens=generated, reprefill_tokens=sched.num_reprefill_tokens,
                           budget_tokens=sum(targets) - generated, devices=self.config.tp,
                           prefill_s_per_token=self._prefill_s_per_token,
-                          kv_move_s_per_token=self._kv_move_s_per_token)
+                          kv_move_s_per_token=self._kv_move_s_per_token,
+                          kv_import_s=self.config.time_scale * self.kv_transfer_s)
 
     def running_request_ids(self) -> list[str]:
         """Requests admitted and holding KV now (the agentic worker's queue waits)."""
@@ -295,12 +298,14 @@ class EmulatedRolloutEngine:
             self._runnable.set()
 
     async def export_kv(self, item: InflightRequest) -> KVBlocks | None:
-        """The KV a request of the last export_inflight held while it ran here (its full
-        blocks: no tensors, the token ids they cover); None if it was not running."""
-        tokens = self._exported_kv.pop(item.request.request_id, 0)
+        """The KV a request of the last export_inflight held while it ran here, else the
+        longest prefix of its tokens in the prefix cache (a finished turn's context):
+        full blocks, no tensors, the token ids they cover; None if there is none."""
+        self._catch_up()
+        token_ids = list(item.request.prompt_token_ids) + list(item.output_token_ids)
+        tokens = self._exported_kv.pop(item.request.request_id, 0) or self.scheduler.cached_prefix(token_ids)
         if not tokens:
             return None
-        token_ids = list(item.request.prompt_token_ids) + list(item.output_token_ids)
         return KVBlocks(token_ids[:tokens], None, None, self.weight_version, item.request.request_id)
 
     def import_kv(self, kv: KVBlocks, across_nodes: bool = False) -> int:

@@ -103,6 +103,13 @@ class Scheduler:
         context = state.prompt_len + state.out_base
         return min(self.cache.match(self._hashes(state)), (context - 1) // self.cache.block_size)
 
+    def cached_prefix(self, token_ids: list[int]) -> int:
+        """Tokens of the longest prefix of `token_ids` whose full blocks the prefix cache
+        holds (computed with the current weights)."""
+        if self.cache is None:
+            return 0
+        return self.cache.match(self.cache.extend_hashes([], token_ids, self.cache_epoch)) * self.cache.block_size
+
     # --- one step ---------------------------------------------------------------
 
     def used_tokens(self) -> int:
@@ -172,7 +179,7 @@ class Scheduler:
             self.cache_hit_tokens += matched * bs
             if state.imported:
                 self.num_reprefill_tokens += context - cached
-                state.imported, state.kv_tokens = False, 0
+            state.imported, state.kv_tokens = False, 0  # in the pool now; a preemption loses it
             prefill += context - cached
             admitted += 1
         return prefill

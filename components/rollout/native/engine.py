@@ -83,6 +83,8 @@ class NativeRolloutEngine:
         self.released = False
         self.kv_imported_tokens = self.kv_refused = 0
         """Tokens of KV installed from other engines; imports refused (other weights)."""
+        self.kv_import_s = 0.0
+        """Wall seconds its import_kv calls took."""
         self.prefill_s, self.prefill_new_tokens = 0.0, 0
         """Wall seconds of prefill batches and the tokens they computed."""
         self._seqs: dict[str, Sequence] = {}
@@ -188,6 +190,7 @@ class NativeRolloutEngine:
                           cache_hit_tokens=s.num_cached_tokens,
                           num_preemptions=s.num_preemptions, reprefill_tokens=s.num_reprefill_tokens,
                           prefill_s_per_token=self.prefill_s / max(self.prefill_new_tokens, 1),
+                          kv_import_s=self.kv_import_s,
                           generated_tokens=sum(q.num_output_tokens for q in held),
                           budget_tokens=sum(max(q.request.sampling.max_new_tokens - q.num_output_tokens, 0)
                                             for q in held))
@@ -248,7 +251,9 @@ class NativeRolloutEngine:
             index = torch.tensor(blocks, dtype=torch.long, device=cache.k.device)
             cache.k[:, index] = kv.k[:, first:first + len(blocks)].to(cache.k.device, cache.k.dtype)
             cache.v[:, index] = kv.v[:, first:first + len(blocks)].to(cache.v.device, cache.v.dtype)
+        begun = time.perf_counter()
         installed = self.scheduler.cache_prefix(kv.token_ids, fill)
+        self.kv_import_s += time.perf_counter() - begun
         self.kv_imported_tokens += installed
         return installed
 
