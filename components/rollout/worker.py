@@ -32,6 +32,11 @@ from dynarl.transport.wire import RemoteRef
 
 log = logging.getLogger(__name__)
 
+PROBE_EVERY = 16
+"""kv_choice "cost": of the requests whose KV the choice leaves, every 16th moves
+anyway, so a link measured once as slow (a first connection, a busy moment) is
+measured again and the choice can turn back."""
+
 class RolloutWorker(dynarl.Worker):
     def __init__(self, model: ModelSpec, engine: NativeEngineConfig, bucket_bytes: int, shares_device: bool = False,
                  backend: str = "native", backend_config: Any = None, move_kv: bool = False,
@@ -55,6 +60,8 @@ class RolloutWorker(dynarl.Worker):
         """Requests whose KV came peer-to-peer, and whose KV could not be fetched."""
         self.kv_links = {False: KVLinkFit(), True: KVLinkFit()}
         """What taking KV in cost this rank, within its node and across nodes (loop seconds)."""
+        self.kv_declined = 0
+        """Requests whose KV this rank chose not to move (every PROBE_EVERY-th moves anyway)."""
         self.frees_released = backend != "emulated"
         """A rank a Workload migration releases frees its KV memory for the component that
         gets its devices (emulated devices: MoveCosts charges that, core/migration/mover.py)."""
@@ -242,17 +249,18 @@ class RolloutWorker(dynarl.Worker):
 
     async def _install(self, item: dict, blocks: list[tuple[KVBlocks, float]], taken: Taken) -> None:
         """Into the engine, each with its measured cost (its fetch, plus the engine's
-        import: this link's fit learns from it); a refused one is prefilled again."""
+        import), which this link's fit learns from, per token that came (installed or
+        already cached here). An import the engine refuses (other weights, no room) or
+        does not need (all cached) installs nothing: the engine's own counters (kv_refused,
+        reprefill_tokens) show what it computed again."""
         across = item.get("node", self.node) != self.node
         for kv, fetch_s in blocks:
             before = (await self.engine.load()).kv_import_s
             installed = self.engine.import_kv(kv, across_nodes=across)
             seconds = fetch_s + (await self.engine.load()).kv_import_s - before
+            self.kv_links[across].add(len(kv.token_ids), seconds)
             if installed:
-                self.kv_links[across].add(installed, seconds)
                 taken.moved(installed, seconds)
-            else:  # refused (weights, geometry, no room): prefilled again
-                taken.reprefilled += 1
 
     def _kv_cost(self, load: EngineLoad, across: bool) -> KVCost | None:
         """Taking KV in, as measured here, else the engine's own per-token figure, else unknown."""
@@ -267,13 +275,18 @@ class RolloutWorker(dynarl.Worker):
         took; only where moving it is the cheaper choice (kv_choice). KV that is not
         taken, or cannot be fetched, is not needed for correctness: its request is
         prefilled again (counted; a failed fetch is logged)."""
-        out = []
         across = item.get("node", self.node) != self.node
         loop = asyncio.get_running_loop()
+        wanted = []
         for tokens, kv in item.get("kv", ()):
             if self.kv_choice == "cost" and not choose(tokens, self._kv_cost(load, across), load.prefill_s_per_token):
-                taken.reprefilled += 1
-                continue
+                self.kv_declined += 1
+                if self.kv_declined % PROBE_EVERY:  # else moved anyway: the link is measured again
+                    taken.reprefilled += 1
+                    continue
+            wanted.append(kv)
+
+        async def take(kv: Any) -> tuple[KVBlocks, float] | None:
             begun = loop.time()
             if isinstance(kv, RemoteRef):
                 try:
@@ -283,10 +296,10 @@ class RolloutWorker(dynarl.Worker):
                                 self.rank, item.get("id"), exc)
                     self.kv_lost += 1
                     taken.reprefilled += 1
-                    continue
+                    return None
                 self.kv_fetched += 1
-            out.append((KVBlocks.from_wire(kv), loop.time() - begun))
-        return out
+            return KVBlocks.from_wire(kv), loop.time() - begun
+        return [x for x in await asyncio.gather(*(take(kv) for kv in wanted)) if x is not None]
 
     async def workload_resume(self) -> None:
         self._withdraw_kv()  # a rolled-back move: what it got back came with its KV or is re-prefilled

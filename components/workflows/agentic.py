@@ -46,15 +46,17 @@ log = logging.getLogger(__name__)
 class AgenticStepRanks(StepRanks):
     """Rollout ranks leave and join the episode driver: it routes each next turn."""
 
-    async def releasing(self, component: str, ranks: list[str]) -> None:
+    async def releasing(self, component: str, ranks: list[str], parked: bool = False) -> None:
         """Rollout ranks (worker ids) are about to be released by a migration: the
         driver routes nothing more to them, and each gets its END behind its turns.
-        With rollout.move_kv, each first offers the KV of the contexts whose next turn
-        will go elsewhere (episodes between turns whose last turn it served)."""
+        With rollout.move_kv, ranks that are parked (their processes stay to serve the
+        offer) first offer the KV of the contexts whose next turn will go elsewhere
+        (episodes between turns whose last turn they served)."""
         driver = self.wf.driver
         if component != "rollout" or driver is None:
             return
-        if self.wf.cfg.rollout.move_kv:
+        driver.stop_routing(ranks)  # no turn goes to them while they offer
+        if self.wf.cfg.rollout.move_kv and parked:
             for handle in self.wf.g.rollout.handles:
                 key = handle.spec.worker_id
                 episodes = driver.between_turns(key) if key in ranks else []
@@ -67,7 +69,7 @@ class AgenticStepRanks(StepRanks):
                     log.warning("rollout rank %s could not offer its episodes' KV: %r", key, exc)
                     continue
                 for ep, (turn_id, _), offer in zip(episodes, turns, offers):
-                    driver.carry(ep, turn_id, offer, handle.spec.node)
+                    driver.carry(ep, turn_id, offer, handle.spec.node, key)
         await driver.leave(ranks)
 
     def stage_call(self, component: str, position: int, version: int) -> Any:

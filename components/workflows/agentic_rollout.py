@@ -13,6 +13,7 @@ long the turn waited for admission.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ from dynarl.components.rollout.generation import pause_run, resume_run
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.core.migration.workload import Taken
 from dynarl.core.priority import PriorityConfig
+
+log = logging.getLogger(__name__)
 
 
 class TurnWaits:
@@ -100,8 +103,13 @@ class AgenticRolloutWorker(RolloutWorker):
         """A follow-up turn routed away from the rank that served its last turn may carry
         that rank's KV of its context: moved in where that is the cheaper choice
         (kv_choice), before the turn is queued, so its admission finds it cached."""
-        blocks = await self._kv_in(item, await self.engine.load(), self.turn_kv)
-        await self._install(item, blocks, self.turn_kv)
+        try:
+            blocks = await self._kv_in(item, await self.engine.load(), self.turn_kv)
+            await self._install(item, blocks, self.turn_kv)
+        except Exception as exc:  # not needed for correctness: the turn prefills its context
+            log.warning("rollout rank %d: the KV of turn %s could not be taken in, prefilling: %r",
+                        self.rank, item.get("id"), exc)
+            self.turn_kv.reprefilled += 1
 
     def _withdraw_prefixes(self) -> None:
         for ref in self.prefix_offers:
@@ -144,7 +152,7 @@ class AgenticRolloutWorker(RolloutWorker):
                                    "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
                                    "reprefill_tokens": load.reprefill_tokens - reprefilled,
                                    "devices": load.devices, "turn_kv_requests": self.turn_kv.kv_requests,
-                                   "turn_kv_tokens": self.turn_kv.kv_tokens, "turn_kv_s": self.turn_kv.kv_s,
+                                   "turn_kv_tokens": self.turn_kv.kv_tokens, "turn_kv_s": self.turn_kv.kv_s / self.time_scale,
                                    "turn_kv_reprefilled": self.turn_kv.reprefilled}
         finally:
             run.finished.set()

@@ -193,11 +193,13 @@ class EpisodeDriver:
         self.reprefill_tokens = 0
         self.max_wait_s = 0.0
         self.turns = 0
+        self.leaving: dict[Any, int] = {}
+        """Ranks routed to no more (stop_routing) until they leave."""
         self.live: dict[str, Episode] = {}
         """Episodes started and not over (run)."""
         self.carried: dict[str, list] = {}
         """Episode id -> the KV of its context a leaving rank offered ([tokens, KV or
-        its RemoteRef, node]), sent along with its next turn."""
+        its RemoteRef, node, that rank]), sent along with its next turn."""
 
     @property
     def calls_by_tool(self) -> Counter[str]:
@@ -229,8 +231,8 @@ class EpisodeDriver:
         turn = {"id": rid, "prompt_ids": ep.context, "seed": stable_seed(ep.seed, "turn", ep.turns),
                 "tool_count": ep.tool_calls, "max_new_tokens": budget}
         carried = self.carried.pop(ep.id, None)
-        if carried is not None:  # its last turn's rank left: its KV comes along (the rank chooses to take it)
-            turn["kv"], turn["node"] = [carried[:2]], carried[2]
+        if carried is not None and carried[3] != rank:  # its last turn's rank left: its KV comes along
+            turn["kv"], turn["node"] = [carried[:2]], carried[2]  # (the rank it goes to chooses to take it)
         await self.submit(rank, turn)
 
     def between_turns(self, rank: Any) -> list[Episode]:
@@ -240,13 +242,19 @@ class EpisodeDriver:
         return [ep for ep in self.live.values()
                 if ep.turns > 0 and ep.status.last_worker == home and f"{ep.id}#{ep.turns}" not in self.routed_to]
 
-    def carry(self, ep: Episode, turn_id: str, offer: list | None, node: Any) -> None:
-        """The KV of `ep`'s context, offered by the rank it leaves ([tokens, payload]) for
-        its turn `turn_id`, goes with that turn, if it is not out yet; None: that rank
+    def carry(self, ep: Episode, turn_id: str, offer: list | None, node: Any, rank: Any) -> None:
+        """The KV of `ep`'s context, offered by `rank` as it leaves ([tokens, payload]) for
+        the turn `turn_id`, goes with that turn, if it is not out yet; None: that rank
         held none."""
         if offer is not None and ep.id in self.live and turn_id == f"{ep.id}#{ep.turns}" \
                 and turn_id not in self.routed_to:
-            self.carried[ep.id] = [offer[0], offer[1], node]
+            self.carried[ep.id] = [offer[0], offer[1], node, rank]
+
+    def stop_routing(self, ranks: Sequence[Any]) -> None:
+        """No turn is routed to `ranks` from now on (they are leaving: `leave` follows)."""
+        for key in ranks:
+            if key in self.outstanding:
+                self.leaving[key] = self.outstanding.pop(key)
 
     async def leave(self, ranks: Sequence[Any]) -> None:
         """`ranks` leave the run (a migration releases them): no turn is routed to them
@@ -254,8 +262,9 @@ class EpisodeDriver:
         the run is closed: then it has it already, and a second one would stay in its
         queue and end that rank's next step before its first turn."""
         for key in ranks:
-            if key in self.outstanding:
-                del self.outstanding[key]
+            if key in self.outstanding or key in self.leaving:
+                self.outstanding.pop(key, None)
+                self.leaving.pop(key, None)
                 if self.end is not None and not self.closed:
                     await self.end(key)
 
@@ -275,7 +284,7 @@ class EpisodeDriver:
         """Every episode is over: the ranks still in the run get their end marker."""
         self.closed = True
         if self.end is not None:
-            for key in list(self.outstanding):
+            for key in [*self.outstanding, *self.leaving]:  # a leaving rank's END is sent once: here, or by leave
                 await self.end(key)
 
     async def on_result(self, ep: Episode, result: dict[str, Any]) -> bool:

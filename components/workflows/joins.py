@@ -19,10 +19,11 @@ class StepRanks:
         self.wf = wf
         """The workflow (grpo.py GRPO): its controller, config, groups and sampling."""
 
-    async def releasing(self, component: str, ranks: list[str]) -> None:
-        """A migration is about to release `ranks` (worker ids) of `component`: nothing to
-        do here (the prompt channel is shared); a workflow that routes work to ranks
-        (the agentic one) stops routing to them."""
+    async def releasing(self, component: str, ranks: list[str], parked: bool = False) -> None:
+        """A migration is about to release `ranks` (worker ids) of `component` (`parked`:
+        their processes stay, in a standby pool; else they stop): nothing to do here
+        (the prompt channel is shared); a workflow that routes work to ranks (the agentic
+        one) stops routing to them."""
 
     async def ready_ranks(self, component: str, group: WorkerGroup, positions: list[int],
                           version: int | None) -> None:

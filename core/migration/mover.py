@@ -77,7 +77,7 @@ class Step(Protocol):
 class Workflow(Protocol):
     """What a move asks of the workflow whose groups it changes (grpo.py)."""
 
-    async def releasing(self, component: str, ranks: list[str]) -> None: ...
+    async def releasing(self, component: str, ranks: list[str], parked: bool = False) -> None: ...
     async def ready_ranks(self, component: str, group: "WorkerGroup", positions: list[int], version: int | None,
                           ) -> None: ...
     def stage_call(self, component: str, position: int, version: int) -> Awaitable[Any]: ...
@@ -249,7 +249,8 @@ class Mover:
         park = None if self.tail_tp else self.pool(name)
         async with manager.gate.interrupt():
             if any(load["active_run"] for load in loads):
-                await self.wf.releasing(name, [group.handles[p].spec.worker_id for p in positions])
+                await self.wf.releasing(name, [group.handles[p].spec.worker_id for p in positions],
+                                        parked=park is not None)
                 try:
                     result = await workload_migrate(self.ctl, group, positions, park=park)
                 except MigrationFailed as exc:

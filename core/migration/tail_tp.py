@@ -35,7 +35,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from dynarl.core.migration.p2p import MigrationFailed
-from dynarl.core.migration.workload import export_each, roll_back
+from dynarl.core.migration.workload import Taken, export_each, roll_back
 
 if TYPE_CHECKING:
     from dynarl.core.migration.mover import Mover, Step
@@ -125,14 +125,16 @@ async def widen(mover: "Mover", live: "Step") -> int:
             call.add_done_callback(lambda c, s=slot: _settle(s, c))
         await _opened(group, new, mover)
         items = [[exported[a] + exported[b]] for a, b in pairs]
-        await group.scatter("workload_import", items, ranks=new)
+        taken = Taken(0)
+        for result in await group.scatter("workload_import", items, ranks=new):
+            taken.add(Taken.from_wire(result))
         await wf.joined(name, [group.handles[p].spec.worker_id for p in new])
     except BaseException as exc:
         for slot in slots:
             if not slot.done():
                 slot.set_exception(exc) if isinstance(exc, Exception) else slot.cancel()
         raise
-    mover.record("reboot", name, [], begun)
+    mover.record("reboot", name, [], begun, kv=taken)
     return len(new)
 
 
