@@ -90,11 +90,13 @@ class PromptGroup:
         return g
 
 
-def train_batch(groups: Sequence[PromptGroup], with_ref: bool) -> TrainBatch:
+def train_batch(groups: Sequence[PromptGroup], with_ref: bool, behaviour: bool = False) -> TrainBatch:
     """The canonical batch: groups by index, samples in order, so the same groups
-    give the same batch whatever order the stages finished them in."""
+    give the same batch whatever order the stages finished them in. `behaviour`: the
+    rollout's own log-probs go along (behav_logprobs: an older policy generated them)."""
     ordered = sorted(groups, key=lambda g: g.index)
     input_ids, prompt_lens, rewards, group_ids, old, ref = [], [], [], [], [], []
+    behav: list[list[float]] = []
     for g in ordered:
         for s in g.samples:
             input_ids.append(list(g.prompt_ids) + list(s.output_ids))
@@ -102,9 +104,12 @@ def train_batch(groups: Sequence[PromptGroup], with_ref: bool) -> TrainBatch:
             rewards.append(float(s.reward))
             group_ids.append(int(g.index))
             old.append(list(s.old_logprobs))
+            if behaviour:
+                behav.append([float(x) for x in s.logprobs])
             if with_ref:
                 ref.append(list(s.ref_logprobs))
     return TrainBatch(input_ids=input_ids, prompt_lens=prompt_lens, old_logprobs=old,
+                      behav_logprobs=behav if behaviour else None,
                       ref_logprobs=ref if with_ref else None, rewards=rewards, group_ids=group_ids)
 
 
@@ -126,10 +131,12 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
     return ((r - r.mean()) / (r.std(ddof=1) + eps)).astype(np.float32).tolist()
 
 
-def stream_batch(groups: Sequence[PromptGroup], with_ref: bool, lengths_only: bool = False) -> TrainBatch:
+def stream_batch(groups: Sequence[PromptGroup], with_ref: bool, lengths_only: bool = False,
+                 behaviour: bool = False) -> TrainBatch:
     """A streaming trainer's part of the step: its samples with the advantages the
     reward stage set (so a part may hold any samples, not only whole groups). With
-    `lengths_only` (an engine that reads lengths alone) each sequence is a range."""
+    `lengths_only` (an engine that reads lengths alone) each sequence is a range;
+    `behaviour`: the rollout's own log-probs go along (train_batch's)."""
     samples = [(g, s) for g in groups for s in g.samples]
     prompt_lens = [len(g.prompt_ids) for g, _ in samples]
     advantages = [float(s.advantage) for _, s in samples]
@@ -140,6 +147,7 @@ def stream_batch(groups: Sequence[PromptGroup], with_ref: bool, lengths_only: bo
     return TrainBatch(input_ids=[list(g.prompt_ids) + list(s.output_ids) for g, s in samples],
                       prompt_lens=prompt_lens, response_mask=masks,
                       old_logprobs=[list(s.old_logprobs) for _, s in samples],
+                      behav_logprobs=[[float(x) for x in s.logprobs] for _, s in samples] if behaviour else None,
                       ref_logprobs=[list(s.ref_logprobs) for _, s in samples] if with_ref else None,
                       advantages=advantages)
 

@@ -18,6 +18,7 @@ BENCHES = {
     "hosts": "dynarl.launch.bench.hosts",
     "faults": "dynarl.launch.bench.faults",
     "gpu": "dynarl.launch.bench.gpu",
+    "async": "dynarl.launch.bench.overlap",
 }
 
 
@@ -54,7 +55,8 @@ COMMANDS = {
 
 
 SUMMARIES = {
-    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts), ratios measured side by side",
+    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, gpu, async), "
+             "ratios measured side by side",
     "eval": "mean reward and pass@k of a run's checkpoint or an HF folder on held-out problems",
     "export": "a run's trained policy as an HF folder (transformers loads it)",
     "graph": "the static hypergraph of a workflow file (components and channels)",

@@ -35,3 +35,18 @@ def assert_reaped(pids):
             continue
         alive.append(pid)
     assert not alive, f"processes left behind: {alive}"
+
+
+def children(pid):
+    """The pids of `pid`'s child processes."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def running(pid):
+    """Alive and not a zombie (a zombie of a dead parent may wait for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dynarl.components.trainer.native.losses import (
-    entropy_from_logits, gae, grpo_advantages, grpo_loss, kl_k3, policy_gradient_loss, token_mean, value_loss)
+    decoupled_policy_gradient_loss, entropy_from_logits, gae, grpo_advantages, grpo_loss, kl_k3, policy_gradient_loss,
+    token_mean, value_loss)
 
 S3 = math.sqrt(0.5)  # (x - mean) / std for a two-sample group
 
@@ -124,3 +125,49 @@ def test_gae_batched_rows_are_independent():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv, _ = gae(rewards, values, mask, 1.0, 1.0)
     assert adv.tolist() == [pytest.approx([0.5, 0.4, 0.3]), pytest.approx([0.5, 0.4, 0.0])]
+
+
+# --- decoupled PPO (algorithm.max_staleness > 0) --------------------------------------
+
+@pytest.mark.parametrize("behav_gap, ratio, adv, loss, kept", [
+    # behav_gap = prox - behav (the behaviour weight is exp of it); ratio = exp(logp - prox)
+    (0.0, 1.0, 1.0, -1.0, True),                   # on-policy: weight 1, plain PPO
+    (math.log(2.0), 1.0, 1.0, -2.0, True),         # the proximal policy likes it twice as much
+    (math.log(0.5), 1.5, 1.0, -0.5 * 1.2, True),   # weight 1/2 times the clipped term (1 + 0.2)
+    (math.log(4.0), 0.5, -1.0, 4.0 * 0.8, True),   # clipped below for A < 0, weight 4
+    (math.log(6.0), 1.0, 1.0, 0.0, False),         # weight 6 > cap 5: left out
+])
+def test_decoupled_policy_gradient_loss(behav_gap, ratio, adv, loss, kept):
+    prox = torch.tensor([-1.0], dtype=torch.float64)
+    logp = prox + math.log(ratio)
+    out, clipped = decoupled_policy_gradient_loss(logp, prox, prox - behav_gap, torch.tensor([adv], dtype=torch.float64),
+                                                  0.2, 0.2, 5.0)
+    assert out.item() == pytest.approx(loss)
+    if not kept:
+        assert not clipped.item()
+
+
+def test_the_decoupled_loss_is_ppo_bit_for_bit_when_the_behaviour_policy_is_the_proximal_one():
+    """max_staleness 0 (or a sample the step's own weights generated): GRPO's loss exactly."""
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(64, generator=g, dtype=torch.float32) * 0.1 - 2.0
+    old = logp + torch.randn(64, generator=g) * 0.05
+    adv = torch.randn(64, generator=g)
+    plain, plain_clipped = policy_gradient_loss(logp, old, adv, 0.2, 0.28)
+    decoupled, clipped = decoupled_policy_gradient_loss(logp, old, old.clone(), adv, 0.2, 0.28, 5.0)
+    assert torch.equal(plain, decoupled) and torch.equal(plain_clipped, clipped)
+    mask = torch.ones_like(logp)
+    a = grpo_loss(logp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=0.28)
+    b = grpo_loss(logp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=0.28, behav_logprobs=old.clone())
+    assert torch.equal(a.loss, b.loss) and torch.equal(a.clip_frac, b.clip_frac)
+
+
+def test_the_behaviour_weight_carries_no_gradient():
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    prox = torch.tensor([-1.1, -1.9])
+    behav = torch.tensor([-1.5, -1.0])
+    out, _ = decoupled_policy_gradient_loss(logp, prox, behav, torch.tensor([1.0, 1.0]), 0.2, 0.2, 5.0)
+    out.sum().backward()
+    # d/dlogp of -w * exp(logp - prox) (unclipped here) is -w * ratio, w = exp(prox - behav)
+    expected = [-(math.exp(-1.1 + 1.5) * math.exp(-1.0 + 1.1)), -(math.exp(-1.9 + 1.0) * math.exp(-2.0 + 1.9))]
+    assert logp.grad.tolist() == pytest.approx(expected)

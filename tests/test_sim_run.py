@@ -204,3 +204,17 @@ def test_plots_are_written(tmp_path):
     assert (times, counts) == ([0.0, 1.0, 2.0, 3.0], [3, 5, 2, 0])
     points, stacks = ownership_steps([("rollout", 4, 0.0, 1.0), ("trainer", 4, 1.0, 2.0)])
     assert points == [0.0, 1.0, 2.0] and stacks["rollout"] == [4, 0, 0] and stacks["trainer"] == [0, 4, 0]
+
+
+def test_the_async_policy_overlaps_each_step_with_the_next_rollout():
+    """`async` runs `dynarl train`'s overlapped steps (algorithm.max_staleness 1) on the
+    spatial split: its measured step trains samples one version old, and it needs a
+    step that is neither the first nor the last to measure."""
+    scn = build_scenario(SimConfig(**{**SMALL, "iterations": 3, "policies": ("colocated", "spatial", "async")}))
+    result, runs = simulate(scn)
+    spatial, overlapped = result["policies"]["spatial"], result["policies"]["async"]
+    assert spatial["placement"] == overlapped["placement"]
+    assert spatial["staleness_max"] == 0 and overlapped["staleness_max"] == 1
+    assert runs["async"].staleness == [0, 1, 1] and runs["spatial"].staleness == [0, 0, 0]
+    with pytest.raises(ValueError, match="--iterations >= warmup \\+ 2"):
+        run_policy(build_scenario(SimConfig(**{**SMALL, "policies": ("async",)})), "async")

@@ -11,23 +11,12 @@ import time
 
 from dynarl.components.tasks.source import ProblemSource
 from dynarl.components.workflows.config import load_config
+from conftest import children, running
 from grpo_tiny import TINY, overrides
 
 STEPS, EVERY, N_PROMPTS, N_SAMPLES = 8, 3, 8, 4
 
 
-def children(pid):
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
-
-
-def running(pid):
-    """Alive and not a zombie (a zombie of a dead parent may wait for init to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_kill_9_mid_step_then_resume(tmp_path):

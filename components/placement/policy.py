@@ -14,6 +14,9 @@ during every step, as in `dynarl train`.
                 measured stage time drifts more than 15% from the profile
     dynarl      the paper's dynamic scheduler (dynarl.py): online migrations from the
                 rollout tail to the bottleneck, by `dynarl train`'s own scheduler
+    async       the peers' asynchronous mode (verl fully_async / AReaL): the spatial
+                split, and the next step's rollout runs while a step trains
+                (algorithm.max_staleness 1: `dynarl train`'s overlapped steps)
 
 A new policy (e.g. each improvement on dynarl) registers a factory under its own
 name, so its gain is measured against the others on the same runs.
@@ -90,6 +93,8 @@ class Colocated:
     name = "colocated"
     needs_profile = False
     has_hook = False
+    max_staleness = 0
+    """algorithm.max_staleness of the run (components/workflows/overlap.py)."""
 
     def place(self, ctx: PlanContext) -> Placement:
         return plans.colocated(ctx.num_devices)
@@ -108,12 +113,22 @@ class Spatial(Colocated):
         return plans.spatial(proportional_split(ctx.work, ctx.num_devices, ctx.granularity))
 
 
+class AsyncSpatial(Spatial):
+    """Disaggregated pools with one step of staleness, as verl's fully_async and
+    AReaL run by default: the rollout generates step s + 1 on the weights of step s
+    while the trainer takes step s (docs/simulation.md)."""
+    name = "async"
+    max_staleness = 1
+
+
 class RlinfAuto:
     """Plan from the profile; at each iteration end, compare measured stage times with
     the plan's; past the threshold, fold the measurements into the profile and re-plan."""
     name = "rlinf-auto"
     needs_profile = True
     has_hook = True
+
+    max_staleness = 0
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD) -> None:
         self.threshold = threshold
@@ -159,6 +174,7 @@ PolicyFactory = Callable[[], Policy]
 REGISTRY: dict[str, PolicyFactory] = {
     "colocated": Colocated,
     "spatial": Spatial,
+    "async": AsyncSpatial,
     "rlinf-auto": RlinfAuto,
 }
 

@@ -30,7 +30,12 @@ class TrainBatch:
     response_mask: list[list[int]] | None = None
     """1 = token is in the loss; 0 = not (padding, tool observations). None = all 1."""
     old_logprobs: list[list[float]] | None = None
-    """Log-probs of the policy that sampled. None = on-policy (ratio 1)."""
+    """Log-probs of the policy the step starts from (inference recomputes them: the
+    proximal policy). None = on-policy (ratio 1)."""
+    behav_logprobs: list[list[float]] | None = None
+    """Log-probs the rollout engine sampled with (the behaviour policy), when that is
+    older than the step's (algorithm.max_staleness > 0): the loss weighs each token by
+    exp(old - behav) (decoupled PPO, losses.py). None = the same policy as old_logprobs."""
     ref_logprobs: list[list[float]] | None = None
     """Log-probs of the reference policy, needed when kl_coef > 0."""
     rewards: list[float] | None = None
@@ -47,8 +52,10 @@ class TrainBatch:
         for i, (ids, plen) in enumerate(zip(self.input_ids, self.prompt_lens)):
             if not 1 <= plen <= len(ids):
                 raise ValueError(f"prompt_lens[{i}]={plen} must be in [1, len(input_ids[{i}])={len(ids)}]")
-        for name in ("response_mask", "old_logprobs", "ref_logprobs"):
+        for name in ("response_mask", "old_logprobs", "behav_logprobs", "ref_logprobs"):
             self._check_per_token(name, getattr(self, name))
+        if self.behav_logprobs is not None and self.old_logprobs is None:
+            raise ValueError("behav_logprobs needs old_logprobs (the proximal policy's)")
         for name in ("rewards", "group_ids"):
             value = getattr(self, name)
             if value is not None and len(value) != n:
@@ -244,6 +251,10 @@ class TrainerConfig:
     """PPO ratio clip below: ratio >= 1 - clip_eps_low."""
     clip_eps_high: float = 0.2
     """PPO ratio clip above: ratio <= 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    behav_weight_cap: float = 5.0
+    """Decoupled PPO (batches with behav_logprobs): tokens whose behaviour weight
+    exp(old - behav) exceeds it are left out of the loss (AReaL's behav_imp_weight_cap;
+    5 in its asynchronous examples). Must be > 1."""
     kl_coef: float = 0.0
     """Weight of the k3 KL estimate to the reference policy; > 0 needs ref_logprobs."""
     entropy_coef: float = 0.0
@@ -265,6 +276,8 @@ class TrainerConfig:
         for name in ("weight_decay", "grad_clip", "kl_coef", "entropy_coef", "clip_eps_high"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.behav_weight_cap > 1:
+            raise ValueError(f"behav_weight_cap must be > 1, got {self.behav_weight_cap}")
         if not 0 <= self.clip_eps_low < 1:
             raise ValueError(f"clip_eps_low must be in [0, 1), got {self.clip_eps_low}")
         if self.micro_batch_size < 1:

@@ -97,16 +97,19 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         finally:
             self.training = False
 
-    async def train_stream(self, get: str, put: str | None = None, *, with_ref: bool = False) -> dict:
+    async def train_stream(self, get: str, put: str | None = None, *, with_ref: bool = False,
+                           behaviour: bool = False) -> dict:
         """Collective at its end. Chunks of scored groups (each sample with its
-        advantage) from `get` until END, accumulated as they come; then the step."""
+        advantage) from `get` until END, accumulated as they come; then the step.
+        `behaviour`: the samples' own log-probs are the behaviour policy's (decoupled PPO)."""
         inbox, loop = self.channel(get), asyncio.get_running_loop()
         busy, trained = BusyLog(), experience.Trained()
         self.step_samples = self.step_tokens = 0
         self.training = True
         try:
             while (chunk := await inbox.get()) is not END:
-                batch = experience.stream_batch(chunk, with_ref, lengths_only=not self.trainer.needs_token_ids)
+                batch = experience.stream_batch(chunk, with_ref, lengths_only=not self.trainer.needs_token_ids,
+                                                behaviour=behaviour)
                 begun = loop.time()
                 await self.trainer.accumulate(batch)
                 busy.add(begun, loop.time())

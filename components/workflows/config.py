@@ -209,6 +209,24 @@ class SchedulerSection:
     dynarl: DynarlSection = field(default_factory=DynarlSection)
 
 
+@dataclass(kw_only=True, slots=True)
+class AlgorithmSection:
+    max_staleness: int = 0
+    """How many policy versions behind the trainer a sample's generating weights may
+    be. 0: on-policy (each step generates its batch, then trains on it). 1: the
+    rollout of step s + 1 runs on the weights of step s while step s trains, so the
+    rollout and the trainer work at once; the loss corrects for the older policy
+    (decoupled PPO, trainer.engine.behav_weight_cap). Needs the rollout on devices of
+    its own (placement spatial, or hybrid with rollout in a pool alone)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}")
+        if self.max_staleness > 1:
+            raise ValueError(f"max_staleness {self.max_staleness}: 0 or 1 (one step of overlap) are built; "
+                             "deeper pipelines are not yet")
+
+
 LOGGERS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 """run.loggers' names, each with the package it needs."""
 
@@ -256,6 +274,7 @@ class TrainConfig:
     placement: PlacementSection = field(default_factory=PlacementSection)
     run: RunSection = field(default_factory=RunSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     workflow: Literal["grpo", "agentic"] = "grpo"
     """grpo: one response per sample; agentic: multi-turn tool-using episodes
     (components/workflows/agentic.py), with task.kind calc."""
@@ -291,6 +310,8 @@ class TrainConfig:
         else:
             self._check_placed()
         self._check_workflow()
+        if self.algorithm.max_staleness > 0:
+            self._check_async()
         max_len = self.model.config().max_position_embeddings
         if self.rollout.max_new_tokens >= max_len and not emulated:
             raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
@@ -356,6 +377,24 @@ class TrainConfig:
         if self.rollout.num_ranks < 2:
             raise ConfigError("scheduler.policy", "dynarl needs rollout.num_ranks >= 2: "
                                                   "one engine donates while another finishes the tail")
+
+    def _check_async(self) -> None:
+        """algorithm.max_staleness > 0 overlaps the next step's rollout with this step's
+        inference and training: they need devices apart, a workflow whose samples are
+        whole when generated, and a fixed placement."""
+        field_ = "algorithm.max_staleness"
+        if self.workflow != "grpo":
+            raise ConfigError(field_, f"the {self.workflow} workflow's episodes cannot be carried into the next "
+                                      "step yet; set it 0")
+        if self.scheduler.policy != "static":
+            raise ConfigError(field_, f"scheduler.policy {self.scheduler.policy!r} does not plan with an "
+                                      "overlapped rollout yet; use static or max_staleness 0")
+        if self.placement.mode == "auto":
+            raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose spatial or hybrid")
+        placed = self.devices()
+        if set(placed["rollout"]) & (set(placed["inference"]) | set(placed["trainer"])):
+            raise ConfigError(field_, "the rollout overlaps the trainer only on devices of its own: placement.mode "
+                                      "spatial, or hybrid with rollout in a pool alone")
 
     # --- task / workflow selection (the agentic workflow) ---------------------------------
     def _check_workflow(self) -> None:

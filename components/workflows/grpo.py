@@ -46,6 +46,7 @@ from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_e
 from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
+from dynarl.components.workflows.overlap import AHEAD, OverlappedSteps
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
@@ -110,12 +111,15 @@ class GRPO:
         self.g: Groups | None = None
         self.scheduling: DynamicScheduling | None = None
         """policy=dynarl: moves devices inside every step (dynamic.py)."""
+        self.overlap = OverlappedSteps(self) if cfg.algorithm.max_staleness > 0 else None
+        """algorithm.max_staleness 1: the next step's rollout runs while a step trains (overlap.py)."""
 
     # --- the algorithm ---------------------------------------------------------------
     def commit_step(self, step: int, ids: list[str], trained: experience.Trained) -> None:
         """The step's samples are trained: into the ledger, in memory and on disk."""
         digest = dict(zip(trained.ids, trained.digests))
-        entry = StepEntry(step, tuple(ids), tuple(digest[i] for i in ids))
+        version = dict(zip(trained.ids, trained.versions))
+        entry = StepEntry(step, tuple(ids), tuple(digest[i] for i in ids), tuple(version[i] for i in ids))
         self.ledger.commit(entry)
         if self.run_dir is not None:
             append_entry(os.path.join(self.run_dir, ckpt.LEDGER_FILE), entry)
@@ -128,6 +132,8 @@ class GRPO:
         self.ledger.check(step, ids)
 
     async def step(self, step: int) -> dict[str, Any]:
+        if self.overlap is not None:
+            return await self.overlap.step(step)
         if self.cfg.trainer.streaming:
             return await self.streaming_step(step)
         label = f"step {step}"
@@ -169,9 +175,12 @@ class GRPO:
                             self.clock.durations(label), time.perf_counter() - started) | pipeline | sched_metrics \
             | self.fleet_metrics(step + 1)
 
-    async def start_rollout(self, groups: list[PromptGroup], step: int, label: str,
-                            live: LiveStep) -> tuple[asyncio.Future, asyncio.Future]:
-        """The step's prompt groups go out; the rollout and reward stages start."""
+    async def start_rollout(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep, *,
+                            version: int | None = None, scored: str = "scored"
+                            ) -> tuple[asyncio.Future, asyncio.Future]:
+        """The step's prompt groups go out; the rollout and reward stages start. The
+        rollout samples with the weights of `version` (default: `step`'s); the reward
+        stage puts onto `scored`."""
         g = self.g
         for group in groups:
             await self.ctl.channel("prompts").put(group)
@@ -179,9 +188,10 @@ class GRPO:
             await self.ctl.channel("prompts").put(END)
         rollout = live.joined("rollout", stage(
             self.ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=self.clock, label=label,
-            version=step, chunk_size=self.cfg.rollout.chunk_size, sampling=self.sampling(), lock=live.rollout_lock))
+            version=step if version is None else version, chunk_size=self.cfg.rollout.chunk_size,
+            sampling=self.sampling(), lock=live.rollout_lock))
         reward = live.done["reward"] = asyncio.ensure_future(stage(
-            self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
+            self.ctl, g.reward, "score", get="rollouts", put=scored, after=rollout, lock=False,
             clock=self.clock, label=label))
         return rollout, reward
 
@@ -245,16 +255,16 @@ class GRPO:
         after the one before it has produced everything."""
         samples = self.cfg.run.prompts_per_step * self.cfg.rollout.samples_per_prompt
         capacity = max(1024, 2 * samples + 2 * self.placement.num_devices)
-        for name in ("prompts", "rollouts", "scored", "experience"):
+        for name in ("prompts", "rollouts", "scored", "experience", AHEAD):
             self.ctl.channel(name, capacity=capacity)
 
-    async def collect(self, num_groups: int) -> tuple[list[PromptGroup], float]:
-        """The trainer's input: chunks from "experience" until all the step's groups
+    async def collect(self, num_groups: int, channel: str = "experience") -> tuple[list[PromptGroup], float]:
+        """The trainer's input: chunks from `channel` until all the step's groups
         are in; and when the first chunk came (pipelining: before rollout ended?)."""
         groups: list[PromptGroup] = []
         first = 0.0
         while len(groups) < num_groups:
-            groups += await self.ctl.channel("experience").get()
+            groups += await self.ctl.channel(channel).get()
             first = first or asyncio.get_running_loop().time()
         return groups, first
 
@@ -447,6 +457,8 @@ class GRPO:
         steps = await held(self.ctl, trainer, self.clock, f"checkpoint {step}", "save_checkpoint",
                            lambda: trainer.call("save_checkpoint", path), component="trainer")
         self.ledger.save(os.path.join(path, ckpt.LEDGER_FILE))
+        if self.overlap is not None:
+            self.overlap.save(path)
         ckpt.write_state(path, ckpt.CheckpointState(step=step, trainer_step=steps[0], seed=self.cfg.run.seed,
                                                     prompts_per_step=self.cfg.run.prompts_per_step))
         ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints)
@@ -460,6 +472,8 @@ class GRPO:
         await held(self.ctl, trainer, self.clock, "restore", "load_checkpoint",
                    lambda: trainer.call("load_checkpoint", path))
         self.ledger = SampleLedger.load(os.path.join(path, ckpt.LEDGER_FILE))
+        if self.overlap is not None:
+            self.overlap.load(path, state.step)
         _roll_back(os.path.join(self.run_dir, ckpt.LEDGER_FILE), state.step)
         _roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
         await self.load_reference()

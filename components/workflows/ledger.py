@@ -30,13 +30,17 @@ class StepEntry:
     sample_ids: tuple[str, ...]
     digests: tuple[int, ...]
     """crc32 of each sample's generated tokens, aligned with sample_ids."""
+    versions: tuple[int, ...] = ()
+    """The weight version that generated each sample (its staleness: step - version)."""
 
     def to_json(self) -> dict:
-        return {"step": self.step, "samples": list(self.sample_ids), "digests": list(self.digests)}
+        return {"step": self.step, "samples": list(self.sample_ids), "digests": list(self.digests),
+                "versions": list(self.versions)}
 
     @classmethod
     def from_json(cls, d: dict) -> "StepEntry":
-        return cls(int(d["step"]), tuple(d["samples"]), tuple(d.get("digests") or ()))
+        return cls(int(d["step"]), tuple(d["samples"]), tuple(d.get("digests") or ()),
+                   tuple(int(v) for v in d.get("versions") or ()))
 
 
 class SampleLedger:

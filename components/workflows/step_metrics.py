@@ -34,6 +34,9 @@ def step_metrics(step: int, trained: Trained, train: dict[str, float], rollout_s
         "step_time_s": step_time_s,
         **{f"{name}_s": stage_s.get(name, 0.0) for name in STAGES},
         "weight_version": min(trained.versions),
+        # how many versions older than the trainer's (`step`) each sample's generating weights were
+        "staleness_max": max(step - v for v in trained.versions),
+        "staleness_mean": sum(step - v for v in trained.versions) / n,
         "loss": train["loss"], "entropy": train["entropy"], "grad_norm": train["grad_norm"],
         "kl": train["kl"], "clip_frac": train["clip_frac"],
         "verifier": reward_stats[0]["verifier"],

@@ -15,6 +15,10 @@
                       (agentic, dynarl-kv: that engine offers the KV of their context)
     decisions         the scheduler's decisions and iteration-end hooks; decision_ms_p99 their
                       wall-clock p99 (0 without either)
+    staleness_max     versions between a trained sample's generating weights and the trainer's
+                      (async: 1; its last iteration, which has no next rollout to overlap, is
+                      not measured, and each iteration's busy time includes the rollout it
+                      trains, made during the iteration before)
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch", "join")
 
 def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str, Any]:
     cfg = scn.config
-    measured = run.iterations[cfg.warmup:]
+    # an overlapped run's last step has no next step's rollout to make: not a steady-state step
+    window = slice(cfg.warmup, len(run.iterations) - (1 if run.max_staleness else 0))
+    measured = run.iterations[window]
     total = sum(r.end - r.start for r in measured)
     n = len(measured)
     bound = sum(scn.bounds[r.index].bound_s for r in measured) / n
@@ -49,10 +55,11 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
         "placement": run.placements[0][1].to_dict(),
         "replans": list(run.notes),
         "preemptions": run.preemptions,
-        "moved_reprefill_tokens": sum(run.moved_reprefill_tokens[cfg.warmup:]) / n,  # per iteration
+        "moved_reprefill_tokens": sum(run.moved_reprefill_tokens[window]) / n,  # per iteration
+        "staleness_max": max(run.staleness[window], default=0),
     }
     for name in ("moved_kv", "turn_kv"):  # per iteration
-        kv = getattr(run, name)[cfg.warmup:]
+        kv = getattr(run, name)[window]
         if kv:
             out[name] = {k: sum(x[k] for x in kv) / n for k in kv[0]}
     if len(run.placements) > 1:
@@ -61,7 +68,7 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
         out["tokens_per_s"] = sum(r.tokens for r in measured) / total
     else:
         out["requests_per_s"] = sum(r.samples for r in measured) / total
-        out["reprefill_tokens"] = sum(run.reprefill_tokens[cfg.warmup:]) / n  # per iteration (episodes.py)
+        out["reprefill_tokens"] = sum(run.reprefill_tokens[window]) / n  # per iteration (episodes.py)
     if not run.decision_ms:
         out["decision_ms_p99"] = 0.0
     elif timings:

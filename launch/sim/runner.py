@@ -65,7 +65,7 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
     ctx = PlanContext(num_devices=cfg.devices, granularity={"rollout": scn.rollout_tp}, work=scn.work(),
                       switch_s=cm.ROLE_SWITCH_S, micro_batches=cfg.micro_batches,
                       profiles=profiles if policy.needs_profile else None, min_devices=min_devices(scn))
-    run = PolicyRun(name)
+    run = PolicyRun(name, max_staleness=scn.max_staleness)
     placement = with_unit(policy.place(ctx), {"rollout": scn.rollout_tp})
     scheduler = policy.scheduler(cfg.devices // scn.rollout_tp)  # (lending: the rollout's engines at most)
 
@@ -185,6 +185,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         run.reprefill_tokens.append(driver.reprefill_tokens)
         run.turn_kv.append({key: sum(r.get(key, 0) for r in wf.stage_results["rollout"])
                             for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")})
+    entry = wf.ledger.entries[-1]  # this iteration's: how far behind the trainer its samples' weights were
+    run.staleness.append(max((entry.step - v for v in entry.versions), default=0))
     tokens, samples = batch_tokens(scn.batches[it])
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
                                           stage_s=stage_s, span_s=spans))

@@ -79,6 +79,8 @@ class Scenario:
     weight_bytes: int
     trace: Trace | None = None
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_staleness: int = 0
+    """The policy's algorithm.max_staleness (for_policy): 1 overlaps the next step's rollout."""
 
     @property
     def num_devices(self) -> int:
@@ -130,7 +132,12 @@ def for_policy(scn: Scenario, policy: object) -> Scenario:
     if scn.workload.kind == "agentic":
         mode = agentic_mode(policy)
         rollout.update(queue=mode.queue, affinity=mode.affinity)
-    return dataclasses.replace(scn, engines=dict(scn.engines, rollout=rollout))
+    staleness = int(getattr(policy, "max_staleness", 0))
+    if staleness and scn.config.iterations < scn.config.warmup + 2:
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} overlaps each step with the next one's "
+                         f"rollout: it needs --iterations >= warmup + 2 ({scn.config.warmup + 2}), so that a "
+                         "measured step is neither the first (nothing made ahead) nor the last (nothing to make)")
+    return dataclasses.replace(scn, engines=dict(scn.engines, rollout=rollout), max_staleness=staleness)
 
 
 def _check_fits(batches: list[list[Group]], capacity: int, name: str) -> None:
@@ -173,7 +180,8 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
     start, rewards that cost nothing (verifier none); `scheduler`: the
     `scheduler.dynarl` settings of an online policy (None: static)."""
     from dynarl.components.workflows.agentic_config import AgenticSection
-    from dynarl.components.workflows.config import (DynarlSection, InferenceSection, PlacementSection,
+    from dynarl.components.workflows.config import (AlgorithmSection, DynarlSection, InferenceSection,
+                                                    PlacementSection,
                                                     RolloutSection, RunSection, SchedulerSection, TrainConfig,
                                                     TrainerSection, WarmupSection)
     cfg, engines = scn.config, scn.engines
@@ -201,6 +209,7 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
         agentic=AgenticSection(episodes="scripted", queue=rollout.get("queue", "fifo"), affinity=affinity,
                                max_bonus_s=EmulatedRolloutConfig(**rollout).priority_window_s),
         run=RunSection(steps=cfg.iterations, prompts_per_step=len(scn.batches[0]), seed=cfg.seed),
+        algorithm=AlgorithmSection(max_staleness=scn.max_staleness),
         scheduler=SchedulerSection() if scheduler is None else SchedulerSection(
             policy="dynarl", dynarl=DynarlSection(**scheduler)),
         task=TaskConfig(verifier="none"))

@@ -50,6 +50,28 @@ def policy_gradient_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
     return loss, is_clipped
 
 
+def decoupled_policy_gradient_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor,
+                                   behav_logprobs: torch.Tensor, advantages: torch.Tensor, clip_eps_low: float,
+                                   clip_eps_high: float, weight_cap: float
+                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoupled PPO, for samples an older policy (behaviour) generated than the one
+    the step starts from (proximal): the clip is taken around the proximal policy and
+    the behaviour's part is an importance weight (Hilton et al. 2022, "Batch
+    size-invariance for policy optimization", eq. 4; AReaL's asynchronous PPO):
+
+        w_t    = exp(prox_logprob - behav_logprob)           (data: no gradient)
+        loss_t = w_t * policy_gradient_loss(logprob, prox_logprob)   if w_t <= weight_cap
+                 0                                                   otherwise
+
+    Tokens whose weight exceeds the cap are left out, as AReaL's behav_imp_weight_cap
+    does (verl's truncated IS clamps them instead). With behav = prox every weight is
+    exactly 1 and this is `policy_gradient_loss`, bit for bit."""
+    pg, is_clipped = policy_gradient_loss(logprobs, prox_logprobs, advantages, clip_eps_low, clip_eps_high)
+    weight = torch.exp(prox_logprobs - behav_logprobs).detach()
+    kept = weight <= weight_cap
+    return torch.where(kept, pg * weight, torch.zeros_like(pg)), is_clipped & kept
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || pi_ref) per token, >= 0 and unbiased:
 
@@ -91,15 +113,21 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
               mask: torch.Tensor, *, clip_eps_low: float, clip_eps_high: float,
               ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
               entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-              num_tokens: float | None = None) -> GRPOLoss:
+              num_tokens: float | None = None, behav_logprobs: torch.Tensor | None = None,
+              behav_weight_cap: float = 5.0) -> GRPOLoss:
     """The GRPO objective, token-mean over `mask`:
 
         loss = mean_t[ pg_t ] + kl_coef * mean_t[ k3_t ] - entropy_coef * mean_t[ H_t ]
 
-    with pg_t from `policy_gradient_loss` and k3_t from `kl_k3`. Terms whose
-    inputs are missing are reported as 0.
+    with pg_t from `policy_gradient_loss` (or, given the behaviour policy's
+    log-probs, `decoupled_policy_gradient_loss` with old_logprobs as the proximal
+    policy) and k3_t from `kl_k3`. Terms whose inputs are missing are reported as 0.
     """
-    pg, is_clipped = policy_gradient_loss(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high)
+    if behav_logprobs is None:
+        pg, is_clipped = policy_gradient_loss(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high)
+    else:
+        pg, is_clipped = decoupled_policy_gradient_loss(logprobs, old_logprobs, behav_logprobs, advantages,
+                                                        clip_eps_low, clip_eps_high, behav_weight_cap)
     pg_loss = token_mean(pg, mask, num_tokens)
     zero = pg_loss.new_zeros(())
     kl = token_mean(kl_k3(logprobs, ref_logprobs), mask, num_tokens) if ref_logprobs is not None else zero
@@ -166,4 +194,5 @@ def micro_batch_loss(logprobs, entropy, mb, config, num_tokens: int):
     return grpo_loss(logprobs, old, mb.advantages, torch.ones_like(logprobs),
                      clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high,
                      ref_logprobs=mb.ref_logprobs, kl_coef=config.kl_coef,
-                     entropy=entropy, entropy_coef=config.entropy_coef, num_tokens=num_tokens)
+                     entropy=entropy, entropy_coef=config.entropy_coef, num_tokens=num_tokens,
+                     behav_logprobs=mb.behav_logprobs, behav_weight_cap=config.behav_weight_cap)

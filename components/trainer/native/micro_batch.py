@@ -3,7 +3,7 @@
 Sequences are right-padded to the longest in the micro-batch. Logits at
 position t predict token t + 1, so a response token at sequence position j is
 scored at "target" position j - 1. `loss_mask` marks target positions in the
-loss; per-token values (advantages, old/ref log-probs, targets) are stored only
+loss; per-token values (advantages, old/behaviour/ref log-probs, targets) are stored only
 for those positions, in row-major order, which is the order boolean indexing
 `x[:, :-1][loss_mask]` produces.
 """
@@ -25,6 +25,7 @@ class MicroBatch:
     targets: torch.Tensor          # [n] long, the tokens those positions predict
     advantages: torch.Tensor       # [n] float32
     old_logprobs: torch.Tensor | None  # [n] float32
+    behav_logprobs: torch.Tensor | None  # [n] float32
     ref_logprobs: torch.Tensor | None  # [n] float32
     num_tokens: int                # n
 
@@ -39,6 +40,7 @@ def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[in
     targets: list[int] = []
     adv: list[float] = []
     old: list[float] = []
+    behav: list[float] = []
     ref: list[float] = []
     for b, i in enumerate(rows):
         seq, plen = batch.input_ids[i], batch.prompt_lens[i]
@@ -53,6 +55,8 @@ def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[in
             adv.append(advantages[i][k] if per_token_adv else advantages[i])
             if batch.old_logprobs is not None:
                 old.append(batch.old_logprobs[i][k])
+            if batch.behav_logprobs is not None:
+                behav.append(batch.behav_logprobs[i][k])
             if batch.ref_logprobs is not None:
                 ref.append(batch.ref_logprobs[i][k])
 
@@ -63,5 +67,6 @@ def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[in
         input_ids=ids.to(device), attention_mask=attn.to(device), loss_mask=loss_mask.to(device),
         targets=torch.tensor(targets, dtype=torch.long, device=device), advantages=floats(adv),
         old_logprobs=floats(old) if batch.old_logprobs is not None else None,
+        behav_logprobs=floats(behav) if batch.behav_logprobs is not None else None,
         ref_logprobs=floats(ref) if batch.ref_logprobs is not None else None,
         num_tokens=len(targets))
