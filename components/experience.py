@@ -79,6 +79,16 @@ class PromptGroup:
     def to_wire(self) -> list:
         return [self.index, self.problem, self.answer, self.prompt_ids, self.samples]
 
+    def to_json(self) -> list:
+        """JSON-safe (a checkpoint's file): the wire fields, samples as their field lists."""
+        return [self.index, self.problem, self.answer, list(self.prompt_ids),
+                [[list(v) if isinstance(v, tuple) else v for v in s.to_wire()] for s in self.samples]]
+
+    @classmethod
+    def from_json(cls, values: list) -> "PromptGroup":
+        index, problem, answer, prompt_ids, samples = values
+        return cls.from_wire([index, problem, answer, prompt_ids, [Sample.from_wire(s) for s in samples]])
+
     @classmethod
     def from_wire(cls, values: list) -> "PromptGroup":
         if not isinstance(values, list) or len(values) != 5:

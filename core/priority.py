@@ -55,3 +55,32 @@ def priority_key(arrival_time: float, tool_count: int, cached_prefix: int, confi
 
 def fifo_key(arrival_time: float, tool_count: int, cached_prefix: int, config: PriorityConfig | None = None) -> float:
     return arrival_time
+
+
+@dataclass(slots=True)
+class TurnLengths:
+    """The order's assumption, checked on the turns an engine finished. The priority
+    serves turns of episodes with more tool calls first because later turns are
+    shorter (DynaRL's observation 3). Where they are not (over `min_samples` first turns
+    and as many later ones, a later turn is on average longer than a first one), the
+    key falls back to FIFO (components/rollout/queue_keys.py), so on such a workload the
+    priority costs at most what it does before it has seen that many turns."""
+    min_samples: int = 16
+    first_turns: int = 0
+    first_tokens: int = 0
+    later_turns: int = 0
+    later_tokens: int = 0
+
+    def observe(self, tool_count: int, output_tokens: int) -> None:
+        if tool_count <= 0:
+            self.first_turns += 1
+            self.first_tokens += output_tokens
+        else:
+            self.later_turns += 1
+            self.later_tokens += output_tokens
+
+    def later_turns_shorter(self) -> bool | None:
+        """None until both kinds have `min_samples` turns."""
+        if self.first_turns < self.min_samples or self.later_turns < self.min_samples:
+            return None
+        return self.later_tokens / self.later_turns <= self.first_tokens / self.first_turns

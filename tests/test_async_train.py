@@ -29,6 +29,7 @@ N_PROMPTS, N_SAMPLES = 8, 4
     (("algorithm.max_staleness=2",), "0 or 1 (one step of overlap) are built"),
     (("algorithm.max_staleness=1",), "devices of its own"),  # TINY's default placement is temporal
     (ASYNC + ("placement.mode=hybrid", "placement.pools=[[rollout, inference], [trainer]]"), "devices of its own"),
+    (ASYNC + ("rollout.temperature=0.7",), "set rollout.temperature 1"),
 ])
 def test_bad_async_settings_name_the_field(extra, fragment):
     with pytest.raises(ConfigError) as info:

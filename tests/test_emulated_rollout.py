@@ -598,3 +598,47 @@ def test_coalesced_steps_are_indistinguishable_from_single_steps(seed, capacity,
     for rid, (*outcome, at) in stepwise.items():
         assert coalesced[rid][:-1] == tuple(outcome), rid
         assert coalesced[rid][-1] == pytest.approx(at, rel=1e-9, abs=1e-12), rid
+
+
+def test_on_turns_that_grow_the_learned_priority_does_not_lose_to_fifo():
+    """An adversarial queue for DynaRL's priority: later turns (tool calls made) are long,
+    first turns short, all waiting at once on an engine that runs two at a time. The
+    static (tool_count, cached_prefix) key serves the long ones first and every short
+    turn waits behind them; FIFO does not; the learned key (core/priority.py
+    TurnLengths, fed with an earlier step's turns that were like these) is FIFO here."""
+    from dynarl.components.rollout.queue_keys import make_queue_key
+    from dynarl.core.priority import PriorityConfig, TurnLengths
+
+    def turns():
+        out = []
+        for i in range(8):
+            out.append(request(f"first{i}", prompt_of(64, i), 20, seed=i, tool_count=0, arrival_time=0.0))
+            out.append(request(f"later{i}", prompt_of(64, 100 + i), 300, seed=i, tool_count=3, arrival_time=0.0))
+        return out
+
+    def mean_completion(key) -> float:
+        async def main():
+            eng = engine(max_num_seqs=2, coalesce_steps=False)
+            eng.set_queue_key(key)
+            for r in turns():
+                eng.add_request(r)
+            return [t for _, t in (await drive(eng)).values()]
+        times = run_virtual(main())
+        return sum(times) / len(times)
+
+    config = PriorityConfig(max_bonus_s=30.0)
+    learned = TurnLengths()
+    for _ in range(16):  # what the engine saw in an earlier step: first turns short, later ones long
+        learned.observe(0, 20)
+        learned.observe(2, 300)
+    fifo = mean_completion(None)
+    static = mean_completion(make_queue_key("priority", config))
+    adaptive = mean_completion(make_queue_key("priority", config, lengths=learned))
+    assert static > 1.3 * fifo  # the assumption fails: serving the long turns first costs the short ones
+    assert adaptive == fifo
+    # and where later turns are shorter, the learned key keeps the priority's order
+    agreeing = TurnLengths()
+    for _ in range(16):
+        agreeing.observe(0, 300)
+        agreeing.observe(2, 20)
+    assert mean_completion(make_queue_key("priority", config, lengths=agreeing)) == static

@@ -171,3 +171,15 @@ def test_the_behaviour_weight_carries_no_gradient():
     # d/dlogp of -w * exp(logp - prox) (unclipped here) is -w * ratio, w = exp(prox - behav)
     expected = [-(math.exp(-1.1 + 1.5) * math.exp(-1.0 + 1.1)), -(math.exp(-1.9 + 1.0) * math.exp(-2.0 + 1.9))]
     assert logp.grad.tolist() == pytest.approx(expected)
+
+
+def test_a_token_the_behaviour_policy_gave_no_chance_leaves_no_nan_in_the_gradient():
+    """exp(prox - behav) overflows (behav = -inf, or very far below): the token is left
+    out, and the backward pass stays finite (0 * inf would be NaN)."""
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    prox = torch.tensor([-1.0, -2.0])
+    behav = torch.tensor([float("-inf"), -200.0])
+    out, clipped = decoupled_policy_gradient_loss(logp, prox, behav, torch.tensor([1.0, -1.0]), 0.2, 0.2, 5.0)
+    out.sum().backward()
+    assert out.tolist() == [0.0, 0.0] and not clipped.any()
+    assert torch.isfinite(logp.grad).all() and logp.grad.tolist() == [0.0, 0.0]

@@ -77,3 +77,38 @@ def test_only_requests_arriving_within_the_window_overtake(seed):
             overtook = served[s[0]][1] < served[r[0]][1] and s[1] > r[1]
             if overtook:
                 assert s[1] - r[1] < CFG.max_bonus_s
+
+
+# --- the assumption checked on finished turns (TurnLengths) ------------------------------
+
+@pytest.mark.parametrize("first, later, expected", [
+    ([100] * 15, [50] * 20, None),     # too few first turns seen yet
+    ([100] * 20, [50] * 15, None),     # too few later ones
+    ([100] * 16, [50] * 16, True),     # later turns shorter: the priority's case (agentic-rstar)
+    ([100] * 16, [100] * 16, True),    # equal: keep the priority
+    ([100] * 16, [150] * 16, False),   # later turns longer: refuted (agentic-rstar-grow)
+])
+def test_turn_lengths_check_the_priority_assumption(first, later, expected):
+    from dynarl.core.priority import TurnLengths
+    lengths = TurnLengths()
+    for n in first:
+        lengths.observe(0, n)
+    for k, n in enumerate(later):
+        lengths.observe(1 + k % 3, n)
+    assert lengths.later_turns_shorter() is expected
+
+
+def test_a_refuted_assumption_turns_the_queue_key_fifo():
+    from dynarl.components.rollout.base import GenerationRequest, SamplingParams
+    from dynarl.components.rollout.queue_keys import make_queue_key
+    from dynarl.core.priority import TurnLengths
+    lengths = TurnLengths(min_samples=2)
+    key = make_queue_key("priority", PriorityConfig(max_bonus_s=30.0), lengths=lengths)
+    early = GenerationRequest("a", [1], SamplingParams(), tool_count=0, arrival_time=10.0)
+    late = GenerationRequest("b", [1], SamplingParams(), tool_count=3, arrival_time=12.0)
+    assert key(late, 0) < key(early, 0)  # priority: more tool calls first, within the window
+    for n in (100, 100):
+        lengths.observe(0, n)
+    for n in (300, 300):
+        lengths.observe(2, n)
+    assert key(early, 0) == 10.0 and key(late, 0) == 12.0  # FIFO from now on

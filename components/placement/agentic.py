@@ -11,7 +11,9 @@ dynarl and its variants use priority + prefer (DynaRL §4.3). The baselines (col
 spatial, rlinf-auto) use FIFO without affinity, as do the frameworks they stand for.
 `dynarl-noprio` is dynarl's scheduler with the baselines' request handling: the
 ablation the paper reports as "without priority" (1.06-1.38x over RLinf, against
-1.27-1.64x with it).
+1.27-1.64x with it). `dynarl-fifo` keeps the affinity and drops only the priority:
+the order the priority must not lose to (on `agentic-rstar-grow`, whose later turns
+grow, the priority's assumption fails and core/priority.py TurnLengths turns it FIFO).
 """
 from __future__ import annotations
 
@@ -60,4 +62,16 @@ def dynarl_noprio_class() -> type:
     return DynarlNoPrio
 
 
+@cache
+def dynarl_fifo_class() -> type:
+    from .dynarl import Dynarl
+
+    class DynarlFifo(Dynarl):
+        """dynarl's device scheduling and cache affinity with FIFO queues."""
+        name = "dynarl-fifo"
+        agentic = AgenticMode(queue="fifo", affinity="prefer")
+    return DynarlFifo
+
+
 register("dynarl-noprio", lambda: dynarl_noprio_class()())
+register("dynarl-fifo", lambda: dynarl_fifo_class()())

@@ -25,7 +25,7 @@ from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.rollout.generation import pause_run, resume_run
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.core.migration.workload import Taken
-from dynarl.core.priority import PriorityConfig
+from dynarl.core.priority import PriorityConfig, TurnLengths
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,12 @@ class AgenticRolloutWorker(RolloutWorker):
         the rank's init so a rank started later (a move, a standby pool) has it too;
         None keeps the engine's own."""
         super().__init__(*args, **kwargs)
+        self.turn_lengths = TurnLengths()
+        """Output tokens of the turns this rank finished, first turns and later ones (the
+        priority's check of its assumption; kept across steps)."""
         if queue is not None:
-            self.engine.set_queue_key(make_queue_key(queue, PriorityConfig(max_bonus_s=max_bonus_s)))
+            self.engine.set_queue_key(make_queue_key(queue, PriorityConfig(max_bonus_s=max_bonus_s),
+                                                     lengths=self.turn_lengths))
         self.prefix_offers: list[Any] = []
         """KV of finished turns' contexts offered when this rank left a step (RemoteRefs)."""
         self.turn_kv = Taken(0)
@@ -128,7 +132,7 @@ class AgenticRolloutWorker(RolloutWorker):
         self._withdraw_prefixes()  # a step that left this rank is over: its next turns went elsewhere
         self.turn_kv = Taken(0)
         run = self.run = _TurnServe(self.engine, self.channel(put), key, sampling, self.time_scale,
-                                    self._take_turn_kv)
+                                    self._take_turn_kv, self.turn_lengths)
         self.admitting = False  # its work is the turns the driver routes to it, not the prompt channel
         load = await self.engine.load()
         preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
@@ -169,10 +173,13 @@ class _TurnServe:
     generate()'s run (rollout/generation.py): pause, export, adopt, resume, hold."""
 
     def __init__(self, engine: Any, outbox: Any, key: Any, sampling: dict[str, Any], time_scale: float,
-                 take_kv: Any = None) -> None:
-        """`take_kv`: takes in the KV a turn carries (its item's "kv"), before it is queued."""
+                 take_kv: Any = None, lengths: TurnLengths | None = None) -> None:
+        """`take_kv`: takes in the KV a turn carries (its item's "kv"), before it is queued;
+        `lengths`: told each finished turn's tool count and output tokens."""
         self.engine, self.outbox, self.key, self.sampling = engine, outbox, key, sampling
-        self.take_kv = take_kv
+        self.take_kv, self.lengths = take_kv, lengths
+        self.tool_counts: dict[str, int] = {}
+        """Turn id -> its episode's tool calls so far, until the turn finishes."""
         self.time_scale = time_scale
         self.waits = TurnWaits()
         self.busy = BusyLog()
@@ -197,6 +204,7 @@ class _TurnServe:
                 item["id"], list(item["prompt_ids"]),
                 SamplingParams(**(self.sampling | {"max_new_tokens": item["max_new_tokens"]}), seed=item["seed"]),
                 tool_count=item["tool_count"], arrival_time=now))
+            self.tool_counts[item["id"]] = int(item["tool_count"])
             self.waits.arrived(item["id"], now)
             self.arrived.set()
 
@@ -235,6 +243,9 @@ class _TurnServe:
             return
         now, load = self.now(), await self.engine.load()
         for r in results:
+            tool_count = self.tool_counts.pop(r.request_id, None)
+            if tool_count is not None and self.lengths is not None:
+                self.lengths.observe(tool_count, len(r.output_token_ids))
             wait = self.waits.finished(r.request_id, now)
             c = self.counters
             c["turns"] += 1
@@ -278,6 +289,7 @@ class _TurnServe:
         for r in inflight:
             self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
             self.waits.arrived(r.request.request_id, now)
+            self.tool_counts[r.request.request_id] = r.request.tool_count
         self.engine.import_inflight(inflight)
         self.num_imported += len(items)
         self.arrived.set()

@@ -391,6 +391,10 @@ class TrainConfig:
                                       "overlapped rollout yet; use static or max_staleness 0")
         if self.placement.mode == "auto":
             raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose spatial or hybrid")
+        if self.rollout.temperature != 1.0:
+            raise ConfigError(field_, f"the rollout's log-probs are those of its sampling temperature "
+                                      f"({self.rollout.temperature}), inference's of temperature 1: the behaviour "
+                                      "weight would compare two distributions; set rollout.temperature 1")
         placed = self.devices()
         if set(placed["rollout"]) & (set(placed["inference"]) | set(placed["trainer"])):
             raise ConfigError(field_, "the rollout overlaps the trainer only on devices of its own: placement.mode "

@@ -176,11 +176,9 @@ class GRPO:
             | self.fleet_metrics(step + 1)
 
     async def start_rollout(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep, *,
-                            version: int | None = None, scored: str = "scored"
-                            ) -> tuple[asyncio.Future, asyncio.Future]:
+                            version: int | None = None) -> tuple[asyncio.Future, asyncio.Future]:
         """The step's prompt groups go out; the rollout and reward stages start. The
-        rollout samples with the weights of `version` (default: `step`'s); the reward
-        stage puts onto `scored`."""
+        rollout samples with the weights of `version` (default: `step`'s)."""
         g = self.g
         for group in groups:
             await self.ctl.channel("prompts").put(group)
@@ -191,7 +189,7 @@ class GRPO:
             version=step if version is None else version, chunk_size=self.cfg.rollout.chunk_size,
             sampling=self.sampling(), lock=live.rollout_lock))
         reward = live.done["reward"] = asyncio.ensure_future(stage(
-            self.ctl, g.reward, "score", get="rollouts", put=scored, after=rollout, lock=False,
+            self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
             clock=self.clock, label=label))
         return rollout, reward
 
@@ -258,13 +256,13 @@ class GRPO:
         for name in ("prompts", "rollouts", "scored", "experience", AHEAD):
             self.ctl.channel(name, capacity=capacity)
 
-    async def collect(self, num_groups: int, channel: str = "experience") -> tuple[list[PromptGroup], float]:
-        """The trainer's input: chunks from `channel` until all the step's groups
+    async def collect(self, num_groups: int) -> tuple[list[PromptGroup], float]:
+        """The trainer's input: chunks from "experience" until all the step's groups
         are in; and when the first chunk came (pipelining: before rollout ended?)."""
         groups: list[PromptGroup] = []
         first = 0.0
         while len(groups) < num_groups:
-            groups += await self.ctl.channel(channel).get()
+            groups += await self.ctl.channel("experience").get()
             first = first or asyncio.get_running_loop().time()
         return groups, first
 

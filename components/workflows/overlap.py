@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dynarl.components import experience
-from dynarl.components.experience import END, PromptGroup, Sample
+from dynarl.components.experience import END, PromptGroup
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import stage
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from dynarl.components.workflows.grpo import GRPO
 
 AHEAD = "ahead"
-"""The channel the next step's reward stage fills (inference reads "scored")."""
+"""The channel inference reads the step's groups from, made ahead (the next step's
+reward stage fills "scored" meanwhile, which this module reads itself)."""
 AHEAD_FILE = "ahead.json"
 
 
@@ -60,11 +61,15 @@ class OverlappedSteps:
         """Rollout and reward of `step`'s prompt groups on the weights `version` holds."""
         wf = self.wf
         groups = wf.prompts.groups(step)
-        rollout, reward = await wf.start_rollout(groups, step, f"step {step}", LiveStep(step), version=version,
-                                                 scored=AHEAD)
-        (scored, _), rollout_stats, reward_stats = await gather_or_cancel(
-            [wf.collect(len(groups), AHEAD), rollout, reward])
+        rollout, reward = await wf.start_rollout(groups, step, f"step {step}", LiveStep(step), version=version)
+        scored, rollout_stats, reward_stats = await gather_or_cancel([self._scored(len(groups)), rollout, reward])
         return Generated(step, scored, rollout_stats, reward_stats)
+
+    async def _scored(self, num_groups: int) -> list[PromptGroup]:
+        groups: list[PromptGroup] = []
+        while len(groups) < num_groups:
+            groups += await self.wf.ctl.channel("scored").get()
+        return groups
 
     async def step(self, step: int) -> dict[str, Any]:
         wf, cfg = self.wf, self.wf.cfg
@@ -74,18 +79,21 @@ class OverlappedSteps:
         self.ahead = None
         if made is None:  # the first step, or the first after a resume without groups made ahead: on-policy
             made = await self.generate(step, version=step)
-        following = None
+        work = [asyncio.ensure_future(self._train(step, made, label))]
         if step + 1 < cfg.run.steps:
-            following = asyncio.ensure_future(self.generate(step + 1, version=step))
-        try:
-            train, trained, ids, stats = await self._train(step, made, label)
-            if following is not None:
-                self.ahead = await following
-        except BaseException:
-            if following is not None:
-                following.cancel()
-                await asyncio.gather(following, return_exceptions=True)
-            raise
+            work.append(asyncio.ensure_future(self.generate(step + 1, version=step)))
+        try:  # the first failure, on either side, ends both (a lost rollout rank does not wait for the train)
+            done, _ = await asyncio.wait(work, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()
+            train, trained, ids, stats = work[0].result()  # no failure: both are done
+            if len(work) > 1:
+                self.ahead = work[1].result()
+        finally:
+            for task in work:
+                task.cancel()
+            await asyncio.gather(*work, return_exceptions=True)
         wf.commit_step(step, ids, trained)
         wf.stage_results = {"rollout": made.rollout_stats, "reward": made.reward_stats, **stats}
         await wf.sync_weights(step + 1, label)
@@ -100,14 +108,14 @@ class OverlappedSteps:
         as inference sends them). Returns the train metrics, what was trained, the
         sample ids, and the stages' per-rank results."""
         wf, g = self.wf, self.wf.g
-        scored = wf.ctl.channel("scored")
+        ahead = wf.ctl.channel(AHEAD)
         for group in made.groups:
-            await scored.put([group])  # a chunk of one group, as the reward stage puts them
+            await ahead.put([group])  # a chunk of one group, as the reward stage puts them
         for _ in range(g.inference.world_size):
-            await scored.put(END)
+            await ahead.put(END)
         streaming = wf.cfg.trainer.streaming
         inference = asyncio.ensure_future(stage(
-            wf.ctl, g.inference, "compute_logprobs", get="scored", put="experience", clock=wf.clock, label=label,
+            wf.ctl, g.inference, "compute_logprobs", get=AHEAD, put="experience", clock=wf.clock, label=label,
             version=step, split=streaming))
         if streaming:
             trainer = stage(wf.ctl, g.trainer, "train_stream", get="experience", after=inference, clock=wf.clock,
@@ -127,11 +135,15 @@ class OverlappedSteps:
 
     # --- checkpoints ------------------------------------------------------------------
     def save(self, path: str) -> None:
-        """The groups made ahead, next to the checkpoint's trainer state."""
+        """The groups made ahead, next to the checkpoint's trainer state (none: no file,
+        and none left from an earlier run in the same directory)."""
+        file = os.path.join(path, AHEAD_FILE)
         if self.ahead is None:
+            if os.path.exists(file):
+                os.remove(file)
             return
-        with atomic_open(os.path.join(path, AHEAD_FILE), sync=True) as f:
-            json.dump({"step": self.ahead.step, "groups": [_group_json(g) for g in self.ahead.groups],
+        with atomic_open(file, sync=True) as f:
+            json.dump({"format": 1, "step": self.ahead.step, "groups": [g.to_json() for g in self.ahead.groups],
                        "rollout_stats": self.ahead.rollout_stats, "reward_stats": self.ahead.reward_stats}, f)
 
     def load(self, path: str, step: int) -> None:
@@ -142,13 +154,10 @@ class OverlappedSteps:
             return
         with open(file) as f:
             data = json.load(f)
+        if data.get("format") != 1:
+            raise ValueError(f"{file}: unknown format {data.get('format')!r}")
         if data["step"] != step:
             raise ValueError(f"{file}: groups made for step {data['step']}, the checkpoint resumes at step {step}")
-        groups = [PromptGroup.from_wire([g[0], g[1], g[2], g[3], [Sample.from_wire(s) for s in g[4]]])
-                  for g in data["groups"]]
+        groups = [PromptGroup.from_json(g) for g in data["groups"]]
         self.ahead = Generated(step, groups, data["rollout_stats"], data["reward_stats"])
 
-
-def _group_json(group: PromptGroup) -> list:
-    return [group.index, group.problem, group.answer, list(group.prompt_ids),
-            [[list(v) if isinstance(v, tuple) else v for v in s.to_wire()] for s in group.samples]]

@@ -88,6 +88,12 @@ def _build() -> dict[str, Workload]:
         for w in (_rstar(size), _search(size)):
             out[w.name] = w
     out["agentic-rstar"] = dataclasses.replace(out["agentic-rstar-7b"], name="agentic-rstar")
+    # Adversarial for the (tool_count, cached_prefix) priority: later turns grow instead of
+    # shrinking (first turn median 300 tokens, x1.4 per turn), the rest as agentic-rstar [E].
+    out["agentic-rstar-grow"] = dataclasses.replace(
+        out["agentic-rstar-7b"], name="agentic-rstar-grow", turn_decay=1.4,
+        first_turn_tokens=LogNormal(median=300, sigma=0.8, cap=4096),
+        source="agentic-rstar with turns that grow (x1.4 per turn): an adversarial trace for the priority [E]")
     out["agentic-search"] = dataclasses.replace(out["agentic-search-7b"], name="agentic-search")
     return out
 

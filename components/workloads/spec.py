@@ -72,6 +72,8 @@ class AgenticWorkload:
     first_turn_tokens: LogNormal
     """Generated tokens of turn 0; turn k draws from median x turn_decay**k."""
     turn_decay: float = 1.0
+    """Below 1 later turns are shorter (DynaRL's observation 3, what its priority assumes);
+    above 1 they grow (an adversarial trace for that assumption)."""
     max_response_tokens: int = 1 << 30
     """Generated tokens per episode; turns past it are cut."""
     obs_tokens: LogNormal
@@ -84,8 +86,8 @@ class AgenticWorkload:
         _check_common(self.model, self.prompts, self.samples, self.rollout_tp)
         if not 1 <= self.mean_turns <= self.max_turns:
             raise ValueError(f"need 1 <= mean_turns <= max_turns, got {self.mean_turns}, {self.max_turns}")
-        if not 0 < self.turn_decay <= 1:
-            raise ValueError(f"turn_decay must be in (0, 1], got {self.turn_decay}")
+        if not 0 < self.turn_decay <= 2:
+            raise ValueError(f"turn_decay must be in (0, 2], got {self.turn_decay}")
         if self.max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {self.max_response_tokens}")
 

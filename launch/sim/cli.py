@@ -23,7 +23,7 @@ from dynarl.components.placement.policy import PolicyUnavailable, make_policy
 from dynarl.components.workloads.catalog import WORKLOADS
 from dynarl.components.workloads.trace import TraceError
 
-from .metrics import add_speedups, policy_metrics
+from .metrics import add_speedups, measured_window, policy_metrics
 from .parallel import default_jobs
 from .report import table, to_json
 from .scenario import SimConfig, build_scenario
@@ -62,9 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=device_counts, default=[64],
                    help="devices, or a comma-separated list of counts run one after another (default 64)")
     p.add_argument("--policies", default=None,
-                   help="comma-separated: colocated, spatial, rlinf-auto, dynarl, dynarl-costaware, "
-                        "dynarl-consolidate, ... (default colocated,spatial,rlinf-auto; with --fidelity, "
-                        "colocated,spatial)")
+                   help="comma-separated: colocated, spatial, rlinf-auto, async (needs --iterations 3 "
+                        "or more), dynarl, dynarl-costaware, dynarl-consolidate, ... (default "
+                        "colocated,spatial,rlinf-auto; with --fidelity, colocated,spatial)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="JSONL trace replacing the workload's generator")
     p.add_argument("--iterations", type=int, default=2, help="per policy, warm-up included")
@@ -185,7 +185,7 @@ def simulate(scn, *, timings: bool = False, log: Any = None, jobs: int = 1,
     result: dict[str, Any] = {
         "workload": cfg.workload, "kind": scn.workload.kind, "devices": cfg.devices, "seed": cfg.seed,
         "device": cfg.device, "prompts": len(scn.batches[0]), "iterations": cfg.iterations,
-        "measured_iterations": cfg.iterations - cfg.warmup, "policies": policies,
+        "measured_iterations": len(range(cfg.iterations)[measured_window(cfg)]), "policies": policies,
     }
     if scn.trace is not None:
         result["trace"] = {"file": cfg.trace, "groups": len(scn.trace.groups), "requests": scn.trace.num_requests,

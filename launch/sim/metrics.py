@@ -16,9 +16,11 @@
     decisions         the scheduler's decisions and iteration-end hooks; decision_ms_p99 their
                       wall-clock p99 (0 without either)
     staleness_max     versions between a trained sample's generating weights and the trainer's
-                      (async: 1; its last iteration, which has no next rollout to overlap, is
-                      not measured, and each iteration's busy time includes the rollout it
-                      trains, made during the iteration before)
+                      (async: 1). With a policy that overlaps steps in the run, no policy's
+                      last iteration is measured (measured_window), and the overlapping
+                      policy's iteration times its next batch's rollout beside this batch's
+                      training: its busy time and tokens mix two batches (measure several
+                      iterations)
 """
 from __future__ import annotations
 
@@ -34,8 +36,7 @@ MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch", "join")
 
 def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str, Any]:
     cfg = scn.config
-    # an overlapped run's last step has no next step's rollout to make: not a steady-state step
-    window = slice(cfg.warmup, len(run.iterations) - (1 if run.max_staleness else 0))
+    window = measured_window(cfg)
     measured = run.iterations[window]
     total = sum(r.end - r.start for r in measured)
     n = len(measured)
@@ -76,6 +77,15 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
     else:
         out["decision_ms_p99"] = None  # wall-clock: only with --timings (it breaks byte-identity)
     return out
+
+
+def measured_window(cfg: Any) -> slice:
+    """The iterations every policy of the run is measured on: after the warm-up, and
+    when a policy overlaps each step with the next one's rollout (max_staleness), not
+    the last either (that step has no next rollout to make), for all of them alike."""
+    from dynarl.components.placement.policy import make_policy
+    overlapped = any(getattr(make_policy(name), "max_staleness", 0) for name in cfg.policies)
+    return slice(cfg.warmup, cfg.iterations - 1 if overlapped else cfg.iterations)
 
 
 def percentile(values: list[float], q: float) -> float:

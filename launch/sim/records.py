@@ -43,11 +43,11 @@ class PolicyRun:
     """Per iteration (agentic): follow-up turns whose last engine left, with its KV of their
     context: moved in (requests, tokens, seconds), or prefilled again."""
     moved_kv: list[dict[str, float]] = field(default_factory=list)
+    """Per iteration (with a scheduler): the moved requests' KV moved in (core/scheduler/log.kv_stats)."""
     max_staleness: int = 0
     """The policy's algorithm.max_staleness (its steps overlap the next rollout)."""
     staleness: list[int] = field(default_factory=list)
     """Per iteration: the most versions a trained sample's weights were behind (the ledger's)."""
-    """Per iteration (with a scheduler): the moved requests' KV moved in (core/scheduler/log.kv_stats)."""
 
 
 def timed(policy, snapshot, run: PolicyRun) -> list:

@@ -63,13 +63,16 @@ def decoupled_policy_gradient_loss(logprobs: torch.Tensor, prox_logprobs: torch.
         loss_t = w_t * policy_gradient_loss(logprob, prox_logprob)   if w_t <= weight_cap
                  0                                                   otherwise
 
-    Tokens whose weight exceeds the cap are left out, as AReaL's behav_imp_weight_cap
-    does (verl's truncated IS clamps them instead). With behav = prox every weight is
-    exactly 1 and this is `policy_gradient_loss`, bit for bit."""
+    Tokens whose weight exceeds the cap (or is not finite: an overflow, a behaviour
+    log-prob of -inf) are left out, as AReaL's behav_imp_weight_cap does (verl's
+    truncated IS clamps them instead); they stay in the token-mean's denominator and
+    count as not clipped. With behav = prox every weight is exactly 1 and this is
+    `policy_gradient_loss`, bit for bit."""
     pg, is_clipped = policy_gradient_loss(logprobs, prox_logprobs, advantages, clip_eps_low, clip_eps_high)
     weight = torch.exp(prox_logprobs - behav_logprobs).detach()
-    kept = weight <= weight_cap
-    return torch.where(kept, pg * weight, torch.zeros_like(pg)), is_clipped & kept
+    kept = (weight <= weight_cap) & torch.isfinite(weight)
+    # zero the weight itself (not the product): 0 * inf in the backward pass would be NaN
+    return pg * torch.where(kept, weight, torch.zeros_like(weight)), is_clipped & kept
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
