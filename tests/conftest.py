@@ -50,3 +50,31 @@ def running(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def kill_9_mid_run(argv, run_dir, after_steps, tmp_path, workers=None):
+    """Starts `dynarl train` (argv), waits until metrics.jsonl has `after_steps` steps,
+    SIGKILLs the controller and checks that its workers die with it (`workers`: how
+    many there must be, if given). Returns how many steps metrics.jsonl then holds."""
+    import signal
+    import subprocess
+    import time
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # past a checkpoint, inside a later step
+        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= after_steps:
+            break
+        assert proc.poll() is None, open(tmp_path / "first.log").read()[-2000:]
+        time.sleep(0.05)
+    pids = children(proc.pid)
+    if workers is not None:
+        assert len(pids) == workers
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(running(w) for w in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [w for w in pids if running(w)], "workers outlived the killed controller"
+    return sum(1 for _ in open(metrics))

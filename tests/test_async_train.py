@@ -6,10 +6,8 @@ through the checkpoint; bad settings fail at load naming the field."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -17,7 +15,7 @@ from dynarl import ConfigError
 from dynarl.components.workflows.config import load_config
 from dynarl.components.workflows.ledger import read_entries
 from dynarl.launch.train import prepare
-from conftest import assert_reaped, children, running
+from conftest import assert_reaped, kill_9_mid_run
 from grpo_tiny import TINY, overrides
 
 ASYNC = ("placement.mode=spatial", "algorithm.max_staleness=1")
@@ -73,23 +71,7 @@ def test_kill_9_mid_step_then_resume_trains_the_groups_made_ahead_once(tmp_path)
     run = str(tmp_path / "run")
     argv = [sys.executable, "-m", "dynarl.launch.cli", "train", *TINY, *ASYNC, f"run.steps={steps}",
             f"run.checkpoint_every={every}", "run.keep_checkpoints=5", "--run-dir", run]
-    log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-    metrics = os.path.join(run, "metrics.jsonl")
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # past the checkpoint at step 3, inside a later step
-        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= every + 1:
-            break
-        assert proc.poll() is None, open(tmp_path / "first.log").read()[-2000:]
-        time.sleep(0.05)
-    workers = children(proc.pid)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while any(running(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [w for w in workers if running(w)], "workers outlived the killed controller"
-    killed_after = sum(1 for _ in open(metrics))
+    killed_after = kill_9_mid_run(argv, run, every + 1, tmp_path)
     assert every + 1 <= killed_after < steps
     checkpoint = os.path.join(run, "checkpoints", f"step_{every:06d}")
     assert json.load(open(os.path.join(checkpoint, "ahead.json")))["step"] == every

@@ -4,14 +4,12 @@ checkpoint, no sample is trained twice, and no worker outlives the controller.""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 from dynarl.components.tasks.source import ProblemSource
 from dynarl.components.workflows.config import load_config
-from conftest import children, running
+from conftest import kill_9_mid_run
 from grpo_tiny import TINY, overrides
 
 STEPS, EVERY, N_PROMPTS, N_SAMPLES = 8, 3, 8, 4
@@ -23,24 +21,8 @@ def test_kill_9_mid_step_then_resume(tmp_path):
     run = str(tmp_path / "run")
     argv = [sys.executable, "-m", "dynarl.launch.cli", "train", *TINY, f"run.steps={STEPS}",
             f"run.checkpoint_every={EVERY}", "run.keep_checkpoints=5", "--run-dir", run]
-    log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    killed_after = kill_9_mid_run(argv, run, EVERY + 1, tmp_path, workers=4)  # rollout, reward, inference, trainer
     metrics = os.path.join(run, "metrics.jsonl")
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # past the checkpoint at step 3, inside a later step
-        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= EVERY + 1:
-            break
-        assert proc.poll() is None, open(tmp_path / "first.log").read()[-2000:]
-        time.sleep(0.05)
-    workers = children(proc.pid)
-    assert len(workers) == 4  # rollout, reward, inference, trainer
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while any(running(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [w for w in workers if running(w)], "workers outlived the killed controller"
-    killed_after = sum(1 for _ in open(metrics))
     assert EVERY + 1 <= killed_after < STEPS
 
     result = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "train", "--resume", run],
