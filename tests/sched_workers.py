@@ -36,9 +36,16 @@ class TimedEngine(dynarl.Worker):
         self._collect()
         running = len(self.requests)
         return {"kv_utilization": running / self.capacity, "running": running, "waiting": 0, "admitting": False,
-                "kv": running, "capacity": self.capacity, "generated": running, "finished": len(self.done),
-                "finished_tokens": 10 * len(self.done), "active_run": running > 0, "work_done": self.work_done,
+                "kv": running, "capacity": self.capacity, "generated": running,
+                "finished": len(self.done) - getattr(self, "reported_done", 0),
+                "finished_tokens": 10 * (len(self.done) - getattr(self, "reported_done", 0)), "active_run": running > 0, "work_done": self.work_done,
                 "samples": 0, "tokens": 0}
+
+    def end_run(self) -> None:
+        """Its stage call returned: like a real rank with no generation, it reports nothing
+        finished (a run's counters go with the run)."""
+        self._collect()
+        self.reported_done = len(self.done)
 
     async def wait_all(self) -> list[str]:
         while True:

@@ -45,13 +45,14 @@ class Flow:
         return call()
 
 
-def scenario(policy):
+def scenario(policy, tail_s=40.0, stage_done_at=None):
     """6 rollout engines: five finish their requests by t=3.5 s, one holds a long tail
-    until t=40 s. Inference (2 devices) has 400 sequence tokens left to process."""
+    until t=`tail_s`. Inference (2 devices) has 400 sequence tokens left to process.
+    `stage_done_at`: the rollout's stage (live.done) ends then (else it never does)."""
     async def workflow(ctl):
         rollout = await ctl.spawn(TimedEngine, name="rollout", devices=[0, 1, 2, 3, 4, 5])
         inference = await ctl.spawn(TimedEngine, name="inference", devices=[6, 7], init={"capacity": 100})
-        finish = {p: {f"r{p}": 40.0 if p == 0 else 1.0 + 0.5 * p} for p in range(6)}
+        finish = {p: {f"r{p}": tail_s if p == 0 else 1.0 + 0.5 * p} for p in range(6)}
         await rollout.scatter("submit", [[finish[p]] for p in range(6)])
         sched = GlobalScheduler(ctl, policy, Rates(), DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0),
                                 interval_s=1.0)
@@ -62,12 +63,20 @@ def scenario(policy):
         loop = asyncio.get_running_loop()
         live = LiveStep(0)
         live.done = {c: loop.create_future() for c in ("rollout", "reward", "inference")}
+        if stage_done_at is not None:
+            async def stage_ends():
+                await asyncio.sleep(stage_done_at)
+                await rollout.call("end_run")
+                live.done["rollout"].set_result([])
+            ender = ctl.spawn_task(stage_ends())
         sched.start()
         ticker = ctl.spawn_task(sched.run(StepState(live, StepWork(samples=40, prompt_mean=0.0, cap=None))))
         await asyncio.sleep(30.0)
         stopped = loop.time()
         sched.stop()
         await ticker
+        if stage_done_at is not None:
+            await ender
         assert loop.time() == stopped  # a waiting ticker ends at once
         done = sorted(x for part in await sched.group("rollout").call("wait_all") for x in part)
         return (sched.log, len(sched.group("rollout").devices), len(sched.group("inference").devices), done,
@@ -89,6 +98,16 @@ def test_dynarl_moves_idle_rollout_engines_to_the_bottleneck_and_loses_nothing()
     assert [c.counts for c in log.counts] == [{"rollout": 6, "inference": 2}, {"rollout": 1, "inference": 2},
                                               {"rollout": 1, "inference": 7}]
     assert log.counts[-1].at == pytest.approx(log.migrations[1].started + log.migrations[1].seconds)
+
+
+def test_a_rollout_whose_stage_is_over_gives_its_idle_devices_to_the_bottleneck():
+    """The rollout finished its step early (every engine idle by t=4 s, its stage over at
+    t=5 s) while inference still works: its engines are donors (all of them idle, the
+    low window past), not left idle until the step's end."""
+    log, rollout_devices, inference_devices, _, _ = scenario("dynarl", tail_s=4.0, stage_done_at=5.0)
+    assert [(m.kind, m.component) for m in log.migrations] == [("workload", "rollout"), ("workload", "inference")]
+    assert rollout_devices == 1 and inference_devices == 7
+    assert log.migrations[0].started >= 5.0
 
 
 def test_static_policy_never_moves():

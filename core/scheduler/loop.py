@@ -143,6 +143,10 @@ class GlobalScheduler:
         queued = graph.queued(spec.inbox) if spec.inbox is not None else 0
         progress = rollout_progress(donor.reports, donor.finished)
         drained = queued == 0 and accepts(spec.name)
+        stage = step.live.done.get(spec.name)
+        finished = stage is not None and stage.done()
+        """Its stage is over for this step: every engine idles until the step's end, so all
+        of its devices may go to the components still working (the bottleneck)."""
         graph.observe_interruptible(spec.name, drained)
         demand = rollout_demand(progress, donor.peak, config.pack)
         low = donor.low()
@@ -155,7 +159,7 @@ class GlobalScheduler:
         views = [ComponentView(
             spec.name, "dynamic", counts[spec.name], rollout_tokens_left(progress, work.cap),
             devices_per_engine=spec.devices_per_engine, min_devices=spec.min_devices,
-            interruptible=donor.gate.interruptible and (drained or rollout_done(progress, queued)),
+            interruptible=donor.gate.interruptible and (drained or finished or rollout_done(progress, queued)),
             active_requests=progress.active, keep_engines=demand,
             move_cost_s=donor.move_cost_s, engine_low_since=low, engine_kv=tuple(int(r["kv"]) for r in donor.reports),
             moved_token_s=max((float(r.get("moved_token_s", 0.0)) for r in donor.reports), default=0.0))]

@@ -162,9 +162,12 @@ class Manager:
         self.graph.observe_interruptible(self.spec.name, self.gate.interruptible)
 
     def note(self, workers: list[str], reports: list[dict]) -> None:
-        """What these engines have finished this cycle (also read just before they are released)."""
+        """What these engines have finished this cycle (also read just before they are released).
+        Only ever more within a cycle: an engine whose generation has ended reports none
+        (its run's counters go with the run), which must not unsay what it finished."""
         for worker, r in zip(workers, reports):
-            self.finished[worker] = (int(r["finished"]), int(r["finished_tokens"]))
+            done, tokens = self.finished.get(worker, (0, 0))
+            self.finished[worker] = (max(done, int(r["finished"])), max(tokens, int(r["finished_tokens"])))
 
     def processed(self) -> tuple[float, int]:
         """A stage's tokens and samples processed this step, over its ranks' last reports."""
