@@ -12,7 +12,7 @@ import time
 import dynarl
 from dynarl import RuntimeConfig
 from dynarl.transport import tempdirs
-from test_train_resume import running
+from conftest import running
 
 
 def dead_pid():

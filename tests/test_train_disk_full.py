@@ -12,7 +12,7 @@ import time
 
 from disk import fill, tmpfs
 from grpo_tiny import TINY
-from test_train_resume import children, running
+from conftest import children, running
 
 STEPS, EVERY, N_PROMPTS, N_SAMPLES = 6, 2, 8, 4
 
