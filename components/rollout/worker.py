@@ -253,11 +253,14 @@ class RolloutWorker(dynarl.Worker):
         already cached here). An import the engine refuses (other weights, no room) or
         does not need (all cached) installs nothing: the engine's own counters (kv_refused,
         reprefill_tokens) show what it computed again."""
+        if not blocks:
+            return
         across = item.get("node", self.node) != self.node
+        before = (await self.engine.load()).kv_import_s
         for kv, fetch_s in blocks:
-            before = (await self.engine.load()).kv_import_s
             installed = self.engine.import_kv(kv, across_nodes=across)
-            seconds = fetch_s + (await self.engine.load()).kv_import_s - before
+            after = (await self.engine.load()).kv_import_s  # one load() per import: it is the next one's before
+            seconds, before = fetch_s + after - before, after
             self.kv_links[across].add(len(kv.token_ids), seconds)
             if installed:
                 taken.moved(installed, seconds)
