@@ -49,9 +49,42 @@ class Sample:
     advantage: float | None = None
     old_logprobs: list[float] | None = None
     ref_logprobs: list[float] | None = None
+    segments: list[list[int]] | None = None
+    """Partial rollout: [first token, end token, weight version] of each run of its
+    tokens that one policy generated, when it was generated over several steps (None:
+    in one). `version` is then the oldest of them: how stale the sample is."""
 
     def to_wire(self) -> list:
         return [getattr(self, f) for f in _SAMPLE_FIELDS]
+
+    @property
+    def partial(self) -> bool:
+        """Some tokens generated and not finished (carried to a later step)."""
+        return not self.finish and len(self.output_ids) > 0
+
+    def carry(self, output_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
+        """Its generation stops unfinished: the tokens so far, which `version` made
+        since the last segment, stay with it for a later step to continue."""
+        start = self.segments[-1][1] if self.segments else 0
+        if len(output_ids) > start:
+            self.segments = [*(self.segments or []), [start, len(output_ids), int(version)]]
+        self.output_ids, self.logprobs, self.finish = list(output_ids), list(logprobs), ""
+
+    def finished(self, output_ids: Sequence[int], logprobs: Sequence[float], finish: str, version: int) -> None:
+        """Its generation ended: every token is in; with segments, `version` made the
+        last run and the sample's version is its oldest."""
+        self.output_ids, self.logprobs, self.finish = output_ids, logprobs, finish
+        if self.segments is None:
+            self.version = version
+            return
+        start = self.segments[-1][1]
+        if len(output_ids) > start:
+            self.segments = [*self.segments, [start, len(output_ids), int(version)]]
+        self.version = min(v for _, _, v in self.segments)
+
+    def restart(self) -> None:
+        """Its tokens so far are dropped: it is generated again from the prompt."""
+        self.output_ids, self.logprobs, self.finish, self.version, self.segments = (), (), "", -1, None
 
     @classmethod
     def from_wire(cls, values: list) -> "Sample":
@@ -86,8 +119,12 @@ class PromptGroup:
 
     @classmethod
     def from_json(cls, values: list) -> "PromptGroup":
+        """(A sample written before `segments` existed has one field fewer: None.)"""
         index, problem, answer, prompt_ids, samples = values
-        return cls.from_wire([index, problem, answer, prompt_ids, [Sample.from_wire(s) for s in samples]])
+        full = len(_SAMPLE_FIELDS)
+        return cls.from_wire([index, problem, answer, prompt_ids,
+                              [Sample.from_wire(s + [None] * (full - len(s)) if len(s) == full - 1 else s)
+                               for s in samples]])
 
     @classmethod
     def from_wire(cls, values: list) -> "PromptGroup":

@@ -24,7 +24,7 @@ N_PROMPTS, N_SAMPLES = 8, 4
 
 @pytest.mark.parametrize("extra, fragment", [
     (("algorithm.max_staleness=-1",), "must be an integer >= 0"),
-    (("algorithm.max_staleness=2",), "0 or 1 (one step of overlap) are built"),
+    (("algorithm.max_staleness=2",), "overlapped steps are built for 1"),
     (("algorithm.max_staleness=1",), "devices of its own"),  # TINY's default placement is temporal
     (ASYNC + ("placement.mode=hybrid", "placement.pools=[[rollout, inference], [trainer]]"), "devices of its own"),
     (ASYNC + ("rollout.temperature=0.7",), "set rollout.temperature 1"),

@@ -17,6 +17,9 @@ during every step, as in `dynarl train`.
     async       the peers' asynchronous mode (verl fully_async / AReaL): the spatial
                 split, and the next step's rollout runs while a step trains
                 (algorithm.max_staleness 1: `dynarl train`'s overlapped steps)
+    partial     slime / APRIL partial rollout: colocated, N x 1.5 groups generate, the
+                first N to finish train, the rest continue in later steps
+                (rollout.oversample: `dynarl train`'s partial rollout)
 
 A new policy (e.g. each improvement on dynarl) registers a factory under its own
 name, so its gain is measured against the others on the same runs.
@@ -121,6 +124,19 @@ class AsyncSpatial(Spatial):
     max_staleness = 1
 
 
+class PartialColocated(Colocated):
+    """slime's partial rollout (`--partial-rollout`) with over-sampling, as APRIL runs
+    it on colocated devices: N x oversample prompt groups generate, the step trains the
+    first N to finish, the unfinished ones continue in later steps from their tokens so
+    far (rollout.oversample: `dynarl train`'s partial rollout, components/workflows/
+    partial.py). slime bounds no staleness (a sample may continue over many steps):
+    nor does this policy; the run reports how stale its samples were."""
+    name = "partial"
+    oversample = 1.5
+    max_staleness = 1 << 20
+    """No bound (an int the config takes)."""
+
+
 class RlinfAuto:
     """Plan from the profile; at each iteration end, compare measured stage times with
     the plan's; past the threshold, fold the measurements into the profile and re-plan."""
@@ -175,10 +191,17 @@ REGISTRY: dict[str, PolicyFactory] = {
     "colocated": Colocated,
     "spatial": Spatial,
     "async": AsyncSpatial,
+    "partial": PartialColocated,
     "rlinf-auto": RlinfAuto,
 }
 
 UNAVAILABLE: dict[str, str] = {}
+
+
+def overlaps(policy: object) -> bool:
+    """The policy's steps overlap the next one's rollout (algorithm.max_staleness without
+    partial rollout)."""
+    return getattr(policy, "max_staleness", 0) > 0 and getattr(policy, "oversample", 1.0) == 1.0
 
 
 def make_policy(name: str) -> Policy:

@@ -48,6 +48,8 @@ class Generation:
         self.at_boundary = asyncio.Event()
         self.finished = asyncio.Event()
         self.closed = False
+        self.fetching: asyncio.Future | None = None
+        """The task that takes prompts from the step's channel (set by RolloutWorker.generate)."""
 
     async def pause(self) -> None:
         await pause_run(self)
@@ -78,6 +80,14 @@ class Generation:
         self.arrived.set()
         return items
 
+    async def close(self) -> list[dict]:
+        """Partial rollout: the step has its batch. Generation stops at an engine-step
+        boundary and every group still generating here is handed back (export's items:
+        finished samples in the group, the others as requests with their tokens so far);
+        drive then emits the groups that finished and returns."""
+        await self.pause()
+        return await self.export()
+
     def adopt(self, items: list[dict]) -> None:
         """Takes whole groups over from a released rank (or back, on this released
         rank, from a migration rolled back): this rank completes and emits them, from
@@ -106,7 +116,10 @@ class Generation:
                 if worker is not None:
                     worker.admitting = False
                 return
+            left = 0
             for k, sample in enumerate(group.samples):
+                if sample.finish:  # partial rollout: done in an earlier step
+                    continue
                 # a sample may carry its own length (a simulated workload's: the emulated
                 # engine makes exactly max_new_tokens)
                 sampling = self.sampling if sample.max_new_tokens is None else \
@@ -114,8 +127,16 @@ class Generation:
                 request = GenerationRequest(sample.id, list(group.prompt_ids),
                                             SamplingParams(**sampling, seed=sample.seed))
                 self.pending[sample.id] = (group, k)
-                self.engine.add_request(request)
-            self.left[group.index] = len(group.samples)
+                left += 1
+                if sample.partial:  # partial rollout: continues from its tokens so far
+                    self.num_tokens -= len(sample.output_ids)  # made in an earlier step
+                    self.engine.import_inflight([InflightRequest(request, list(sample.output_ids),
+                                                                 list(sample.logprobs))])
+                else:
+                    self.engine.add_request(request)
+            self.left[group.index] = left
+            if not left:
+                self.ready.append(group)
             self.groups_by_index[group.index] = group
             self.num_groups += 1
             self.arrived.set()
@@ -169,8 +190,7 @@ class Generation:
     async def _finished(self, result: GenerationResult) -> None:
         group, k = self.pending.pop(result.request_id)
         sample = group.samples[k]
-        sample.output_ids, sample.logprobs = result.output_token_ids, result.output_logprobs
-        sample.finish, sample.version = result.finish_reason, result.weight_version
+        sample.finished(result.output_token_ids, result.output_logprobs, result.finish_reason, result.weight_version)
         self.num_tokens += len(result.output_token_ids)
         self.num_finished += 1
         self.finished_tokens += len(result.output_token_ids)

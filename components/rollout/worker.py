@@ -312,6 +312,23 @@ class RolloutWorker(dynarl.Worker):
             await self._take_back()
             await self.engine.resume()
 
+    # --- partial rollout (components/workflows/partial.py) ---------------------------
+    async def partial_close(self) -> list[dict]:
+        """The step has enough groups: this rank stops generating and hands back the
+        groups it has not finished (Generation.close's items) for a later step; its
+        generate() emits what it finished and returns, and its engine runs again,
+        empty, for the next step. [] if its generation is over (or not begun)."""
+        run = self.run
+        if run is None or run.closed:
+            return []
+        await asyncio.wait([run.fetching])  # every prompt of the step is in the engine (all came before END)
+        if run.closed:  # it finished its last group meanwhile (no await from here to the pause)
+            return []
+        items = await run.close()
+        await run.finished.wait()
+        await self.engine.resume()
+        return items
+
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int, sampling: dict[str, Any]) -> dict:
         """Consumes prompt groups from `get` until END; puts chunks of finished
         groups (at most `chunk_size` each) on `put`. Returns counters."""
@@ -323,7 +340,7 @@ class RolloutWorker(dynarl.Worker):
         load = await self.engine.load()
         preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
         kv_fetched, kv_lost = self.kv_fetched, self.kv_lost
-        fetch = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: never take a second END
+        fetch = run.fetching = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: one END
         try:
             await run.drive(fetch)
         except BaseException:

@@ -56,6 +56,11 @@ class RolloutSection:
     """With move_kv, per request: "cost" moves its KV only where that costs the receiver
     less than prefilling it again (its measured prefill vs the transfers it measured,
     components/rollout/kv_choice.py); "always" moves every one."""
+    oversample: float = 1.0
+    """Partial rollout when > 1: N x oversample prompt groups generate at once (N =
+    run.prompts_per_step); a step trains the first N to finish and carries the others,
+    their tokens so far kept, into the next steps (components/workflows/partial.py;
+    algorithm.max_staleness bounds how old a carried token may be). 1: off."""
     engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
     backend: Literal["native", "emulated", "sglang"] = "native"
     """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`;
@@ -71,6 +76,9 @@ class RolloutSection:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2: GRPO compares samples within a group")
+        if isinstance(self.oversample, bool) or not isinstance(self.oversample, (int, float)) \
+                or not 1.0 <= self.oversample <= 4.0:
+            raise ValueError(f"oversample must be a number in [1, 4], got {self.oversample!r}")
         # The engines' own checks, run at load rather than once the workers are up.
         SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                        max_new_tokens=self.max_new_tokens)
@@ -217,14 +225,13 @@ class AlgorithmSection:
     rollout of step s + 1 runs on the weights of step s while step s trains, so the
     rollout and the trainer work at once; the loss corrects for the older policy
     (decoupled PPO, trainer.engine.behav_weight_cap). Needs the rollout on devices of
-    its own (placement spatial, or hybrid with rollout in a pool alone)."""
+    its own (placement spatial, or hybrid with rollout in a pool alone). With partial
+    rollout (rollout.oversample > 1) steps do not overlap, and k >= 1 bounds how many
+    versions behind a carried group's oldest token may be when it is trained."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}")
-        if self.max_staleness > 1:
-            raise ValueError(f"max_staleness {self.max_staleness}: 0 or 1 (one step of overlap) are built; "
-                             "deeper pipelines are not yet")
 
 
 LOGGERS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -310,7 +317,13 @@ class TrainConfig:
         else:
             self._check_placed()
         self._check_workflow()
-        if self.algorithm.max_staleness > 0:
+        if self.rollout.oversample > 1:
+            self._check_partial()
+        elif self.algorithm.max_staleness > 1:
+            raise ConfigError("algorithm.max_staleness", f"{self.algorithm.max_staleness}: overlapped steps are "
+                                                         "built for 1 (one step of overlap); more bounds partial "
+                                                         "rollout's carried groups (rollout.oversample > 1)")
+        elif self.algorithm.max_staleness > 0:
             self._check_async()
         max_len = self.model.config().max_position_embeddings
         if self.rollout.max_new_tokens >= max_len and not emulated:
@@ -399,6 +412,33 @@ class TrainConfig:
         if set(placed["rollout"]) & (set(placed["inference"]) | set(placed["trainer"])):
             raise ConfigError(field_, "the rollout overlaps the trainer only on devices of its own: placement.mode "
                                       "spatial, or hybrid with rollout in a pool alone")
+
+    def _check_partial(self) -> None:
+        """rollout.oversample > 1 carries unfinished groups into later steps: a workflow
+        whose samples are requests, a staleness bound that lets them be trained later,
+        prompts enough that at least one group is extra, a fixed placement."""
+        field_ = "rollout.oversample"
+        n, oversample = self.run.prompts_per_step, self.rollout.oversample
+        if self.workflow != "grpo":
+            raise ConfigError(field_, f"the {self.workflow} workflow's episodes (turns between tool calls) cannot "
+                                      "be carried into the next step yet; set it 1")
+        if self.algorithm.max_staleness < 1:
+            raise ConfigError("algorithm.max_staleness", "partial rollout (rollout.oversample > 1) trains carried "
+                                                         "groups on newer weights than made them: set it >= 1")
+        from dynarl.components.workflows.partial import extra_groups
+        if extra_groups(oversample, n) < 1:
+            raise ConfigError(field_, f"{oversample} over run.prompts_per_step {n} adds no prompt group: "
+                                      f"use >= {1 + 1 / n:.4g}, or more prompts per step")
+        if self.scheduler.policy != "static":
+            raise ConfigError(field_, f"scheduler.policy {self.scheduler.policy!r} does not plan with partial "
+                                      "rollout yet; use static or oversample 1")
+        if self.placement.mode == "auto":
+            raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose temporal, spatial "
+                                      "or hybrid")
+        if self.rollout.temperature != 1.0:
+            raise ConfigError(field_, f"the rollout's log-probs are those of its sampling temperature "
+                                      f"({self.rollout.temperature}), inference's of temperature 1: the behaviour "
+                                      "weight would compare two distributions; set rollout.temperature 1")
 
     # --- task / workflow selection (the agentic workflow) ---------------------------------
     def _check_workflow(self) -> None:

@@ -47,6 +47,7 @@ from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.overlap import AHEAD, OverlappedSteps
+from dynarl.components.workflows.partial import PartialSteps
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
@@ -111,7 +112,10 @@ class GRPO:
         self.g: Groups | None = None
         self.scheduling: DynamicScheduling | None = None
         """policy=dynarl: moves devices inside every step (dynamic.py)."""
-        self.overlap = OverlappedSteps(self) if cfg.algorithm.max_staleness > 0 else None
+        self.partial = PartialSteps(self) if cfg.rollout.oversample > 1 else None
+        """rollout.oversample > 1: more groups generate than a step trains; the unfinished
+        ones continue in the next steps (partial.py)."""
+        self.overlap = OverlappedSteps(self) if cfg.algorithm.max_staleness > 0 and self.partial is None else None
         """algorithm.max_staleness 1: the next step's rollout runs while a step trains (overlap.py)."""
 
     # --- the algorithm ---------------------------------------------------------------
@@ -134,6 +138,8 @@ class GRPO:
     async def step(self, step: int) -> dict[str, Any]:
         if self.overlap is not None:
             return await self.overlap.step(step)
+        if self.partial is not None:
+            return await self.partial.step(step)
         if self.cfg.trainer.streaming:
             return await self.streaming_step(step)
         label = f"step {step}"
@@ -457,6 +463,8 @@ class GRPO:
         self.ledger.save(os.path.join(path, ckpt.LEDGER_FILE))
         if self.overlap is not None:
             self.overlap.save(path)
+        if self.partial is not None:
+            self.partial.save(path)
         ckpt.write_state(path, ckpt.CheckpointState(step=step, trainer_step=steps[0], seed=self.cfg.run.seed,
                                                     prompts_per_step=self.cfg.run.prompts_per_step))
         ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints)
@@ -472,6 +480,8 @@ class GRPO:
         self.ledger = SampleLedger.load(os.path.join(path, ckpt.LEDGER_FILE))
         if self.overlap is not None:
             self.overlap.load(path, state.step)
+        if self.partial is not None:
+            self.partial.load(path, state.step)
         _roll_back(os.path.join(self.run_dir, ckpt.LEDGER_FILE), state.step)
         _roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
         await self.load_reference()

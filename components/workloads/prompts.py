@@ -10,7 +10,7 @@ trace's requests come round again in later steps, and each is a new sample there
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 from dynarl.components.experience import PromptGroup, Sample
 from dynarl.components.rollout.emulated.tokens import response_tokens
@@ -21,14 +21,15 @@ class WorkloadPrompts:
     stop_token_ids: tuple[int, ...] = ()
     """Responses end at their length (finish 'length'), never on a stop token."""
 
-    def __init__(self, batches: list[list[Group]], vocab_size: int) -> None:
-        self.batches = batches
+    def __init__(self, batches: list[list[Group]] | Callable[[int], list[Group]], vocab_size: int) -> None:
+        """`batches`: step -> its batch (a list: the steps it holds)."""
+        self.batch = batches.__getitem__ if isinstance(batches, list) else batches
         self.vocab_size = vocab_size
 
     def groups(self, step: int) -> list[PromptGroup]:
         """Step `step`'s groups (experience.py's PromptGroups)."""
         out = []
-        for index, group in enumerate(self.batches[step]):
+        for index, group in enumerate(self.batch(step)):
             prompt = token_ids(group.prompt_id, group.prompt_tokens, self.vocab_size)
             out.append(PromptGroup(index, group.prompt_id, "", prompt, [sample(step, s) for s in group.samples]))
         return out

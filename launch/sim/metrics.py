@@ -20,10 +20,14 @@
                       last iteration is measured (measured_window), and the overlapping
                       policy's iteration times its next batch's rollout beside this batch's
                       training: its busy time and tokens mix two batches (measure several
-                      iterations)
+                      iterations); staleness_hist counts the measured samples by it
+    regenerated_groups, _tokens  per iteration (partial rollout): groups started again from
+                      their prompt because their oldest token would have been trained over
+                      the policy's bound, and the tokens dropped with them
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from dynarl.components.placement.plan import COMPONENTS
@@ -58,6 +62,9 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
         "preemptions": run.preemptions,
         "moved_reprefill_tokens": sum(run.moved_reprefill_tokens[window]) / n,  # per iteration
         "staleness_max": max(run.staleness[window], default=0),
+        "staleness_hist": {str(k): v for k, v in sorted(sum(run.staleness_counts[window], Counter()).items())},
+        "regenerated_groups": sum(g for g, _ in run.regenerated[window]) / n,  # per iteration
+        "regenerated_tokens": sum(t for _, t in run.regenerated[window]) / n,
     }
     for name in ("moved_kv", "turn_kv"):  # per iteration
         kv = getattr(run, name)[window]
@@ -83,8 +90,8 @@ def measured_window(cfg: Any) -> slice:
     """The iterations every policy of the run is measured on: after the warm-up, and
     when a policy overlaps each step with the next one's rollout (max_staleness), not
     the last either (that step has no next rollout to make), for all of them alike."""
-    from dynarl.components.placement.policy import make_policy
-    overlapped = any(getattr(make_policy(name), "max_staleness", 0) for name in cfg.policies)
+    from dynarl.components.placement.policy import make_policy, overlaps
+    overlapped = any(overlaps(make_policy(name)) for name in cfg.policies)
     return slice(cfg.warmup, cfg.iterations - 1 if overlapped else cfg.iterations)
 
 

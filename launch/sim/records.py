@@ -48,6 +48,11 @@ class PolicyRun:
     """The policy's algorithm.max_staleness (its steps overlap the next rollout)."""
     staleness: list[int] = field(default_factory=list)
     """Per iteration: the most versions a trained sample's weights were behind (the ledger's)."""
+    staleness_counts: list[dict[int, int]] = field(default_factory=list)
+    """Per iteration: trained samples by how many versions their oldest token was behind."""
+    regenerated: list[tuple[int, int]] = field(default_factory=list)
+    """Per iteration (partial rollout): groups generated again from the prompt as their
+    tokens would have been too stale, and the tokens dropped with them."""
 
 
 def timed(policy, snapshot, run: PolicyRun) -> list:

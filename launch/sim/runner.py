@@ -21,6 +21,7 @@ since the run began: loop time / time_scale.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import dynarl
 from dynarl.components import costmodel as cm
@@ -31,7 +32,6 @@ from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.workflows.agentic import AgenticGRPO
 from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workloads.prompts import WorkloadPrompts
-from dynarl.components.workloads.samples import batch_tokens
 from dynarl.core.controller import Controller
 from dynarl.core.scheduler.log import DeviceCounts, kv_stats
 
@@ -82,9 +82,9 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
         previous_end: float | None = None
         for it in range(cfg.iterations):
             begun = now() if previous_end is None else previous_end
-            await wf.step(it)
+            metrics = await wf.step(it)
             end = now()
-            record(run, scn, wf, it, begun, end, origin)
+            record(run, scn, wf, it, begun, end, origin, metrics)
             previous_end = end
             if not policy.has_hook:
                 continue
@@ -115,7 +115,7 @@ async def start(ctl: Controller, scn: Scenario, placement: Placement, scheduler:
     cfg = train_config(scn, placement, scheduler)
     workflow = AgenticGRPO if cfg.workflow == "agentic" else GRPO
     wf = workflow(ctl, cfg, None, None, None, Quiet(), placement=placement,
-                  prompts=WorkloadPrompts(scn.batches, cm.get_model(scn.workload.model).vocab_size))
+                  prompts=WorkloadPrompts(scn.batch, cm.get_model(scn.workload.model).vocab_size))
     wf.open_channels()
     wf.g = await wf.spawn()
     await wf.sync_weights(version, "start")  # the engines hold no policy until the first sync
@@ -142,8 +142,10 @@ async def replan(ctl: Controller, scn: Scenario, wf: GRPO, old: Placement, new: 
     return moved_to
 
 
-def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float) -> None:
-    """The iteration's device-seconds, stage times and spans, from the stages' results."""
+def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: float, origin: float,
+           metrics: dict) -> None:
+    """The iteration's device-seconds, stage times and spans, from the stages' results;
+    its tokens (generated in it) and samples (trained in it) from the step's metrics."""
     scale, placement = scn.config.time_scale, wf.placement
     busy_ds = 0.0
     stage_s: dict[str, float] = {}
@@ -187,9 +189,10 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
                             for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")})
     entry = wf.ledger.entries[-1]  # this iteration's: how far behind the trainer its samples' weights were
     run.staleness.append(max((entry.step - v for v in entry.versions), default=0))
-    tokens, samples = batch_tokens(scn.batches[it])
-    run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=tokens, samples=samples,
-                                          stage_s=stage_s, span_s=spans))
+    run.staleness_counts.append(Counter(entry.step - v for v in entry.versions))
+    run.regenerated.append((metrics.get("regenerated_groups", 0), metrics.get("regenerated_tokens", 0)))
+    run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=metrics["tokens"],
+                                          samples=metrics["samples"], stage_s=stage_s, span_s=spans))
 
 
 def ownership_spans(counts: list[DeviceCounts], origin: float, scale: float, start: float,

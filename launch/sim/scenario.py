@@ -81,6 +81,22 @@ class Scenario:
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_staleness: int = 0
     """The policy's algorithm.max_staleness (for_policy): 1 overlaps the next step's rollout."""
+    oversample: float = 1.0
+    """The policy's rollout.oversample (for_policy): > 1 is partial rollout."""
+
+    @property
+    def overlaps(self) -> bool:
+        """Each step overlaps the next one's rollout (overlapped steps, not partial rollout)."""
+        return self.max_staleness > 0 and self.oversample == 1.0
+
+    def batch(self, i: int) -> list[Group]:
+        """Batch i of the prompt stream: the run's own, then more of the same workload (a
+        partial rollout's extra prompts come from the batches after the run's)."""
+        if i < len(self.batches):
+            return self.batches[i]
+        cfg = self.config
+        prompts = len(self.batches[0])
+        return batch_of(self.trace, i, prompts) if self.trace else generate(self.workload, cfg.seed, i, prompts)
 
     @property
     def num_devices(self) -> int:
@@ -133,11 +149,13 @@ def for_policy(scn: Scenario, policy: object) -> Scenario:
         mode = agentic_mode(policy)
         rollout.update(queue=mode.queue, affinity=mode.affinity)
     staleness = int(getattr(policy, "max_staleness", 0))
-    if staleness and scn.config.iterations < scn.config.warmup + 2:
+    oversample = float(getattr(policy, "oversample", 1.0))
+    if staleness and oversample == 1.0 and scn.config.iterations < scn.config.warmup + 2:
         raise ValueError(f"policy {getattr(policy, 'name', policy)!r} overlaps each step with the next one's "
                          f"rollout: it needs --iterations >= warmup + 2 ({scn.config.warmup + 2}), so that a "
                          "measured step is neither the first (nothing made ahead) nor the last (nothing to make)")
-    return dataclasses.replace(scn, engines=dict(scn.engines, rollout=rollout), max_staleness=staleness)
+    return dataclasses.replace(scn, engines=dict(scn.engines, rollout=rollout), max_staleness=staleness,
+                               oversample=oversample)
 
 
 def _check_fits(batches: list[list[Group]], capacity: int, name: str) -> None:
@@ -198,6 +216,7 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
                                                     device_kind="emulated")),
         rollout=RolloutSection(num_ranks=ranks["rollout"], samples_per_prompt=len(scn.batches[0][0].samples),
                                chunk_size=cfg.chunk_size, backend="emulated", move_kv=move_kv,
+                               oversample=scn.oversample,
                                max_new_tokens=max_new_tokens(scn, EmulatedRolloutConfig(**rollout)),
                                emulated=EmulatedRolloutConfig(**rollout)),
         inference=InferenceSection(num_ranks=ranks["inference"], backend="emulated",
