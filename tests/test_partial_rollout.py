@@ -77,10 +77,11 @@ def group(name: str, *samples: tuple) -> PromptGroup:
     ([group("u", ("partial", 5, 3), ("new",))], 4, 1, [], ["u", "f0", "f1"], [], (0, 0)),
     # a whole group (finished after the last batch closed) trains first
     ([group("w", ("done", 4, 3), ("done", 2, 3))], 4, 1, ["w"], ["f0", "f1"], [], (0, 0)),
-    # over the bound: generated again from its prompt, its tokens counted as dropped
-    ([group("u", ("partial", 5, 2), ("done", 3, 3))], 4, 1, [], ["u", "f0", "f1"], [], (1, 8)),
-    # a whole group whose oldest token is over the bound is generated again too
-    ([group("w", ("done", 4, 2), ("done", 2, 3))], 4, 1, [], ["w", "f0", "f1"], [], (1, 6)),
+    # a sample over the bound: generated again from its prompt, its tokens counted as dropped
+    # (its group's sample within the bound stays)
+    ([group("u", ("partial", 5, 2), ("done", 3, 3))], 4, 1, [], ["u", "f0", "f1"], [], (1, 5)),
+    # a finished sample over the bound too: its whole group generates again
+    ([group("w", ("done", 4, 2), ("done", 2, 3))], 4, 1, [], ["w", "f0", "f1"], [], (1, 4)),
     # a wider bound keeps it
     ([group("w", ("done", 4, 2), ("done", 2, 3))], 4, 2, ["w"], ["f0", "f1"], [], (0, 0)),
     # more whole groups than a batch: the oldest train, the rest wait
@@ -189,8 +190,7 @@ def test_a_closed_generation_hands_back_its_unfinished_groups_and_the_next_conti
     (("rollout.oversample=1.5",), "algorithm.max_staleness", "set it >= 1"),
     (PARTIAL + ("workflow=agentic", "task.kind=calc"), "rollout.oversample", "cannot be carried"),
     (PARTIAL + ("rollout.temperature=0.7",), "rollout.oversample", "set rollout.temperature 1"),
-    (PARTIAL + ("runtime.cluster.devices_per_node=4", "rollout.num_ranks=2", "placement.mode=spatial",
-                "scheduler.policy=dynarl"), "rollout.oversample", "does not plan with partial rollout"),
+    (PARTIAL + ("rollout.backend=sglang",), "rollout.oversample", "needs native or emulated engines"),
 ])
 def test_bad_partial_settings_name_the_field(extra, field, fragment):
     with pytest.raises(ConfigError) as info:
@@ -256,3 +256,36 @@ def test_kill_9_mid_step_then_resume_trains_the_carried_groups_once(tmp_path):
     trained_after = {i for e in entries if e.step >= every for i in e.sample_ids}
     carried = {s[0] for g in kept["carry"] for s in g[4]}
     assert carried <= trained_after  # the carried groups were trained after the resume, not lost
+
+
+def test_resuming_a_partial_checkpoint_without_partial_rollout_is_refused(tmp_path):
+    run = str(tmp_path / "run")
+    job = prepare(None, overrides(*PARTIAL, "run.steps=2", "run.checkpoint_every=1"), run, None)
+    assert job.run() == 0
+    from dynarl.launch.train import UsageError
+    with pytest.raises(UsageError, match="rollout.oversample"):
+        prepare(None, [("rollout.oversample", 1.0), ("algorithm.max_staleness", 0), ("run.steps", 3)], None, run)
+
+
+# --- with the dynarl scheduler ----------------------------------------------------------
+JOB = ("runtime.cluster.devices_per_node=4", "placement.mode=hybrid", "rollout.num_ranks=3",
+       "trainer.num_ranks=1", "rollout.max_new_tokens=48", "rollout.samples_per_prompt=8", "scheduler.policy=dynarl",
+       "scheduler.dynarl.interval_s=0.02", "scheduler.dynarl.charge_move_cost=false",
+       "scheduler.dynarl.trainer_profile=home", "scheduler.dynarl.pack=8", "scheduler.dynarl.theta=0.6")
+
+
+def test_the_dynarl_scheduler_moves_devices_in_partial_steps_and_trains_every_sample_once(tmp_path):
+    """The batch closes, the rollout's engines donate (Workload), the trainer grows (P2P),
+    the placement is restored: every sample trained once, none staler than the bound."""
+    run_dir = str(tmp_path / "run")
+    job = prepare(None, overrides(*JOB, *PARTIAL, "run.steps=3"), run_dir, None)
+    assert job.run() == 0
+    w = job.workflow
+    assert_reaped([p for group in (w.g.rollout, w.g.inference, w.g.trainer) for p in group.pids])
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert any(r["migrations"] for r in rows)  # devices moved inside the partial steps
+    assert all(r["carried_groups"] >= 1 for r in rows)
+    entries = read_entries(os.path.join(run_dir, "ledger.jsonl"))
+    ids = [i for e in entries for i in e.sample_ids]
+    assert len(ids) == len(set(ids)) == 3 * N_PROMPTS * 8
+    assert all(0 <= e.step - v <= 1 for e in entries for v in e.versions)

@@ -25,6 +25,8 @@ Variants (each measured against dynarl on the same runs):
     dynarl-kv            dynarl with rollout.move_kv: a request a Workload migration moves
                          takes its KV along (priced over NVLink or the NIC,
                          costmodel.kv_transfer_time) instead of being re-prefilled
+    dynarl-async         dynarl with partial rollout at staleness 1 (rollout.oversample 1.5,
+                         algorithm.max_staleness 1): no step waits for its longest samples
 """
 from __future__ import annotations
 
@@ -130,7 +132,21 @@ class DynarlKV(Dynarl):
     move_kv = True
 
 
+class DynarlAsync(Dynarl):
+    """dynarl with partial rollout at staleness 1 (rollout.oversample 1.5,
+    algorithm.max_staleness 1, components/workflows/partial.py): N x 1.5 groups
+    generate on the whole cluster (lending), the step trains the first N to finish and
+    carries the rest, tokens kept, into the next step; at the batch's close the
+    rollout is over for the step and its engines give their devices to inference and
+    the trainer. A carried group whose oldest token would be trained two versions late
+    is generated again (counted)."""
+    name = "dynarl-async"
+    oversample = 1.5
+    max_staleness = 1
+
+
 register("dynarl", Dynarl)
+register("dynarl-async", DynarlAsync)
 register("dynarl-costaware", DynarlCostAware)
 register("dynarl-consolidate", DynarlConsolidate)
 register("dynarl-tailtp", DynarlTailTP)

@@ -337,10 +337,11 @@ class RolloutWorker(dynarl.Worker):
                                            f"the step needs v{version}")
         run = self.run = Generation(self.engine, self.channel(put), chunk_size, sampling)
         started = time.perf_counter()
+        # before any await: a partial_close may wait on it as soon as `run` is set
+        fetch = run.fetching = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: one END
         load = await self.engine.load()
         preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
         kv_fetched, kv_lost = self.kv_fetched, self.kv_lost
-        fetch = run.fetching = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: one END
         try:
             await run.drive(fetch)
         except BaseException:

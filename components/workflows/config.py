@@ -16,6 +16,8 @@ need I/O (the dataset file) run in the launcher before any worker starts.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -427,11 +429,12 @@ class TrainConfig:
                                                          "groups on newer weights than made them: set it >= 1")
         from dynarl.components.workflows.partial import extra_groups
         if extra_groups(oversample, n) < 1:
+            least = math.ceil((n + 1) / n * 1e4) / 1e4
             raise ConfigError(field_, f"{oversample} over run.prompts_per_step {n} adds no prompt group: "
-                                      f"use >= {1 + 1 / n:.4g}, or more prompts per step")
-        if self.scheduler.policy != "static":
-            raise ConfigError(field_, f"scheduler.policy {self.scheduler.policy!r} does not plan with partial "
-                                      "rollout yet; use static or oversample 1")
+                                      f"use >= {least}, or more prompts per step")
+        if self.rollout.backend == "sglang":
+            raise ConfigError(field_, "the sglang engine's pause drops the tokens its queued requests made since "
+                                      "they last reported; partial rollout needs native or emulated engines")
         if self.placement.mode == "auto":
             raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose temporal, spatial "
                                       "or hybrid")

@@ -47,7 +47,7 @@ from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.overlap import AHEAD, OverlappedSteps
-from dynarl.components.workflows.partial import PartialSteps
+from dynarl.components.workflows.partial import PARTIAL_FILE, PartialSteps
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
@@ -192,7 +192,7 @@ class GRPO:
             await self.ctl.channel("prompts").put(END)
         rollout = live.joined("rollout", stage(
             self.ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=self.clock, label=label,
-            version=step if version is None else version, chunk_size=self.cfg.rollout.chunk_size,
+            version=step if version is None else version, chunk_size=self.rollout_chunk_size,
             sampling=self.sampling(), lock=live.rollout_lock))
         reward = live.done["reward"] = asyncio.ensure_future(stage(
             self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
@@ -416,6 +416,12 @@ class GRPO:
             self.scheduling = await DynamicScheduling.create(self, groups)
         return groups
 
+    @property
+    def rollout_chunk_size(self) -> int:
+        """Groups per rollout chunk: rollout.chunk_size, or 1 with partial rollout (its
+        batch closes on the N-th group to finish, not on a chunk a rank still fills)."""
+        return 1 if self.partial is not None else self.cfg.rollout.chunk_size
+
     def rollout_init(self) -> dict[str, Any]:
         """Init arguments the workflow's rollout worker class adds (the agentic queue order)."""
         return {}
@@ -482,6 +488,10 @@ class GRPO:
             self.overlap.load(path, state.step)
         if self.partial is not None:
             self.partial.load(path, state.step)
+        elif os.path.exists(os.path.join(path, PARTIAL_FILE)):
+            raise ValueError(f"{path}: partial rollout carried groups across this checkpoint "
+                             f"({PARTIAL_FILE}); resume with the run's rollout.oversample (> 1), or they and "
+                             "the prompt stream's position are lost")
         _roll_back(os.path.join(self.run_dir, ckpt.LEDGER_FILE), state.step)
         _roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
         await self.load_reference()

@@ -60,17 +60,20 @@ class StepRanks:
     def stage_call(self, component: str, position: int, version: int) -> Any:
         """The stage call of a rank that joins `component` while its stage runs, on the
         stage's channels; an awaitable of its result."""
+        inbox = self.wf.live.INPUT[component]  # the step's own ("ahead" for a partial step's inference)
+
         async def call() -> Any:
             group = getattr(self.wf.g, component)
             if component == "rollout":
-                results = await group.call("generate", "prompts", "rollouts", version=version,
-                                           chunk_size=self.wf.cfg.rollout.chunk_size, sampling=self.wf.sampling(),
+                results = await group.call("generate", inbox, "rollouts", version=version,
+                                           chunk_size=self.wf.rollout_chunk_size, sampling=self.wf.sampling(),
                                            ranks=[position])
             elif component == "inference":
-                results = await group.call("compute_logprobs", "scored", "experience", version=version,
+                results = await group.call("compute_logprobs", inbox, "experience", version=version,
                                            split=self.wf.cfg.trainer.streaming, ranks=[position])
             elif component == "trainer":
-                results = await group.call("train_stream", "experience", None, with_ref=self.wf.cfg.with_ref,
+                results = await group.call("train_stream", inbox, None, with_ref=self.wf.cfg.with_ref,
+                                           behaviour=self.wf.partial is not None,
                                            ranks=[position])
             else:
                 raise ValueError(f"no rank joins a running {component} stage")

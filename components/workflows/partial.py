@@ -12,11 +12,14 @@ into the next steps, their tokens so far kept.
 
 So no step waits for its longest samples: they continue in the next steps, on newer
 weights. Every run of a sample's tokens records the version that made it
-(Sample.segments); a sample's version is its oldest, and a group whose oldest token
+(Sample.segments); a sample's version is its oldest, and a sample whose oldest token
 would be more than algorithm.max_staleness versions behind the trainer that takes
 it is generated again from its prompt (counted: regenerated_groups and _tokens, the
 tokens dropped), so nothing is trained staler than the bound and nothing is dropped
-unseen. A group is trained once (the ledger checks it). The rollout's own
+unseen. (A tight bound has a price: a sample that needs more than about k + 1 steps'
+rollout to decode is started again each time and never trained; the counters show
+it.) A group is trained once (the ledger checks it). The rollout emits each finished
+group at once (chunks of one), so the batch closes on the N-th group to finish. The rollout's own
 log-probs go into the batch, and the loss corrects for the older policies
 (decoupled PPO, trainer/native/losses.py), as with overlapped steps.
 
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dynarl.components import experience
-from dynarl.components.experience import PromptGroup
+from dynarl.components.experience import PromptGroup, Sample
 from dynarl.components.rollout.base import InflightRequest
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.overlap import AHEAD
@@ -56,15 +59,28 @@ def extra_groups(oversample: float, prompts_per_step: int) -> int:
     return math.floor((oversample - 1.0) * prompts_per_step + 1e-9)
 
 
+def sample_oldest(sample: Sample) -> int | None:
+    """The oldest weight version that made any of the sample's tokens (None: none made)."""
+    if sample.finish:
+        return sample.version
+    return min((v for _, _, v in sample.segments or ()), default=None)
+
+
 def oldest_version(group: PromptGroup) -> int | None:
     """The oldest weight version that made any of the group's tokens (None: none made)."""
-    versions = [s.version for s in group.samples if s.finish]
-    versions += [v for s in group.samples if s.partial for _, _, v in s.segments or ()]
-    return min(versions, default=None)
+    return min((v for s in group.samples if (v := sample_oldest(s)) is not None), default=None)
 
 
 def complete(group: PromptGroup) -> bool:
     return all(s.finish for s in group.samples)
+
+
+@dataclass(slots=True)
+class PartialLive(LiveStep):
+    """A partial step as a scheduler sees it: inference reads the batch from "ahead",
+    and an inference rank joining the step ends once the batch is closed."""
+    INPUT = {**LiveStep.INPUT, "inference": AHEAD}
+    UPSTREAM = {**LiveStep.UPSTREAM, "inference": "closer"}
 
 
 @dataclass(slots=True)
@@ -81,16 +97,17 @@ class Plan:
 def plan(carry: list[PromptGroup], fresh: list[PromptGroup], step: int, num_groups: int,
          max_staleness: int) -> Plan:
     """Pure: the step's whole groups (oldest first, at most `num_groups`), then the
-    groups to generate: the carried unfinished ones (those whose oldest token would be
-    trained more than `max_staleness` versions late start again from their prompt),
-    then `fresh`. Indices are renumbered: each group's position in the step."""
+    groups to generate: the carried unfinished ones, then `fresh`. A carried sample
+    whose oldest token would be trained more than `max_staleness` versions late starts
+    again from its prompt (its group's other samples stay). Indices are renumbered:
+    each group's position in the step."""
     regenerated_groups = regenerated_tokens = 0
     for g in carry:
-        oldest = oldest_version(g)
-        if oldest is not None and step - oldest > max_staleness:
+        stale = [s for s in g.samples if (v := sample_oldest(s)) is not None and step - v > max_staleness]
+        if stale:
             regenerated_groups += 1
-            regenerated_tokens += sum(len(s.output_ids) for s in g.samples)
-            for s in g.samples:
+            regenerated_tokens += sum(len(s.output_ids) for s in stale)
+            for s in stale:
                 s.restart()
     whole = sorted((g for g in carry if complete(g)), key=lambda g: (oldest_version(g), g.samples[0].id))
     ready, kept = whole[:num_groups], whole[num_groups:]
@@ -132,54 +149,71 @@ class PartialSteps:
     async def step(self, step: int) -> dict[str, Any]:
         wf, cfg = self.wf, self.wf.cfg
         label = f"step {step}"
-        started = time.perf_counter()
+        started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         n = cfg.run.prompts_per_step
         fresh = self.stream.take(max(0, n + extra_groups(cfg.rollout.oversample, n) - len(self.carry)))
         p = plan(self.carry, fresh, step, n, cfg.algorithm.max_staleness)
         need = n - len(p.ready)
-        live = wf.live = LiveStep(step)
+        sched = wf.scheduling
+        streaming = cfg.trainer.streaming
+        live = wf.live = PartialLive(step, later=set() if streaming else {"trainer"})
+        if sched is not None:
+            await sched.begin(live, p.inflight)
         rollout, reward = await wf.start_rollout(p.inflight, step, label, live) if need else (None, None)
         batch: list[PromptGroup] = []
         carried: list[PromptGroup] = list(p.kept)
-        closer = asyncio.ensure_future(self._close(step, p, need, batch, carried))
+        closer = live.done["closer"] = asyncio.ensure_future(self._close(step, p, need, batch, carried))
         g = wf.g
-        streaming = cfg.trainer.streaming
         # (through the LiveStep as the rollout's stage: on shared devices the locks are asked in this order)
         inference = live.joined("inference", stage(
-            wf.ctl, g.inference, "compute_logprobs", get=AHEAD, put="experience", after=closer, clock=wf.clock,
-            label=label, version=step, split=streaming))
-        work = [closer, inference] + ([rollout, reward] if need else [])
+            wf.ctl, g.inference, "compute_logprobs", get=AHEAD, put="experience", after=closer,
+            gate=live.gates.get("inference"), clock=wf.clock, label=label, version=step, split=streaming))
+        work = [closer, inference] + ([rollout, reward] if need else [])  # (results: in this order)
         if streaming:
             trainer = live.joined("trainer", stage(
-                wf.ctl, g.trainer, "train_stream", get="experience", after=inference, clock=wf.clock, label=label,
-                with_ref=cfg.with_ref, behaviour=True))
-            results = await gather_or_cancel([*work, trainer])
+                wf.ctl, g.trainer, "train_stream", get="experience", after=inference, gate=live.gates.get("trainer"),
+                clock=wf.clock, label=label, with_ref=cfg.with_ref, behaviour=True))
+            results = await wf._run_stages(live, label, [*work, trainer])
             trainer_stats = results[-1]
             trained = experience.Trained.merge(trainer_stats)
             train = trainer_stats[0]["metrics"]
             stats = {"trainer": trainer_stats}
-        else:
-            results = await gather_or_cancel([*work, wf.collect(n)])
+        else:  # the barrier trainer steps once the batch is in (a scheduler may move devices to it first)
+            results = await wf._run_stages(live, label, [*work, wf.collect(n)])
+            live.later.clear()
             groups, _ = results[-1]
             trained = experience.Trained()
             trained.add(sorted(groups, key=lambda gr: gr.index))
             stats = {}
         ids = experience.sample_ids(batch)
         wf.check_trained(step, ids, trained)
+        measured = {"rollout": results[2] if need else [], "inference": results[1]}
         if not streaming:
-            train = await wf.train(experience.train_batch(groups, cfg.with_ref, behaviour=True), label)
+            train_batch = experience.train_batch(groups, cfg.with_ref, behaviour=True)
+            train_devices, train_begun = len(wf.g.trainer.devices), time.perf_counter()
+            train = await wf.train(train_batch, label)
+            train_s = time.perf_counter() - train_begun
+            tokens = sum(len(x) for x in train_batch.input_ids)
+            measured["trainer"] = (train_devices, tokens / train_s) if train_s > 0 else None
         rollout_stats, reward_stats = (results[2], results[3]) if need else ([], [])
         self.carry = carried
         wf.commit_step(step, ids, trained)
         wf.stage_results = {"rollout": rollout_stats, "reward": reward_stats, "inference": results[1], **stats}
+        if sched is None:
+            devices = fixed_devices(g)
+        else:
+            rollout_end = wf.clock.last_end("rollout") if need else begun
+            train_end = wf.clock.last_end("trainer") if streaming else asyncio.get_running_loop().time()
+            devices = await sched.end(label, rollout_end=rollout_end, train_end=train_end, measured=measured,
+                                      last=step + 1 == cfg.run.steps)
         await wf.sync_weights(step + 1, label)
-        tokens_dropped = p.regenerated_tokens
-        return step_metrics(step, trained, train, rollout_stats, reward_stats or [{"verifier": cfg.task.resolved_verifier}],
+        return step_metrics(step, trained, train, rollout_stats,
+                            reward_stats or [{"verifier": cfg.task.resolved_verifier}],
                             wf.clock.durations(label), time.perf_counter() - started) \
-            | {"carried_groups": len(carried), "carried_tokens": sum(len(s.output_ids) for gr in carried
-                                                                     for s in gr.samples),
-               "regenerated_groups": p.regenerated_groups, "regenerated_tokens": tokens_dropped} \
-            | fixed_devices(g) | wf.fleet_metrics(step + 1)
+            | {"carried_groups": len(carried),
+               "carried_tokens": sum(len(s.output_ids) for gr in carried for s in gr.samples),
+               "regenerated_groups": p.regenerated_groups, "regenerated_tokens": p.regenerated_tokens} \
+            | devices | wf.fleet_metrics(step + 1)
 
     async def _close(self, step: int, p: Plan, need: int, batch: list[PromptGroup],
                      carried: list[PromptGroup]) -> None:
@@ -211,8 +245,12 @@ class PartialSteps:
         """Every rollout rank hands back its unfinished groups; their samples keep their
         tokens so far (made by `step`'s weights). Returns how many groups came back."""
         exported = 0
-        async with self.wf._busy("rollout"):
-            per_rank = await self.wf.g.rollout.call("partial_close")
+        wf = self.wf
+        # every rank generating for the step: with the dynarl scheduler, the engines on
+        # lent devices too (its group of the rollout); no move meanwhile
+        rollout = wf.g.rollout if wf.scheduling is None else wf.scheduling.scheduler.group("rollout")
+        async with wf._busy("rollout"):
+            per_rank = await rollout.call("partial_close")
         for items in per_rank:
             for item in items:
                 group = item["group"]

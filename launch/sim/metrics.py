@@ -21,9 +21,11 @@
                       policy's iteration times its next batch's rollout beside this batch's
                       training: its busy time and tokens mix two batches (measure several
                       iterations); staleness_hist counts the measured samples by it
-    regenerated_groups, _tokens  per iteration (partial rollout): groups started again from
-                      their prompt because their oldest token would have been trained over
-                      the policy's bound, and the tokens dropped with them
+    regenerated_groups, _tokens  per iteration (partial rollout): groups with samples started
+                      again from their prompt because their oldest token would have been
+                      trained over the policy's bound, and the tokens dropped with them
+    carried_tokens    (partial rollout) the backlog of tokens started and not trained when the
+                      measured iterations begin and when they end
 """
 from __future__ import annotations
 
@@ -65,6 +67,9 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
         "staleness_hist": {str(k): v for k, v in sorted(sum(run.staleness_counts[window], Counter()).items())},
         "regenerated_groups": sum(g for g, _ in run.regenerated[window]) / n,  # per iteration
         "regenerated_tokens": sum(t for _, t in run.regenerated[window]) / n,
+        # the backlog (carried tokens) when the measured iterations begin and when they end:
+        # growth is work they left to later steps, a shrink work they did for earlier ones
+        "carried_tokens": [run.carried[window.start - 1][1] if window.start > 0 else 0, run.carried[window][-1][1]],
     }
     for name in ("moved_kv", "turn_kv"):  # per iteration
         kv = getattr(run, name)[window]

@@ -50,6 +50,9 @@ class PolicyRun:
     """Per iteration: the most versions a trained sample's weights were behind (the ledger's)."""
     staleness_counts: list[dict[int, int]] = field(default_factory=list)
     """Per iteration: trained samples by how many versions their oldest token was behind."""
+    carried: list[tuple[int, int]] = field(default_factory=list)
+    """Per iteration (partial rollout): groups started and not trained at its end, and
+    their tokens so far (the backlog later steps inherit)."""
     regenerated: list[tuple[int, int]] = field(default_factory=list)
     """Per iteration (partial rollout): groups generated again from the prompt as their
     tokens would have been too stale, and the tokens dropped with them."""

@@ -84,11 +84,6 @@ class Scenario:
     oversample: float = 1.0
     """The policy's rollout.oversample (for_policy): > 1 is partial rollout."""
 
-    @property
-    def overlaps(self) -> bool:
-        """Each step overlaps the next one's rollout (overlapped steps, not partial rollout)."""
-        return self.max_staleness > 0 and self.oversample == 1.0
-
     def batch(self, i: int) -> list[Group]:
         """Batch i of the prompt stream: the run's own, then more of the same workload (a
         partial rollout's extra prompts come from the batches after the run's)."""
@@ -96,7 +91,9 @@ class Scenario:
             return self.batches[i]
         cfg = self.config
         prompts = len(self.batches[0])
-        return batch_of(self.trace, i, prompts) if self.trace else generate(self.workload, cfg.seed, i, prompts)
+        batch = batch_of(self.trace, i, prompts) if self.trace else generate(self.workload, cfg.seed, i, prompts)
+        _check_fits([batch], EmulatedRolloutConfig(**self.engines["rollout"]).capacity_tokens(), cfg.workload)
+        return batch
 
     @property
     def num_devices(self) -> int:
