@@ -218,3 +218,18 @@ def test_the_async_policy_overlaps_each_step_with_the_next_rollout():
     assert runs["async"].staleness == [0, 1, 1] and runs["spatial"].staleness == [0, 0, 0]
     with pytest.raises(ValueError, match="--iterations >= warmup \\+ 2"):
         run_policy(build_scenario(SimConfig(**{**SMALL, "policies": ("async",)})), "async")
+
+
+def test_the_partial_policies_carry_groups_and_draw_prompts_past_the_runs_batches():
+    """`partial` (no staleness bound) and `dynarl-async` (bound 1) run `dynarl train`'s
+    partial rollout: more groups generate than a step trains, the extra prompts come from
+    batches after the run's own, and the unfinished ones are carried (the backlog)."""
+    scn = build_scenario(SimConfig(**{**SMALL, "iterations": 3, "policies": ("colocated", "partial", "dynarl-async")}))
+    result, runs = simulate(scn)
+    for name, bound in (("partial", 1 << 20), ("dynarl-async", 1)):
+        m = result["policies"][name]
+        assert 0 <= m["staleness_max"] <= bound
+        assert sum(int(k) * v for k, v in m["staleness_hist"].items()) > 0  # some trained samples were carried
+        assert m["carried_tokens"][1] > 0  # a backlog at the end of the measured iterations
+        assert [i.samples for i in runs[name].iterations] == [8 * len(scn.batches[0][0].samples)] * 3
+    assert result["policies"]["colocated"]["staleness_hist"] == {"0": 2 * 8 * len(scn.batches[0][0].samples)}

@@ -63,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
                    help="devices, or a comma-separated list of counts run one after another (default 64)")
     p.add_argument("--policies", default=None,
                    help="comma-separated: colocated, spatial, rlinf-auto, async (needs --iterations 3 "
-                        "or more), dynarl, dynarl-costaware, dynarl-consolidate, ... (default "
+                        "or more), partial, dynarl, dynarl-async, dynarl-costaware, ... (partial rollout: "
+                        "measure with --iterations 5 --warmup 2; default "
                         "colocated,spatial,rlinf-auto; with --fidelity, colocated,spatial)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="JSONL trace replacing the workload's generator")

@@ -92,7 +92,8 @@ class Scenario:
         cfg = self.config
         prompts = len(self.batches[0])
         batch = batch_of(self.trace, i, prompts) if self.trace else generate(self.workload, cfg.seed, i, prompts)
-        _check_fits([batch], EmulatedRolloutConfig(**self.engines["rollout"]).capacity_tokens(), cfg.workload)
+        engine = {k: v for k, v in self.engines["rollout"].items() if k not in ("move_kv", "affinity")}  # (a policy's)
+        _check_fits([batch], EmulatedRolloutConfig(**engine).capacity_tokens(), cfg.workload)
         return batch
 
     @property
