@@ -80,13 +80,13 @@ def group(name: str, *samples: tuple) -> PromptGroup:
     # a sample over the bound: generated again from its prompt, its tokens counted as dropped
     # (its group's sample within the bound stays)
     ([group("u", ("partial", 5, 2), ("done", 3, 3))], 4, 1, [], ["u", "f0", "f1"], [], (1, 5)),
-    # a finished sample over the bound too: its whole group generates again
+    # a finished sample over the bound too: it generates again, its group is unfinished again
     ([group("w", ("done", 4, 2), ("done", 2, 3))], 4, 1, [], ["w", "f0", "f1"], [], (1, 4)),
     # a wider bound keeps it
     ([group("w", ("done", 4, 2), ("done", 2, 3))], 4, 2, ["w"], ["f0", "f1"], [], (0, 0)),
-    # more whole groups than a batch: the oldest train, the rest wait
+    # more whole groups than a batch: the oldest train, the rest wait (a step generates one group at least)
     ([group("w1", ("done", 1, 3), ("done", 1, 3)), group("w0", ("done", 1, 2), ("done", 1, 3)),
-      group("w2", ("done", 1, 3), ("done", 1, 3))], 3, 1, ["w0", "w1"], ["f0", "f1"], ["w2"], (0, 0)),
+      group("w2", ("done", 1, 3), ("done", 1, 3))], 3, 1, ["w0"], ["f0", "f1"], ["w1", "w2"], (0, 0)),
 ])
 def test_plan(carry, step, k, ready, inflight, kept, regenerated):
     fresh = [group("f0", ("new",)), group("f1", ("new",))]

@@ -48,8 +48,6 @@ class Generation:
         self.at_boundary = asyncio.Event()
         self.finished = asyncio.Event()
         self.closed = False
-        self.carried_in: dict[str, int] = {}
-        """Partial rollout: request id -> tokens it brought from an earlier step."""
         self.fetching: asyncio.Future | None = None
         """The task that takes prompts from the step's channel (set by RolloutWorker.generate)."""
 
@@ -132,7 +130,6 @@ class Generation:
                 left += 1
                 if sample.partial:  # partial rollout: continues from its tokens so far
                     self.num_tokens -= len(sample.output_ids)  # made in an earlier step
-                    self.carried_in[sample.id] = len(sample.output_ids)
                     self.engine.import_inflight([InflightRequest(request, list(sample.output_ids),
                                                                  list(sample.logprobs))])
                 else:
@@ -196,7 +193,7 @@ class Generation:
         sample.finished(result.output_token_ids, result.output_logprobs, result.finish_reason, result.weight_version)
         self.num_tokens += len(result.output_token_ids)
         self.num_finished += 1
-        self.finished_tokens += len(result.output_token_ids) - self.carried_in.pop(result.request_id, 0)
+        self.finished_tokens += len(result.output_token_ids)  # whole samples: the scheduler's lengths
         self.left[group.index] -= 1
         if self.left[group.index] == 0:
             self.ready.append(group)

@@ -49,7 +49,8 @@ class RolloutSection:
     top_k: int = 0
     max_new_tokens: int = 32
     chunk_size: int = 4
-    """Finished groups per channel item: the elastic-pipelining granularity."""
+    """Finished groups per channel item: the elastic-pipelining granularity (1 with
+    partial rollout, whose batch closes on the N-th finished group)."""
     move_kv: bool = False
     """A Workload migration offers each moved request's computed KV (the receiving
     engine's prefix cache serves it) instead of re-prefilling prompt and tokens so far;
@@ -432,6 +433,9 @@ class TrainConfig:
             least = math.ceil((n + 1) / n * 1e4) / 1e4
             raise ConfigError(field_, f"{oversample} over run.prompts_per_step {n} adds no prompt group: "
                                       f"use >= {least}, or more prompts per step")
+        if self.scheduler.policy == "dynarl" and self.scheduler.dynarl.tail_tp:
+            raise ConfigError(field_, "scheduler.dynarl.tail_tp widens engines outside the moves the batch's "
+                                      "close waits for; set tail_tp false or oversample 1")
         if self.rollout.backend == "sglang":
             raise ConfigError(field_, "the sglang engine's pause drops the tokens its queued requests made since "
                                       "they last reported; partial rollout needs native or emulated engines")

@@ -471,6 +471,8 @@ class GRPO:
             self.overlap.save(path)
         if self.partial is not None:
             self.partial.save(path)
+        elif os.path.exists(os.path.join(path, PARTIAL_FILE)):  # from an earlier history of this directory
+            os.remove(os.path.join(path, PARTIAL_FILE))
         ckpt.write_state(path, ckpt.CheckpointState(step=step, trainer_step=steps[0], seed=self.cfg.run.seed,
                                                     prompts_per_step=self.cfg.run.prompts_per_step))
         ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints)

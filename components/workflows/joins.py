@@ -60,10 +60,9 @@ class StepRanks:
     def stage_call(self, component: str, position: int, version: int) -> Any:
         """The stage call of a rank that joins `component` while its stage runs, on the
         stage's channels; an awaitable of its result."""
-        inbox = self.wf.live.INPUT[component]  # the step's own ("ahead" for a partial step's inference)
-
         async def call() -> Any:
             group = getattr(self.wf.g, component)
+            inbox = self.wf.live.INPUT.get(component)  # the step's own ("ahead" for a partial step's inference)
             if component == "rollout":
                 results = await group.call("generate", inbox, "rollouts", version=version,
                                            chunk_size=self.wf.rollout_chunk_size, sampling=self.wf.sampling(),

@@ -96,7 +96,8 @@ class Plan:
 
 def plan(carry: list[PromptGroup], fresh: list[PromptGroup], step: int, num_groups: int,
          max_staleness: int) -> Plan:
-    """Pure: the step's whole groups (oldest first, at most `num_groups`), then the
+    """Pure: the step's whole groups (oldest first, at most `num_groups` - 1: every
+    step generates, so its rollout stage, and a scheduler's view of it, exist), then the
     groups to generate: the carried unfinished ones, then `fresh`. A carried sample
     whose oldest token would be trained more than `max_staleness` versions late starts
     again from its prompt (its group's other samples stay). Indices are renumbered:
@@ -110,7 +111,7 @@ def plan(carry: list[PromptGroup], fresh: list[PromptGroup], step: int, num_grou
             for s in stale:
                 s.restart()
     whole = sorted((g for g in carry if complete(g)), key=lambda g: (oldest_version(g), g.samples[0].id))
-    ready, kept = whole[:num_groups], whole[num_groups:]
+    ready, kept = whole[:num_groups - 1], whole[num_groups - 1:]  # a step always generates one group at least
     inflight = [g for g in carry if not complete(g)] + fresh
     for index, g in enumerate(ready + inflight):
         g.index = index
@@ -149,17 +150,23 @@ class PartialSteps:
     async def step(self, step: int) -> dict[str, Any]:
         wf, cfg = self.wf, self.wf.cfg
         label = f"step {step}"
-        started, begun = time.perf_counter(), asyncio.get_running_loop().time()
+        started = time.perf_counter()
         n = cfg.run.prompts_per_step
         fresh = self.stream.take(max(0, n + extra_groups(cfg.rollout.oversample, n) - len(self.carry)))
         p = plan(self.carry, fresh, step, n, cfg.algorithm.max_staleness)
         need = n - len(p.ready)
+        short = need - len(p.inflight)  # (a carry of whole groups beyond a batch): the batch must be able to close
+        if short > 0:
+            more = self.stream.take(short)
+            for index, group in enumerate(more, start=len(p.ready) + len(p.inflight)):
+                group.index = index
+            p.inflight += more
         sched = wf.scheduling
         streaming = cfg.trainer.streaming
         live = wf.live = PartialLive(step, later=set() if streaming else {"trainer"})
-        if sched is not None:
-            await sched.begin(live, p.inflight)
-        rollout, reward = await wf.start_rollout(p.inflight, step, label, live) if need else (None, None)
+        if sched is not None:  # the work it will train: N groups (of those in flight, the first)
+            await sched.begin(live, (p.ready + p.inflight)[:n])
+        rollout, reward = await wf.start_rollout(p.inflight, step, label, live)
         batch: list[PromptGroup] = []
         carried: list[PromptGroup] = list(p.kept)
         closer = live.done["closer"] = asyncio.ensure_future(self._close(step, p, need, batch, carried))
@@ -168,7 +175,7 @@ class PartialSteps:
         inference = live.joined("inference", stage(
             wf.ctl, g.inference, "compute_logprobs", get=AHEAD, put="experience", after=closer,
             gate=live.gates.get("inference"), clock=wf.clock, label=label, version=step, split=streaming))
-        work = [closer, inference] + ([rollout, reward] if need else [])  # (results: in this order)
+        work = [closer, inference, rollout, reward]  # (results: in this order)
         if streaming:
             trainer = live.joined("trainer", stage(
                 wf.ctl, g.trainer, "train_stream", get="experience", after=inference, gate=live.gates.get("trainer"),
@@ -187,7 +194,7 @@ class PartialSteps:
             stats = {}
         ids = experience.sample_ids(batch)
         wf.check_trained(step, ids, trained)
-        measured = {"rollout": results[2] if need else [], "inference": results[1]}
+        measured = {"rollout": results[2], "inference": results[1]}
         if not streaming:
             train_batch = experience.train_batch(groups, cfg.with_ref, behaviour=True)
             train_devices, train_begun = len(wf.g.trainer.devices), time.perf_counter()
@@ -195,21 +202,19 @@ class PartialSteps:
             train_s = time.perf_counter() - train_begun
             tokens = sum(len(x) for x in train_batch.input_ids)
             measured["trainer"] = (train_devices, tokens / train_s) if train_s > 0 else None
-        rollout_stats, reward_stats = (results[2], results[3]) if need else ([], [])
+        rollout_stats, reward_stats = results[2], results[3]
         self.carry = carried
         wf.commit_step(step, ids, trained)
         wf.stage_results = {"rollout": rollout_stats, "reward": reward_stats, "inference": results[1], **stats}
         if sched is None:
             devices = fixed_devices(g)
         else:
-            rollout_end = wf.clock.last_end("rollout") if need else begun
+            rollout_end = wf.clock.last_end("rollout")
             train_end = wf.clock.last_end("trainer") if streaming else asyncio.get_running_loop().time()
             devices = await sched.end(label, rollout_end=rollout_end, train_end=train_end, measured=measured,
                                       last=step + 1 == cfg.run.steps)
         await wf.sync_weights(step + 1, label)
-        return step_metrics(step, trained, train, rollout_stats,
-                            reward_stats or [{"verifier": cfg.task.resolved_verifier}],
-                            wf.clock.durations(label), time.perf_counter() - started) \
+        return step_metrics(step, trained, train, rollout_stats, reward_stats, wf.clock.durations(label), time.perf_counter() - started) \
             | {"carried_groups": len(carried),
                "carried_tokens": sum(len(s.output_ids) for gr in carried for s in gr.samples),
                "regenerated_groups": p.regenerated_groups, "regenerated_tokens": p.regenerated_tokens} \
@@ -225,8 +230,6 @@ class PartialSteps:
         for group in p.ready:
             batch.append(group)
             await ahead.put([group])
-        if not need:
-            return
         scored = wf.ctl.channel("scored")
         emitted: int | None = None  # groups the rollout emits in all: known once it stopped
         seen = 0
