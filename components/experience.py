@@ -65,9 +65,7 @@ class Sample:
     def carry(self, output_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
         """Its generation stops unfinished: the tokens so far, which `version` made
         since the last segment, stay with it for a later step to continue."""
-        start = self.segments[-1][1] if self.segments else 0
-        if len(output_ids) > start:
-            self.segments = [*(self.segments or []), [start, len(output_ids), int(version)]]
+        self._segment(len(output_ids), version)
         self.output_ids, self.logprobs, self.finish = list(output_ids), list(logprobs), ""
 
     def finished(self, output_ids: Sequence[int], logprobs: Sequence[float], finish: str, version: int) -> None:
@@ -77,10 +75,14 @@ class Sample:
         if self.segments is None:
             self.version = version
             return
-        start = self.segments[-1][1]
-        if len(output_ids) > start:
-            self.segments = [*self.segments, [start, len(output_ids), int(version)]]
+        self._segment(len(output_ids), version)
         self.version = min(v for _, _, v in self.segments)
+
+    def _segment(self, end: int, version: int) -> None:
+        """The tokens from the last segment's end to `end` were made by `version`."""
+        start = self.segments[-1][1] if self.segments else 0
+        if end > start:
+            self.segments = [*(self.segments or []), [start, end, int(version)]]
 
     def restart(self) -> None:
         """Its tokens so far are dropped: it is generated again from the prompt."""
@@ -121,10 +123,9 @@ class PromptGroup:
     def from_json(cls, values: list) -> "PromptGroup":
         """(A sample written before `segments` existed has one field fewer: None.)"""
         index, problem, answer, prompt_ids, samples = values
-        full = len(_SAMPLE_FIELDS)
+        older = len(_SAMPLE_FIELDS) - 1
         return cls.from_wire([index, problem, answer, prompt_ids,
-                              [Sample.from_wire(s + [None] * (full - len(s)) if len(s) == full - 1 else s)
-                               for s in samples]])
+                              [Sample.from_wire(s + [None] if len(s) == older else s) for s in samples]])
 
     @classmethod
     def from_wire(cls, values: list) -> "PromptGroup":

@@ -152,7 +152,7 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str 
 def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
             resume: str | None) -> "Job":
     from dynarl.components.workflows import checkpoints as ckpt
-    from dynarl.components.workflows.partial import PARTIAL_FILE
+    from dynarl.components.workflows.partial import resume_refused
 
     checkpoint = None
     if resume is not None:
@@ -168,10 +168,9 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
         mismatch = ckpt.resume_mismatch(checkpoint[1], cfg.run.seed, cfg.run.prompts_per_step)
         if mismatch is not None:
             raise UsageError(f"--resume {resume}: {mismatch}")
-        if cfg.rollout.oversample == 1 and os.path.exists(os.path.join(checkpoint[0], PARTIAL_FILE)):
-            raise UsageError(f"--resume {resume}: its checkpoint of step {checkpoint[1].step} carries partial "
-                             f"rollout's unfinished groups ({PARTIAL_FILE}): resume with its rollout.oversample "
-                             "(> 1), or they and the prompt stream's position are lost")
+        refused = resume_refused(checkpoint[0], cfg.rollout.oversample)
+        if refused is not None:
+            raise UsageError(f"--resume {resume}: its checkpoint of step {checkpoint[1].step}: {refused}")
         done = checkpoint[1].step
         if done >= cfg.run.steps:
             raise UsageError(f"--resume {resume}: its checkpoint has trained {done} steps and run.steps is "

@@ -47,7 +47,7 @@ from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.overlap import AHEAD, OverlappedSteps
-from dynarl.components.workflows.partial import PARTIAL_FILE, PartialSteps
+from dynarl.components.workflows.partial import PARTIAL_FILE, PartialSteps, resume_refused
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
@@ -488,12 +488,11 @@ class GRPO:
         self.ledger = SampleLedger.load(os.path.join(path, ckpt.LEDGER_FILE))
         if self.overlap is not None:
             self.overlap.load(path, state.step)
+        refused = resume_refused(path, self.cfg.rollout.oversample)  # (dynarl train checks it before any worker starts)
+        if refused is not None:
+            raise ValueError(f"{path}: {refused}")
         if self.partial is not None:
             self.partial.load(path, state.step)
-        elif os.path.exists(os.path.join(path, PARTIAL_FILE)):
-            raise ValueError(f"{path}: partial rollout carried groups across this checkpoint "
-                             f"({PARTIAL_FILE}); resume with the run's rollout.oversample (> 1), or they and "
-                             "the prompt stream's position are lost")
         _roll_back(os.path.join(self.run_dir, ckpt.LEDGER_FILE), state.step)
         _roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
         await self.load_reference()

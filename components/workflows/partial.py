@@ -71,6 +71,15 @@ def oldest_version(group: PromptGroup) -> int | None:
     return min((v for s in group.samples if (v := sample_oldest(s)) is not None), default=None)
 
 
+def resume_refused(checkpoint: str, oversample: float) -> str | None:
+    """Why a run with rollout.oversample `oversample` cannot continue from `checkpoint`,
+    or None: one that partial rollout carried groups across needs partial rollout."""
+    if oversample > 1 or not os.path.exists(os.path.join(checkpoint, PARTIAL_FILE)):
+        return None
+    return (f"partial rollout carried unfinished groups across this checkpoint ({PARTIAL_FILE}): resume "
+            "with its rollout.oversample (> 1), or they and the prompt stream's position are lost")
+
+
 def complete(group: PromptGroup) -> bool:
     return all(s.finish for s in group.samples)
 
@@ -249,11 +258,10 @@ class PartialSteps:
         tokens so far (made by `step`'s weights). Returns how many groups came back."""
         exported = 0
         wf = self.wf
-        # every rank generating for the step: with the dynarl scheduler, the engines on
-        # lent devices too (its group of the rollout); no move meanwhile
-        rollout = wf.g.rollout if wf.scheduling is None else wf.scheduling.scheduler.group("rollout")
+        # every rank generating for the step (with the dynarl scheduler, engines on lent
+        # devices too: its rollout group is this one); no move meanwhile
         async with wf._busy("rollout"):
-            per_rank = await rollout.call("partial_close")
+            per_rank = await wf.g.rollout.call("partial_close")
         for items in per_rank:
             for item in items:
                 group = item["group"]

@@ -46,16 +46,19 @@ class PolicyRun:
     """Per iteration (with a scheduler): the moved requests' KV moved in (core/scheduler/log.kv_stats)."""
     max_staleness: int = 0
     """The policy's algorithm.max_staleness (its steps overlap the next rollout)."""
-    staleness: list[int] = field(default_factory=list)
-    """Per iteration: the most versions a trained sample's weights were behind (the ledger's)."""
     staleness_counts: list[dict[int, int]] = field(default_factory=list)
-    """Per iteration: trained samples by how many versions their oldest token was behind."""
+    """Per iteration: trained samples by how many versions their oldest token was behind (the ledger's)."""
     carried: list[tuple[int, int]] = field(default_factory=list)
     """Per iteration (partial rollout): groups started and not trained at its end, and
     their tokens so far (the backlog later steps inherit)."""
     regenerated: list[tuple[int, int]] = field(default_factory=list)
-    """Per iteration (partial rollout): groups generated again from the prompt as their
-    tokens would have been too stale, and the tokens dropped with them."""
+    """Per iteration (partial rollout): groups with samples generated again from the
+    prompt as their tokens would have been too stale, and the tokens dropped with them."""
+
+    @property
+    def staleness(self) -> list[int]:
+        """Per iteration: the most versions a trained sample's weights were behind."""
+        return [max(counts, default=0) for counts in self.staleness_counts]
 
 
 def timed(policy, snapshot, run: PolicyRun) -> list:

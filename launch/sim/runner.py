@@ -188,7 +188,6 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         run.turn_kv.append({key: sum(r.get(key, 0) for r in wf.stage_results["rollout"])
                             for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")})
     entry = wf.ledger.entries[-1]  # this iteration's: how far behind the trainer its samples' weights were
-    run.staleness.append(max((entry.step - v for v in entry.versions), default=0))
     run.staleness_counts.append(Counter(entry.step - v for v in entry.versions))
     run.regenerated.append((metrics.get("regenerated_groups", 0), metrics.get("regenerated_tokens", 0)))
     run.carried.append((metrics.get("carried_groups", 0), metrics.get("carried_tokens", 0)))

@@ -83,6 +83,8 @@ class Scenario:
     """The policy's algorithm.max_staleness (for_policy): 1 overlaps the next step's rollout."""
     oversample: float = 1.0
     """The policy's rollout.oversample (for_policy): > 1 is partial rollout."""
+    kv_capacity: int = 0
+    """KV tokens one rollout engine holds (no sample may need more)."""
 
     def batch(self, i: int) -> list[Group]:
         """Batch i of the prompt stream: the run's own, then more of the same workload (a
@@ -92,8 +94,7 @@ class Scenario:
         cfg = self.config
         prompts = len(self.batches[0])
         batch = batch_of(self.trace, i, prompts) if self.trace else generate(self.workload, cfg.seed, i, prompts)
-        engine = {k: v for k, v in self.engines["rollout"].items() if k not in ("move_kv", "affinity")}  # (a policy's)
-        _check_fits([batch], EmulatedRolloutConfig(**engine).capacity_tokens(), cfg.workload)
+        _check_fits([batch], self.kv_capacity, cfg.workload)
         return batch
 
     @property
@@ -129,12 +130,13 @@ def build_scenario(config: SimConfig) -> Scenario:
         "trainer": {"model": workload.model, "device": config.device, "time_scale": scale},
     }
     rollout_cfg = EmulatedRolloutConfig(**engines["rollout"])
-    _check_fits(batches, rollout_cfg.capacity_tokens(), config.workload)
+    capacity = rollout_cfg.capacity_tokens()
+    _check_fits(batches, capacity, config.workload)
     weight_bytes = build_layout(cm.get_model(workload.model), 1).total_numel * cm.BYTES_PER_PARAM
     bounds = [iteration_bound(b, model=workload.model, device=config.device, rollout_tp=tp,
                               max_num_seqs=rollout_cfg.max_num_seqs, num_devices=config.devices,
                               weight_bytes=weight_bytes, with_sync=i > 0) for i, b in enumerate(batches)]
-    return Scenario(config, workload, batches, bounds, weight_bytes, trace, engines)
+    return Scenario(config, workload, batches, bounds, weight_bytes, trace, engines, kv_capacity=capacity)
 
 
 def for_policy(scn: Scenario, policy: object) -> Scenario:
