@@ -81,10 +81,21 @@ def sglang_config(model_path: str | None, sglang: Any) -> Any:
 
 
 async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, backend_config: Any = None,
-                       group: Any = None, *, rank: int = 0, world_size: int = 1) -> Any:
+                       group: Any = None, *, rank: int = 0, world_size: int = 1, head: str = "policy") -> Any:
     """One trainer rank, behind the async TrainerEngine contract. Collective over
     `group` (the trainer's data-parallel runtime group, None for a single rank).
-    `backend_config`: a MegatronConfig or an EmulatedTrainerConfig."""
+    `backend_config`: a MegatronConfig or an EmulatedTrainerConfig. `head` "value": a
+    critic (trainer/native/critic.py) on `model`'s decoder; native backend only."""
+    if head == "value":
+        if backend != "native":
+            raise ValueError(f"a critic runs on the native trainer, not {backend!r}")
+        from .trainer.native.critic import NativeCritic, value_head
+        from .trainer.threaded import ThreadedTrainer
+
+        return ThreadedTrainer(await asyncio.to_thread(
+            lambda: NativeCritic(value_head(build_model(model)), config, group)))
+    if head != "policy":
+        raise ValueError(f"head must be 'policy' or 'value', got {head!r}")
     if backend == "emulated":
         from .trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 

@@ -152,6 +152,7 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str 
 def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
             resume: str | None) -> "Job":
     from dynarl.components.workflows import checkpoints as ckpt
+    from dynarl.components.workflows import ppo
     from dynarl.components.workflows.partial import resume_refused
 
     checkpoint = None
@@ -168,7 +169,8 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
         mismatch = ckpt.resume_mismatch(checkpoint[1], cfg.run.seed, cfg.run.prompts_per_step)
         if mismatch is not None:
             raise UsageError(f"--resume {resume}: {mismatch}")
-        refused = resume_refused(checkpoint[0], cfg.rollout.oversample)
+        refused = resume_refused(checkpoint[0], cfg.rollout.oversample) or ppo.resume_refused(
+            checkpoint[0], cfg.workflow)
         if refused is not None:
             raise UsageError(f"--resume {resume}: its checkpoint of step {checkpoint[1].step}: {refused}")
         done = checkpoint[1].step
@@ -251,6 +253,9 @@ def workflow_class(cfg: Any) -> type:
     if cfg.workflow == "agentic":
         from dynarl.components.workflows.agentic import AgenticGRPO
         return AgenticGRPO
+    if cfg.workflow == "ppo":
+        from dynarl.components.workflows.ppo import PPO
+        return PPO
     from dynarl.components.workflows.grpo import GRPO
     return GRPO
 

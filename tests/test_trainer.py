@@ -91,7 +91,7 @@ def test_config_wire_roundtrip():
 @pytest.mark.parametrize("change, message", [
     pytest.param({"prompt_lens": [0]}, "prompt_lens", id="empty_prompt"),
     pytest.param({"response_mask": [[1]]}, "response_mask", id="mask_length"),
-    pytest.param({"rewards": None}, "advantages or rewards", id="no_signal"),
+    pytest.param({"rewards": None}, "advantages, rewards or returns", id="no_signal"),
     pytest.param({"group_ids": None}, "group_ids", id="rewards_without_groups"),
     pytest.param({"advantages": [[1.0]]}, "advantages", id="per_token_advantage_length"),
 ])

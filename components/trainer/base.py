@@ -44,6 +44,11 @@ class TrainBatch:
     """Precomputed advantages, per sample or per response token (PPO/GAE). Wins over rewards."""
     group_ids: list[int] | None = None
     """Samples drawn from the same prompt share a group id (GRPO)."""
+    returns: list[list[float]] | None = None
+    """A critic's targets per response token (PPO: GAE returns); a batch with returns
+    trains a value head (trainer/native/critic.py) and needs no advantages."""
+    old_values: list[list[float]] | None = None
+    """The critic's values per response token before this step (the value clip's centre)."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -52,7 +57,7 @@ class TrainBatch:
         for i, (ids, plen) in enumerate(zip(self.input_ids, self.prompt_lens)):
             if not 1 <= plen <= len(ids):
                 raise ValueError(f"prompt_lens[{i}]={plen} must be in [1, len(input_ids[{i}])={len(ids)}]")
-        for name in ("response_mask", "old_logprobs", "behav_logprobs", "ref_logprobs"):
+        for name in ("response_mask", "old_logprobs", "behav_logprobs", "ref_logprobs", "returns", "old_values"):
             self._check_per_token(name, getattr(self, name))
         if self.behav_logprobs is not None and self.old_logprobs is None:
             raise ValueError("behav_logprobs needs old_logprobs (the proximal policy's)")
@@ -60,13 +65,17 @@ class TrainBatch:
             value = getattr(self, name)
             if value is not None and len(value) != n:
                 raise ValueError(f"{name} has {len(value)} entries, input_ids has {n}")
+        if (self.returns is None) != (self.old_values is None):
+            raise ValueError("returns and old_values go together (a critic's batch)")
         if self.advantages is not None:
             if len(self.advantages) != n:
                 raise ValueError(f"advantages has {len(self.advantages)} entries, input_ids has {n}")
             if n and isinstance(self.advantages[0], (list, tuple)):
                 self._check_per_token("advantages", self.advantages)
+        elif self.returns is not None:
+            pass  # a critic's batch
         elif self.rewards is None:
-            raise ValueError("one of advantages or rewards is required")
+            raise ValueError("one of advantages, rewards or returns is required")
         elif self.group_ids is None:
             raise ValueError("group_ids is required to turn rewards into GRPO advantages")
 
@@ -263,9 +272,14 @@ class TrainerConfig:
     """GRPO advantage denominator epsilon: (r - mean) / (std + adv_eps)."""
     seed: int = 0
     """Seeds the trainer's own RNG stream (dropout), offset by the DP rank."""
+    value_clip: float = 0.2
+    """A critic's (PPO) value clip: each value moves at most this far from its old value
+    before the loss takes the worse of the clipped and unclipped errors. Must be > 0."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
+        if not self.value_clip > 0:
+            raise ValueError(f"value_clip must be > 0, got {self.value_clip}")
         if self.lr < 0:
             raise ValueError(f"lr must be >= 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

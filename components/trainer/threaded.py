@@ -55,6 +55,10 @@ class ThreadedTrainer:
         finally:
             self.engine.config = saved
 
+    async def values(self, batch: TrainBatch) -> list[list[float]]:
+        """A critic's values per response token (trainer/native/critic.py)."""
+        return await asyncio.to_thread(self.engine.values, batch)
+
     def layout(self) -> StateLayout:
         return self.engine.layout()
 

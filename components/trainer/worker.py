@@ -45,9 +45,12 @@ from dynarl.components.trainer.reshard import ReshardableTrainer
 
 class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     def __init__(self, model: ModelSpec, engine: TrainerConfig, warmup_lr: float, bucket_bytes: int,
-                 shares_device: bool = False, backend: str = "native", backend_config: Any = None) -> None:
-        """`backend_config`: a MegatronConfig or an EmulatedTrainerConfig (engine_factory.make_trainer)."""
+                 shares_device: bool = False, backend: str = "native", backend_config: Any = None,
+                 head: str = "policy") -> None:
+        """`backend_config`: a MegatronConfig or an EmulatedTrainerConfig (engine_factory.make_trainer).
+        `head` "value": this rank is a critic's (PPO): it computes and trains values."""
         self.model = model
+        self.head = head
         self.backend, self.backend_config = backend, backend_config
         self.config = engine
         self.warmup_config = dataclasses.replace(self.config, lr=warmup_lr, entropy_coef=0.0, kl_coef=0.0)
@@ -65,11 +68,15 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         return {"utilization": 1.0 if self.training else 0.0, "running": int(self.training), "waiting": 0,
                 "samples": self.step_samples, "tokens": self.step_tokens}
 
-    async def start(self, dp_group: str | None = None, tensor_parallel_size: int | None = None) -> int:
+    async def start(self, dp_group: str | None = None, tensor_parallel_size: int | None = None,
+                    init_from: str | None = None) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the
         parameter count. `tensor_parallel_size`: a megatron trainer's TP for this start
-        (a P2P reshard to another layout), else the configured one."""
+        (a P2P reshard to another layout), else the configured one. `init_from`: an HF
+        folder whose weights this rank starts from instead of the model's (a critic from
+        the warm-started policy's decoder)."""
         group = self.process_group(dp_group) if dp_group else None
+        model = self.model if init_from is None else dataclasses.replace(self.model, path=init_from)
         backend_config = self.backend_config
         if tensor_parallel_size is not None:
             if self.backend != "megatron":
@@ -77,7 +84,7 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
             from dynarl.components.trainer.megatron.config import MegatronConfig
             backend_config = dataclasses.replace(backend_config or MegatronConfig(),
                                                  tensor_parallel_size=tensor_parallel_size)
-        self.trainer = await make_trainer(self.backend, self.model, self.config, backend_config, group)
+        self.trainer = await make_trainer(self.backend, model, self.config, backend_config, group, head=self.head)
         return self.model.config().num_parameters if self.backend != "emulated" else 0
 
     async def onload(self) -> None:
@@ -94,6 +101,14 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         self.training = True
         try:
             return await self.trainer.train_step(batch)
+        finally:
+            self.training = False
+
+    async def compute_values(self, batch: dict) -> list[list[float]]:
+        """A critic's values per response token of `batch` (this rank's part). Not collective."""
+        self.training = True
+        try:
+            return await self.trainer.values(TrainBatch.from_wire(batch))
         finally:
             self.training = False
 

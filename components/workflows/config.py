@@ -17,6 +17,7 @@ need I/O (the dataset file) run in the launcher before any worker starts.
 from __future__ import annotations
 
 import math
+import os
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -237,6 +238,29 @@ class AlgorithmSection:
             raise ValueError(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}")
 
 
+@dataclass(kw_only=True, slots=True)
+class CriticSection:
+    """workflow ppo: the critic (a value head on a decoder, trained beside the policy on
+    the trainer's devices; components/workflows/ppo.py) and GAE."""
+    engine: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-3, micro_batch_size=64, grad_clip=1.0))
+    """The critic's optimizer and value clip (engine.value_clip)."""
+    model: ModelSpec | None = None
+    """The critic's decoder: None = the policy's, started from the warm-started policy's
+    weights; else a model of its own (it must share the policy's tokenizer)."""
+    gamma: float = 1.0
+    """GAE discount per response token."""
+    lam: float = 0.95
+    """GAE lambda: 1 = Monte-Carlo returns minus the value baseline, 0 = one-step TD."""
+    whiten: bool = True
+    """Normalise the batch's token advantages to mean 0, std 1 (as PPO implementations do)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+
+
 LOGGERS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 """run.loggers' names, each with the package it needs."""
 
@@ -285,10 +309,12 @@ class TrainConfig:
     run: RunSection = field(default_factory=RunSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
-    workflow: Literal["grpo", "agentic"] = "grpo"
+    workflow: Literal["grpo", "agentic", "ppo"] = "grpo"
     """grpo: one response per sample; agentic: multi-turn tool-using episodes
-    (components/workflows/agentic.py), with task.kind calc."""
+    (components/workflows/agentic.py), with task.kind calc; ppo: one response per
+    sample, advantages from a critic by GAE (components/workflows/ppo.py)."""
     agentic: AgenticSection = field(default_factory=AgenticSection)
+    critic: CriticSection = field(default_factory=CriticSection)
 
     def __post_init__(self) -> None:
         emulated = self.runtime.cluster.device_kind == "emulated"
@@ -320,6 +346,8 @@ class TrainConfig:
         else:
             self._check_placed()
         self._check_workflow()
+        if self.workflow == "ppo":
+            self._check_ppo()
         if self.rollout.oversample > 1:
             self._check_partial()
         elif self.algorithm.max_staleness > 1:
@@ -363,8 +391,8 @@ class TrainConfig:
             raise ConfigError("placement.mode", "auto plans a placement that does not change; scheduler.policy "
                                                 "dynarl starts from its own (spatial or hybrid): choose one")
         if self.workflow != "grpo":
-            raise ConfigError("placement.mode", f"auto profiles the GRPO stages; the {self.workflow} workflow's "
-                                                "episodes are not profiled: choose temporal, spatial or hybrid")
+            raise ConfigError("placement.mode", f"auto profiles the grpo workflow's stages, not the {self.workflow} "
+                                                "workflow's: choose temporal, spatial or hybrid")
         if self.rollout.backend != "native" or self.trainer.backend != "native":
             raise ConfigError("placement.mode", "auto places one rank per device (the native engines); "
                                                 f"rollout.backend {self.rollout.backend!r} and trainer.backend "
@@ -461,6 +489,27 @@ class TrainConfig:
         if self.task.kind == "calc" and self.workflow != "agentic":
             raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
 
+    def _check_ppo(self) -> None:
+        """The critic is a native trainer on the trainer's devices, stepping on whole
+        batches of whole (on-policy) samples, and reads the policy's tokens."""
+        if self.trainer.backend != "native":
+            raise ConfigError("trainer.backend", f"workflow ppo trains its critic beside a native policy trainer, "
+                                                 f"not {self.trainer.backend!r}")
+        if self.trainer.streaming:
+            raise ConfigError("trainer.streaming", "workflow ppo computes GAE over whole samples before the step; "
+                                                   "set it false")
+        if self.algorithm.max_staleness or self.rollout.oversample > 1:
+            field_ = "algorithm.max_staleness" if self.algorithm.max_staleness else "rollout.oversample"
+            raise ConfigError(field_, "workflow ppo is on-policy for now: set max_staleness 0 and oversample 1")
+        critic = self.critic.model
+        if critic is not None and critic != self.model:
+            mine, theirs = self.model.config().vocab_size, critic.config().vocab_size
+            if mine != theirs or (critic.path is None) != (self.model.path is None) or (
+                    critic.path is not None and _tokenizer_files(critic.path) != _tokenizer_files(self.model.path)):
+                raise ConfigError("critic.model", f"the critic reads the policy's tokens: its tokenizer must be "
+                                                  f"the policy's (vocab {theirs} vs the policy's {mine}, or other "
+                                                  "tokenizer files)")
+
     def ranks(self) -> dict[str, int]:
         return {"rollout": self.rollout.num_ranks, "inference": self.inference.num_ranks,
                 "trainer": self.trainer.num_ranks}
@@ -504,3 +553,16 @@ def _merge(base: dict, update: dict, path: str) -> None:
             _merge(base[key], value, where)
         else:
             base[key] = value
+
+
+def _tokenizer_files(folder: str) -> dict[str, bytes]:
+    """The tokenizer files of an HF folder, by name (two tokenizers with the same files
+    encode alike)."""
+    names = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
+    out = {}
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                out[name] = f.read()
+    return out

@@ -451,11 +451,20 @@ class GRPO:
             batch = self.warmup_batch(i)
             await self.train(batch, "warmup", "warmup_step")
         self.progress.warmup(total, total)
+        await self.warm_started()
         if self.cfg.with_ref:
             await self.g.trainer.call("save_model", os.path.join(self.run_dir, "reference"), ranks=self.export_ranks)
         await self.load_reference()
         await self.sync_weights(0, "warmup")
         await self.checkpoint(0)
+
+    async def warm_started(self) -> None:
+        """After the warm start, before the reference is saved and step 0's checkpoint:
+        what else the workflow starts from the warm-started policy (ppo: its critic)."""
+
+    async def save_components(self, path: str) -> None:
+        """Into checkpoint `path`, before it is marked complete: the state of components
+        beyond the trainer (ppo: its critic)."""
 
     async def load_reference(self) -> None:
         if self.cfg.with_ref:
@@ -473,6 +482,7 @@ class GRPO:
             self.partial.save(path)
         elif os.path.exists(os.path.join(path, PARTIAL_FILE)):  # from an earlier history of this directory
             os.remove(os.path.join(path, PARTIAL_FILE))
+        await self.save_components(path)
         ckpt.write_state(path, ckpt.CheckpointState(step=step, trainer_step=steps[0], seed=self.cfg.run.seed,
                                                     prompts_per_step=self.cfg.run.prompts_per_step))
         ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints)

@@ -3,7 +3,8 @@
 Sequences are right-padded to the longest in the micro-batch. Logits at
 position t predict token t + 1, so a response token at sequence position j is
 scored at "target" position j - 1. `loss_mask` marks target positions in the
-loss; per-token values (advantages, old/behaviour/ref log-probs, targets) are stored only
+loss; per-token values (advantages, old/behaviour/ref log-probs, targets, a critic's
+returns and old values) are stored only
 for those positions, in row-major order, which is the order boolean indexing
 `x[:, :-1][loss_mask]` produces.
 """
@@ -28,6 +29,8 @@ class MicroBatch:
     behav_logprobs: torch.Tensor | None  # [n] float32
     ref_logprobs: torch.Tensor | None  # [n] float32
     num_tokens: int                # n
+    returns: torch.Tensor | None = None  # [n] float32 (a critic's batch)
+    old_values: torch.Tensor | None = None  # [n] float32
 
 
 def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[int],
@@ -42,6 +45,8 @@ def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[in
     old: list[float] = []
     behav: list[float] = []
     ref: list[float] = []
+    returns: list[float] = []
+    old_values: list[float] = []
     for b, i in enumerate(rows):
         seq, plen = batch.input_ids[i], batch.prompt_lens[i]
         ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
@@ -59,6 +64,9 @@ def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[in
                 behav.append(batch.behav_logprobs[i][k])
             if batch.ref_logprobs is not None:
                 ref.append(batch.ref_logprobs[i][k])
+            if batch.returns is not None:
+                returns.append(batch.returns[i][k])
+                old_values.append(batch.old_values[i][k])
 
     def floats(values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32, device=device)
@@ -69,4 +77,6 @@ def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[in
         old_logprobs=floats(old) if batch.old_logprobs is not None else None,
         behav_logprobs=floats(behav) if batch.behav_logprobs is not None else None,
         ref_logprobs=floats(ref) if batch.ref_logprobs is not None else None,
-        num_tokens=len(targets))
+        num_tokens=len(targets),
+        returns=floats(returns) if batch.returns is not None else None,
+        old_values=floats(old_values) if batch.old_values is not None else None)

@@ -42,6 +42,9 @@ class NativeTrainer:
     save/load_checkpoint, and the constructor, which broadcasts rank 0's weights)
     must be called on every rank of `process_group`."""
 
+    TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
+    """The loss terms a step reports (token-means over the global batch)."""
+
     def __init__(self, model: torch.nn.Module, config: TrainerConfig,
                  process_group: dist.ProcessGroup | None = None) -> None:
         self.model = model
@@ -109,7 +112,7 @@ class NativeTrainer:
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before accumulate()")
         if self._pending is None:
-            self._pending = {"tokens": 0, "sums": torch.zeros(5, dtype=torch.float64, device=self.device)}
+            self._pending = {"tokens": 0, "sums": self._zero_terms()}
             for p in self._params:
                 p.grad = None
         self._pending["tokens"] += batch.num_loss_tokens()
@@ -118,7 +121,7 @@ class NativeTrainer:
     def apply(self) -> dict[str, float]:
         """Collective. The optimizer step over every part accumulated since the last
         step, on every rank (one that took no part joins with zero gradients)."""
-        pending = self._pending or {"tokens": 0, "sums": torch.zeros(5, dtype=torch.float64, device=self.device)}
+        pending = self._pending or {"tokens": 0, "sums": self._zero_terms()}
         self._pending = None
         num_tokens = int(self._all_reduce(torch.tensor([float(pending["tokens"])], dtype=torch.float64,
                                                        device=self.device)).item())
@@ -136,16 +139,18 @@ class NativeTrainer:
         grad_norm = self._update()
         self._all_reduce(sums)
         self.global_step += 1
-        loss, pg_loss, kl, entropy, clip_frac = sums.tolist()
-        return {"loss": loss, "pg_loss": pg_loss, "kl": kl, "entropy": entropy, "clip_frac": clip_frac,
-                "grad_norm": grad_norm, "tokens": float(num_tokens), "step": float(self.global_step)}
+        return dict(zip(self.TERMS, sums.tolist())) | {
+            "grad_norm": grad_norm, "tokens": float(num_tokens), "step": float(self.global_step)}
+
+    def _zero_terms(self) -> torch.Tensor:
+        return torch.zeros(len(self.TERMS), dtype=torch.float64, device=self.device)
 
     def _backward(self, batch: TrainBatch, advantages: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """Forward/backward of `batch` micro-batch by micro-batch, the loss divided by
         `num_tokens`; gradients add up in the parameters. Returns the loss terms' sums."""
         cfg = self.config
         self.model.train()
-        sums = torch.zeros(5, dtype=torch.float64, device=self.device)
+        sums = self._zero_terms()
         with self._own_rng():
             for start in range(0, len(batch), cfg.micro_batch_size):
                 rows = range(start, min(start + cfg.micro_batch_size, len(batch)))

@@ -1,0 +1,95 @@
+"""The native critic: PPO's value model, trained as the native trainer trains the
+policy (data parallel, ZeRO-1, AdamW; trainer.py), on a different head and loss.
+
+The model is the policy's decoder with its LM head replaced by a scalar head
+(`value_head`): position t's hidden state gives V_t, the value of the state in
+which response token t + 1 is sampled; so a response token's value sits at the
+position whose logits would score it, and the micro-batch's `loss_mask` picks
+both. A step minimises PPO's clipped value loss (losses.value_loss) towards the
+batch's `returns`, clipped around its `old_values`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..base import TrainBatch, TrainerConfig
+from .losses import token_mean, value_loss
+from .micro_batch import MicroBatch, build_micro_batch
+from .trainer import NativeTrainer
+
+
+def value_head(model: nn.Module) -> nn.Module:
+    """`model` (a causal LM with an `lm_head`) as a value model: the LM head becomes a
+    zero-initialised [hidden -> 1] linear layer (every value starts at 0, as the
+    critic of a reward-agnostic start should), untied from the embeddings."""
+    hidden = model.lm_head.in_features
+    head = nn.Linear(hidden, 1, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+    model.lm_head = head
+    return model
+
+
+class NativeCritic(NativeTrainer):
+    """One data-parallel rank of the critic. `train_step` takes a batch with
+    `returns` and `old_values`; `values` computes V per response token."""
+
+    TERMS = ("loss", "value_clip_frac")
+
+    def __init__(self, model: nn.Module, config: TrainerConfig, process_group=None) -> None:
+        if getattr(model, "lm_head", None) is None or model.lm_head.out_features != 1:
+            raise ValueError("the critic's model needs a scalar head: build it with critic.value_head(model)")
+        super().__init__(model, config, process_group)
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Collective. One AdamW step on the value loss of this rank's part."""
+        if batch.returns is None:
+            raise ValueError("a critic's batch needs returns and old_values")
+        if not self._onloaded:
+            raise RuntimeError("critic is offloaded; call onload() before train_step()")
+        num_tokens = int(self._all_reduce(torch.tensor([float(batch.num_loss_tokens())],
+                                                       dtype=torch.float64, device=self.device)).item())
+        if num_tokens == 0:
+            raise ValueError("the global batch has no response tokens with mask 1")
+        for p in self._params:
+            p.grad = None
+        return self._step(self._backward(batch, [0.0] * len(batch), num_tokens), num_tokens)
+
+    def accumulate(self, batch: TrainBatch) -> None:
+        raise NotImplementedError("the critic steps on whole batches (trainer.streaming is refused with ppo)")
+
+    def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
+        values = self._values(mb)
+        loss = value_loss(values, mb.old_values, mb.returns, torch.ones_like(values),
+                          self.config.value_clip, num_tokens)
+        clipped = ((values - mb.old_values).abs() > self.config.value_clip).to(values.dtype).detach()
+        loss.backward()
+        return torch.stack([loss.detach().double(), token_mean(clipped, torch.ones_like(clipped), num_tokens).double()])
+
+    def _values(self, mb: MicroBatch) -> torch.Tensor:
+        return self.model(mb.input_ids, attention_mask=mb.attention_mask)[:, :-1, 0][mb.loss_mask].float()
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> list[list[float]]:
+        """V per response token of every sample (0 where the response mask is 0). Not collective."""
+        self.model.eval()
+        out: list[list[float]] = []
+        size = self.config.micro_batch_size
+        for start in range(0, len(batch), size):
+            rows = range(start, min(start + size, len(batch)))
+            mb = build_micro_batch(batch, [0.0] * len(batch), rows, self.device)
+            flat = self._values(mb).tolist() if mb.num_tokens else []
+            cursor = 0
+            for i in rows:
+                mask = batch.response_mask[i] if batch.response_mask is not None else None
+                row = []
+                for k in range(len(batch.input_ids[i]) - batch.prompt_lens[i]):
+                    if mask is not None and not mask[k]:
+                        row.append(0.0)
+                        continue
+                    row.append(flat[cursor])
+                    cursor += 1
+                out.append(row)
+        return out

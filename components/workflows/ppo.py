@@ -1,0 +1,184 @@
+"""PPO, the macro flow: GRPO's step (grpo.py) with a critic in place of the group
+baseline.
+
+    rollout, reward, inference     as GRPO: samples, rewards, old (and reference) log-probs
+    critic     "compute_values"    V_t for every response token, on the critic's weights
+    controller gae_targets         per sample: the reward on its last token, GAE over its
+                                   tokens; advantages whitened over the batch
+    trainer    one step            the clipped policy loss on the token advantages  } started together;
+    critic     one step            the clipped value loss towards the GAE returns   } on shared devices in turn
+    weight sync trainer -> rollout, inference
+
+The critic is a worker group of its own (TrainerWorker with a value head,
+trainer/native/critic.py: its own AdamW and ZeRO-1 state over "critic_dp") on the
+trainer's home devices. It starts from the warm-started policy's decoder (or from
+critic.model) and its state goes into every checkpoint, under critic/. A DynaRL
+scheduler moves the policy trainer as in GRPO; the critic keeps its devices.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from dynarl.components.trainer.base import TrainBatch
+from dynarl.components.trainer.native.losses import gae
+from dynarl.components.trainer.worker import TrainerWorker
+from dynarl.components.workflows import checkpoints as ckpt
+from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.workflows.stages import held
+from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
+
+CRITIC_DIR = "critic"
+"""The critic's state inside a checkpoint directory."""
+CRITIC_INIT_DIR = "critic_init"
+"""The warm-started policy the critic starts from, as an HF folder in the run directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    advantages: list[list[float]]
+    """Per response token: GAE, whitened over the batch's loss tokens when asked."""
+    returns: list[list[float]]
+    """Per response token: the critic's regression target, GAE + V (not whitened)."""
+    explained_variance: float | None
+    """1 - Var(R - V) / Var(R) over the loss tokens: how much of the returns the values
+    explain (1 perfect, 0 no better than their mean, < 0 worse); None where Var(R) = 0."""
+
+
+def gae_targets(rewards: Sequence[float], values: Sequence[Sequence[float]],
+                response_mask: Sequence[Sequence[int]] | None, *, gamma: float, lam: float,
+                whiten: bool) -> Targets:
+    """Advantages and returns of a batch of outcome-rewarded samples: sample i's reward
+    is paid on its last response token in the loss (mask 1), every other token gets 0,
+    and `losses.gae` runs over its tokens (masked ones skipped)."""
+    if len(rewards) != len(values):
+        raise ValueError(f"{len(rewards)} rewards for {len(values)} samples' values")
+    advantages, returns, masks = [], [], []
+    for i, (reward, v) in enumerate(zip(rewards, values)):
+        mask = torch.tensor(response_mask[i] if response_mask is not None else [1] * len(v), dtype=torch.float32)
+        if len(mask) != len(v):
+            raise ValueError(f"sample {i}: {len(v)} values for {len(mask)} response tokens")
+        r = torch.zeros(len(v))
+        kept = mask.nonzero()
+        if len(kept):
+            r[int(kept[-1])] = float(reward)
+        a, ret = gae(r, torch.tensor(v, dtype=torch.float32), mask, gamma, lam)
+        advantages.append(a)
+        returns.append(ret)
+        masks.append(mask.bool())
+    flat_mask = torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool)
+    flat_adv = torch.cat(advantages)[flat_mask] if masks else torch.zeros(0)
+    flat_ret = torch.cat(returns)[flat_mask] if masks else torch.zeros(0)
+    flat_val = torch.cat([torch.tensor(v, dtype=torch.float32) for v in values])[flat_mask] if masks else torch.zeros(0)
+    explained = None
+    if flat_ret.numel() > 1 and float(flat_ret.var()) > 0:
+        explained = float(1 - (flat_ret - flat_val).var() / flat_ret.var())
+    if whiten and flat_adv.numel() > 1:
+        mean, std = flat_adv.mean(), flat_adv.std()
+        advantages = [torch.where(m, (a - mean) / (std + 1e-8), torch.zeros_like(a)) for a, m in zip(advantages, masks)]
+    return Targets([a.tolist() for a in advantages], [r.tolist() for r in returns], explained)
+
+
+def resume_refused(path: str, workflow: str) -> str | None:
+    """Why checkpoint `path` cannot resume a run of `workflow`, or None: a ppo run needs
+    the critic's state that only a ppo run writes."""
+    if workflow == "ppo" and not os.path.isdir(os.path.join(path, CRITIC_DIR)):
+        return (f"no critic state ({CRITIC_DIR}/): the checkpoint is from a run without a critic "
+                "(workflow grpo); resume it with that workflow")
+    return None
+
+
+class PPO(GRPO):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.critic: WorkerGroup | None = None
+        self.critic_metrics: dict[str, Any] = {}
+        """The last step's critic figures (value loss, explained variance), into its metrics."""
+
+    async def spawn(self) -> Any:
+        groups = await super().spawn()
+        cfg = self.cfg
+        self.critic = await self.ctl.spawn(
+            TrainerWorker, name="critic", devices=self.placement.rank_devices("trainer"),
+            init={"model": cfg.critic.model or cfg.model, "engine": cfg.critic.engine, "warmup_lr": cfg.critic.engine.lr,
+                  "bucket_bytes": cfg.trainer.sync_bucket_bytes, "shares_device": True, "head": "value"})
+        if self.critic.world_size > 1:
+            await self.ctl.process_group("critic_dp", [self.critic])
+        return groups
+
+    async def start_critic(self, init_from: str | None) -> None:
+        group = "critic_dp" if self.critic.world_size > 1 else None
+        await self.critic.call("start", group, None, init_from)
+
+    async def warm_started(self) -> None:
+        """The critic starts from the warm-started policy's decoder (critic.model None)."""
+        init_from = None
+        if self.cfg.critic.model is None and self.run_dir is not None:
+            init_from = os.path.join(self.run_dir, CRITIC_INIT_DIR)
+            await self.g.trainer.call("save_model", init_from, ranks=self.export_ranks)
+        await self.start_critic(init_from)
+
+    async def save_components(self, path: str) -> None:
+        critic = self.critic
+        await held(self.ctl, critic, self.clock, f"checkpoint {os.path.basename(path)}", "save_checkpoint",
+                   lambda: critic.call("save_checkpoint", os.path.join(path, CRITIC_DIR)), component="critic")
+
+    async def restore(self, path: str, state: ckpt.CheckpointState) -> int:
+        refused = resume_refused(path, "ppo")  # (dynarl train checks it before any worker starts)
+        if refused is not None:
+            raise ValueError(f"{path}: {refused}")
+        where = os.path.join(path, CRITIC_DIR)
+        await self.start_critic(None)  # the layout only: the checkpoint's weights replace the init
+        critic = self.critic
+        await held(self.ctl, critic, self.clock, "restore", "load_checkpoint",
+                   lambda: critic.call("load_checkpoint", where), component="critic")
+        return await super().restore(path, state)
+
+    async def step(self, step: int) -> dict[str, Any]:
+        metrics = await super().step(step)
+        return metrics | self.critic_metrics | {"critic_s": self.clock.durations(f"step {step}").get("critic", 0.0)}
+
+    async def train(self, batch: TrainBatch, label: str, method: str = "train") -> dict[str, float]:
+        """The policy's step on GAE advantages and the critic's on the returns."""
+        if method != "train":  # the warm start: the policy alone
+            return await super().train(batch, label, method)
+        c = self.cfg.critic
+        values = await self.values(batch, label)
+        targets = gae_targets(batch.rewards, values, batch.response_mask, gamma=c.gamma, lam=c.lam, whiten=c.whiten)
+        policy_batch = dataclasses.replace(batch, advantages=targets.advantages)
+        critic_batch = TrainBatch(input_ids=batch.input_ids, prompt_lens=batch.prompt_lens,
+                                  response_mask=batch.response_mask, group_ids=batch.group_ids,
+                                  returns=targets.returns, old_values=values)
+        policy, critic = await gather_or_cancel([super().train(policy_batch, label),
+                                                 self.train_critic(critic_batch, label)])
+        n = sum(len(v) for v in values) or 1
+        self.critic_metrics = {"value_loss": critic["loss"], "value_clip_frac": critic["value_clip_frac"],
+                               "critic_grad_norm": critic["grad_norm"], "explained_var": targets.explained_variance,
+                               "value_mean": sum(map(sum, values)) / n}
+        return policy
+
+    async def values(self, batch: TrainBatch, label: str) -> list[list[float]]:
+        """The critic's V per response token, each rank on its part of the batch."""
+        critic = self.critic
+        size = critic.world_size
+        parts = [batch.shard(rank, size) for rank in range(size)]
+        results = await held(self.ctl, critic, self.clock, label, "compute_values",
+                             lambda: critic.scatter("compute_values", [[p.to_wire()] for p in parts]),
+                             component="critic")
+        values = [row for part in results for row in part]
+        order = [tuple(ids) for p in parts for ids in p.input_ids]
+        if order != [tuple(ids) for ids in batch.input_ids]:
+            raise RuntimeError("the critic's parts do not cover the batch in order")
+        return values
+
+    async def train_critic(self, batch: TrainBatch, label: str) -> dict[str, float]:
+        critic = self.critic
+        size = critic.world_size
+        shards = [[batch.shard(rank, size).to_wire()] for rank in range(size)]
+        results = await held(self.ctl, critic, self.clock, label, "train",
+                             lambda: critic.scatter("train", shards), component="critic")
+        return results[0]
