@@ -85,18 +85,18 @@ async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, ba
     """One trainer rank, behind the async TrainerEngine contract. Collective over
     `group` (the trainer's data-parallel runtime group, None for a single rank).
     `backend_config`: a MegatronConfig or an EmulatedTrainerConfig. `head` "value": a
-    critic (trainer/native/critic.py) on `model`'s decoder; native backend only."""
-    if head == "value":
-        if backend != "native":
-            raise ValueError(f"a critic runs on the native trainer, not {backend!r}")
+    critic (trainer/native/critic.py) on `model`'s decoder, native or emulated."""
+    if head not in ("policy", "value"):
+        raise ValueError(f"head must be 'policy' or 'value', got {head!r}")
+    if head == "value" and backend == "megatron":
+        raise ValueError("a critic runs on the native or the emulated trainer, not megatron")
+    if head == "value" and backend == "native":
         from .trainer.native.critic import NativeCritic, value_head
         from .trainer.threaded import ThreadedTrainer
 
         return ThreadedTrainer(await asyncio.to_thread(
             lambda: NativeCritic(value_head(build_model(model)), config, group)))
-    if head != "policy":
-        raise ValueError(f"head must be 'policy' or 'value', got {head!r}")
-    if backend == "emulated":
+    if backend == "emulated":  # (a critic's is the same: the cost model times a value head as an LM head)
         from .trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 
         size = group.size() if group is not None else 1

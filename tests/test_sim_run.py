@@ -233,3 +233,22 @@ def test_the_partial_policies_carry_groups_and_draw_prompts_past_the_runs_batche
         assert m["carried_tokens"][1] > 0  # a backlog at the end of the measured iterations
         assert [i.samples for i in runs[name].iterations] == [8 * len(scn.batches[0][0].samples)] * 3
     assert result["policies"]["colocated"]["staleness_hist"] == {"0": 2 * 8 * len(scn.batches[0][0].samples)}
+
+
+def test_ppo_adds_its_critic_to_the_bound_and_to_the_devices_work():
+    """ppo-1.5b is math-1.5b's batch with a critic of the policy's size: the same requests,
+    a longer iteration (the critic's values before the policy's step, its own step
+    beside it), its device time in the busy time, no policy under the bound (which
+    counts the critic too); hybrid places rollout apart from inference + trainer."""
+    policies = ("colocated", "hybrid")  # (16 prompts: a trainer stepping on the whole batch needs a group per rank)
+    grpo, grpo_runs = simulate(build_scenario(SimConfig(**{**SMALL, "prompts": 16, "policies": policies})))
+    scn = build_scenario(SimConfig(**{**SMALL, "prompts": 16, "workload": "ppo-1.5b", "policies": policies}))
+    ppo, ppo_runs = simulate(scn)
+    for name in policies:
+        assert ppo["policies"][name]["iter_time_s"] > grpo["policies"][name]["iter_time_s"]
+        assert ppo["policies"][name]["bound_s"] > grpo["policies"][name]["bound_s"]
+        assert ppo["policies"][name]["bound_s"] <= ppo["policies"][name]["iter_time_s"]
+        assert ppo_runs[name].iterations[-1].stage_s["critic"] > 0
+        assert "critic" not in grpo_runs[name].iterations[-1].stage_s
+    assert ppo_runs["hybrid"].placements[0][1].describe().startswith("rollout:")
+    assert "inference+trainer" in ppo_runs["hybrid"].placements[0][1].describe()

@@ -114,6 +114,14 @@ def spatial(counts: Mapping[str, int], unit: Mapping[str, int] | None = None) ->
     return Placement(tuple(Segment((c,), counts[c]) for c in COMPONENTS), unit=_pairs(unit))
 
 
+def hybrid(rollout_devices: int, num_devices: int, unit: Mapping[str, int] | None = None) -> Placement:
+    """RLinf's hybrid mode as DEFAULT_HYBRID_POOLS: rollout on devices of its own,
+    inference and trainer time-sharing the rest."""
+    return Placement((Segment(("rollout",), rollout_devices), Segment(("inference", "trainer"),
+                                                                      num_devices - rollout_devices)),
+                     unit=_pairs(unit))
+
+
 def with_unit(placement: Placement, unit: Mapping[str, int]) -> Placement:
     """The same segments with `unit` devices per rank (a planner's plan at rollout TP)."""
     return Placement(placement.segments, placement.ranks, _pairs(unit))

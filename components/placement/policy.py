@@ -116,6 +116,17 @@ class Spatial(Colocated):
         return plans.spatial(proportional_split(ctx.work, ctx.num_devices, ctx.granularity))
 
 
+class Hybrid(Colocated):
+    """RLinf-Hybrid for reasoning: rollout on a pool of its own (pipelined into the
+    rest), inference and trainer time-sharing the other pool; the pools sized by the
+    work split (rollout's share against the other two's)."""
+    name = "hybrid"
+
+    def place(self, ctx: PlanContext) -> Placement:
+        rollout = proportional_split(ctx.work, ctx.num_devices, ctx.granularity)["rollout"]
+        return plans.hybrid(rollout, ctx.num_devices)
+
+
 class AsyncSpatial(Spatial):
     """Disaggregated pools with one step of staleness, as verl's fully_async and
     AReaL run by default: the rollout generates step s + 1 on the weights of step s
@@ -190,6 +201,7 @@ PolicyFactory = Callable[[], Policy]
 REGISTRY: dict[str, PolicyFactory] = {
     "colocated": Colocated,
     "spatial": Spatial,
+    "hybrid": Hybrid,
     "async": AsyncSpatial,
     "partial": PartialColocated,
     "rlinf-auto": RlinfAuto,

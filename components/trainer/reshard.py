@@ -192,7 +192,7 @@ class ReshardableTrainer:
                                     for p in mine) for k in _kinds(state)}}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
-                "sums": {k: float(state[k].double().sum()) for k in STATE_NAMES}}
+                "sums": {k: _sum(state[k]) for k in STATE_NAMES}}
 
     async def full_state(self) -> dict:
         """Rank's state ranges and weights as tensors (tests compare them bitwise); boxes:
@@ -210,3 +210,11 @@ class ReshardableTrainer:
 def _kinds(state: dict[str, Any]) -> list[str]:
     """The state kinds of a boxes shard ("param", the optimizer moments), sorted."""
     return sorted({k.split("/", 1)[0] for k in state if "/" in k})
+
+
+def _sum(shard: Any) -> float:
+    """A state range's float64 sum; an emulated trainer's range is its sizes: its
+    element count stands in (what a move of it must preserve)."""
+    if isinstance(shard, dict):
+        return float(shard["numel"])
+    return float(shard.double().sum())

@@ -492,9 +492,9 @@ class TrainConfig:
     def _check_ppo(self) -> None:
         """The critic is a native trainer on the trainer's devices, stepping on whole
         batches of whole (on-policy) samples, and reads the policy's tokens."""
-        if self.trainer.backend != "native":
-            raise ConfigError("trainer.backend", f"workflow ppo trains its critic beside a native policy trainer, "
-                                                 f"not {self.trainer.backend!r}")
+        if self.trainer.backend == "megatron":
+            raise ConfigError("trainer.backend", "workflow ppo trains its critic beside a native (or emulated) "
+                                                 "policy trainer, not megatron")
         if self.trainer.streaming:
             raise ConfigError("trainer.streaming", "workflow ppo computes GAE over whole samples before the step; "
                                                    "set it false")

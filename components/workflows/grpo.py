@@ -416,6 +416,11 @@ class GRPO:
             self.scheduling = await DynamicScheduling.create(self, groups)
         return groups
 
+    def worker_groups(self) -> list[WorkerGroup]:
+        """Every worker group the workflow spawned."""
+        g = self.g
+        return [x for x in (g.rollout, g.reward, g.inference, g.trainer) if x is not None]
+
     @property
     def rollout_chunk_size(self) -> int:
         """Groups per rollout chunk: rollout.chunk_size, or 1 with partial rollout (its

@@ -105,7 +105,8 @@ class PPO(GRPO):
         self.critic = await self.ctl.spawn(
             TrainerWorker, name="critic", devices=self.placement.rank_devices("trainer"),
             init={"model": cfg.critic.model or cfg.model, "engine": cfg.critic.engine, "warmup_lr": cfg.critic.engine.lr,
-                  "bucket_bytes": cfg.trainer.sync_bucket_bytes, "shares_device": True, "head": "value"})
+                  "bucket_bytes": cfg.trainer.sync_bucket_bytes, "shares_device": True, "head": "value",
+                  "backend": cfg.trainer.backend, "backend_config": cfg.trainer.emulated})
         if self.critic.world_size > 1:
             await self.ctl.process_group("critic_dp", [self.critic])
         return groups
@@ -148,6 +149,10 @@ class PPO(GRPO):
             return await super().train(batch, label, method)
         c = self.cfg.critic
         values = await self.values(batch, label)
+        if self.lengths_only:  # emulated engines (dynarl sim): the passes' time, no values to learn from
+            policy, critic = await gather_or_cancel([super().train(batch, label), self.train_critic(batch, label)])
+            self.critic_metrics = {"critic_grad_norm": critic["grad_norm"]}
+            return policy
         targets = gae_targets(batch.rewards, values, batch.response_mask, gamma=c.gamma, lam=c.lam, whiten=c.whiten)
         policy_batch = dataclasses.replace(batch, advantages=targets.advantages)
         critic_batch = TrainBatch(input_ids=batch.input_ids, prompt_lens=batch.prompt_lens,
@@ -169,11 +174,20 @@ class PPO(GRPO):
         results = await held(self.ctl, critic, self.clock, label, "compute_values",
                              lambda: critic.scatter("compute_values", [[p.to_wire()] for p in parts]),
                              component="critic")
-        values = [row for part in results for row in part]
-        order = [tuple(ids) for p in parts for ids in p.input_ids]
-        if order != [tuple(ids) for ids in batch.input_ids]:
-            raise RuntimeError("the critic's parts do not cover the batch in order")
+        if self.lengths_only:
+            return []
+        values = [row for part in results for row in part]  # (shards are contiguous: the batch's order)
+        if len(values) != len(batch):
+            raise RuntimeError(f"the critic gave values for {len(values)} samples of {len(batch)}")
         return values
+
+    @property
+    def lengths_only(self) -> bool:
+        """Emulated engines: batches carry lengths, the critic gives no values."""
+        return self.cfg.trainer.backend == "emulated"
+
+    def worker_groups(self) -> list[WorkerGroup]:
+        return [*super().worker_groups(), self.critic]
 
     async def train_critic(self, batch: TrainBatch, label: str) -> dict[str, float]:
         critic = self.critic

@@ -6,6 +6,7 @@ Tags as in docs/COSTMODEL.md: [P] primary source, [S] secondary, [E] estimate ma
                                 reasoning model, 512 x 16, 28,672-token sequences (§7.1) [P]
     math-{size}-zero            zero-RL from a base model: short answers, 16k cap
     math-{size}-longcot         long chain-of-thought: most answers in the thousands
+    ppo-{size}                  math-{size} trained with PPO: a critic of the policy's size
     agentic-rstar[-{size}]      rStar2-Agent-style code-tool episodes (the paper's agentic run)
     agentic-search[-{size}]     Search-R1-style retrieval episodes
 
@@ -87,6 +88,12 @@ def _build() -> dict[str, Workload]:
             out[w.name] = w
         for w in (_rstar(size), _search(size)):
             out[w.name] = w
+        # PPO on the math batch: the critic is the policy's size and trains on every
+        # sample beside it (Open-Reasoner-Zero's PPO, RL2 examples/orz_ppo.sh: critic
+        # Qwen2.5-7B for a Qwen2.5-7B actor, GAE [S]); prompts and lengths as math-{size}.
+        ppo = _math(size, "")
+        out[f"ppo-{size}"] = dataclasses.replace(ppo, name=f"ppo-{size}", critic=True,
+                                                 source=ppo.source + "; critic the policy's size [S: ORZ, RL2]")
     out["agentic-rstar"] = dataclasses.replace(out["agentic-rstar-7b"], name="agentic-rstar")
     # Adversarial for the (tool_count, cached_prefix) priority: later turns grow instead of
     # shrinking (first turn median 300 tokens, x1.4 per turn), the rest as agentic-rstar [E].

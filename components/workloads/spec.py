@@ -48,6 +48,9 @@ class MathWorkload:
     prompt_correlation: float = 0.5
     """Share of the log-length variance common to a prompt's samples (0: independent)."""
     rollout_tp: int = 1
+    critic: bool = False
+    """PPO: a critic of the policy's size computes values and trains beside the policy
+    (workflow ppo); False: GRPO."""
     kind: Literal["math"] = "math"
     source: str = ""
     """Where the numbers come from (docs/COSTMODEL.md tags)."""

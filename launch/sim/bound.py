@@ -12,7 +12,8 @@ the work is batched, so no batching can beat it:
              context and B_max = max_num_seqs; prefill: each prompt once (siblings may
              share it), each tool output once.
   inference  (6P·Σn + 6·layers·d·Σn²) / 3 / (MFU·F) over sequence lengths n
-  trainer    (6P·Σn + 6·layers·d·Σn²) / (MFU·F)
+  trainer    (6P·Σn + 6·layers·d·Σn²) / (MFU·F); with a critic (ppo) twice that plus a
+             forward pass (the critic's values, then its step, on the trainer's devices)
 Critical path: the longest sample alone at batch 1 on its rollout TP (prefill,
 every decode step, tool latencies), then its group's inference and training
 spread over all N devices, after the weight sync that opens every iteration but
@@ -39,7 +40,7 @@ class Bound:
 
 
 def iteration_bound(groups: list[Group], *, model: str, device: str, rollout_tp: int, max_num_seqs: int,
-                    num_devices: int, weight_bytes: int, with_sync: bool) -> Bound:
+                    num_devices: int, weight_bytes: int, with_sync: bool, critic: bool = False) -> Bound:
     m, d = cm.get_model(model), cm.get_device(device)
     tokens = contexts = prefill = 0
     seq_sum = seq_sq = 0
@@ -58,14 +59,14 @@ def iteration_bound(groups: list[Group], *, model: str, device: str, rollout_tp:
                     prefill += obs
                     path += cm.prefill_time(m, d, obs, rollout_tp)
             group_seqs.append(context)
-            longest = max(longest, path + _downstream(m, d, context, num_devices))
+            longest = max(longest, path + _downstream(m, d, context, num_devices, critic))
         n = sum(group_seqs)
         seq_sum += n
         seq_sq += sum(x * x for x in group_seqs)
     work = {"rollout": _decode_work(m, d, tokens, contexts, max_num_seqs, rollout_tp)
             + 2 * m.num_params * prefill / (cm.PREFILL_EFFICIENCY * d.bf16_flops),
             "inference": _forward_work(m, d, seq_sum, seq_sq) / cm.LOGPROB_SPEEDUP,
-            "trainer": _forward_work(m, d, seq_sum, seq_sq)}
+            "trainer": _forward_work(m, d, seq_sum, seq_sq) * (1 + (1 + 1 / cm.LOGPROB_SPEEDUP) * critic)}
     sync = cm.weight_sync_time(weight_bytes, d.link_bandwidth, rollout_tp) if with_sync else 0.0
     return Bound(work, longest + sync, num_devices)
 
@@ -76,10 +77,11 @@ def _turns(sample) -> list[tuple[int, float, int]]:
     return [(sample.response_tokens, 0.0, 0)]
 
 
-def _downstream(m: cm.ModelShape, d: cm.DeviceSpec, seq: int, n: int) -> float:
+def _downstream(m: cm.ModelShape, d: cm.DeviceSpec, seq: int, n: int, critic: bool) -> float:
     """The sample must be scored, then trained, after it ends: on all n devices at best
-    (its group only adds to this)."""
-    return cm.logprob_time(m, d, seq, seq, n) + cm.train_time(m, d, seq, seq, n)
+    (its group only adds to this); with a critic, its values come before the policy's
+    step (the critic's own step may run beside it)."""
+    return (1 + critic) * cm.logprob_time(m, d, seq, seq, n) + cm.train_time(m, d, seq, seq, n)
 
 
 def _decode_work(m: cm.ModelShape, d: cm.DeviceSpec, tokens: int, contexts: int, max_num_seqs: int,

@@ -31,6 +31,7 @@ from dynarl.components.placement.policy import PlanContext, Replan, Snapshot, ma
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.workflows.agentic import AgenticGRPO
 from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.workflows.ppo import PPO
 from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.core.controller import Controller
 from dynarl.core.scheduler.log import DeviceCounts, kv_stats
@@ -101,7 +102,7 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
             for m in log.migrations:
                 run.migrations.setdefault(m.kind, []).append(m.seconds)
             run.decision_ms.extend(d.ms for d in log.decisions)
-        for group in groups_of(wf):
+        for group in wf.worker_groups():
             await ctl.stop_group(group)
 
     config = train_config(scn, placement, scheduler)
@@ -113,25 +114,21 @@ async def start(ctl: Controller, scn: Scenario, placement: Placement, scheduler:
                 version: int = 0) -> GRPO:
     """GRPO's groups on `placement`, holding weight version `version`."""
     cfg = train_config(scn, placement, scheduler)
-    workflow = AgenticGRPO if cfg.workflow == "agentic" else GRPO
+    workflow = {"agentic": AgenticGRPO, "ppo": PPO}.get(cfg.workflow, GRPO)
     wf = workflow(ctl, cfg, None, None, None, Quiet(), placement=placement,
                   prompts=WorkloadPrompts(scn.batch, cm.get_model(scn.workload.model).vocab_size))
     wf.open_channels()
     wf.g = await wf.spawn()
+    await wf.warm_started()  # (no warm start in a simulation: what follows it, ppo's critic, starts now)
     await wf.sync_weights(version, "start")  # the engines hold no policy until the first sync
     return wf
 
 
-def groups_of(wf: GRPO) -> list:
-    g = wf.g
-    return [x for x in (g.rollout, g.reward, g.inference, g.trainer) if x is not None]
-
-
 async def replan(ctl: Controller, scn: Scenario, wf: GRPO, old: Placement, new: Placement, reason: str,
                  run: PolicyRun, it: int) -> GRPO:
-    for group in groups_of(wf):
+    for group in wf.worker_groups():
         await ctl.stop_group(group)
-    for name in ("weight_sync", "trainer_dp"):
+    for name in ("weight_sync", "trainer_dp", "critic_dp"):
         await ctl.process_groups.destroy(name)
     await asyncio.sleep(REBOOT_S * scn.config.time_scale)
     moved = sum(1 for c in COMPONENTS if old.device_ids(c) != new.device_ids(c))
@@ -149,7 +146,10 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
     scale, placement = scn.config.time_scale, wf.placement
     busy_ds = 0.0
     stage_s: dict[str, float] = {}
+    label = f"step {it}"
     for component in COMPONENTS:
+        if component not in wf.stage_results:  # a trainer that steps on the whole batch: its held spans, below
+            continue
         unit = placement.unit_of(component)
         totals = []
         for r in wf.stage_results[component]:
@@ -162,12 +162,18 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
             busy_ds += total * width
             totals.append(total)
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
+    for span in wf.clock.spans:  # calls on held devices that are not stages: a whole-batch step, ppo's critic
+        if span.label != label or not span.devices or span.component in wf.stage_results:
+            continue
+        s, e = (span.start - origin) / scale, (span.end - origin) / scale
+        busy_ds += (e - s) * len(span.devices)
+        run.busy.append((s, e, len(span.devices)))
+        stage_s[span.component] = stage_s.get(span.component, 0.0) + e - s
     run.preemptions += sum(r["preemptions"] for r in wf.stage_results["rollout"])
     run.moved_reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in wf.stage_results["rollout"]))
     if wf.scheduling is not None:  # what the takers of this iteration's Workload migrations did with the KV
         run.moved_kv.append(kv_stats([m for m in wf.scheduling.scheduler.log.migrations
                                       if start <= (m.started - origin) / scale < end]))
-    label = f"step {it}"
     spans: dict[str, float] = {}
     for span in wf.clock.spans:
         if span.label != label or span.component not in COMPONENTS:

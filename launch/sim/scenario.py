@@ -135,7 +135,8 @@ def build_scenario(config: SimConfig) -> Scenario:
     weight_bytes = build_layout(cm.get_model(workload.model), 1).total_numel * cm.BYTES_PER_PARAM
     bounds = [iteration_bound(b, model=workload.model, device=config.device, rollout_tp=tp,
                               max_num_seqs=rollout_cfg.max_num_seqs, num_devices=config.devices,
-                              weight_bytes=weight_bytes, with_sync=i > 0) for i, b in enumerate(batches)]
+                              weight_bytes=weight_bytes, with_sync=i > 0,
+                              critic=getattr(workload, "critic", False)) for i, b in enumerate(batches)]
     return Scenario(config, workload, batches, bounds, weight_bytes, trace, engines, kv_capacity=capacity)
 
 
@@ -194,7 +195,8 @@ def max_new_tokens(scn: Scenario, engine: EmulatedRolloutConfig) -> int:
 def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = None) -> "TrainConfig":
     """The `dynarl train` config this scenario runs under a policy's placement: emulated
     engines on emulated devices, the workload's batch, a streaming trainer (it starts
-    on the first scored samples, as a trainer on devices of its own can), no warm
+    on the first scored samples, as a trainer on devices of its own can; with a critic,
+    workflow ppo, a trainer stepping on the whole batch after the critic's values), no warm
     start, rewards that cost nothing (verifier none); `scheduler`: the
     `scheduler.dynarl` settings of an online policy (None: static)."""
     from dynarl.components.workflows.agentic_config import AgenticSection
@@ -209,6 +211,7 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
     affinity = rollout.pop("affinity", "none")  # multi-turn: the agentic workflow's routing
     move_kv = rollout.pop("move_kv", False)
     ranks = {c: placement.num_ranks(c) for c in COMPONENTS}
+    ppo = getattr(scn.workload, "critic", False)  # (GAE needs whole samples' values: the trainer steps on the batch)
     pools = [list(s.components) for s in placement.segments] if placement.mode == "hybrid" else []
     return TrainConfig(
         runtime=RuntimeConfig(launcher=cfg.launcher, spawn_timeout_s=600.0, heartbeat_timeout_s=30.0,
@@ -221,10 +224,10 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
                                emulated=EmulatedRolloutConfig(**rollout)),
         inference=InferenceSection(num_ranks=ranks["inference"], backend="emulated",
                                    emulated=EmulatedInferenceConfig(**engines["inference"])),
-        trainer=TrainerSection(num_ranks=ranks["trainer"], backend="emulated", streaming=True,
+        trainer=TrainerSection(num_ranks=ranks["trainer"], backend="emulated", streaming=not ppo,
                                emulated=EmulatedTrainerConfig(**engines["trainer"]), warmup=WarmupSection(steps=0)),
         placement=PlacementSection(mode=placement.mode, pools=pools),
-        workflow="agentic" if scn.workload.kind == "agentic" else "grpo",
+        workflow="agentic" if scn.workload.kind == "agentic" else "ppo" if ppo else "grpo",
         agentic=AgenticSection(episodes="scripted", queue=rollout.get("queue", "fifo"), affinity=affinity,
                                max_bonus_s=EmulatedRolloutConfig(**rollout).priority_window_s),
         run=RunSection(steps=cfg.iterations, prompts_per_step=len(scn.batches[0]), seed=cfg.seed),

@@ -125,6 +125,21 @@ class EmulatedTrainer:
         self.global_step += 1
         return self._metrics(tokens, 0.0)
 
+    async def values(self, batch: TrainBatch) -> None:
+        """A critic's values: the forward pass's time over this rank's part (a third of a
+        training step's FLOPs, as a log-prob pass), and no values (lengths only)."""
+        if not self._onloaded:
+            raise RuntimeError("trainer is offloaded; call onload() before values()")
+        seq_lens = [len(ids) for ids in batch.input_ids]
+        tokens = sum(seq_lens)
+        if tokens:
+            e = self.emulation
+            dt = costmodel.logprob_time(self.model, self.device, tokens, sum(n * n for n in seq_lens) / tokens, 1,
+                                        e.mfu)
+            self.busy_time += dt
+            await asyncio.sleep(dt * e.time_scale)
+        return None
+
     async def _forward_backward(self, batch: TrainBatch, config: TrainerConfig) -> float:
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
