@@ -220,13 +220,15 @@ def move_costs(cfg: Any) -> Any:
 
 def scheduler_rates(cfg: Any, tp: int, devices: int) -> Any:
     """The predictor's source (workflows/rates.py): the cost model emulated engines run
-    on, or profiles and measurements of real ones."""
-    from .workflows.rates import CostModelRates, MeasuredRates
+    on, or profiles and measurements of real ones; workflow ppo's critic works on the
+    trainer's devices too (rates.trainer_passes)."""
+    from .workflows.rates import CostModelRates, MeasuredRates, trainer_passes
+    passes = trainer_passes(cfg.workflow == "ppo")
     if cfg.rollout.backend == "emulated":
         r, t = cfg.rollout.emulated, cfg.trainer.emulated
         return CostModelRates(model=r.model, device=r.device, tp=tp, devices=devices, max_seqs=r.max_num_seqs,
-                              mfu=t.mfu, recompute=t.recompute)
-    return MeasuredRates(tp=tp, devices=devices, max_seqs=cfg.rollout.engine.max_num_seqs)
+                              mfu=t.mfu, recompute=t.recompute, trainer_passes=passes)
+    return MeasuredRates(tp=tp, devices=devices, max_seqs=cfg.rollout.engine.max_num_seqs, trainer_passes=passes)
 
 
 def time_scale(cfg: Any) -> float:

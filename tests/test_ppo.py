@@ -188,7 +188,8 @@ JOB = ("runtime.cluster.devices_per_node=4", "placement.mode=hybrid", "rollout.n
        "scheduler.dynarl.trainer_profile=home", "scheduler.dynarl.pack=8", "scheduler.dynarl.theta=0.6")
 
 
-def test_ppo_under_the_dynarl_scheduler_moves_devices_and_trains_the_samples_static_trains(tmp_path):
+def test_ppo_under_the_dynarl_scheduler_moves_the_trainer_and_its_critic_and_trains_the_samples_static_trains(
+        tmp_path):
     ledgers = {}
     for policy in ("static", "dynarl"):
         run = str(tmp_path / policy)
@@ -196,7 +197,8 @@ def test_ppo_under_the_dynarl_scheduler_moves_devices_and_trains_the_samples_sta
         assert job.run() == 0
         w = job.workflow
         assert_reaped([p for group in (w.g.rollout, w.g.inference, w.g.trainer, w.critic) for p in group.pids])
-        if policy == "dynarl":
-            assert all(r["migrations"] for r in rows(run))  # devices moved in every step
+        if policy == "dynarl":  # devices moved in every step, and the critic followed the trainer
+            assert all(r["migrations"].get("p2p:trainer") and r["migrations"].get("p2p:critic") for r in rows(run))
+            assert_reaped(w.critic_pool.group.pids)
         ledgers[policy] = [(e.step, e.sample_ids) for e in read_entries(os.path.join(run, "ledger.jsonl"))]
     assert ledgers["static"] == ledgers["dynarl"]

@@ -148,7 +148,11 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
             await asyncio.to_thread(importlib.import_module, "megatron.core.models.gpt")
             return
         await self.start(None)
-        probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], advantages=[1.0, -1.0])
+        if self.head == "value":
+            probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], returns=[[1.0, 1.0]] * 2,
+                               old_values=[[0.0, 0.0]] * 2)
+        else:
+            probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], advantages=[1.0, -1.0])
         await self.trainer.train_step(probe)
         await self.reshard_retire()
 

@@ -89,6 +89,8 @@ class GRPO:
     """A finished request is a sample (not a turn of an episode)."""
     step_ranks: type = StepRanks
     """How ranks join and leave its running step (joins.py: what a move asks of it)."""
+    trainer_passes = 1.0
+    """Training steps' worth of work its train call does per token (workflows/rates.py)."""
 
     def __init__(self, ctl: Controller, cfg: TrainConfig, source: ProblemSource | None, tokenizer: Any,
                  run_dir: str | None, progress: Progress, *, prompts: Prompts | None = None,
@@ -174,7 +176,7 @@ class GRPO:
         sched_metrics = fixed_devices(self.g) if sched is None else await sched.end(
             label, rollout_end=rollout_end, train_end=asyncio.get_running_loop().time(),
             measured={"rollout": rollout_stats, "inference": inference_stats,
-                      "trainer": (train_devices, tokens / train_s) if train_s > 0 else None},
+                      "trainer": (train_devices, tokens * self.trainer_passes / train_s) if train_s > 0 else None},
             last=step + 1 == self.cfg.run.steps)
         await self.sync_weights(step + 1, label)
         return step_metrics(step, trained, train, rollout_stats, reward_stats,

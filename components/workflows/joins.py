@@ -85,7 +85,7 @@ class StepRanks:
         for _ in ranks:
             await self.wf.ctl.channel("prompts").put(END)
 
-    def replaced(self, component: str, group: WorkerGroup) -> None:
+    async def replaced(self, component: str, group: WorkerGroup) -> None:
         """A move replaced the component's group (a P2P reshard): the step goes on with it."""
         setattr(self.wf.g, component, group)
 

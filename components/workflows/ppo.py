@@ -12,8 +12,11 @@ baseline.
 The critic is a worker group of its own (TrainerWorker with a value head,
 trainer/native/critic.py: its own AdamW and ZeRO-1 state over "critic_dp") on the
 trainer's home devices. It starts from the warm-started policy's decoder (or from
-critic.model) and its state goes into every checkpoint, under critic/. A DynaRL
-scheduler moves the policy trainer as in GRPO; the critic keeps its devices.
+critic.model) and its state goes into every checkpoint, under critic/. Under the
+DynaRL scheduler the critic follows the trainer: each P2P move of the trainer
+(rollout's tail devices in, home again) reshards the critic onto the same devices,
+from warm standbys, and the scheduler prices the trainer's work with the critic's
+(rates.trainer_passes).
 """
 from __future__ import annotations
 
@@ -29,7 +32,11 @@ from dynarl.components.trainer.native.losses import gae
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.workflows.joins import StepRanks
+from dynarl.components.workflows.rates import trainer_passes
 from dynarl.components.workflows.stages import held
+from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
+from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 CRITIC_DIR = "critic"
@@ -92,9 +99,22 @@ def resume_refused(path: str, workflow: str) -> str | None:
     return None
 
 
+class PPOStepRanks(StepRanks):
+    async def replaced(self, component: str, group: WorkerGroup) -> None:
+        """A P2P move replaced the trainer: the critic follows it onto its devices."""
+        await super().replaced(component, group)
+        if component == "trainer":
+            await self.wf.follow(group.devices)
+
+
 class PPO(GRPO):
+    step_ranks = PPOStepRanks
+    trainer_passes = trainer_passes(critic=True)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.critic_pool: StandbyPool | None = None
+        """policy dynarl: warm critic ranks wherever the trainer may move (follow)."""
         self.critic: WorkerGroup | None = None
         self.critic_metrics: dict[str, Any] = {}
         """The last step's critic figures (value loss, explained variance), into its metrics."""
@@ -109,7 +129,30 @@ class PPO(GRPO):
                   "backend": cfg.trainer.backend, "backend_config": cfg.trainer.emulated})
         if self.critic.world_size > 1:
             await self.ctl.process_group("critic_dp", [self.critic])
+        if self.scheduling is not None:  # as the trainer's: two on every device it may come to hold
+            mover = self.scheduling.mover
+            self.critic_pool = StandbyPool(self.ctl, TrainerWorker, "critic",
+                                           dict(self.critic.handles[0].spec.init_kwargs), warm="reshard_warm")
+            await self.critic_pool.fill(2 * (mover.home["rollout"] + mover.home["trainer"]))
         return groups
+
+    async def follow(self, devices: list[int]) -> None:
+        """The critic reshards peer-to-peer onto `devices` (the trainer's, after a move):
+        its values and its step run on every device the trainer holds. The move is logged
+        as "p2p" of "critic" and its state's link time charged, as the trainer's."""
+        if sorted(self.critic.devices) == sorted(devices):
+            return
+        mover = self.scheduling.mover
+        begun, old = mover.now(), list(self.critic.devices)
+        try:
+            self.critic = (await p2p_migrate(self.ctl, self.critic, list(devices),
+                                             dict(self.critic.handles[0].spec.init_kwargs),
+                                             dp_group_prefix="critic_dp", standby=self.critic_pool)).group
+        except MigrationFailed as exc:  # rolled back: the critic works where it was (slower, not wrong)
+            self.scheduling.scheduler.log.failures.append(f"the critic stays on {old}: {exc}")
+            return
+        await mover.charge(mover.costs.state_s)
+        mover.record("p2p", "critic", [d for d in devices if d not in old], begun)
 
     async def start_critic(self, init_from: str | None) -> None:
         group = "critic_dp" if self.critic.world_size > 1 else None

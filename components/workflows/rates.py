@@ -25,6 +25,13 @@ PROFILE_TOKENS = 1_000_000
 """A batch of this many tokens prices the static components' rates."""
 
 
+def trainer_passes(critic: bool) -> float:
+    """Training steps' worth of work per trained token on the trainer's devices: 1, or
+    with a critic of the policy's size beside it (ppo) its forward pass (a third of a
+    step, cm.LOGPROB_SPEEDUP) and its own step too."""
+    return 1.0 + (1.0 + 1.0 / cm.LOGPROB_SPEEDUP) * critic
+
+
 def rollout_points(engines: int, tp: int, active: int, max_seqs: int, step_s) -> tuple[tuple[int, float], ...]:
     """(devices, tokens/s) at several engine counts: each engine decodes its share of the
     active requests per step of `step_s(batch)` seconds."""
@@ -39,10 +46,13 @@ def rollout_points(engines: int, tp: int, active: int, max_seqs: int, step_s) ->
 
 class CostModelRates:
     def __init__(self, *, model: str, device: str, tp: int, devices: int, max_seqs: int,
-                 mfu: float = cm.DEFAULT_MFU, recompute: bool = False) -> None:
+                 mfu: float = cm.DEFAULT_MFU, recompute: bool = False, trainer_passes: float = 1.0) -> None:
         self.model, self.device = cm.get_model(model), cm.get_device(device)
         self.tp, self.devices, self.max_seqs = tp, devices, max_seqs
         self.mfu, self.recompute = mfu, recompute
+        self.trainer_passes = trainer_passes
+        """Training steps' worth of work per trained token on the trainer's devices (ppo:
+        its critic's forward and step follow it there: trainer_passes())."""
 
     def predictor(self, work: StepWork, p: RolloutProgress) -> Predictor:
         context = max(work.prompt_mean + p.made, 1.0)
@@ -51,7 +61,7 @@ class CostModelRates:
         seq = sequence_mean(work, p)
         n = self.devices
         t1 = PROFILE_TOKENS / cm.train_time(self.model, self.device, PROFILE_TOKENS, seq, 1, self.mfu,
-                                            self.recompute)
+                                            self.recompute) / self.trainer_passes
         i1 = PROFILE_TOKENS / cm.logprob_time(self.model, self.device, PROFILE_TOKENS, seq, 1)
         return Predictor({"rollout": ThroughputModel(list(rollout)),
                           "trainer": ThroughputModel([(1, t1), (n, t1 * n)]),
@@ -59,8 +69,11 @@ class CostModelRates:
 
 
 class MeasuredRates:
-    def __init__(self, *, tp: int, devices: int, max_seqs: int) -> None:
+    def __init__(self, *, tp: int, devices: int, max_seqs: int, trainer_passes: float = 1.0) -> None:
         self.tp, self.devices, self.max_seqs = tp, devices, max_seqs
+        self.trainer_passes = trainer_passes
+        """As CostModelRates'; the profile and the measurements are of the trainer's step
+        alone (a step's measured rate is per pass: its tokens x passes over its time)."""
         self.step_s: float | None = None
         """The rollout engines' mean decode step, as measured (None: not yet)."""
         self.models: dict[str, ThroughputModel] = {}
@@ -68,6 +81,9 @@ class MeasuredRates:
 
     def predictor(self, work: StepWork, p: RolloutProgress) -> Predictor:
         models = dict(self.models)
+        if self.trainer_passes != 1.0 and "trainer" in models:
+            t = models["trainer"]
+            models["trainer"] = ThroughputModel([(d, r / self.trainer_passes) for d, r in t.points], t.correction)
         step_s = p.step_s or self.step_s
         if step_s:
             models["rollout"] = ThroughputModel(list(rollout_points(

@@ -83,8 +83,9 @@ class Workflow(Protocol):
     def stage_call(self, component: str, position: int, version: int) -> Awaitable[Any]: ...
     async def joined(self, component: str, ranks: list[str]) -> None: ...
     def rank_init(self, component: str, tp: int | None = None) -> dict[str, Any]: ...
-    def replaced(self, component: str, group: "WorkerGroup") -> None:
-        """A move replaced the component's group (a P2P reshard): the workflow uses it from now on."""
+    async def replaced(self, component: str, group: "WorkerGroup") -> None:
+        """A move replaced the component's group (a P2P reshard): the workflow uses it from
+        now on (and what follows the component's devices moves with it: ppo's critic)."""
 
 
 def release_order(active: Sequence[bool], utilization: Sequence[float], width: Sequence[int],
@@ -288,7 +289,7 @@ class Mover:
         async with manager.gate.interrupt():
             manager.group = (await p2p_migrate(self.ctl, manager.group, devices, manager.spec.init or {},
                                                standby=self.pool(name))).group
-        self.wf.replaced(name, manager.group)
+        await self.wf.replaced(name, manager.group)
         await self.charge(self.costs.state_s + self.costs.switch_s)
 
     # --- lending: the rollout runs on the parked components' devices -------------------

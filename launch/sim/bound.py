@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynarl.components import costmodel as cm
+from dynarl.components.workflows.rates import trainer_passes
 from dynarl.components.workloads.samples import Group
 
 
@@ -66,7 +67,7 @@ def iteration_bound(groups: list[Group], *, model: str, device: str, rollout_tp:
     work = {"rollout": _decode_work(m, d, tokens, contexts, max_num_seqs, rollout_tp)
             + 2 * m.num_params * prefill / (cm.PREFILL_EFFICIENCY * d.bf16_flops),
             "inference": _forward_work(m, d, seq_sum, seq_sq) / cm.LOGPROB_SPEEDUP,
-            "trainer": _forward_work(m, d, seq_sum, seq_sq) * (1 + (1 + 1 / cm.LOGPROB_SPEEDUP) * critic)}
+            "trainer": _forward_work(m, d, seq_sum, seq_sq) * trainer_passes(critic)}
     sync = cm.weight_sync_time(weight_bytes, d.link_bandwidth, rollout_tp) if with_sync else 0.0
     return Bound(work, longest + sync, num_devices)
 
