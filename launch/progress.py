@@ -19,6 +19,12 @@ def make_progress(total_steps: int, stream: TextIO | None = None) -> "PlainProgr
 def step_line(m: dict[str, Any], total: int, eta_s: float | None = None) -> str:
     train = "".join(f"  {label} {m[key]:.{digits}f}" for key, label, digits in TRAIN_FIGURES if key in m)
     eta = f"  eta {duration(eta_s)}" if eta_s is not None else ""
+    if "env_steps_per_s" in m:  # the embodied workflow
+        success = f"  success {m['success_rate']:.2f}" if "success_rate" in m else ""
+        return (f"step {m['step'] + 1}/{total}  return {m['reward_mean']:.2f}{success}  episodes {m['episodes']}  "
+                f"{m['env_steps_per_s']:.0f} env steps/s  env idle {m['env_idle_frac']:.2f}  "
+                f"vloss {m['value_loss']:.3f}  ev {m['explained_var'] or 0:.2f}  {m['step_time_s']:.2f} s "
+                f"[rollout {m['rollout_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]{eta}")
     return (f"step {m['step'] + 1}/{total}  reward {m['reward_mean']:.3f}  exact {m['exact_frac']:.2f}  "
             f"len {m['response_len_mean']:.1f}/{m['response_len_max']}{train}  {m['tokens_per_s']:.0f} tok/s  "
             f"{m['step_time_s']:.2f} s [rollout {m['rollout_s']:.2f} reward {m['reward_s']:.2f} "

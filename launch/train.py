@@ -68,11 +68,16 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
     lines = ["dry run: config valid; nothing started",
              f"cluster: {cluster.num_nodes} node(s) x {cluster.devices_per_node} {cluster.device_kind} devices, "
              f"launcher {cfg.runtime.launcher}",
-             f"placement {cfg.placement.mode}: " + placed(cfg),
-             f"workflow {cfg.workflow}, task {cfg.task.kind}",
-             f"backends: rollout {cfg.rollout.backend}, trainer {cfg.trainer.backend}; "
-             f"scheduler {cfg.scheduler.policy}",
-             f"model: {cfg.model.path or cfg.model.name} ({cfg.model.config().num_parameters / 1e6:.1f}M parameters)"]
+             f"placement {cfg.placement.mode}: " + placed(cfg)]
+    if cfg.workflow == "embodied":  # no model, task or engines: envs and a small policy
+        e = cfg.embodied
+        lines.append(f"workflow embodied, env {e.env_id}: {e.env_workers} env workers x {e.envs_per_worker} envs, "
+                     f"horizon {e.horizon}, MLP {e.hidden} x 2 (env not built in a dry run)")
+        return "\n".join(lines)
+    lines += [f"workflow {cfg.workflow}, task {cfg.task.kind}",
+              f"backends: rollout {cfg.rollout.backend}, trainer {cfg.trainer.backend}; "
+              f"scheduler {cfg.scheduler.policy}",
+              f"model: {cfg.model.path or cfg.model.name} ({cfg.model.config().num_parameters / 1e6:.1f}M parameters)"]
     from dynarl.launch.trackers import missing_packages
     lines += [f"note: {n}" for n in notes + missing_packages(cfg.run.loggers)]
     try:
@@ -82,6 +87,15 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
     if cfg.task.kind == "dataset":
         lines.append(f"note: dataset {cfg.task.dataset.path} not read in a dry run")
     return "\n".join(lines)
+
+
+def check_env(env_id: str) -> None:
+    """The embodied env exists and the policy can take its spaces (one env built here)."""
+    from dynarl.components.embodied.spaces import EnvError, describe
+    try:
+        describe(env_id)
+    except EnvError as exc:
+        raise ConfigError("embodied.env_id", str(exc)) from None
 
 
 def check_backends_of(cfg: Any, require_installed: bool) -> list[str]:
@@ -180,6 +194,8 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
                              f"(e.g. run.steps={done + cfg.run.checkpoint_every})")
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
+    if cfg.workflow == "embodied":
+        check_env(cfg.embodied.env_id)
     from dynarl.launch.trackers import missing_packages
     missing = missing_packages(cfg.run.loggers)
     if missing:
@@ -256,6 +272,9 @@ def workflow_class(cfg: Any) -> type:
     if cfg.workflow == "ppo":
         from dynarl.components.workflows.ppo import PPO
         return PPO
+    if cfg.workflow == "embodied":
+        from dynarl.components.workflows.embodied import Embodied
+        return Embodied
     from dynarl.components.workflows.grpo import GRPO
     return GRPO
 
@@ -289,10 +308,11 @@ class Job:
             # whole or not at all: other nodes' agents read config.yaml on --resume meanwhile
             with atomic_open(os.path.join(self.run_dir, "config.yaml")) as f:
                 yaml.safe_dump(to_dict(self.cfg), f, sort_keys=False)
-            report = {"task": self.cfg.task.kind, "report": self.source.report,
-                      "skipped": [{"row": n, "reason": why} for n, why in self.source.skipped]}
-            with atomic_open(os.path.join(self.run_dir, "data_report.json")) as f:
-                json.dump(report, f, indent=1)
+            if self.cfg.workflow != "embodied":  # (its data are env steps)
+                report = {"task": self.cfg.task.kind, "report": self.source.report,
+                          "skipped": [{"row": n, "reason": why} for n, why in self.source.skipped]}
+                with atomic_open(os.path.join(self.run_dir, "data_report.json")) as f:
+                    json.dump(report, f, indent=1)
         except OSError as exc:
             print(f"dynarl train: failed: cannot write the run directory {self.run_dir}: "
                   f"{exc.strerror or exc}", file=sys.stderr)
@@ -415,6 +435,9 @@ def _first_line(exc: BaseException) -> str:
 
 def placed(cfg: Any) -> str:
     """Each component's devices, or for placement.mode auto when they are chosen."""
+    if cfg.workflow == "embodied":
+        from dynarl.components.workflows.embodied import place
+        return place(cfg.placement.mode, cfg.embodied.env_workers, cfg.runtime.cluster.num_devices).describe()
     if cfg.placement.mode == "auto":
         return "planned at start from a profile of each component (placement.json)"
     return ", ".join(f"{c} {d}" for c, d in cfg.devices().items())
@@ -430,9 +453,12 @@ def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
         values = [r[key] for r in rows]
         return sum(values[:n]) / n, sum(values[-n:]) / n
     summary = {"steps": len(rows), "wall_time_s": wall_time_s, "window": n,
-               "tokens_per_s_mean": sum(r["tokens_per_s"] for r in rows) / len(rows),
                "step_time_s_mean": sum(r["step_time_s"] for r in rows) / len(rows)}
+    rate = "env_steps_per_s" if "env_steps_per_s" in rows[0] else "tokens_per_s"  # embodied: env steps
+    summary[f"{rate}_mean"] = sum(r[rate] for r in rows) / len(rows)
     summary["reward_first"], summary["reward_last"] = ends("reward_mean")
+    if "success_rate" in rows[0] and all("success_rate" in r for r in rows):
+        summary["success_rate_first"], summary["success_rate_last"] = ends("success_rate")
     if "tool_call_rate" in rows[0]:  # the agentic workflow: how often episodes used a tool
         summary["tool_call_rate_first"], summary["tool_call_rate_last"] = ends("tool_call_rate")
     return summary

@@ -33,6 +33,7 @@ from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
 from dynarl.components.workflows.agentic_config import AgenticSection
+from dynarl.components.workflows.embodied_config import EmbodiedSection
 from dynarl.components.placement.plan import COMPONENTS, Placement, PlacementError, from_pools, pools_for
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.config_tree import apply_override, build, to_dict
@@ -309,12 +310,15 @@ class TrainConfig:
     run: RunSection = field(default_factory=RunSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
-    workflow: Literal["grpo", "agentic", "ppo"] = "grpo"
+    workflow: Literal["grpo", "agentic", "ppo", "embodied"] = "grpo"
     """grpo: one response per sample; agentic: multi-turn tool-using episodes
     (components/workflows/agentic.py), with task.kind calc; ppo: one response per
-    sample, advantages from a critic by GAE (components/workflows/ppo.py)."""
+    sample, advantages from a critic by GAE (components/workflows/ppo.py); embodied: a
+    small policy on a simulator's envs (components/workflows/embodied.py, the
+    `embodied` section; model, task, rollout, inference and trainer do not apply)."""
     agentic: AgenticSection = field(default_factory=AgenticSection)
     critic: CriticSection = field(default_factory=CriticSection)
+    embodied: EmbodiedSection = field(default_factory=EmbodiedSection)
 
     def __post_init__(self) -> None:
         emulated = self.runtime.cluster.device_kind == "emulated"
@@ -341,6 +345,9 @@ class TrainConfig:
                                                        "only; set it false")
         if self.placement.mode != "hybrid" and self.placement.pools:
             raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {self.placement.mode!r}")
+        if self.workflow == "embodied":
+            self._check_embodied()
+            return
         if self.placement.mode == "auto":
             self._check_auto()
         else:
@@ -488,6 +495,25 @@ class TrainConfig:
                                            f"not {self.task.kind!r}")
         if self.task.kind == "calc" and self.workflow != "agentic":
             raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
+
+    def _check_embodied(self) -> None:
+        """Env workers, the policy and its learner on the cluster's devices (embodied.place);
+        the DynaRL scheduler and asynchronous steps are for the LLM workflows. (Whether
+        the env exists and the policy can take its spaces is checked before any worker
+        starts: it builds one env.)"""
+        from dynarl.components.workflows.embodied import place
+        try:
+            place(self.placement.mode, self.embodied.env_workers, self.runtime.cluster.num_devices)
+        except ValueError as exc:
+            raise ConfigError("placement.mode", f"{exc}; add devices (runtime.cluster.devices_per_node) or "
+                                                "fewer embodied.env_workers") from None
+        if self.scheduler.policy != "static":
+            raise ConfigError("scheduler.policy", "the embodied workflow runs on a fixed placement: static")
+        if self.algorithm.max_staleness or self.rollout.oversample > 1:
+            raise ConfigError("algorithm.max_staleness" if self.algorithm.max_staleness else "rollout.oversample",
+                              "the embodied workflow is on-policy: set max_staleness 0 and oversample 1")
+        if self.runtime.launcher == "inproc":
+            raise ConfigError("runtime.launcher", "the embodied workflow's weight sync needs worker processes: local")
 
     def _check_ppo(self) -> None:
         """The critic is a native trainer on the trainer's devices, stepping on whole

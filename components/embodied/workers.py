@@ -1,0 +1,167 @@
+"""The embodied workflow's model workers: the policy that acts (rollout) and the
+learner that trains actor and critic (trainer).
+
+PolicyWorker holds the actor only; `act` samples one action per observation with a
+seed the workflow gives (so actions do not depend on which env chunk came first) and
+returns the sampled actions, their log-probs and what the envs step (clipped). It
+receives the learner's actor weights over the runtime's weight sync (weight_sync.py,
+as the LLM engines do).
+
+LearnerWorker holds actor, critic and one Adam over both; `train` takes an
+iteration's Trajectory, computes values and GAE (learn.gae), runs PPO (learn.
+ppo_update) and returns the update's figures. Its checkpoint is one file of
+tensors (actor, critic, optimizer state, RNG), loaded with weights_only.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import dynarl
+from dynarl.components import weight_sync
+from dynarl.components.embodied.learn import Rollout, gae, ppo_update
+from dynarl.components.embodied.policy import Actor, Critic, clip
+from dynarl.components.embodied.spaces import EnvSpec
+from dynarl.components.workflows.embodied_config import EmbodiedSection
+from dynarl.core.files import atomic_open
+from dynarl.transport.wire import register_struct
+
+BUCKET_BYTES = 1 << 20
+CHECKPOINT_FILE = "learner.pt"
+
+
+@register_struct(18)
+@dataclass(slots=True)
+class Trajectory:
+    """An iteration's transitions, [T][N] lists (T steps of N envs, chunks concatenated
+    in env-worker order), as they cross to the learner."""
+    obs: list[list[list[float]]]
+    actions: list[list[Any]]
+    logprobs: list[list[float]]
+    rewards: list[list[float]]
+    terminated: list[list[bool]]
+    truncated: list[list[bool]]
+    final_obs: list[list[list[float] | None]]
+    """Where step t truncated an episode: the observation it ended on; else None."""
+    last_obs: list[list[float]]
+    """The observation after the horizon's last step, per env."""
+
+    def __post_init__(self) -> None:
+        t = len(self.obs)
+        for name in ("actions", "logprobs", "rewards", "terminated", "truncated", "final_obs"):
+            if len(getattr(self, name)) != t:
+                raise ValueError(f"trajectory {name} has {len(getattr(self, name))} steps, obs has {t}")
+        n = len(self.last_obs)
+        if any(len(row) != n for name in ("obs", "actions", "rewards") for row in getattr(self, name)):
+            raise ValueError(f"every step of a trajectory has {n} envs")
+
+    def to_wire(self) -> list:
+        return [self.obs, self.actions, self.logprobs, self.rewards, self.terminated, self.truncated,
+                self.final_obs, self.last_obs]
+
+    @classmethod
+    def from_wire(cls, w: list) -> "Trajectory":
+        return cls(*w)
+
+
+class PolicyWorker(dynarl.Worker):
+    def __init__(self, spec: EnvSpec, hidden: int) -> None:
+        self.spec = spec
+        self.actor = Actor(self.spec, hidden)
+        self.weight_version = -1
+
+    async def act(self, obs: list[list[float]], seed: int) -> dict[str, list]:
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            dist = self.actor.distribution(torch.tensor(obs, dtype=torch.float32))
+            if self.spec.discrete:
+                actions = torch.multinomial(dist.probs, 1, generator=generator).squeeze(-1)
+            else:
+                actions = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator)
+            logprobs = self.actor.log_prob(dist, actions)
+        return {"actions": actions.tolist(), "logprobs": logprobs.tolist(), "env_actions": clip(self.spec, actions)}
+
+    async def receive_weights(self, group: str, version: int) -> int:
+        named = await weight_sync.receive_async(self.process_group(group), self.actor, BUCKET_BYTES,
+                                                self.weight_version, version)
+        with torch.no_grad():
+            params = dict(self.actor.named_parameters())
+            for name, tensor in named:
+                params[name].copy_(tensor)
+        self.weight_version = version
+        return version
+
+
+class LearnerWorker(dynarl.Worker):
+    def __init__(self, spec: EnvSpec, config: EmbodiedSection, seed: int) -> None:
+        self.spec = spec
+        self.config = config
+        torch.manual_seed(seed)  # the same initial weights for the same seed
+        self.actor = Actor(self.spec, config.hidden)
+        self.critic = Critic(self.spec, config.hidden)
+        self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=config.lr,
+                                          eps=1e-5)
+        self.generator = torch.Generator().manual_seed(seed + 1)
+        self.step = 0
+
+    async def train(self, trajectory: Trajectory) -> dict[str, float]:
+        return await asyncio.to_thread(self._train, trajectory)
+
+    def _train(self, tr: Trajectory) -> dict[str, float]:
+        c = self.config
+        obs = torch.tensor(tr.obs, dtype=torch.float32)                       # [T, N, D]
+        t, n = obs.shape[:2]
+        terminated = torch.tensor(tr.terminated, dtype=torch.bool)
+        truncated = torch.tensor(tr.truncated, dtype=torch.bool)
+        following = torch.cat([obs[1:], torch.tensor(tr.last_obs, dtype=torch.float32)[None]])
+        for step, row in enumerate(tr.final_obs):  # a truncated episode continues from where it ended
+            for env, final in enumerate(row):
+                if final is not None:
+                    following[step, env] = torch.tensor(final, dtype=torch.float32)
+        with torch.no_grad():
+            values, next_values = self.critic(obs), self.critic(following)
+        advantages, returns = gae(torch.tensor(tr.rewards, dtype=torch.float32), values, next_values, terminated,
+                                  truncated, c.gamma, c.lam)
+        actions = torch.tensor(tr.actions, dtype=torch.long if self.spec.discrete else torch.float32)
+        data = Rollout(obs=obs.reshape(t * n, -1), actions=actions.reshape(t * n, *actions.shape[2:]),
+                       logprobs=torch.tensor(tr.logprobs, dtype=torch.float32).reshape(-1),
+                       advantages=advantages.reshape(-1), returns=returns.reshape(-1), values=values.reshape(-1))
+        metrics = ppo_update(self.actor, self.critic, self.optimizer, data, epochs=c.epochs, minibatches=c.minibatches,
+                             clip_eps=c.clip_eps, value_coef=c.value_coef, entropy_coef=c.entropy_coef,
+                             max_grad_norm=c.max_grad_norm, generator=self.generator)
+        self.step += 1
+        if not self.spec.discrete:
+            metrics["action_std"] = float(self.actor.log_std.detach().exp().mean())
+        return metrics
+
+    async def send_weights(self, group: str, version: int) -> int:
+        buckets = [[(name, p.detach()) for name, p in bucket] for bucket in
+                   _buckets(self.actor.named_parameters())]
+        return await weight_sync.send_async(self.process_group(group), buckets, version)
+
+    async def save_checkpoint(self, path: str) -> int:
+        os.makedirs(path, exist_ok=True)
+        state = {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
+                 "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                 "step": torch.tensor(self.step)}
+        with atomic_open(os.path.join(path, CHECKPOINT_FILE), "wb") as f:
+            torch.save(state, f)
+        return self.step
+
+    async def load_checkpoint(self, path: str) -> int:
+        state = torch.load(os.path.join(path, CHECKPOINT_FILE), weights_only=True)
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.step = int(state["step"])
+        return self.step
+
+
+def _buckets(named) -> list:
+    from dynarl.components.trainer.base import bucket_by_bytes
+    return list(bucket_by_bytes(named, BUCKET_BYTES))
