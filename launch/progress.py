@@ -21,7 +21,8 @@ def step_line(m: dict[str, Any], total: int, eta_s: float | None = None) -> str:
     eta = f"  eta {duration(eta_s)}" if eta_s is not None else ""
     if "env_steps_per_s" in m:  # the embodied workflow
         success = f"  success {m['success_rate']:.2f}" if "success_rate" in m else ""
-        return (f"step {m['step'] + 1}/{total}  return {m['reward_mean']:.2f}{success}  episodes {m['episodes']}  "
+        ret = "-" if m["reward_mean"] is None else f"{m['reward_mean']:.2f}"
+        return (f"step {m['step'] + 1}/{total}  return {ret}{success}  episodes {m['episodes']}  "
                 f"{m['env_steps_per_s']:.0f} env steps/s  env idle {m['env_idle_frac']:.2f}  "
                 f"vloss {m['value_loss']:.3f}  ev {m['explained_var'] or 0:.2f}  {m['step_time_s']:.2f} s "
                 f"[rollout {m['rollout_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]{eta}")

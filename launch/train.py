@@ -166,7 +166,6 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str 
 def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
             resume: str | None) -> "Job":
     from dynarl.components.workflows import checkpoints as ckpt
-    from dynarl.components.workflows import ppo
     from dynarl.components.workflows.partial import resume_refused
 
     checkpoint = None
@@ -183,7 +182,7 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
         mismatch = ckpt.resume_mismatch(checkpoint[1], cfg.run.seed, cfg.run.prompts_per_step)
         if mismatch is not None:
             raise UsageError(f"--resume {resume}: {mismatch}")
-        refused = resume_refused(checkpoint[0], cfg.rollout.oversample) or ppo.resume_refused(
+        refused = resume_refused(checkpoint[0], cfg.rollout.oversample) or ckpt.workflow_refused(
             checkpoint[0], cfg.workflow)
         if refused is not None:
             raise UsageError(f"--resume {resume}: its checkpoint of step {checkpoint[1].step}: {refused}")
@@ -353,8 +352,9 @@ class Job:
             json.dump(summary, f, indent=1)
         n = summary["window"]
         steps = f"{n} steps" if n > 1 else "step"
-        print(f"done in {summary['wall_time_s']:.0f} s: reward first {steps} {summary['reward_first']:.3f}, "
-              f"last {steps} {summary['reward_last']:.3f}; run directory {self.run_dir}")
+        first, last = (("-" if x is None else f"{x:.3f}") for x in (summary["reward_first"], summary["reward_last"]))
+        print(f"done in {summary['wall_time_s']:.0f} s: reward first {steps} {first}, last {steps} {last}; "
+              f"run directory {self.run_dir}")
         return 0
 
     async def _main(self, runtime: Any, progress: Any, controller: Any) -> None:
@@ -449,9 +449,12 @@ def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
     rows = jsonl.read(metrics_path)
     n = summary_window(len(rows))
 
-    def ends(key: str) -> tuple[float, float]:
-        values = [r[key] for r in rows]
-        return sum(values[:n]) / n, sum(values[-n:]) / n
+    def ends(key: str) -> tuple[float | None, float | None]:
+        """The means of the first and last n steps' values (those given: an embodied
+        step where no episode has ended yet has none)."""
+        first, last = ([v for v in part if v is not None] for part in ([r[key] for r in rows[:n]],
+                                                                         [r[key] for r in rows[-n:]]))
+        return (sum(first) / len(first) if first else None), (sum(last) / len(last) if last else None)
     summary = {"steps": len(rows), "wall_time_s": wall_time_s, "window": n,
                "step_time_s_mean": sum(r["step_time_s"] for r in rows) / len(rows)}
     rate = "env_steps_per_s" if "env_steps_per_s" in rows[0] else "tokens_per_s"  # embodied: env steps

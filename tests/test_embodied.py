@@ -58,6 +58,19 @@ def test_spaces_the_policy_takes_and_those_it_refuses():
         spec_of(box, spaces.MultiDiscrete([2, 3]))
 
 
+def test_checkpoints_resume_only_the_workflow_that_wrote_them(tmp_path):
+    from dynarl.components.workflows.checkpoints import workflow_refused
+    llm, emb = tmp_path / "llm", tmp_path / "emb"
+    (llm / "critic").mkdir(parents=True)
+    emb.mkdir()
+    (emb / "learner.pt").write_bytes(b"")
+    assert workflow_refused(str(llm), "ppo") is None and workflow_refused(str(emb), "embodied") is None
+    assert "embodied workflow" in workflow_refused(str(emb), "grpo")
+    assert "LLM workflow" in workflow_refused(str(llm), "embodied")
+    (llm / "critic").rmdir()
+    assert "no critic state" in workflow_refused(str(llm), "ppo")
+
+
 def test_an_env_that_does_not_exist_is_refused_at_load_naming_the_field(tmp_path):
     with pytest.raises(EnvError, match="no environment 'Nope-v0'"):
         describe("Nope-v0")
@@ -103,8 +116,8 @@ def rows(run):
 
 
 def reaped(job):
-    w = job.workflow
-    assert_reaped([p for g in (*w.envs, w.policy, w.learner) for p in g.pids])
+    w = job.workflow  # a restarted env worker's first process too
+    assert_reaped([p for g in (*w.envs, *w.retired, w.policy, w.learner) for p in g.pids])
 
 
 def test_crashing_envs_are_reset_and_counted_and_the_run_resumes(tmp_path):
@@ -136,3 +149,4 @@ def test_a_hung_env_worker_is_restarted_and_the_run_goes_on(tmp_path):
     reaped(job)
     (row,) = rows(run)
     assert row["env_restarts"] == 1 and row["env_steps"] == 4 * 64  # the hung step ended its episodes
+    assert len(job.workflow.retired) == 1 and job.workflow.retired[0].pids

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from dynarl.components.workflows import jsonl
-from dynarl.components.workflows.grpo import _roll_back
+from dynarl.components.workflows.jsonl import roll_back
 from disk import fill, tmpfs
 
 
@@ -36,7 +36,7 @@ def test_resume_rolls_back_past_a_torn_tail(tmp_path):
         jsonl.append(path, {"step": step, "samples": [f"p{step}"]})
     with open(path, "a") as f:
         f.write('{"step": 4, "samp')
-    _roll_back(path, 2)
+    roll_back(path, 2)
     assert jsonl.read(path) == [{"step": 0, "samples": ["p0"]}, {"step": 1, "samples": ["p1"]}]
     assert open(path).read().endswith("\n")
     assert [r["step"] for r in jsonl.read(str(tmp_path / "ledger.rolled_back.jsonl"))] == [2, 3]

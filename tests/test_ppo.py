@@ -94,12 +94,24 @@ def test_a_critic_starts_at_0_and_its_steps_move_the_values_towards_the_returns(
     assert set(critic.train_step(batch)) >= {"loss", "value_clip_frac", "grad_norm"}
 
 
-def test_the_value_clip_holds_a_step_near_the_old_values():
-    critic = NativeCritic(value_head(build_model(ModelSpec())), TrainerConfig(lr=3e-2, value_clip=0.01))
-    far = critic_batch(5.0)
-    for _ in range(3):
-        metrics = critic.train_step(far)  # old values stay 0: clipped where V moved past 0.01
-    assert metrics["value_clip_frac"] > 0
+def test_the_value_clip_takes_the_gradient_from_values_past_it():
+    """PPO's value clip: a value that moved past old_value + clip towards its return
+    gets its loss from the clipped value, which does not depend on it. A critic whose
+    values all lie in (0.05, 9.95), with old values 0 and returns 5, has no gradient
+    at a clip of 0.05, and the full one without a clip to speak of."""
+    import dataclasses
+    critic = NativeCritic(value_head(build_model(ModelSpec())), TrainerConfig(lr=3e-3, value_clip=10.0))
+    for _ in range(10):
+        critic.train_step(critic_batch(2.0))  # values away from 0, towards 2
+    far = critic_batch(5.0)  # old values 0
+    assert all(0.05 < v < 9.95 for row in critic.values(far) for v in row)
+    grad_norm = {}
+    for clip in (0.05, 10.0):
+        critic.config = dataclasses.replace(critic.config, value_clip=clip, lr=0.0)  # lr 0: the values stay
+        metrics = critic.train_step(far)
+        grad_norm[clip] = metrics["grad_norm"]
+        assert metrics["value_clip_frac"] == (1.0 if clip == 0.05 else 0.0)
+    assert grad_norm[0.05] == 0.0 < grad_norm[10.0]
 
 
 def test_a_critic_needs_a_scalar_head_and_a_batch_with_returns():
@@ -157,7 +169,7 @@ def test_a_ppo_run_trains_its_critic_and_resumes_it(tmp_path):
     job = prepare(None, overrides(*PPO, "run.steps=4", "run.checkpoint_every=2"), run, None)
     assert job.run() == 0
     w = job.workflow
-    assert_reaped([p for group in (w.g.rollout, w.g.inference, w.g.trainer, w.critic) for p in group.pids])
+    assert_reaped([p for group in w.worker_groups() for p in group.pids])  # the critic's too
     first = rows(run)
     assert all(r["value_loss"] > 0 and "explained_var" in r for r in first)
     assert first[0]["value_mean"] == 0.0 and first[-1]["value_mean"] != 0.0  # a zero head, then trained
@@ -196,9 +208,38 @@ def test_ppo_under_the_dynarl_scheduler_moves_the_trainer_and_its_critic_and_tra
         job = prepare(None, overrides(*PPO, *JOB, f"scheduler.policy={policy}", "run.steps=2"), run, None)
         assert job.run() == 0
         w = job.workflow
-        assert_reaped([p for group in (w.g.rollout, w.g.inference, w.g.trainer, w.critic) for p in group.pids])
+        assert_reaped([p for group in w.worker_groups() for p in group.pids])  # the critic's too
         if policy == "dynarl":  # devices moved in every step, and the critic followed the trainer
             assert all(r["migrations"].get("p2p:trainer") and r["migrations"].get("p2p:critic") for r in rows(run))
             assert_reaped(w.critic_pool.group.pids)
         ledgers[policy] = [(e.step, e.sample_ids) for e in read_entries(os.path.join(run, "ledger.jsonl"))]
     assert ledgers["static"] == ledgers["dynarl"]
+
+
+def test_ppo_in_spatial_placement_keeps_its_critic_on_the_trainers_device(tmp_path):
+    run = str(tmp_path / "run")
+    job = prepare(None, overrides(*PPO, "placement.mode=spatial", "run.steps=2"), run, None)
+    assert job.run() == 0
+    w = job.workflow
+    assert_reaped([p for group in w.worker_groups() for p in group.pids])  # the critic's too
+    assert w.critic.devices == w.g.trainer.devices == [2]  # rollout 0, inference 1, trainer and critic 2
+    assert all(r["critic_s"] > 0 for r in rows(run))
+
+
+def test_a_critic_that_cannot_follow_stays_where_it_is_and_the_samples_are_the_same(tmp_path, monkeypatch):
+    """The critic's P2P move fails (rolled back): the step trains it where it is, the run
+    notes it, and the samples are the static run's."""
+    from dynarl.components.workflows import ppo
+    from dynarl.core.migration.p2p import MigrationFailed
+
+    async def refuse(*args, **kwargs):
+        raise MigrationFailed("injected")
+    monkeypatch.setattr(ppo, "p2p_migrate", refuse)
+    run = str(tmp_path / "run")
+    job = prepare(None, overrides(*PPO, *JOB, "scheduler.policy=dynarl", "run.steps=1"), run, None)
+    assert job.run() == 0
+    w = job.workflow
+    assert_reaped([p for group in w.worker_groups() for p in group.pids])
+    (row,) = rows(run)
+    assert row["migrations"].get("p2p:trainer") and not row["migrations"].get("p2p:critic")
+    assert w.critic.devices == [3] and row["critic_s"] > 0  # home, the trainer's home device

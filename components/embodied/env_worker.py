@@ -19,12 +19,53 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import dynarl
 from dynarl.components.embodied.spaces import make_env
+from dynarl.transport.wire import register_struct
+
+
+REPLACE_TRIES = 3
+
+
+def env_seed(seed: int, rank: int, num_envs: int, i: int) -> int:
+    """The first reset's seed of env i of worker `rank`: each env its own."""
+    return seed + (rank * num_envs + i) * 1_000_003
+
+
+def replacement_seed(seed: int, rank: int, num_envs: int, k: int) -> int:
+    """The seed of worker `rank`'s k-th rebuilt env: apart from every first seed."""
+    return seed + (rank * num_envs + num_envs) * 1_000_003 + 7 * k + 1
+
+
+@register_struct(29)
+@dataclass(slots=True)
+class EnvStep:
+    """One step of a worker's envs, as it crosses to the workflow."""
+    obs: list[list[float]]
+    """The next observations (an ended episode's env already reset)."""
+    rewards: list[float]
+    terminated: list[bool]
+    truncated: list[bool]
+    final_obs: list[list[float] | None]
+    """A truncated episode's last observation (its value is bootstrapped); else None."""
+    episodes: list[list[float]]
+    """[return, length, success (-1: not reported)] of each episode that ended."""
+    errors: int = 0
+    """Envs that crashed (reset) in this step."""
+    busy_s: float = 0.0
+
+    def to_wire(self) -> list:
+        return [self.obs, self.rewards, self.terminated, self.truncated, self.final_obs, self.episodes, self.errors,
+                self.busy_s]
+
+    @classmethod
+    def from_wire(cls, w: list) -> "EnvStep":
+        return cls(*w)
 
 
 class EnvWorker(dynarl.Worker):
@@ -35,11 +76,12 @@ class EnvWorker(dynarl.Worker):
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.resets = 0
+        self.replaced = 0
+        """Envs rebuilt after a reset failed (each gets a seed of its own: replacement_seed)."""
 
     async def setup(self) -> None:
         self.envs = [make_env(self.env_id) for _ in range(self.num_envs)]
-        base = self.seed + self.rank * self.num_envs * 1_000_003
-        self.obs = [self._reset(i, seed=base + i) for i in range(self.num_envs)]
+        self.obs = [self._reset(i, seed=env_seed(self.seed, self.rank, self.num_envs, i)) for i in range(self.num_envs)]
         self.returns, self.lengths = [0.0] * self.num_envs, [0] * self.num_envs
 
     async def teardown(self) -> None:
@@ -51,14 +93,35 @@ class EnvWorker(dynarl.Worker):
         obs, _ = self.envs[i].reset(seed=seed)
         return np.asarray(obs, dtype=np.float32)
 
+    def _replace(self, i: int) -> tuple[np.ndarray, int]:
+        """Env i rebuilt after its reset failed (the broken one closed as far as it can
+        be); up to REPLACE_TRIES fresh envs. Returns its first observation and the
+        failures met; raises when no fresh env resets (a simulator that cannot run)."""
+        failures = 0
+        for _ in range(REPLACE_TRIES):
+            try:
+                self.envs[i].close()
+            except Exception:
+                pass
+            self.replaced += 1
+            try:
+                self.envs[i] = make_env(self.env_id)
+                return self._reset(i, seed=replacement_seed(self.seed, self.rank, self.num_envs, self.replaced)), \
+                    failures
+            except Exception as exc:
+                failures += 1
+                last = exc
+        raise RuntimeError(f"env {i} of {self.env_id!r} cannot be reset: {REPLACE_TRIES} fresh envs failed "
+                           f"({last!r})")
+
     def observations(self) -> list[list[float]]:
         """The envs' current observations (an iteration's first)."""
         return [o.tolist() for o in self.obs]
 
-    async def step(self, actions: list) -> dict[str, Any]:
+    async def step(self, actions: list) -> EnvStep:
         return await asyncio.to_thread(self._step, actions)
 
-    def _step(self, actions: list) -> dict[str, Any]:
+    def _step(self, actions: list) -> EnvStep:
         if len(actions) != self.num_envs:
             raise ValueError(f"{len(actions)} actions for {self.num_envs} envs")
         begun = time.perf_counter()
@@ -90,9 +153,9 @@ class EnvWorker(dynarl.Worker):
                     obs = self._reset(i)
                 except Exception:  # a reset that fails: a fresh env
                     errors += 1
-                    self.envs[i] = make_env(self.env_id)
-                    obs = self._reset(i, seed=self.seed + self.resets)
+                    obs, failed = self._replace(i)
+                    errors += failed
             self.obs[i] = obs
-        return {"obs": [o.tolist() for o in self.obs], "rewards": rewards, "terminated": terminated,
-                "truncated": truncated, "final_obs": final, "episodes": episodes, "errors": errors,
-                "busy_s": time.perf_counter() - begun}
+        return EnvStep(obs=[o.tolist() for o in self.obs], rewards=rewards, terminated=terminated,
+                       truncated=truncated, final_obs=final, episodes=episodes, errors=errors,
+                       busy_s=time.perf_counter() - begun)

@@ -44,7 +44,8 @@ def make_env(env_id: str, **kwargs):
         import gymnasium as gym
     except ImportError:
         raise EnvError("the embodied workflow needs gymnasium: pip install 'dynarl[embodied]'") from None
-    import dynarl.components.embodied.flaky  # noqa: F401  registers dynarl/Flaky-v0 (fault injection)
+    if env_id.startswith("dynarl/"):
+        import dynarl.components.embodied.flaky  # noqa: F401  registers the fault-injecting envs
     module, _, name = env_id.rpartition(":")
     if module:
         try:

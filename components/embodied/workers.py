@@ -26,12 +26,13 @@ from dynarl.components import weight_sync
 from dynarl.components.embodied.learn import Rollout, gae, ppo_update
 from dynarl.components.embodied.policy import Actor, Critic, clip
 from dynarl.components.embodied.spaces import EnvSpec
+from dynarl.components.workflows.checkpoints import LEARNER_FILE
 from dynarl.components.workflows.embodied_config import EmbodiedSection
 from dynarl.core.files import atomic_open
 from dynarl.transport.wire import register_struct
 
 BUCKET_BYTES = 1 << 20
-CHECKPOINT_FILE = "learner.pt"
+CHECKPOINT_FILE = LEARNER_FILE
 
 
 @register_struct(18)
@@ -68,13 +69,31 @@ class Trajectory:
         return cls(*w)
 
 
+@register_struct(30)
+@dataclass(slots=True)
+class Action:
+    """The policy's actions for one chunk's observations."""
+    actions: list[Any]
+    """As sampled (what the learner trains on)."""
+    logprobs: list[float]
+    env_actions: list[Any]
+    """What the envs step: clipped to a Box's bounds, ints for a Discrete."""
+
+    def to_wire(self) -> list:
+        return [self.actions, self.logprobs, self.env_actions]
+
+    @classmethod
+    def from_wire(cls, w: list) -> "Action":
+        return cls(*w)
+
+
 class PolicyWorker(dynarl.Worker):
     def __init__(self, spec: EnvSpec, hidden: int) -> None:
         self.spec = spec
         self.actor = Actor(self.spec, hidden)
         self.weight_version = -1
 
-    async def act(self, obs: list[list[float]], seed: int) -> dict[str, list]:
+    async def act(self, obs: list[list[float]], seed: int) -> Action:
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             dist = self.actor.distribution(torch.tensor(obs, dtype=torch.float32))
@@ -83,7 +102,7 @@ class PolicyWorker(dynarl.Worker):
             else:
                 actions = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator)
             logprobs = self.actor.log_prob(dist, actions)
-        return {"actions": actions.tolist(), "logprobs": logprobs.tolist(), "env_actions": clip(self.spec, actions)}
+        return Action(actions.tolist(), logprobs.tolist(), clip(self.spec, actions))
 
     async def receive_weights(self, group: str, version: int) -> int:
         named = await weight_sync.receive_async(self.process_group(group), self.actor, BUCKET_BYTES,

@@ -110,13 +110,17 @@ class TrainBatch:
         """This data-parallel rank's part: contiguous whole groups (so GRPO advantages
         computed on a rank equal those of the full batch), balanced by group count;
         without group ids, contiguous samples balanced by count."""
+        return self.select(self.shard_indices(rank, world_size))
+
+    def shard_indices(self, rank: int, world_size: int) -> list[int]:
+        """The samples of `shard(rank, world_size)`, in batch order."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         keys = self.group_ids if self.group_ids is not None else list(range(len(self)))
         order = list(dict.fromkeys(keys))  # groups by first appearance
         start, end = shard_ranges(len(order), world_size)[rank]
         mine = set(order[start:end])
-        return self.select([i for i, k in enumerate(keys) if k in mine])
+        return [i for i, k in enumerate(keys) if k in mine]
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,6 +18,10 @@ from dynarl.core.files import atomic_open
 
 STATE_FILE = "state.json"
 LEDGER_FILE = "ledger.jsonl"
+CRITIC_DIR = "critic"
+"""workflow ppo: the critic's state inside a checkpoint (components/workflows/ppo.py)."""
+LEARNER_FILE = "learner.pt"
+"""workflow embodied: the learner's state, the whole checkpoint (components/embodied/workers.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,3 +86,16 @@ def prune(run_dir: str, keep: int) -> None:
         step = int(name.removeprefix("step_")) if name.startswith("step_") and name[5:].isdigit() else -1
         if complete or step < newest:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def workflow_refused(path: str, workflow: str) -> str | None:
+    """Why checkpoint `path` cannot resume a run of `workflow`, or None: an embodied
+    run's checkpoint is its learner's alone, a ppo run's has its critic's state too."""
+    embodied = os.path.isfile(os.path.join(path, LEARNER_FILE))
+    if (workflow == "embodied") != embodied:
+        made = "the embodied workflow" if embodied else "an LLM workflow (grpo, agentic, ppo)"
+        return f"it was written by {made}: resume it with that workflow, not {workflow}"
+    if workflow == "ppo" and not os.path.isdir(os.path.join(path, CRITIC_DIR)):
+        return (f"no critic state ({CRITIC_DIR}/): the checkpoint is from a run without a critic "
+                "(workflow grpo); resume it with that workflow")
+    return None

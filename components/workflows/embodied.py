@@ -24,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from dynarl.components.embodied.env_worker import EnvWorker
+from dynarl.components.embodied.env_worker import EnvStep, EnvWorker
 from dynarl.components.embodied.spaces import EnvSpec, describe
-from dynarl.components.embodied.workers import LearnerWorker, PolicyWorker, Trajectory
+from dynarl.components.embodied.workers import Action, LearnerWorker, PolicyWorker, Trajectory
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.stages import StageClock, held
@@ -65,23 +65,29 @@ def place(mode: str, env_workers: int, num_devices: int) -> EmbodiedPlacement:
 
 @dataclass(slots=True)
 class Chunk:
-    """One env worker's transitions of an iteration."""
-    obs: list = None
-    actions: list = None
-    logprobs: list = None
-    rewards: list = None
-    terminated: list = None
-    truncated: list = None
-    final_obs: list = None
-    last_obs: list = None
-    episodes: list = None
+    """One env worker's transitions of an iteration, [T][envs]."""
+    obs: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    rewards: list = field(default_factory=list)
+    terminated: list = field(default_factory=list)
+    truncated: list = field(default_factory=list)
+    final_obs: list = field(default_factory=list)
+    last_obs: list = field(default_factory=list)
+    episodes: list = field(default_factory=list)
     errors: int = 0
     restarts: int = 0
     busy_s: float = 0.0
 
-    def __post_init__(self) -> None:
-        for name in ("obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs", "episodes"):
-            setattr(self, name, [])
+
+STEP_FIELDS = ("obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs")
+
+
+def trajectory(chunks: list[Chunk]) -> Trajectory:
+    """The iteration's transitions: at each step, the chunks' envs side by side."""
+    steps = len(chunks[0].obs)
+    joined = {name: [sum((getattr(c, name)[t] for c in chunks), []) for t in range(steps)] for name in STEP_FIELDS}
+    return Trajectory(**joined, last_obs=sum((c.last_obs for c in chunks), []))
 
 
 class Embodied:
@@ -96,6 +102,10 @@ class Embodied:
         self.policy: WorkerGroup | None = None
         self.learner: WorkerGroup | None = None
         self.last_return: float | None = None
+        self.restarts = 0
+        """Env workers restarted in this run (hung)."""
+        self.retired: list[WorkerGroup] = []
+        """The env worker groups restarts replaced (stopped)."""
 
     # --- the run ---------------------------------------------------------------------
     async def run(self, resume: tuple[str, ckpt.CheckpointState] | None = None) -> None:
@@ -116,8 +126,7 @@ class Embodied:
     async def spawn(self) -> None:
         cfg, e, p = self.cfg, self.cfg.embodied, self.placement
         self.progress.stage("spawn")
-        envs = [self.ctl.spawn(EnvWorker, name=f"env{i}", devices=[d],
-                               init={"env_id": e.env_id, "num_envs": e.envs_per_worker, "seed": cfg.run.seed + 7919 * i})
+        envs = [self.ctl.spawn(EnvWorker, name=f"env{i}", devices=[d], init=self.env_init(i))
                 for i, d in enumerate(p.env)]
         *self.envs, self.policy, self.learner = await gather_or_cancel([
             *envs, self.ctl.spawn(PolicyWorker, name="rollout", devices=[p.rollout],
@@ -132,19 +141,10 @@ class Embodied:
         chunks = await held(self.ctl, self.policy, self.clock, label, "act", lambda: gather_or_cancel(
             [self.run_chunk(i, step, label) for i in range(len(self.envs))]))
         rollout_s = time.perf_counter() - begun
-        trajectory = Trajectory(
-            obs=[sum((c.obs[t] for c in chunks), []) for t in range(self.cfg.embodied.horizon)],
-            actions=[sum((c.actions[t] for c in chunks), []) for t in range(self.cfg.embodied.horizon)],
-            logprobs=[sum((c.logprobs[t] for c in chunks), []) for t in range(self.cfg.embodied.horizon)],
-            rewards=[sum((c.rewards[t] for c in chunks), []) for t in range(self.cfg.embodied.horizon)],
-            terminated=[sum((c.terminated[t] for c in chunks), []) for t in range(self.cfg.embodied.horizon)],
-            truncated=[sum((c.truncated[t] for c in chunks), []) for t in range(self.cfg.embodied.horizon)],
-            final_obs=[sum((c.final_obs[t] for c in chunks), []) for t in range(self.cfg.embodied.horizon)],
-            last_obs=sum((c.last_obs for c in chunks), []))
         train_begun = time.perf_counter()
         learner = self.learner
         train = (await held(self.ctl, learner, self.clock, label, "train",
-                            lambda: learner.call("train", trajectory)))[0]
+                            lambda: learner.call("train", trajectory(chunks))))[0]
         trainer_s = time.perf_counter() - train_begun
         sync_begun = time.perf_counter()
         await self.sync_weights(step + 1, label)
@@ -159,38 +159,46 @@ class Embodied:
         loop = asyncio.get_running_loop()
         begun = loop.time()
         for t in range(e.horizon):
-            act = (await self.policy.call("act", obs, _seed(self.cfg.run.seed, step, i, t)))[0]
+            act: Action = (await self.policy.call("act", obs, _seed(self.cfg.run.seed, step, i, t)))[0]
             try:
                 async with asyncio.timeout(e.step_timeout_s):
-                    out = (await env.call("step", act["env_actions"]))[0]
+                    out: EnvStep = (await env.call("step", act.env_actions))[0]
             except TimeoutError:  # a hung simulator: a fresh worker on the device; the step ends its episodes
                 env = await self.restart_env(i)
                 chunk.restarts += 1
                 fresh = (await env.call("observations"))[0]
-                out = {"obs": fresh, "rewards": [0.0] * len(obs), "terminated": [False] * len(obs),
-                       "truncated": [True] * len(obs), "final_obs": obs, "episodes": [], "errors": 0, "busy_s": 0.0}
+                n = len(obs)
+                out = EnvStep(obs=fresh, rewards=[0.0] * n, terminated=[False] * n, truncated=[True] * n,
+                              final_obs=obs, episodes=[])
             chunk.obs.append(obs)
-            chunk.actions.append(act["actions"])
-            chunk.logprobs.append(act["logprobs"])
+            chunk.actions.append(act.actions)
+            chunk.logprobs.append(act.logprobs)
             for name in ("rewards", "terminated", "truncated", "final_obs"):
-                getattr(chunk, name).append(out[name])
-            chunk.episodes += out["episodes"]
-            chunk.errors += out["errors"]
-            chunk.busy_s += out["busy_s"]
-            obs = out["obs"]
+                getattr(chunk, name).append(getattr(out, name))
+            chunk.episodes += out.episodes
+            chunk.errors += out.errors
+            chunk.busy_s += out.busy_s
+            obs = out.obs
         chunk.last_obs = obs
         self.clock.spans.append(_span("env", [self.placement.env[i]], begun, loop.time(), label))
         return chunk
 
     async def restart_env(self, i: int) -> WorkerGroup:
+        """Env worker i, hung, stopped (its process reaped) and started again on its device
+        with seeds of its own (the restart's number)."""
         e, old = self.cfg.embodied, self.envs[i]
         self.progress.note(f"env worker {i} hung past {e.step_timeout_s} s: restarted, its envs reset")
+        self.restarts += 1
+        self.retired.append(old)
         await self.ctl.stop_group(old)
-        self.envs[i] = await self.ctl.spawn(EnvWorker, name=f"env{i}~{len(self.clock.spans)}",
-                                            devices=[self.placement.env[i]],
-                                            init={"env_id": e.env_id, "num_envs": e.envs_per_worker,
-                                                  "seed": self.cfg.run.seed + 7919 * i + len(self.clock.spans)})
+        self.envs[i] = await self.ctl.spawn(EnvWorker, name=f"env{i}~{self.restarts}", devices=[self.placement.env[i]],
+                                            init=self.env_init(i, restart=self.restarts))
         return self.envs[i]
+
+    def env_init(self, i: int, restart: int = 0) -> dict[str, Any]:
+        e = self.cfg.embodied
+        return {"env_id": e.env_id, "num_envs": e.envs_per_worker,
+                "seed": self.cfg.run.seed + 7919 * i + 104_729 * restart}
 
     def metrics(self, step: int, chunks: list[Chunk], train: dict[str, float], rollout_s: float, trainer_s: float,
                 sync_s: float, step_s: float) -> dict[str, Any]:
@@ -200,7 +208,7 @@ class Embodied:
         successes = [ep[2] for ep in episodes if ep[2] >= 0]
         env_steps = sum(len(c.rewards) * len(c.rewards[0]) for c in chunks if c.rewards)
         return {
-            "step": step, "reward_mean": self.last_return if self.last_return is not None else 0.0,
+            "step": step, "reward_mean": self.last_return,  # None until an episode has ended
             "episodes": len(episodes),
             "episode_len_mean": sum(ep[1] for ep in episodes) / len(episodes) if episodes else 0.0,
             **({"success_rate": sum(successes) / len(successes)} if successes else {}),
@@ -227,9 +235,11 @@ class Embodied:
     async def restore(self, path: str, state: ckpt.CheckpointState) -> int:
         """The learner's actor, critic and optimizer from a checkpoint; metrics of later
         steps roll back. The envs start new episodes (their simulator state is not kept)."""
-        from dynarl.components.workflows.grpo import _roll_back
+        refused = ckpt.workflow_refused(path, "embodied")  # (dynarl train checks it before any worker starts)
+        if refused is not None:
+            raise ValueError(f"{path}: {refused}")
         await self.learner.call("load_checkpoint", path)
-        _roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
+        jsonl.roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
         await self.sync_weights(state.step, "restore")
         self.progress.note(f"resumed from {path}: step {state.step}")
         return state.step

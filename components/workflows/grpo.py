@@ -510,20 +510,9 @@ class GRPO:
             raise ValueError(f"{path}: {refused}")
         if self.partial is not None:
             self.partial.load(path, state.step)
-        _roll_back(os.path.join(self.run_dir, ckpt.LEDGER_FILE), state.step)
-        _roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
+        jsonl.roll_back(os.path.join(self.run_dir, ckpt.LEDGER_FILE), state.step)
+        jsonl.roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
         await self.load_reference()
         await self.sync_weights(state.step, "restore")
         self.progress.note(f"resumed from {path}: step {state.step}, {self.ledger.num_steps} steps in the ledger")
         return state.step
-
-
-def _roll_back(path: str, step: int) -> None:
-    """Keeps the JSON lines of steps before `step`; moves the rest to *.rolled_back.jsonl
-    (a torn last line, from a crash mid-append, goes)."""
-    if not os.path.exists(path):
-        return
-    records = jsonl.read(path)
-    for dropped in (r for r in records if r["step"] >= step):
-        jsonl.append(path.removesuffix(".jsonl") + ".rolled_back.jsonl", dropped)
-    jsonl.rewrite(path, [r for r in records if r["step"] < step])

@@ -65,3 +65,14 @@ def read(path: str) -> list[Any]:
             except ValueError as exc:
                 raise DamagedFile(f"{path}:{number}: not a JSON record ({exc}); the file is damaged") from None
     return records
+
+
+def roll_back(path: str, step: int) -> None:
+    """Keeps the JSON lines of steps before `step`; moves the rest to *.rolled_back.jsonl
+    (a torn last line, from a crash mid-append, goes)."""
+    if not os.path.exists(path):
+        return
+    records = read(path)
+    for dropped in (r for r in records if r["step"] >= step):
+        append(path.removesuffix(".jsonl") + ".rolled_back.jsonl", dropped)
+    rewrite(path, [r for r in records if r["step"] < step])

@@ -39,8 +39,7 @@ from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
-CRITIC_DIR = "critic"
-"""The critic's state inside a checkpoint directory."""
+CRITIC_DIR = ckpt.CRITIC_DIR
 CRITIC_INIT_DIR = "critic_init"
 """The warm-started policy the critic starts from, as an HF folder in the run directory."""
 
@@ -88,15 +87,6 @@ def gae_targets(rewards: Sequence[float], values: Sequence[Sequence[float]],
         mean, std = flat_adv.mean(), flat_adv.std()
         advantages = [torch.where(m, (a - mean) / (std + 1e-8), torch.zeros_like(a)) for a, m in zip(advantages, masks)]
     return Targets([a.tolist() for a in advantages], [r.tolist() for r in returns], explained)
-
-
-def resume_refused(path: str, workflow: str) -> str | None:
-    """Why checkpoint `path` cannot resume a run of `workflow`, or None: a ppo run needs
-    the critic's state that only a ppo run writes."""
-    if workflow == "ppo" and not os.path.isdir(os.path.join(path, CRITIC_DIR)):
-        return (f"no critic state ({CRITIC_DIR}/): the checkpoint is from a run without a critic "
-                "(workflow grpo); resume it with that workflow")
-    return None
 
 
 class PPOStepRanks(StepRanks):
@@ -148,8 +138,8 @@ class PPO(GRPO):
             self.critic = (await p2p_migrate(self.ctl, self.critic, list(devices),
                                              dict(self.critic.handles[0].spec.init_kwargs),
                                              dp_group_prefix="critic_dp", standby=self.critic_pool)).group
-        except MigrationFailed as exc:  # rolled back: the critic works where it was (slower, not wrong)
-            self.scheduling.scheduler.log.failures.append(f"the critic stays on {old}: {exc}")
+        except MigrationFailed as exc:  # rolled back: the critic works where it was; tried again (rejoin)
+            self.progress.note(f"scheduler: the critic stays on devices {old} for now: {exc}")
             return
         await mover.charge(mover.costs.state_s)
         mover.record("p2p", "critic", [d for d in devices if d not in old], begun)
@@ -172,7 +162,7 @@ class PPO(GRPO):
                    lambda: critic.call("save_checkpoint", os.path.join(path, CRITIC_DIR)), component="critic")
 
     async def restore(self, path: str, state: ckpt.CheckpointState) -> int:
-        refused = resume_refused(path, "ppo")  # (dynarl train checks it before any worker starts)
+        refused = ckpt.workflow_refused(path, "ppo")  # (dynarl train checks it before any worker starts)
         if refused is not None:
             raise ValueError(f"{path}: {refused}")
         where = os.path.join(path, CRITIC_DIR)
@@ -182,8 +172,15 @@ class PPO(GRPO):
                    lambda: critic.call("load_checkpoint", where), component="critic")
         return await super().restore(path, state)
 
+    async def rejoin(self) -> None:
+        """The critic back on the trainer's devices where a follow failed (policy dynarl):
+        before the critic's passes, and after the step's restore."""
+        if self.scheduling is not None and sorted(self.critic.devices) != sorted(self.g.trainer.devices):
+            await self.follow(self.g.trainer.devices)
+
     async def step(self, step: int) -> dict[str, Any]:
         metrics = await super().step(step)
+        await self.rejoin()
         return metrics | self.critic_metrics | {"critic_s": self.clock.durations(f"step {step}").get("critic", 0.0)}
 
     async def train(self, batch: TrainBatch, label: str, method: str = "train") -> dict[str, float]:
@@ -191,6 +188,7 @@ class PPO(GRPO):
         if method != "train":  # the warm start: the policy alone
             return await super().train(batch, label, method)
         c = self.cfg.critic
+        await self.rejoin()
         values = await self.values(batch, label)
         if self.lengths_only:  # emulated engines (dynarl sim): the passes' time, no values to learn from
             policy, critic = await gather_or_cancel([super().train(batch, label), self.train_critic(batch, label)])
@@ -210,18 +208,24 @@ class PPO(GRPO):
         return policy
 
     async def values(self, batch: TrainBatch, label: str) -> list[list[float]]:
-        """The critic's V per response token, each rank on its part of the batch."""
+        """The critic's V per response token, each rank on its part of the batch (the
+        tokens only), put back in the batch's order."""
         critic = self.critic
         size = critic.world_size
-        parts = [batch.shard(rank, size) for rank in range(size)]
+        parts = [batch.shard_indices(rank, size) for rank in range(size)]
+        slim = TrainBatch(input_ids=batch.input_ids, prompt_lens=batch.prompt_lens, response_mask=batch.response_mask,
+                          advantages=[0.0] * len(batch), group_ids=batch.group_ids)
         results = await held(self.ctl, critic, self.clock, label, "compute_values",
-                             lambda: critic.scatter("compute_values", [[p.to_wire()] for p in parts]),
+                             lambda: critic.scatter("compute_values", [[slim.select(p).to_wire()] for p in parts]),
                              component="critic")
         if self.lengths_only:
             return []
-        values = [row for part in results for row in part]  # (shards are contiguous: the batch's order)
-        if len(values) != len(batch):
-            raise RuntimeError(f"the critic gave values for {len(values)} samples of {len(batch)}")
+        values: list[list[float] | None] = [None] * len(batch)
+        for indices, part in zip(parts, results):
+            if len(part) != len(indices):
+                raise RuntimeError(f"the critic gave values for {len(part)} samples of its part's {len(indices)}")
+            for i, row in zip(indices, part):
+                values[i] = row
         return values
 
     @property

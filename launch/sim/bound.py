@@ -81,7 +81,8 @@ def _turns(sample) -> list[tuple[int, float, int]]:
 def _downstream(m: cm.ModelShape, d: cm.DeviceSpec, seq: int, n: int, critic: bool) -> float:
     """The sample must be scored, then trained, after it ends: on all n devices at best
     (its group only adds to this); with a critic, its values come before the policy's
-    step (the critic's own step may run beside it)."""
+    step (the critic's own step is left out: on devices of its own it could run beside
+    the policy's, so the bound does not count it on the path)."""
     return (1 + critic) * cm.logprob_time(m, d, seq, seq, n) + cm.train_time(m, d, seq, seq, n)
 
 

@@ -47,15 +47,7 @@ class NativeCritic(NativeTrainer):
         """Collective. One AdamW step on the value loss of this rank's part."""
         if batch.returns is None:
             raise ValueError("a critic's batch needs returns and old_values")
-        if not self._onloaded:
-            raise RuntimeError("critic is offloaded; call onload() before train_step()")
-        num_tokens = int(self._all_reduce(torch.tensor([float(batch.num_loss_tokens())],
-                                                       dtype=torch.float64, device=self.device)).item())
-        if num_tokens == 0:
-            raise ValueError("the global batch has no response tokens with mask 1")
-        for p in self._params:
-            p.grad = None
-        return self._step(self._backward(batch, [0.0] * len(batch), num_tokens), num_tokens)
+        return self._train(batch, [0.0] * len(batch))  # (no advantages: the loss reads returns)
 
     def accumulate(self, batch: TrainBatch) -> None:
         raise NotImplementedError("the critic steps on whole batches (trainer.streaming is refused with ppo)")
@@ -74,6 +66,8 @@ class NativeCritic(NativeTrainer):
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> list[list[float]]:
         """V per response token of every sample (0 where the response mask is 0). Not collective."""
+        if not self._onloaded:
+            raise RuntimeError("critic is offloaded; call onload() before values()")
         self.model.eval()
         out: list[list[float]] = []
         size = self.config.micro_batch_size

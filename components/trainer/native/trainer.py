@@ -91,10 +91,11 @@ class NativeTrainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Collective. One AdamW step on this rank's part of the global batch (see
         `TrainBatch.shard`). Loss is the token-mean over the whole global batch."""
-        cfg = self.config
+        return self._train(batch, step_advantages(batch, self.config))
+
+    def _train(self, batch: TrainBatch, advantages: list) -> dict[str, float]:
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
-        advantages = step_advantages(batch, cfg)
         num_tokens = int(self._all_reduce(torch.tensor([float(batch.num_loss_tokens())],
                                                        dtype=torch.float64, device=self.device)).item())
         if num_tokens == 0:
