@@ -243,3 +243,23 @@ def test_a_critic_that_cannot_follow_stays_where_it_is_and_the_samples_are_the_s
     (row,) = rows(run)
     assert row["migrations"].get("p2p:trainer") and not row["migrations"].get("p2p:critic")
     assert w.critic.devices == [3] and row["critic_s"] > 0  # home, the trainer's home device
+
+
+def test_the_scheduler_prices_the_trainers_devices_with_the_critics_work():
+    """With a critic on the trainer's devices (ppo), each trained token costs its forward
+    pass and its step too: the trainer's predicted rate is 1 / (1 + 1/3 + 1) of GRPO's,
+    from the cost model and from a measured profile alike."""
+    from dynarl.components.workflows.rates import CostModelRates, MeasuredRates, trainer_passes
+    from dynarl.core.scheduler.view import RolloutProgress, StepWork
+    assert trainer_passes(False) == 1.0 and trainer_passes(True) == pytest.approx(7 / 3)
+    work, progress = StepWork(samples=64, prompt_mean=100.0, cap=1000), RolloutProgress(active=8, generated=800)
+    rates = {}
+    for passes in (1.0, 7 / 3):
+        model = CostModelRates(model="qwen2.5-7b", device="h100-80gb", tp=2, devices=16, max_seqs=256,
+                               trainer_passes=passes)
+        measured = MeasuredRates(tp=1, devices=4, max_seqs=64, trainer_passes=passes)
+        measured.profile_trainer([(1, 1000.0), (2, 1800.0)])
+        rates[passes] = (model.predictor(work, progress).rate("trainer", 4),
+                         measured.predictor(work, progress).rate("trainer", 2))
+    assert rates[7 / 3][0] == pytest.approx(rates[1.0][0] * 3 / 7)
+    assert rates[7 / 3][1] == pytest.approx(1800.0 * 3 / 7)
