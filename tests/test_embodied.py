@@ -63,7 +63,7 @@ def test_checkpoints_resume_only_the_workflow_that_wrote_them(tmp_path):
     llm, emb = tmp_path / "llm", tmp_path / "emb"
     (llm / "critic").mkdir(parents=True)
     emb.mkdir()
-    (emb / "learner.pt").write_bytes(b"")
+    (emb / "learner.safetensors").write_bytes(b"")
     assert workflow_refused(str(llm), "ppo") is None and workflow_refused(str(emb), "embodied") is None
     assert "embodied workflow" in workflow_refused(str(emb), "grpo")
     assert "LLM workflow" in workflow_refused(str(llm), "embodied")
@@ -136,8 +136,9 @@ def test_crashing_envs_are_reset_and_counted_and_the_run_resumes(tmp_path):
     assert job.run() == 0
     reaped(job)
     assert [r["step"] for r in rows(run)] == [0, 1, 2]
-    state = torch.load(os.path.join(run, "checkpoints", "step_000003", "learner.pt"), weights_only=True)
-    assert int(state["step"]) == 3  # 2 steps before the resume, one after
+    from safetensors import safe_open
+    with safe_open(os.path.join(run, "checkpoints", "step_000003", "learner.safetensors"), framework="pt") as f:
+        assert f.metadata()["step"] == "3"  # 2 steps before the resume, one after
 
 
 def test_a_hung_env_worker_is_restarted_and_the_run_goes_on(tmp_path):

@@ -10,15 +10,18 @@ as the LLM engines do).
 LearnerWorker holds actor, critic and one Adam over both; `train` takes an
 iteration's Trajectory, computes values and GAE (learn.gae), runs PPO (learn.
 ppo_update) and returns the update's figures. Its checkpoint is one file of
-tensors (actor, critic, optimizer state, RNG), loaded with weights_only.
+tensors (actor, critic, Adam's state, RNG) in safetensors.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+import safetensors
+import safetensors.torch
 import torch
 
 import dynarl
@@ -163,21 +166,35 @@ class LearnerWorker(dynarl.Worker):
         return await weight_sync.send_async(self.process_group(group), buckets, version)
 
     async def save_checkpoint(self, path: str) -> int:
+        """One safetensors file: actor, critic, Adam's per-parameter state and the RNG
+        (tensors); its step counts and the learner's step in the metadata (no pickle)."""
         os.makedirs(path, exist_ok=True)
-        state = {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
-                 "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
-                 "step": torch.tensor(self.step)}
+        tensors = {f"actor.{k}": v for k, v in self.actor.state_dict().items()}
+        tensors |= {f"critic.{k}": v for k, v in self.critic.state_dict().items()}
+        tensors["generator"] = self.generator.get_state()
+        steps = {}
+        for i, state in self.optimizer.state_dict()["state"].items():
+            tensors[f"adam.{i}.exp_avg"], tensors[f"adam.{i}.exp_avg_sq"] = state["exp_avg"], state["exp_avg_sq"]
+            steps[str(i)] = float(state["step"])
+        meta = {"step": str(self.step), "adam_steps": json.dumps(steps)}
         with atomic_open(os.path.join(path, CHECKPOINT_FILE), "wb") as f:
-            torch.save(state, f)
+            f.write(safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
         return self.step
 
     async def load_checkpoint(self, path: str) -> int:
-        state = torch.load(os.path.join(path, CHECKPOINT_FILE), weights_only=True)
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        self.step = int(state["step"])
+        file = os.path.join(path, CHECKPOINT_FILE)
+        with safetensors.safe_open(file, framework="pt") as f:
+            meta = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        self.actor.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("actor.")})
+        self.critic.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("critic.")})
+        optim = self.optimizer.state_dict()
+        optim["state"] = {int(i): {"step": torch.tensor(step), "exp_avg": tensors[f"adam.{i}.exp_avg"],
+                                   "exp_avg_sq": tensors[f"adam.{i}.exp_avg_sq"]}
+                          for i, step in json.loads(meta["adam_steps"]).items()}
+        self.optimizer.load_state_dict(optim)
+        self.generator.set_state(tensors["generator"])
+        self.step = int(meta["step"])
         return self.step
 
 

@@ -20,7 +20,7 @@ STATE_FILE = "state.json"
 LEDGER_FILE = "ledger.jsonl"
 CRITIC_DIR = "critic"
 """workflow ppo: the critic's state inside a checkpoint (components/workflows/ppo.py)."""
-LEARNER_FILE = "learner.pt"
+LEARNER_FILE = "learner.safetensors"
 """workflow embodied: the learner's state, the whole checkpoint (components/embodied/workers.py)."""
 
 

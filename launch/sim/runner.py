@@ -162,9 +162,10 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
             busy_ds += total * width
             totals.append(total)
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
+    held = {*COMPONENTS, *(g.name.split("@")[0] for g in wf.worker_groups())} - set(wf.stage_results)
     for span in wf.clock.spans:  # calls on held devices that are not stages: a whole-batch step, ppo's critic
-        if span.label != label or not span.devices or span.component in wf.stage_results:
-            continue
+        if span.label != label or not span.devices or span.component not in held:
+            continue  # (a move's span is no device work)
         s, e = (span.start - origin) / scale, (span.end - origin) / scale
         busy_ds += (e - s) * len(span.devices)
         run.busy.append((s, e, len(span.devices)))
