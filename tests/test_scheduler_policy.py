@@ -2,7 +2,8 @@ NUM_GPUS = 0
 
 import pytest
 
-from dynarl.core.scheduler.policy import (ClusterView, ComponentView, DynarlConfig, _release_options, decide_dynarl,
+from dynarl.core.scheduler.policy import (ClusterView, ComponentView, DynarlConfig, _give_to_bottlenecks,
+                                          _release_options, decide_dynarl,
                                           decide_static, is_donor, moved_requests_s, predicted_time, track_low)
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
@@ -281,3 +282,27 @@ def test_the_context_moved_requests_compute_again_is_charged_to_the_donor(token_
         assert plan.predicted_time_s == pytest.approx(2560.0 / 100.0)
     free = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8, charge_move_cost=False)
     assert decide_dynarl(ClusterView(10.0, (r, t)), predictor(), free).moves == (("rollout", "trainer", 2),)
+
+
+@pytest.mark.parametrize("inference_work, trainer_work, to_inference, to_trainer", [
+    # a barrier trainer's time adds to inference's: each of 2 freed devices saves
+    # inference (1 device: 1000/200 = 5 s -> 2.5 s -> 1.67 s) more than the trainer
+    # (4 devices: 700/50/4 = 3.5 s -> 2.8 s), though the trainer would finish last
+    (1000.0, 700.0, 2, 0),
+    # with little inference left, the trainer's devices save most
+    (100.0, 700.0, 0, 2),
+    # one each: inference's first device saves 2.5 s against the trainer's 2 s; its
+    # second 0.83 s against the trainer's 1.33 s
+    (1000.0, 2000.0, 1, 1),
+])
+def test_freed_devices_go_where_they_shorten_the_step_with_a_barrier_trainer(inference_work, trainer_work,
+                                                                             to_inference, to_trainer):
+    inference = ComponentView("inference", "static", 1, inference_work)
+    barrier = ComponentView("trainer", "static", 4, trainer_work, barrier=True)
+    donor = rollout(low=3, active=1, devices=4)
+    comps = (donor, inference, barrier)
+    allocation, moves = _give_to_bottlenecks(comps, {"rollout": 4, "inference": 1, "trainer": 4}, donor, 2,
+                                             [inference, barrier], predictor())
+    given = {r: n for _, r, n in moves}
+    assert (given.get("inference", 0), given.get("trainer", 0)) == (to_inference, to_trainer)
+    assert allocation == {"rollout": 2, "inference": 1 + to_inference, "trainer": 4 + to_trainer}

@@ -254,12 +254,20 @@ def _give_to_bottlenecks(comps: tuple[ComponentView, ...], current: dict[str, in
     def remaining(r: ComponentView) -> float:
         rate = predictor.rate(r.name, allocation[r.name], r.devices_per_engine, demand_engines(r))
         return float("inf") if rate <= 0 else r.remaining_work / rate
+
+    def with_unit(r: ComponentView) -> float:
+        """The step's predicted time if `r` got the next unit."""
+        return predicted_time(comps, {**allocation, r.name: allocation[r.name] + r.devices_per_engine}, predictor)
     while True:
         fitting = [r for r in receivers if r.devices_per_engine <= pool]
         if not fitting:
             break
-        # The receiver that would finish last gets the next unit.
-        target = max(fitting, key=lambda r: (remaining(r), r.name))
+        # The unit goes where it shortens the step most: among pipelined stages that is
+        # the one that would finish last (its time is the step's); a barrier stage's time
+        # adds to theirs, so a unit goes to it only where it saves more there (a
+        # pipelined stage on few devices saves more per unit than a wide trainer).
+        # Ties (no unit shortens the step): the one that would finish last.
+        target = min(fitting, key=lambda r: (with_unit(r), -remaining(r), r.name))
         allocation[target.name] += target.devices_per_engine
         given[target.name] = given.get(target.name, 0) + target.devices_per_engine
         pool -= target.devices_per_engine
