@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dynarl.components.trainer.native.losses import explained_variance
+
 from .policy import Actor, Critic
 
 
@@ -48,11 +50,6 @@ class Rollout:
     advantages: torch.Tensor   # [B]
     returns: torch.Tensor      # [B]
     values: torch.Tensor       # [B] the critic's before the update
-
-
-def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float | None:
-    var = returns.var()
-    return None if returns.numel() < 2 or float(var) == 0 else float(1 - (returns - values).var() / var)
 
 
 def ppo_update(actor: Actor, critic: Critic, optimizer: torch.optim.Optimizer, data: Rollout, *, epochs: int,

@@ -32,7 +32,7 @@ from dynarl.components.embodied.spaces import EnvSpec, describe
 from dynarl.components.embodied.workers import Action, LearnerWorker, PolicyWorker, Trajectory
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows import jsonl
-from dynarl.components.workflows.stages import StageClock, held
+from dynarl.components.workflows.stages import Span, StageClock, held
 from dynarl.core.controller import Controller
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
@@ -180,7 +180,7 @@ class Embodied:
             chunk.busy_s += out.busy_s
             obs = out.obs
         chunk.last_obs = obs
-        self.clock.spans.append(_span("env", [self.placement.env[i]], begun, loop.time(), label))
+        self.clock.spans.append(Span("env", [self.placement.env[i]], begun, loop.time(), label))
         return chunk
 
     async def restart_env(self, i: int) -> WorkerGroup:
@@ -249,7 +249,3 @@ def _seed(seed: int, step: int, chunk: int, t: int) -> int:
     """The action sampling seed of chunk `chunk`'s step t of iteration `step`."""
     return ((seed * 1_000_003 + step) * 10_007 + chunk) * 100_003 + t
 
-
-def _span(component: str, devices: list[int], start: float, end: float, label: str):
-    from dynarl.components.workflows.stages import Span
-    return Span(component, devices, start, end, label)

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from dynarl.components.trainer.base import TrainBatch
-from dynarl.components.trainer.native.losses import gae
+from dynarl.components.trainer.native.losses import explained_variance, gae
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.grpo import GRPO
@@ -80,9 +80,7 @@ def gae_targets(rewards: Sequence[float], values: Sequence[Sequence[float]],
     flat_adv = torch.cat(advantages)[flat_mask] if masks else torch.zeros(0)
     flat_ret = torch.cat(returns)[flat_mask] if masks else torch.zeros(0)
     flat_val = torch.cat([torch.tensor(v, dtype=torch.float32) for v in values])[flat_mask] if masks else torch.zeros(0)
-    explained = None
-    if flat_ret.numel() > 1 and float(flat_ret.var()) > 0:
-        explained = float(1 - (flat_ret - flat_val).var() / flat_ret.var())
+    explained = explained_variance(flat_val, flat_ret)
     if whiten and flat_adv.numel() > 1:
         mean, std = flat_adv.mean(), flat_adv.std()
         advantages = [torch.where(m, (a - mean) / (std + 1e-8), torch.zeros_like(a)) for a, m in zip(advantages, masks)]
@@ -175,8 +173,8 @@ class PPO(GRPO):
     async def rejoin(self) -> None:
         """The critic back on the trainer's devices where a follow failed (policy dynarl):
         before the critic's passes, and after the step's restore."""
-        if self.scheduling is not None and sorted(self.critic.devices) != sorted(self.g.trainer.devices):
-            await self.follow(self.g.trainer.devices)
+        if self.scheduling is not None:
+            await self.follow(self.g.trainer.devices)  # (nothing moves where it is already there)
 
     async def step(self, step: int) -> dict[str, Any]:
         metrics = await super().step(step)

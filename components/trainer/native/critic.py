@@ -33,8 +33,8 @@ def value_head(model: nn.Module) -> nn.Module:
 
 
 class NativeCritic(NativeTrainer):
-    """One data-parallel rank of the critic. `train_step` takes a batch with
-    `returns` and `old_values`; `values` computes V per response token."""
+    """One data-parallel rank of the critic. `train_step` (and streaming `accumulate`)
+    take a batch with `returns` and `old_values`; `values` computes V per response token."""
 
     TERMS = ("loss", "value_clip_frac")
 
@@ -43,14 +43,11 @@ class NativeCritic(NativeTrainer):
             raise ValueError("the critic's model needs a scalar head: build it with critic.value_head(model)")
         super().__init__(model, config, process_group)
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """Collective. One AdamW step on the value loss of this rank's part."""
+    def _advantages(self, batch: TrainBatch) -> list:
+        """Zeros: the value loss reads the batch's returns and old values instead."""
         if batch.returns is None:
             raise ValueError("a critic's batch needs returns and old_values")
-        return self._train(batch, [0.0] * len(batch))  # (no advantages: the loss reads returns)
-
-    def accumulate(self, batch: TrainBatch) -> None:
-        raise NotImplementedError("the critic steps on whole batches (trainer.streaming is refused with ppo)")
+        return [0.0] * len(batch)
 
     def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
         values = self._values(mb)

@@ -180,6 +180,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, returns
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float | None:
+    """1 - Var(R - V) / Var(R): how much of the returns a critic's values explain (1
+    perfect, 0 no better than their mean, < 0 worse); None where Var(R) = 0."""
+    if returns.numel() < 2 or float(returns.var()) == 0:
+        return None
+    return float(1 - (returns - values).var() / returns.var())
+
+
 def step_advantages(batch, config) -> list:
     """What a GRPO step trains on: the batch's advantages, or group-normalised ones
     from its rewards. Refuses a KL term without reference log-probs."""

@@ -91,9 +91,7 @@ class NativeTrainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Collective. One AdamW step on this rank's part of the global batch (see
         `TrainBatch.shard`). Loss is the token-mean over the whole global batch."""
-        return self._train(batch, step_advantages(batch, self.config))
-
-    def _train(self, batch: TrainBatch, advantages: list) -> dict[str, float]:
+        advantages = self._advantages(batch)
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
         num_tokens = int(self._all_reduce(torch.tensor([float(batch.num_loss_tokens())],
@@ -109,7 +107,6 @@ class NativeTrainer:
         batch (advantages precomputed: `batch.advantages`, or whole groups), its loss
         terms summed over tokens; `apply` divides by the step's global token count,
         so the step equals one train_step over all the parts. Not collective."""
-        cfg = self.config
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before accumulate()")
         if self._pending is None:
@@ -117,7 +114,7 @@ class NativeTrainer:
             for p in self._params:
                 p.grad = None
         self._pending["tokens"] += batch.num_loss_tokens()
-        self._pending["sums"] += self._backward(batch, step_advantages(batch, cfg), 1)
+        self._pending["sums"] += self._backward(batch, self._advantages(batch), 1)
 
     def apply(self) -> dict[str, float]:
         """Collective. The optimizer step over every part accumulated since the last
@@ -142,6 +139,10 @@ class NativeTrainer:
         self.global_step += 1
         return dict(zip(self.TERMS, sums.tolist())) | {
             "grad_norm": grad_norm, "tokens": float(num_tokens), "step": float(self.global_step)}
+
+    def _advantages(self, batch: TrainBatch) -> list:
+        """What the loss of `batch` weighs its tokens by: GRPO's (or the batch's own) advantages."""
+        return step_advantages(batch, self.config)
 
     def _zero_terms(self) -> torch.Tensor:
         return torch.zeros(len(self.TERMS), dtype=torch.float64, device=self.device)
