@@ -19,6 +19,7 @@ BENCHES = {
     "faults": "dynarl.launch.bench.faults",
     "gpu": "dynarl.launch.bench.gpu",
     "async": "dynarl.launch.bench.overlap",
+    "env": "dynarl.launch.bench.env",
 }
 
 
@@ -55,7 +56,7 @@ COMMANDS = {
 
 
 SUMMARIES = {
-    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, gpu, async), "
+    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, gpu, async, env), "
              "ratios measured side by side",
     "eval": "mean reward and pass@k of a run's checkpoint or an HF folder on held-out problems",
     "export": "a run's trained policy as an HF folder (transformers loads it)",

@@ -84,9 +84,9 @@ def test_an_env_that_does_not_exist_is_refused_at_load_naming_the_field(tmp_path
 
 
 @pytest.mark.parametrize("mode, workers, devices, env, rollout, trainer", [
-    ("hybrid", 2, 3, (0, 1), 2, 2),    # envs apart, rollout and trainer time-share the last device
-    ("spatial", 2, 4, (0, 1), 2, 3),
-    ("temporal", 3, 2, (0, 1, 0), 0, 0),
+    ("hybrid", 2, 3, (0, 1), (2,), (2,)),    # envs apart, rollout and trainer time-share the last device
+    ("spatial", 2, 4, (0, 1), (2,), (3,)),
+    ("temporal", 3, 2, (0, 1, 0), (0,), (0,)),
 ])
 def test_place(mode, workers, devices, env, rollout, trainer):
     p = place(mode, workers, devices)

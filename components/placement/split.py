@@ -9,33 +9,36 @@ exactly the static split's weakness that dynamic policies address.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .plan import COMPONENTS
 
 
 def proportional_split(work: Mapping[str, float], num_devices: int,
-                       granularity: Mapping[str, int] | None = None) -> dict[str, int]:
-    unit = {c: (granularity or {}).get(c, 1) for c in COMPONENTS}
-    for c in COMPONENTS:
+                       granularity: Mapping[str, int] | None = None,
+                       components: Sequence[str] = COMPONENTS) -> dict[str, int]:
+    """`components`: the names split over (default the LLM workflows' three)."""
+    names = tuple(components)
+    unit = {c: (granularity or {}).get(c, 1) for c in names}
+    for c in names:
         if work.get(c, 0.0) < 0:
             raise ValueError(f"work of {c} must be >= 0, got {work[c]}")
         if unit[c] < 1:
             raise ValueError(f"granularity of {c} must be >= 1, got {unit[c]}")
     if num_devices < sum(unit.values()):
         raise ValueError(f"{num_devices} devices cannot hold one unit of each component ({unit})")
-    total = sum(work.get(c, 0.0) for c in COMPONENTS)
-    shares = {c: (work.get(c, 0.0) / total if total > 0 else 1 / len(COMPONENTS)) * num_devices for c in COMPONENTS}
-    units = {c: max(1, int(shares[c] // unit[c])) for c in COMPONENTS}
-    left = num_devices - sum(units[c] * unit[c] for c in COMPONENTS)
+    total = sum(work.get(c, 0.0) for c in names)
+    shares = {c: (work.get(c, 0.0) / total if total > 0 else 1 / len(names)) * num_devices for c in names}
+    units = {c: max(1, int(shares[c] // unit[c])) for c in names}
+    left = num_devices - sum(units[c] * unit[c] for c in names)
     while left < 0:  # the minimum of one unit each overshot: take from the largest
-        c = max(COMPONENTS, key=lambda c: (units[c] * unit[c], c))
+        c = max(names, key=lambda c: (units[c] * unit[c], c))
         if units[c] == 1:
             raise ValueError(f"{num_devices} devices cannot hold one unit of each component ({unit})")
         units[c] -= 1
         left += unit[c]
     # largest remainder first, one unit each per round; a unit that does not fit is skipped
-    order = sorted(COMPONENTS, key=lambda c: (-(shares[c] - units[c] * unit[c]) / unit[c], COMPONENTS.index(c)))
+    order = sorted(names, key=lambda c: (-(shares[c] - units[c] * unit[c]) / unit[c], names.index(c)))
     while left > 0:
         fitting = [c for c in order if unit[c] <= left]
         if not fitting:
@@ -44,4 +47,4 @@ def proportional_split(work: Mapping[str, float], num_devices: int,
             if unit[c] <= left:
                 units[c] += 1
                 left -= unit[c]
-    return {c: units[c] * unit[c] for c in COMPONENTS}
+    return {c: units[c] * unit[c] for c in names}

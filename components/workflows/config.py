@@ -325,6 +325,12 @@ class TrainConfig:
         if self.runtime.launcher == "inproc" and not emulated:
             raise ConfigError("runtime.launcher", "'inproc' cannot host torch.distributed groups for weight sync; "
                                                   "choose from 'local', 'agent'")
+        if self.workflow == "embodied":  # (its own workers: model, rollout, inference and trainer do not apply)
+            if (self.embodied.backend == "emulated") != emulated:
+                raise ConfigError("embodied.backend", "'emulated' workers run on emulated devices only, and "
+                                                      "emulated devices (runtime.cluster.device_kind) run only them")
+            self._check_embodied()
+            return
         for path, backend in (("rollout.backend", self.rollout.backend), ("inference.backend",
                               self.inference.backend), ("trainer.backend", self.trainer.backend)):
             if (backend == "emulated") != emulated:
@@ -345,9 +351,6 @@ class TrainConfig:
                                                        "only; set it false")
         if self.placement.mode != "hybrid" and self.placement.pools:
             raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {self.placement.mode!r}")
-        if self.workflow == "embodied":
-            self._check_embodied()
-            return
         if self.placement.mode == "auto":
             self._check_auto()
         else:
@@ -512,7 +515,7 @@ class TrainConfig:
         if self.algorithm.max_staleness or self.rollout.oversample > 1:
             raise ConfigError("algorithm.max_staleness" if self.algorithm.max_staleness else "rollout.oversample",
                               "the embodied workflow is on-policy: set max_staleness 0 and oversample 1")
-        if self.runtime.launcher == "inproc":
+        if self.runtime.launcher == "inproc" and self.embodied.backend == "gym":
             raise ConfigError("runtime.launcher", "the embodied workflow's weight sync needs worker processes: local")
 
     def _check_ppo(self) -> None:

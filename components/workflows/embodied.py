@@ -9,15 +9,21 @@ simulator, env workers beside the policy.
 An iteration: every chunk runs `embodied.horizon` steps, each an act on the policy
 and a step on its env worker; the chunks run at once, so the policy serves one
 chunk while the others step (pipelining at the granularity of env chunks). Then the
-trainer trains on all of them and the actor's weights go to the policy.
+trainer trains on all of them and the actor's weights go to the policy. One call
+computes on a device at a time (`turn`): a policy rank acts for one chunk at a time,
+and an env worker and a policy rank on one device take turns.
 
 Placement (placement.mode): hybrid, RLinf's default for embodied runs: env workers
 on devices of their own, rollout and trainer time-sharing the next one (device_lock);
 spatial: rollout and trainer on one device each; temporal: everything on the
-cluster's devices, time-shared. An env worker whose step passes
+cluster's devices, time-shared. `dynarl sim` gives the workflow placements of many
+policy and learner ranks (components/placement/embodied.py) and emulated workers
+(embodied.backend emulated); the learner's ranks train on their part of the envs.
+An env worker whose step passes
 embodied.step_timeout_s is restarted on its device (counted); an env that crashes is
 reset by its worker (counted). Metrics per iteration: the return and success rate
-of the episodes that ended, env steps per second, the env workers' idle share.
+of the episodes that ended, env steps per second, the env workers' idle share, and
+the seconds the env workers stepped and the policy acted.
 """
 from __future__ import annotations
 
@@ -27,11 +33,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynarl.components.embodied.emulated import EmulatedEnvWorker, EmulatedLearner, EmulatedPolicyWorker
 from dynarl.components.embodied.env_worker import EnvStep, EnvWorker
 from dynarl.components.embodied.spaces import EnvSpec, describe
 from dynarl.components.embodied.workers import Action, LearnerWorker, PolicyWorker, Trajectory
 from dynarl.components.workflows import checkpoints as ckpt
+from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.workflows import jsonl
+from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
 from dynarl.components.workflows.stages import Span, StageClock, held
 from dynarl.core.controller import Controller
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -42,25 +51,48 @@ class EmbodiedPlacement:
     mode: str
     env: tuple[int, ...]
     """Each env worker's device."""
-    rollout: int
-    trainer: int
+    rollout: tuple[int, ...]
+    """Each policy rank's device."""
+    trainer: tuple[int, ...]
+    """Each learner rank's device."""
+    envs: tuple[int, ...] = ()
+    """Each env worker's envs (empty: embodied.envs_per_worker each)."""
+
+    def __post_init__(self) -> None:
+        if not (self.env and self.rollout and self.trainer):
+            raise ValueError("a placement needs env workers, a policy rank and a learner rank")
+        if self.envs and (len(self.envs) != len(self.env) or min(self.envs) < 1):
+            raise ValueError(f"{len(self.envs)} env counts for {len(self.env)} env workers (each >= 1)")
 
     def describe(self) -> str:
-        return f"env {list(self.env)} | rollout {self.rollout} | trainer {self.trainer}"
+        return f"env {_span(self.env)} | rollout {_span(self.rollout)} | trainer {_span(self.trainer)}"
+
+    def policy_rank(self, chunk: int) -> int:
+        """The policy rank that acts for env worker `chunk`: its own device's where it has
+        one (temporal), else the chunks dealt round the ranks."""
+        device = self.env[chunk]
+        return self.rollout.index(device) if device in self.rollout else chunk % len(self.rollout)
+
+
+def _span(devices: tuple[int, ...]) -> str:
+    if len(devices) > 2 and list(devices) == list(range(devices[0], devices[0] + len(devices))):
+        return f"{devices[0]}-{devices[-1]}"
+    return str(list(devices)) if len(devices) != 1 else str(devices[0])
 
 
 def place(mode: str, env_workers: int, num_devices: int) -> EmbodiedPlacement:
-    """Pure: the devices of each component (see the module's docstring)."""
+    """Pure: the devices of each component of `dynarl train`'s embodied job (one policy
+    rank, one learner rank; see the module's docstring)."""
     if mode == "temporal":
-        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), 0, 0)
+        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,), (0,))
     need = env_workers + (1 if mode == "hybrid" else 2)
     if mode not in ("hybrid", "spatial"):
         raise ValueError(f"the embodied workflow places envs temporal, hybrid or spatial, not {mode!r}")
     if num_devices < need:
         raise ValueError(f"{mode} placement of {env_workers} env workers needs {need} devices, the cluster has "
                          f"{num_devices}")
-    return EmbodiedPlacement(mode, tuple(range(env_workers)), env_workers,
-                             env_workers + (0 if mode == "hybrid" else 1))
+    return EmbodiedPlacement(mode, tuple(range(env_workers)), (env_workers,),
+                             (env_workers + (0 if mode == "hybrid" else 1),))
 
 
 @dataclass(slots=True)
@@ -78,9 +110,28 @@ class Chunk:
     errors: int = 0
     restarts: int = 0
     busy_s: float = 0.0
+    """The env worker's time stepping."""
+    act_s: float = 0.0
+    """The policy's time acting for this chunk."""
 
 
 STEP_FIELDS = ("obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs")
+
+
+def split_envs(tr: Trajectory, parts: int) -> list[Trajectory]:
+    """Pure: the trajectory's envs in `parts` contiguous parts (the learner's data-parallel
+    ranks'), as even as they divide; one part is the trajectory itself."""
+    if parts == 1:
+        return [tr]
+    n = len(tr.last_obs)
+    if n < parts:
+        raise ValueError(f"{n} envs cannot be split over {parts} learner ranks")
+    bounds = [n * k // parts for k in range(parts + 1)]
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        out.append(Trajectory(**{name: [row[a:b] for row in getattr(tr, name)] for name in STEP_FIELDS},
+                              last_obs=tr.last_obs[a:b]))
+    return out
 
 
 def trajectory(chunks: list[Chunk]) -> Trajectory:
@@ -92,11 +143,21 @@ def trajectory(chunks: list[Chunk]) -> Trajectory:
 
 class Embodied:
     def __init__(self, ctl: Controller, cfg: Any, source: Any, tokenizer: Any, run_dir: str | None,
-                 progress: Any) -> None:
+                 progress: Any, *, placement: EmbodiedPlacement | None = None) -> None:
+        """`placement` defaults to cfg's (place); `run_dir` None writes no files (a simulation)."""
         self.ctl, self.cfg, self.run_dir, self.progress = ctl, cfg, run_dir, progress
         e = cfg.embodied
-        self.spec: EnvSpec = describe(e.env_id)
-        self.placement = place(cfg.placement.mode, e.env_workers, cfg.runtime.cluster.num_devices)
+        self.emulated = (e.emulated or EmulatedEmbodiedConfig()) if e.backend == "emulated" else None
+        """backend emulated: the emulated workers' costs (components/embodied/emulated.py)."""
+        self.spec: EnvSpec = describe(e.env_id) if self.emulated is None else self.emulated.spec
+        self.placement = placement or place(cfg.placement.mode, e.env_workers, cfg.runtime.cluster.num_devices)
+        if len(self.placement.env) != e.env_workers:
+            raise ValueError(f"the placement has {len(self.placement.env)} env workers, embodied.env_workers "
+                             f"{e.env_workers}")
+        if self.emulated is None and (len(self.placement.rollout), len(self.placement.trainer)) != (1, 1):
+            raise ValueError("the gym backend's policy and learner run on one rank each")
+        self.turns: dict[int, asyncio.Lock] = {}
+        """Device -> its turn: one call computes on a device at a time (an env step, an act)."""
         self.clock = StageClock(on_stage=progress.stage)
         self.envs: list[WorkerGroup] = []
         self.policy: WorkerGroup | None = None
@@ -124,44 +185,74 @@ class Embodied:
             self.progress.step(metrics)
 
     async def spawn(self) -> None:
-        cfg, e, p = self.cfg, self.cfg.embodied, self.placement
+        p, ctl = self.placement, self.ctl
         self.progress.stage("spawn")
-        envs = [self.ctl.spawn(EnvWorker, name=f"env{i}", devices=[d], init=self.env_init(i))
-                for i, d in enumerate(p.env)]
+        env_cls, policy_cls, learner_cls = ((EnvWorker, PolicyWorker, LearnerWorker) if self.emulated is None else
+                                            (EmulatedEnvWorker, EmulatedPolicyWorker, EmulatedLearner))
+        envs = [ctl.spawn(env_cls, name=f"env{i}", devices=[d], init=self.env_init(i)) for i, d in enumerate(p.env)]
         *self.envs, self.policy, self.learner = await gather_or_cancel([
-            *envs, self.ctl.spawn(PolicyWorker, name="rollout", devices=[p.rollout],
-                                  init={"spec": self.spec, "hidden": e.hidden}),
-            self.ctl.spawn(LearnerWorker, name="trainer", devices=[p.trainer],
-                           init={"spec": self.spec, "config": e, "seed": cfg.run.seed})])
-        await self.ctl.process_group("weight_sync", [(self.learner, 0), self.policy])
+            *envs, ctl.spawn(policy_cls, name="rollout", devices=list(p.rollout), init=self.policy_init()),
+            ctl.spawn(learner_cls, name="trainer", devices=list(p.trainer), init=self.learner_init())])
+        if self.emulated is not None:  # the emulated trainer's ranks start in their data-parallel group
+            dp = "trainer_dp" if self.learner.world_size > 1 else None
+            if dp is not None:
+                await ctl.process_group(dp, [self.learner])
+            await self.learner.call("start", dp)
+        await ctl.process_group("weight_sync", [(self.learner, 0), self.policy])
+
+    def worker_groups(self) -> list[WorkerGroup]:
+        return [*self.envs, self.policy, self.learner]
+
+    def policy_init(self) -> dict[str, Any]:
+        init: dict[str, Any] = {"spec": self.spec, "hidden": self.cfg.embodied.hidden}
+        if self.emulated is not None:
+            init |= {"emulated": self.emulated, "shares_device": bool(set(self.placement.rollout)
+                                                                      & set(self.placement.trainer))}
+        return init
+
+    def learner_init(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if self.emulated is None:
+            return {"spec": self.spec, "config": cfg.embodied, "seed": cfg.run.seed}
+        em = self.emulated
+        return {"model": cfg.model, "engine": cfg.trainer.engine, "warmup_lr": cfg.trainer.warmup.lr,
+                "bucket_bytes": cfg.trainer.sync_bucket_bytes, "backend": "emulated",
+                "shares_device": bool(set(self.placement.rollout) & set(self.placement.trainer)),
+                "backend_config": EmulatedTrainerConfig(model=em.model, device=em.device, time_scale=em.time_scale),
+                "emulated": em}
 
     async def step(self, step: int) -> dict[str, Any]:
         label = f"step {step}"
-        begun = time.perf_counter()
+        now = asyncio.get_running_loop().time  # (virtual time in a simulation)
+        begun = now()
         chunks = await held(self.ctl, self.policy, self.clock, label, "act", lambda: gather_or_cancel(
             [self.run_chunk(i, step, label) for i in range(len(self.envs))]))
-        rollout_s = time.perf_counter() - begun
-        train_begun = time.perf_counter()
-        learner = self.learner
+        rollout_s = now() - begun
+        train_begun = now()
+        learner, parts = self.learner, split_envs(trajectory(chunks), self.learner.world_size)
         train = (await held(self.ctl, learner, self.clock, label, "train",
-                            lambda: learner.call("train", trajectory(chunks))))[0]
-        trainer_s = time.perf_counter() - train_begun
-        sync_begun = time.perf_counter()
+                            lambda: learner.scatter("train", [[part] for part in parts])))[0]
+        trainer_s = now() - train_begun
+        sync_begun = now()
         await self.sync_weights(step + 1, label)
-        return self.metrics(step, chunks, train, rollout_s, trainer_s, time.perf_counter() - sync_begun,
-                            time.perf_counter() - begun)
+        return self.metrics(step, chunks, train, rollout_s, trainer_s, now() - sync_begun, now() - begun)
 
     async def run_chunk(self, i: int, step: int, label: str) -> Chunk:
         """Env worker i's envs through the horizon: act, step, repeat."""
-        e, chunk = self.cfg.embodied, Chunk()
+        e, chunk, p = self.cfg.embodied, Chunk(), self.placement
         env = self.envs[i]
+        rank = p.policy_rank(i)
         obs = (await env.call("observations"))[0]
         loop = asyncio.get_running_loop()
         begun = loop.time()
         for t in range(e.horizon):
-            act: Action = (await self.policy.call("act", obs, _seed(self.cfg.run.seed, step, i, t)))[0]
+            async with self.turn(p.rollout[rank]):
+                asked = loop.time()
+                act: Action = (await self.policy.call("act", obs, _seed(self.cfg.run.seed, step, i, t),
+                                                      ranks=[rank]))[0]
+                chunk.act_s += loop.time() - asked
             try:
-                async with asyncio.timeout(e.step_timeout_s):
+                async with asyncio.timeout(e.step_timeout_s), self.turn(p.env[i]):
                     out: EnvStep = (await env.call("step", act.env_actions))[0]
             except TimeoutError:  # a hung simulator: a fresh worker on the device; the step ends its episodes
                 env = await self.restart_env(i)
@@ -183,6 +274,14 @@ class Embodied:
         self.clock.spans.append(Span("env", [self.placement.env[i]], begun, loop.time(), label))
         return chunk
 
+    def turn(self, device: int) -> asyncio.Lock:
+        """The device's turn: an env worker and a policy rank on one device (temporal)
+        take turns, and a policy rank acts for one chunk at a time."""
+        lock = self.turns.get(device)
+        if lock is None:
+            lock = self.turns[device] = asyncio.Lock()
+        return lock
+
     async def restart_env(self, i: int) -> WorkerGroup:
         """Env worker i, hung, stopped (its process reaped) and started again on its device
         with seeds of its own (the restart's number)."""
@@ -191,14 +290,16 @@ class Embodied:
         self.restarts += 1
         self.retired.append(old)
         await self.ctl.stop_group(old)
-        self.envs[i] = await self.ctl.spawn(EnvWorker, name=f"env{i}~{self.restarts}", devices=[self.placement.env[i]],
+        env_cls = EnvWorker if self.emulated is None else EmulatedEnvWorker
+        self.envs[i] = await self.ctl.spawn(env_cls, name=f"env{i}~{self.restarts}", devices=[self.placement.env[i]],
                                             init=self.env_init(i, restart=self.restarts))
         return self.envs[i]
 
     def env_init(self, i: int, restart: int = 0) -> dict[str, Any]:
         e = self.cfg.embodied
-        return {"env_id": e.env_id, "num_envs": e.envs_per_worker,
+        init = {"env_id": e.env_id, "num_envs": self.placement.envs[i] if self.placement.envs else e.envs_per_worker,
                 "seed": self.cfg.run.seed + 7919 * i + 104_729 * restart}
+        return init if self.emulated is None else init | {"spec": self.spec, "emulated": self.emulated}
 
     def metrics(self, step: int, chunks: list[Chunk], train: dict[str, float], rollout_s: float, trainer_s: float,
                 sync_s: float, step_s: float) -> dict[str, Any]:
@@ -214,6 +315,7 @@ class Embodied:
             **({"success_rate": sum(successes) / len(successes)} if successes else {}),
             "env_steps": env_steps, "env_steps_per_s": env_steps / rollout_s,
             "env_idle_frac": 1 - sum(c.busy_s for c in chunks) / (len(chunks) * rollout_s),
+            "env_busy_s": sum(c.busy_s for c in chunks), "act_busy_s": sum(c.act_s for c in chunks),
             "env_errors": sum(c.errors for c in chunks), "env_restarts": sum(c.restarts for c in chunks),
             "rollout_s": rollout_s, "trainer_s": trainer_s, "sync_s": sync_s, "step_time_s": step_s,
             "time": time.time(), **train}

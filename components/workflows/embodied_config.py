@@ -3,8 +3,60 @@ components/workflows/embodied.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from dynarl.components import costmodel as cm
 from dynarl.core.config_tree import wire_config
+
+
+@wire_config(31)
+@dataclass(kw_only=True, slots=True)
+class EmulatedEmbodiedConfig:
+    action_dim: int = 7
+    """The policy's actions (RLinf's arm: position, rotation, gripper); observations are one
+    number (a frame's bytes are not modelled)."""
+    model: str = "qwen2.5-7b"
+    """The policy's cost-model key (costmodel.MODELS)."""
+    device: str = "h100-80gb"
+    env_step_s: float = 2.3e-3
+    """One env's step on one env worker (`dynarl bench env`: Reacher-v5 with a 224x224 frame)."""
+    action_chunk: int = 8
+    """Env steps per act (what one emulated env `step` covers)."""
+    obs_tokens: int = 286
+    action_tokens: int = 56
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        cm.get_model(self.model)
+        cm.get_device(self.device)
+        for name in ("action_dim", "action_chunk", "obs_tokens", "action_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.env_step_s > 0 or self.time_scale < 0:
+            raise ValueError("env_step_s must be > 0 and time_scale >= 0")
+
+    @property
+    def spec(self) -> "EnvSpec":
+        """The policy's dimensions: a Box of action_dim actions in [-1, 1]."""
+        from dynarl.components.embodied.spaces import EnvSpec
+        return EnvSpec(1, self.action_dim, False, (-1.0,) * self.action_dim, (1.0,) * self.action_dim)
+
+    @property
+    def sequence(self) -> int:
+        """Tokens of one act's sequence."""
+        return self.obs_tokens + self.action_tokens
+
+    def act_s(self, envs: int) -> float:
+        return cm.prefill_time(cm.get_model(self.model), cm.get_device(self.device), envs * self.sequence)
+
+    def env_s(self, envs: int) -> float:
+        return envs * self.action_chunk * self.env_step_s
+
+    def train_s(self, sequences: int, devices: int) -> float:
+        """The value forward and the PPO step over `sequences` acts on `devices` ranks."""
+        m, d, tokens = cm.get_model(self.model), cm.get_device(self.device), sequences * self.sequence
+        return (cm.logprob_time(m, d, tokens, self.sequence, devices)
+                + cm.train_time(m, d, tokens, self.sequence, devices))
 
 
 @wire_config(28)
@@ -33,6 +85,11 @@ class EmbodiedSection:
     value_coef: float = 0.5
     entropy_coef: float = 0.0
     max_grad_norm: float = 0.5
+    backend: Literal["gym", "emulated"] = "gym"
+    """gym: gymnasium envs, the MLP policy and its learner (components/embodied); emulated:
+    their emulated twins on emulated devices (components/embodied/emulated.py, `dynarl sim`)."""
+    emulated: EmulatedEmbodiedConfig | None = None
+    """backend emulated: the costs (None: the defaults)."""
     step_timeout_s: float = 10.0
     """One env worker's step of its envs: past this it counts as hung, is restarted and
     its envs reset (counted in env_restarts), and the iteration goes on."""
@@ -41,6 +98,8 @@ class EmbodiedSection:
         for name in ("env_workers", "envs_per_worker", "horizon", "hidden", "epochs", "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.backend not in ("gym", "emulated"):
+            raise ValueError(f"backend must be 'gym' or 'emulated', got {self.backend!r}")
         for name in ("lr", "clip_eps", "max_grad_norm", "step_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -9,6 +9,8 @@ Tags as in docs/COSTMODEL.md: [P] primary source, [S] secondary, [E] estimate ma
     ppo-{size}                  math-{size} trained with PPO: a critic of the policy's size
     agentic-rstar[-{size}]      rStar2-Agent-style code-tool episodes (the paper's agentic run)
     agentic-search[-{size}]     Search-R1-style retrieval episodes
+    embodied                    RLinf's ManiSkill recipe: a 7B VLA policy acting on rendered
+                                frames, PPO with a value head (workflow embodied)
 
 Model size fixes the TPs as in the paper (§7.1): rollout TP 1 / 2 / 4 for
 1.5B / 7B / 32B (trainer TP 2 / 4 / 8 is not modelled: the emulated trainer is
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .spec import AgenticWorkload, LogNormal, MathWorkload, Workload
+from .spec import AgenticWorkload, EmbodiedWorkload, LogNormal, MathWorkload, Workload
 
 SIZES = {"1.5b": ("qwen2.5-1.5b", 1), "7b": ("qwen2.5-7b", 2), "32b": ("qwen2.5-32b", 4)}
 """size -> (cost-model key, rollout TP) [P: DynaRL §7.1]."""
@@ -80,6 +82,26 @@ def _search(size: str) -> AgenticWorkload:
         rollout_tp=tp, source="Search-R1 train_grpo.sh [P]; retriever latency [E]")
 
 
+ENV_STEP_S = 2303.5e-6
+"""One env step of Reacher-v5 (MuJoCo) with a 224x224 RGB frame rendered offscreen (EGL),
+on this project's 2-core CPU machine: `dynarl bench env --json`, 2026-12-05, rgb_us
+2303.5 (state only 25.8) [M]. A GPU simulator (RLinf's ManiSkill3) renders faster; a
+frame rendered on a CPU is the figure measured here."""
+
+
+def _embodied() -> EmbodiedWorkload:
+    # RLinf examples/embodiment/config/maniskill_ppo_openvlaoft.yaml [P]: OpenVLA-OFT (7B,
+    # LoRA; here fully trained: the emulated trainer) with a value head, PPO + GAE, 128 envs
+    # on 8 GPUs (16 per device), 224x224 frames; OpenVLA's 256 patch tokens plus a ~30-token
+    # instruction [S: OpenVLA]; 8-step chunks of 7-dim actions decoded in parallel, 56
+    # tokens [S: OpenVLA-OFT]; 80 steps per episode [E]. The 7B backbone's cost is the
+    # qwen2.5-7b shape's [E] (Llama-2-7B is within 12% in parameters).
+    return EmbodiedWorkload(
+        name="embodied", model="qwen2.5-7b", env_id="Reacher-v5", env_step_s=ENV_STEP_S, envs_per_device=16,
+        horizon=80, action_chunk=8, obs_tokens=286, action_tokens=56,
+        source="RLinf maniskill_ppo_openvlaoft [P]; env step: dynarl bench env [M]; tokens [S]; horizon [E]")
+
+
 def _build() -> dict[str, Workload]:
     out: dict[str, Workload] = {}
     for size in SIZES:
@@ -102,6 +124,7 @@ def _build() -> dict[str, Workload]:
         first_turn_tokens=LogNormal(median=300, sigma=0.8, cap=4096),
         source="agentic-rstar with turns that grow (x1.4 per turn): an adversarial trace for the priority [E]")
     out["agentic-search"] = dataclasses.replace(out["agentic-search-7b"], name="agentic-search")
+    out["embodied"] = _embodied()
     return out
 
 

@@ -95,7 +95,45 @@ class AgenticWorkload:
             raise ValueError(f"max_response_tokens must be >= 1, got {self.max_response_tokens}")
 
 
-Workload = MathWorkload | AgenticWorkload
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EmbodiedWorkload:
+    """RL on a simulator (workflow embodied): `envs_per_device` envs per device step
+    `horizon` env steps per iteration; the policy acts once per `action_chunk` steps
+    (an action chunk, as OpenVLA-OFT's parallel decoding) on `obs_tokens` tokens per env
+    and writes `action_tokens`; the learner runs PPO with a value head over every act."""
+    name: str
+    model: str
+    """The policy's cost-model key (components/costmodel.py MODELS)."""
+    env_id: str
+    """The simulator whose step cost was measured (`dynarl bench env`)."""
+    env_step_s: float
+    """One env's step (physics and observation), seconds on one env worker (measured)."""
+    envs_per_device: int = 16
+    horizon: int = 80
+    action_chunk: int = 8
+    obs_tokens: int = 286
+    action_tokens: int = 56
+    rollout_tp: int = 1
+    kind: Literal["embodied"] = "embodied"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        get_model(self.model)
+        for name in ("envs_per_device", "horizon", "action_chunk", "obs_tokens", "action_tokens", "rollout_tp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.horizon % self.action_chunk:
+            raise ValueError(f"horizon {self.horizon} is not a whole number of action chunks of {self.action_chunk}")
+        if not self.env_step_s > 0:
+            raise ValueError(f"env_step_s must be > 0, got {self.env_step_s}")
+
+    @property
+    def acts(self) -> int:
+        """Policy forwards per env per iteration."""
+        return self.horizon // self.action_chunk
+
+
+Workload = MathWorkload | AgenticWorkload | EmbodiedWorkload
 
 
 def _check_common(model: str, prompts: int, samples: int, rollout_tp: int) -> None:

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dynarl sim: {exc}", file=sys.stderr)
         return 2
     scn = scenarios[0]
-    if scn.trace is not None and scn.trace.rejected:
+    if getattr(scn, "trace", None) is not None and scn.trace.rejected:
         print(f"dynarl sim: {len(scn.trace.rejected)} malformed trace line(s) rejected:", file=sys.stderr)
         for line, reason in scn.trace.rejected[:MAX_LISTED_REJECTS]:
             print(f"  line {line}: {reason}", file=sys.stderr)
@@ -128,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             folder = args.plot if len(scenarios) == 1 else os.path.join(args.plot, f"devices-{scn.config.devices}")
         jobs = args.jobs or default_jobs(len(scn.config.policies))
-        result, _ = simulate(scn, timings=args.timings, log=sys.stderr, jobs=jobs, plot_dir=folder)
+        if scn.workload.kind == "embodied":  # (its own runner: launch/sim/embodied.py; no timelines to plot)
+            from .embodied import simulate as simulate_embodied
+            result, folder = simulate_embodied(scn, log=sys.stderr, jobs=jobs), None
+        else:
+            result, _ = simulate(scn, timings=args.timings, log=sys.stderr, jobs=jobs, plot_dir=folder)
         results.append(result)
         if not args.json:
             print(table(result))

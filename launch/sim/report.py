@@ -22,9 +22,10 @@ def to_json(result: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    rate = "tokens_per_s" if result["kind"] == "math" else "requests_per_s"
+    rate = {"math": "tokens_per_s", "embodied": "env_steps_per_s"}.get(result["kind"], "requests_per_s")
+    batch = f"{result['envs']} envs" if result["kind"] == "embodied" else f"{result['prompts']} prompts/iteration"
     head = (f"{result['workload']} on {result['devices']} devices, seed {result['seed']}, "
-            f"{result['prompts']} prompts/iteration, {result['measured_iterations']} measured iteration(s)")
+            f"{batch}, {result['measured_iterations']} measured iteration(s)")
     cols = ["policy", "iter_time_s", rate, "gpu_idle", "bound_s", "ratio", "speedup", "dec_ms_p99", "placement"]
     rows = [cols]
     for name, m in result["policies"].items():

@@ -110,8 +110,12 @@ class Scenario:
         return {c: sum(b.work_s[c] for b in self.bounds) / len(self.bounds) for c in self.bounds[0].work_s}
 
 
-def build_scenario(config: SimConfig) -> Scenario:
+def build_scenario(config: SimConfig) -> "Scenario | Any":
+    """The scenario of `config`'s workload (an embodied one: launch/sim/embodied.py)."""
     workload = get_workload(config.workload)
+    if workload.kind == "embodied":
+        from .embodied import build
+        return build(config, workload)
     tp = workload.rollout_tp
     if config.devices % tp or config.devices < 3 * tp:
         raise ValueError(f"{config.workload} runs rollout at TP {tp}: devices must be a multiple of {tp} "

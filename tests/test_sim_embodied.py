@@ -1,0 +1,110 @@
+"""The embodied workload in `dynarl sim`: the embodied workflow of `dynarl train` on
+emulated workers, on each policy's placement (components/placement/embodied.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dynarl.components.embodied.workers import Trajectory
+from dynarl.components.placement.embodied import (EmbodiedCosts, candidates, even, hybrid, place, predict, spatial,
+                                                  temporal)
+from dynarl.components.workflows.embodied import EmbodiedPlacement, split_envs
+from dynarl.launch.cli import main as dynarl_main
+from dynarl.launch.sim.embodied import run_policy
+from dynarl.launch.sim.scenario import SimConfig, build_scenario
+
+COSTS = EmbodiedCosts(envs=64, acts=10, env_s=0.02, act_s=0.01, train_s=40.0, switch_s=2.0)
+
+
+@pytest.mark.parametrize("total, parts, counts", [
+    (64, 8, (8,) * 8),
+    (10, 4, (3, 3, 2, 2)),
+    (5, 5, (1,) * 5),
+])
+def test_even(total, parts, counts):
+    assert even(total, parts) == counts
+
+
+def test_even_refuses_more_workers_than_envs():
+    with pytest.raises(ValueError, match="cannot be dealt"):
+        even(3, 4)
+
+
+@pytest.mark.parametrize("policy, env, rollout, trainer", [
+    ("colocated", range(8), range(8), range(8)),
+    ("hybrid", range(0, 5), range(5, 8), range(8)),          # env:act work 2:1, the learner everywhere
+    ("spatial", range(0, 2), range(2, 3), range(3, 8)),      # work 12.8 : 6.4 : 40 -> 1.7 : 0.9 : 5.4
+])
+def test_policy_placements(policy, env, rollout, trainer):
+    p = place(policy, 8, COSTS)
+    assert (p.env, p.rollout, p.trainer) == (tuple(env), tuple(rollout), tuple(trainer))
+    assert sum(p.envs) == COSTS.envs
+
+
+@pytest.mark.parametrize("placement, seconds", [
+    # temporal: each device steps 8 envs then acts for them, 10 times; training on 8; two role switches
+    (temporal(8, 64), 10 * (8 * 0.02 + 8 * 0.01) + 40.0 / 8 + 4.0),
+    # hybrid: 4 env workers of 16 envs (0.32 s a step), 4 policy ranks of one chunk each (0.16 s)
+    (hybrid(8, 64, 4), 10 * (16 * 0.02 + 16 * 0.01) + 40.0 / 8 + 4.0),
+    # hybrid: 6 env workers (11, 11, 11, 11, 10, 10), 2 policy ranks acting for 3 chunks each (32-33 envs)
+    (hybrid(8, 64, 6), 10 * max(11 * 0.03, 33 * 0.01) + 40.0 / 8 + 4.0),
+    # spatial: no switch, training on 4 devices
+    (spatial(8, 64, 2, 2), 10 * max(32 * 0.03, 32 * 0.01) + 40.0 / 4),
+])
+def test_predict(placement, seconds):
+    assert predict(placement, COSTS) == pytest.approx(seconds)
+
+
+def test_rlinf_auto_takes_the_least_predicted_placement():
+    chosen = place("rlinf-auto", 8, COSTS)
+    assert predict(chosen, COSTS) == min(predict(p, COSTS) for p in candidates(8, COSTS.envs))
+    env_bound = EmbodiedCosts(envs=64, acts=10, env_s=0.5, act_s=0.01, train_s=1.0, switch_s=2.0)
+    assert place("rlinf-auto", 8, env_bound).mode == "temporal"  # envs on every device, switches cheap beside them
+    train_light = EmbodiedCosts(envs=64, acts=10, env_s=0.02, act_s=0.02, train_s=0.1, switch_s=2.0)
+    assert place("rlinf-auto", 8, train_light).mode == "spatial"  # no role switch is worth the learner's devices
+
+
+def test_split_envs_gives_each_learner_rank_its_envs():
+    tr = Trajectory(obs=[[[float(i)] for i in range(5)]] * 2, actions=[[[0.0]] * 5] * 2, logprobs=[[0.0] * 5] * 2,
+                    rewards=[[float(i) for i in range(5)]] * 2, terminated=[[False] * 5] * 2,
+                    truncated=[[False] * 5] * 2, final_obs=[[None] * 5] * 2, last_obs=[[float(i)] for i in range(5)])
+    parts = split_envs(tr, 2)
+    assert [p.rewards[0] for p in parts] == [[0.0, 1.0], [2.0, 3.0, 4.0]]
+    assert [len(p.last_obs) for p in parts] == [2, 3]
+    assert split_envs(tr, 1) == [tr]
+    with pytest.raises(ValueError, match="cannot be split"):
+        split_envs(tr, 6)
+
+
+def test_placement_checks_its_env_counts():
+    with pytest.raises(ValueError, match="env counts"):
+        EmbodiedPlacement("hybrid", (0, 1), (2,), (2,), (4,))
+
+
+def test_the_workflow_runs_each_placement_as_the_planner_predicts():
+    """The planner's model against the executed workflow (emulated workers, virtual time)."""
+    scn = build_scenario(SimConfig(workload="embodied", devices=8, policies=("colocated", "spatial", "hybrid"),
+                                   iterations=2))
+    for name in ("colocated", "spatial", "hybrid"):
+        m = run_policy(scn, name)
+        assert m["iter_time_s"] == pytest.approx(m["predicted_s"], rel=0.06), name
+        assert m["iter_time_s"] >= scn.bound_s
+        assert m["env_steps_per_s"] == pytest.approx(scn.costs.envs * scn.workload.horizon / m["iter_time_s"])
+        assert 0.0 < m["gpu_idle_frac"] < 1.0
+
+
+def test_sim_cli_embodied_is_deterministic_and_refuses_dynarl(capsys):
+    argv = ["sim", "--workload", "embodied", "--devices", "8", "--policies", "colocated,hybrid,rlinf-auto",
+            "--json", "--jobs", "1"]
+    assert dynarl_main(argv) == 0
+    first = capsys.readouterr().out
+    assert dynarl_main(argv) == 0
+    assert capsys.readouterr().out == first
+    result = json.loads(first)
+    assert result["kind"] == "embodied" and result["envs"] == 128
+    assert set(result["policies"]) == {"colocated", "hybrid", "rlinf-auto"}
+    auto = result["policies"]["rlinf-auto"]
+    assert auto["iter_time_s"] <= min(m["iter_time_s"] for m in result["policies"].values()) * 1.05
+    assert dynarl_main(["sim", "--workload", "embodied", "--devices", "8", "--policies", "dynarl"]) == 2
+    assert "not built" in capsys.readouterr().err
