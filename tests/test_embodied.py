@@ -99,6 +99,8 @@ def test_place(mode, workers, devices, env, rollout, trainer):
     ((("scheduler.policy", "dynarl"),), "scheduler.policy", "static"),
     ((("embodied.horizon", 0),), "embodied.horizon", ">= 1"),
     ((("embodied.gamma", 1.5),), "embodied.gamma", "[0, 1]"),
+    ((("embodied.pipeline_stages", 9),), "embodied.pipeline_stages", "at most envs_per_worker"),
+    ((("embodied.backend", "emulated"),), "embodied.backend", "emulated devices"),
 ])
 def test_bad_embodied_settings_name_the_field(extra, field, fragment):
     with pytest.raises(ConfigError) as info:
@@ -141,11 +143,13 @@ def test_crashing_envs_are_reset_and_counted_and_the_run_resumes(tmp_path):
         assert f.metadata()["step"] == "3"  # 2 steps before the resume, one after
 
 
-def test_a_hung_env_worker_is_restarted_and_the_run_goes_on(tmp_path):
+@pytest.mark.parametrize("stages", [1, 2])
+def test_a_hung_env_worker_is_restarted_and_the_run_goes_on(tmp_path, stages):
+    """With 2 pipeline stages the worker's other chunk ends its episodes too (its envs were reset)."""
     run = str(tmp_path / "run")
     job = prepare(None, SMALL + [("embodied.env_id", "dynarl/Hang-v0"), ("embodied.env_workers", 1),
-                                 ("embodied.horizon", 64), ("embodied.step_timeout_s", 1.0), ("run.steps", 1)],
-                  run, None)
+                                 ("embodied.horizon", 64), ("embodied.step_timeout_s", 1.0), ("run.steps", 1),
+                                 ("embodied.pipeline_stages", stages)], run, None)
     assert job.run() == 0
     reaped(job)
     (row,) = rows(run)

@@ -40,20 +40,36 @@ def test_policy_placements(policy, env, rollout, trainer):
     p = place(policy, 8, COSTS)
     assert (p.env, p.rollout, p.trainer) == (tuple(env), tuple(rollout), tuple(trainer))
     assert sum(p.envs) == COSTS.envs
+    assert p.stages == (1 if policy == "colocated" else 2)  # apart, each env worker pipelines 2 chunks
 
 
 @pytest.mark.parametrize("placement, seconds", [
-    # temporal: each device steps 8 envs then acts for them, 10 times; training on 8; two role switches
-    (temporal(8, 64), 10 * (8 * 0.02 + 8 * 0.01) + 40.0 / 8 + 4.0),
-    # hybrid: 4 env workers of 16 envs (0.32 s a step), 4 policy ranks of one chunk each (0.16 s)
-    (hybrid(8, 64, 4), 10 * (16 * 0.02 + 16 * 0.01) + 40.0 / 8 + 4.0),
-    # hybrid: 6 env workers (11, 11, 11, 11, 10, 10), 2 policy ranks acting for 3 chunks each (32-33 envs)
-    (hybrid(8, 64, 6), 10 * max(11 * 0.03, 33 * 0.01) + 40.0 / 8 + 4.0),
-    # spatial: no switch, training on 4 devices
-    (spatial(8, 64, 2, 2), 10 * max(32 * 0.03, 32 * 0.01) + 40.0 / 4),
+    # temporal: each device steps its 8 envs (0.16 s) and acts for them (0.08 s); training on 8; two switches
+    (temporal(8, 64), 10 * (0.16 + 0.08) + 40.0 / 8 + 4.0),
+    # hybrid, 4 env workers of 16 envs in 2 chunks of 8: an env device steps 16 envs a step (0.32 s), a
+    # policy rank acts for 2 chunks (0.16 s), a chunk's own step and act 0.24 s
+    (hybrid(8, 64, 4), 10 * 0.32 + 40.0 / 8 + 4.0),
+    # the same in one chunk per worker: each chunk steps then acts, 16 x 0.03 s
+    (hybrid(8, 64, 4, stages=1), 10 * 0.48 + 40.0 / 8 + 4.0),
+    # 6 env workers (11, 11, 11, 11, 10, 10 envs) in chunks (6, 5, ..., 5, 5) dealt over 2 policy ranks:
+    # rank 0 acts for 6 + 6 + 6 + 6 + 5 + 5 = 34 envs a step
+    (hybrid(8, 64, 6), 10 * 34 * 0.01 + 40.0 / 8 + 4.0),
+    # spatial: 2 env workers of 32 envs (0.64 s a step), no switch, training on 4 devices
+    (spatial(8, 64, 2, 2), 10 * 0.64 + 40.0 / 4),
 ])
 def test_predict(placement, seconds):
     assert predict(placement, COSTS) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("placement, chunks", [
+    # temporal: one chunk per worker, acted for on its own device
+    (EmbodiedPlacement("temporal", (0, 1), (0, 1), (0, 1), (3, 2)), [(0, 0, 3, 0), (1, 0, 2, 1)]),
+    # apart: each worker's envs in 2 chunks, dealt round the policy ranks
+    (EmbodiedPlacement("hybrid", (0, 1), (2, 3, 4), (0, 1, 2, 3, 4), (3, 4), stages=2),
+     [(0, 0, 2, 0), (0, 2, 1, 1), (1, 0, 2, 2), (1, 2, 2, 0)]),
+])
+def test_chunks(placement, chunks):
+    assert [(c.worker, c.first, c.count, c.rank) for c in placement.chunks(0)] == chunks
 
 
 def test_rlinf_auto_takes_the_least_predicted_placement():
@@ -80,6 +96,8 @@ def test_split_envs_gives_each_learner_rank_its_envs():
 def test_placement_checks_its_env_counts():
     with pytest.raises(ValueError, match="env counts"):
         EmbodiedPlacement("hybrid", (0, 1), (2,), (2,), (4,))
+    with pytest.raises(ValueError, match="pipeline stages"):
+        EmbodiedPlacement("hybrid", (0, 1), (2,), (2,), (4, 1), stages=2)
 
 
 def test_the_workflow_runs_each_placement_as_the_planner_predicts():

@@ -21,7 +21,7 @@ import asyncio
 import dynarl
 from dynarl.components import costmodel as cm
 from dynarl.components import weight_sync
-from dynarl.components.embodied.env_worker import EnvStep
+from dynarl.components.embodied.env_worker import EnvStep, check_slice
 from dynarl.components.embodied.spaces import EnvSpec
 from dynarl.components.embodied.workers import Action, Trajectory
 from dynarl.components.trainer.base import TrainBatch
@@ -33,16 +33,17 @@ class EmulatedEnvWorker(dynarl.Worker):
     def __init__(self, env_id: str, num_envs: int, seed: int, spec: EnvSpec, emulated: EmulatedEmbodiedConfig) -> None:
         self.env_id, self.num_envs, self.spec, self.emulated = env_id, num_envs, spec, emulated
 
-    def observations(self) -> list[list[float]]:
-        return [[0.0] * self.spec.obs_dim for _ in range(self.num_envs)]
+    def observations(self, first: int = 0, count: int | None = None) -> list[list[float]]:
+        n = self.num_envs - first if count is None else count
+        return [[0.0] * self.spec.obs_dim for _ in range(n)]
 
-    async def step(self, actions: list) -> EnvStep:
-        if len(actions) != self.num_envs:
-            raise ValueError(f"{len(actions)} actions for {self.num_envs} envs")
-        busy = self.emulated.env_s(self.num_envs)
+    async def step(self, actions: list, first: int = 0) -> EnvStep:
+        n = len(actions)
+        check_slice(first, n, self.num_envs)
+        busy = self.emulated.env_s(n)
         await asyncio.sleep(busy * self.emulated.time_scale)
-        n = self.num_envs
-        return EnvStep(obs=self.observations(), rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n,
+        return EnvStep(obs=self.observations(first, n), rewards=[0.0] * n, terminated=[False] * n,
+                       truncated=[False] * n,
                        final_obs=[None] * n, episodes=[], busy_s=busy * self.emulated.time_scale)
 
 

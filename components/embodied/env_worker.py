@@ -42,6 +42,11 @@ def replacement_seed(seed: int, rank: int, num_envs: int, k: int) -> int:
     return seed + (rank * num_envs + num_envs) * 1_000_003 + 7 * k + 1
 
 
+def check_slice(first: int, count: int, num_envs: int) -> None:
+    if first < 0 or count < 1 or first + count > num_envs:
+        raise ValueError(f"{count} actions from env {first}: the worker has {num_envs} envs")
+
+
 @register_struct(29)
 @dataclass(slots=True)
 class EnvStep:
@@ -114,22 +119,24 @@ class EnvWorker(dynarl.Worker):
         raise RuntimeError(f"env {i} of {self.env_id!r} cannot be reset: {REPLACE_TRIES} fresh envs failed "
                            f"({last!r})")
 
-    def observations(self) -> list[list[float]]:
-        """The envs' current observations (an iteration's first)."""
-        return [o.tolist() for o in self.obs]
+    def observations(self, first: int = 0, count: int | None = None) -> list[list[float]]:
+        """The current observations of envs first .. first + count (default: all; an
+        iteration's first)."""
+        return [o.tolist() for o in self.obs[first:None if count is None else first + count]]
 
-    async def step(self, actions: list) -> EnvStep:
-        return await asyncio.to_thread(self._step, actions)
+    async def step(self, actions: list, first: int = 0) -> EnvStep:
+        """One step of envs first .. first + len(actions) (a pipeline stage's part of
+        this worker's envs; default: all of them)."""
+        return await asyncio.to_thread(self._step, actions, first)
 
-    def _step(self, actions: list) -> EnvStep:
-        if len(actions) != self.num_envs:
-            raise ValueError(f"{len(actions)} actions for {self.num_envs} envs")
+    def _step(self, actions: list, first: int = 0) -> EnvStep:
+        check_slice(first, len(actions), self.num_envs)
         begun = time.perf_counter()
         rewards, terminated, truncated, final = [], [], [], []
         episodes: list[list[float]] = []
         errors = 0
-        for i, (env, action) in enumerate(zip(self.envs, actions)):
-            last = self.obs[i]
+        for i, action in enumerate(actions, start=first):
+            env, last = self.envs[i], self.obs[i]
             try:
                 obs, reward, term, trunc, info = env.step(action)
                 obs = np.asarray(obs, dtype=np.float32)
@@ -156,6 +163,6 @@ class EnvWorker(dynarl.Worker):
                     obs, failed = self._replace(i)
                     errors += failed
             self.obs[i] = obs
-        return EnvStep(obs=[o.tolist() for o in self.obs], rewards=rewards, terminated=terminated,
+        return EnvStep(obs=self.observations(first, len(actions)), rewards=rewards, terminated=terminated,
                        truncated=truncated, final_obs=final, episodes=episodes, errors=errors,
                        busy_s=time.perf_counter() - begun)

@@ -10,21 +10,27 @@ policy, and how long an iteration should take there (pure functions).
     rlinf-auto  RLinf's planner: of temporal, every hybrid split and every spatial
                 split, the placement of least predicted time (`predict`)
 
-One env worker per env device; the job's envs are dealt evenly over the workers.
-`predict` is the model the planner searches with: a chunk (one env worker's envs)
-alternates an act and an env step `acts` times; a policy rank acts for its chunks one
-at a time; a device that hosts both (temporal) runs one of them at a time; then the
-learner trains on its devices; sharing devices costs a role switch each way.
+One env worker per env device; the job's envs are dealt evenly over the workers, and
+where env workers and policy ranks are apart each worker's envs are cut into
+PIPELINE_STAGES chunks. `predict` is the model the planner searches with: a chunk
+alternates an act and an env step `acts` times; an env worker steps its chunks one at
+a time, a policy rank acts for its chunks one at a time, a device that hosts both
+(temporal) runs one call at a time; then the learner trains on its devices; sharing
+devices costs a role switch each way.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynarl.components.workflows.embodied import EmbodiedPlacement
+from dynarl.components.workflows.embodied import EmbodiedPlacement, even
 
 from .split import proportional_split
 
 POLICIES = ("colocated", "spatial", "hybrid", "rlinf-auto")
+PIPELINE_STAGES = 2
+"""Chunks per env worker where env workers and policy ranks have devices of their own
+(hybrid, spatial): one steps while the policy acts for the other. Temporal keeps one:
+its device runs one of them at a time either way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,47 +54,43 @@ class EmbodiedCosts:
                 "trainer": self.train_s}
 
 
-def even(total: int, parts: int) -> tuple[int, ...]:
-    """`total` envs dealt over `parts` workers, as even as they divide (earlier ones more)."""
-    if not 1 <= parts <= total:
-        raise ValueError(f"{total} envs cannot be dealt over {parts} env workers")
-    return tuple(total // parts + (1 if i < total % parts else 0) for i in range(parts))
-
-
 def temporal(n: int, envs: int) -> EmbodiedPlacement:
     every = tuple(range(n))
     return EmbodiedPlacement("temporal", every, every, every, even(envs, n))
 
 
-def hybrid(n: int, envs: int, env_devices: int) -> EmbodiedPlacement:
+def hybrid(n: int, envs: int, env_devices: int, stages: int = PIPELINE_STAGES) -> EmbodiedPlacement:
     if not 1 <= env_devices < n:
         raise ValueError(f"hybrid needs 1 to {n - 1} env devices of {n}, got {env_devices}")
     return EmbodiedPlacement("hybrid", tuple(range(env_devices)), tuple(range(env_devices, n)), tuple(range(n)),
-                             even(envs, env_devices))
+                             even(envs, env_devices), min(stages, envs // env_devices))
 
 
-def spatial(n: int, envs: int, env_devices: int, policy_devices: int) -> EmbodiedPlacement:
+def spatial(n: int, envs: int, env_devices: int, policy_devices: int,
+            stages: int = PIPELINE_STAGES) -> EmbodiedPlacement:
     learner = n - env_devices - policy_devices
     if min(env_devices, policy_devices, learner) < 1:
         raise ValueError(f"spatial needs a device each for env, policy and learner: {env_devices}, {policy_devices}, "
                          f"{learner} of {n}")
     first = env_devices + policy_devices
     return EmbodiedPlacement("spatial", tuple(range(env_devices)), tuple(range(env_devices, first)),
-                             tuple(range(first, n)), even(envs, env_devices))
+                             tuple(range(first, n)), even(envs, env_devices), min(stages, envs // env_devices))
 
 
 def predict(p: EmbodiedPlacement, c: EmbodiedCosts) -> float:
-    """The iteration's seconds on placement `p` (the module's model)."""
+    """The iteration's seconds on placement `p` (the module's model): each act step takes
+    as long as its busiest resource (an env device stepping all its worker's chunks, a
+    policy rank acting for all of its chunks, a device doing both) or its slowest
+    chunk's own step then act, whichever is longer."""
     counts = p.envs or even(c.envs, len(p.env))
-    served: dict[int, int] = {}  # policy rank -> envs it acts for per step
-    for chunk, k in enumerate(counts):
-        rank = p.policy_rank(chunk)
-        served[rank] = served.get(rank, 0) + k
-    worst_env, worst_policy = max(counts), max(served.values())
-    if set(p.env) & set(p.rollout):  # a device steps its envs and acts in turn
-        step = max(k * c.env_s + served.get(p.policy_rank(i), 0) * c.act_s for i, k in enumerate(counts))
-    else:  # a chunk waits for its act and its step; a policy rank acts for its chunks one by one
-        step = max(worst_env * c.env_s + worst_env * c.act_s, worst_policy * c.act_s)
+    chunks = p.chunks(0) if p.envs else EmbodiedPlacement(p.mode, p.env, p.rollout, p.trainer, counts,
+                                                          p.stages).chunks(0)
+    device: dict[int, float] = {}
+    for spec in chunks:  # each device's busy seconds per act step
+        d_env, d_act = p.env[spec.worker], p.rollout[spec.rank]
+        device[d_env] = device.get(d_env, 0.0) + spec.count * c.env_s
+        device[d_act] = device.get(d_act, 0.0) + spec.count * c.act_s
+    step = max(max(device.values()), max(spec.count * (c.env_s + c.act_s) for spec in chunks))
     shared = bool(set(p.rollout) & set(p.trainer))
     return c.acts * step + c.train_s / len(p.trainer) + (2 * c.switch_s if shared else 0.0)
 

@@ -11,7 +11,9 @@ and a step on its env worker; the chunks run at once, so the policy serves one
 chunk while the others step (pipelining at the granularity of env chunks). Then the
 trainer trains on all of them and the actor's weights go to the policy. One call
 computes on a device at a time (`turn`): a policy rank acts for one chunk at a time,
-and an env worker and a policy rank on one device take turns.
+and an env worker and a policy rank on one device take turns. `embodied.
+pipeline_stages` cuts each env worker's envs into that many chunks, so the worker
+steps one while the policy acts for another.
 
 Placement (placement.mode): hybrid, RLinf's default for embodied runs: env workers
 on devices of their own, rollout and trainer time-sharing the next one (device_lock);
@@ -57,21 +59,52 @@ class EmbodiedPlacement:
     """Each learner rank's device."""
     envs: tuple[int, ...] = ()
     """Each env worker's envs (empty: embodied.envs_per_worker each)."""
+    stages: int = 1
+    """Pipeline stages per env worker: its envs in that many chunks, so the worker steps
+    one while the policy acts for another (the data granularity of the pipeline)."""
 
     def __post_init__(self) -> None:
         if not (self.env and self.rollout and self.trainer):
             raise ValueError("a placement needs env workers, a policy rank and a learner rank")
         if self.envs and (len(self.envs) != len(self.env) or min(self.envs) < 1):
             raise ValueError(f"{len(self.envs)} env counts for {len(self.env)} env workers (each >= 1)")
+        if self.stages < 1 or (self.envs and min(self.envs) < self.stages):
+            raise ValueError(f"{self.stages} pipeline stages need as many envs on every env worker")
 
     def describe(self) -> str:
-        return f"env {_span(self.env)} | rollout {_span(self.rollout)} | trainer {_span(self.trainer)}"
+        stages = f" ({self.stages} chunks per env worker)" if self.stages > 1 else ""
+        return f"env {_span(self.env)} | rollout {_span(self.rollout)} | trainer {_span(self.trainer)}{stages}"
 
-    def policy_rank(self, chunk: int) -> int:
-        """The policy rank that acts for env worker `chunk`: its own device's where it has
-        one (temporal), else the chunks dealt round the ranks."""
-        device = self.env[chunk]
-        return self.rollout.index(device) if device in self.rollout else chunk % len(self.rollout)
+    def chunks(self, envs_per_worker: int) -> list["ChunkSpec"]:
+        """Every env worker's envs cut into `stages` chunks, worker by worker; each
+        chunk's policy rank: the one on its worker's device where there is one
+        (temporal), else the chunks dealt round the ranks."""
+        out: list[ChunkSpec] = []
+        for worker, device in enumerate(self.env):
+            first = 0
+            for count in even(self.envs[worker] if self.envs else envs_per_worker, self.stages):
+                rank = self.rollout.index(device) if device in self.rollout else len(out) % len(self.rollout)
+                out.append(ChunkSpec(worker, first, count, rank))
+                first += count
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """A pipeline chunk: envs first .. first + count of env worker `worker`, acted for by
+    policy rank `rank`."""
+    worker: int
+    first: int
+    count: int
+    rank: int
+
+
+def even(total: int, parts: int) -> tuple[int, ...]:
+    """`total` envs dealt over `parts` (workers or chunks), as even as they divide
+    (earlier ones more)."""
+    if not 1 <= parts <= total:
+        raise ValueError(f"{total} envs cannot be dealt over {parts} parts")
+    return tuple(total // parts + (1 if i < total % parts else 0) for i in range(parts))
 
 
 def _span(devices: tuple[int, ...]) -> str:
@@ -80,11 +113,12 @@ def _span(devices: tuple[int, ...]) -> str:
     return str(list(devices)) if len(devices) != 1 else str(devices[0])
 
 
-def place(mode: str, env_workers: int, num_devices: int) -> EmbodiedPlacement:
+def place(mode: str, env_workers: int, num_devices: int, stages: int = 1) -> EmbodiedPlacement:
     """Pure: the devices of each component of `dynarl train`'s embodied job (one policy
     rank, one learner rank; see the module's docstring)."""
     if mode == "temporal":
-        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,), (0,))
+        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,), (0,),
+                                 stages=stages)
     need = env_workers + (1 if mode == "hybrid" else 2)
     if mode not in ("hybrid", "spatial"):
         raise ValueError(f"the embodied workflow places envs temporal, hybrid or spatial, not {mode!r}")
@@ -92,7 +126,7 @@ def place(mode: str, env_workers: int, num_devices: int) -> EmbodiedPlacement:
         raise ValueError(f"{mode} placement of {env_workers} env workers needs {need} devices, the cluster has "
                          f"{num_devices}")
     return EmbodiedPlacement(mode, tuple(range(env_workers)), (env_workers,),
-                             (env_workers + (0 if mode == "hybrid" else 1),))
+                             (env_workers + (0 if mode == "hybrid" else 1),), stages=stages)
 
 
 @dataclass(slots=True)
@@ -150,7 +184,8 @@ class Embodied:
         self.emulated = (e.emulated or EmulatedEmbodiedConfig()) if e.backend == "emulated" else None
         """backend emulated: the emulated workers' costs (components/embodied/emulated.py)."""
         self.spec: EnvSpec = describe(e.env_id) if self.emulated is None else self.emulated.spec
-        self.placement = placement or place(cfg.placement.mode, e.env_workers, cfg.runtime.cluster.num_devices)
+        self.placement = placement or place(cfg.placement.mode, e.env_workers, cfg.runtime.cluster.num_devices,
+                                            e.pipeline_stages)
         if len(self.placement.env) != e.env_workers:
             raise ValueError(f"the placement has {len(self.placement.env)} env workers, embodied.env_workers "
                              f"{e.env_workers}")
@@ -225,8 +260,9 @@ class Embodied:
         label = f"step {step}"
         now = asyncio.get_running_loop().time  # (virtual time in a simulation)
         begun = now()
+        specs = self.placement.chunks(self.cfg.embodied.envs_per_worker)
         chunks = await held(self.ctl, self.policy, self.clock, label, "act", lambda: gather_or_cancel(
-            [self.run_chunk(i, step, label) for i in range(len(self.envs))]))
+            [self.run_chunk(i, spec, step, label) for i, spec in enumerate(specs)]))
         rollout_s = now() - begun
         train_begun = now()
         learner, parts = self.learner, split_envs(trajectory(chunks), self.learner.world_size)
@@ -237,30 +273,34 @@ class Embodied:
         await self.sync_weights(step + 1, label)
         return self.metrics(step, chunks, train, rollout_s, trainer_s, now() - sync_begun, now() - begun)
 
-    async def run_chunk(self, i: int, step: int, label: str) -> Chunk:
-        """Env worker i's envs through the horizon: act, step, repeat."""
+    async def run_chunk(self, i: int, spec: ChunkSpec, step: int, label: str) -> Chunk:
+        """Chunk i's envs through the horizon: act, step, repeat."""
         e, chunk, p = self.cfg.embodied, Chunk(), self.placement
-        env = self.envs[i]
-        rank = p.policy_rank(i)
-        obs = (await env.call("observations"))[0]
+        w, first, n = spec.worker, spec.first, spec.count
+        env = self.envs[w]
+        obs = (await env.call("observations", first, n))[0]
         loop = asyncio.get_running_loop()
         begun = loop.time()
         for t in range(e.horizon):
-            async with self.turn(p.rollout[rank]):
+            async with self.turn(p.rollout[spec.rank]):
                 asked = loop.time()
                 act: Action = (await self.policy.call("act", obs, _seed(self.cfg.run.seed, step, i, t),
-                                                      ranks=[rank]))[0]
+                                                      ranks=[spec.rank]))[0]
                 chunk.act_s += loop.time() - asked
-            try:
-                async with asyncio.timeout(e.step_timeout_s), self.turn(p.env[i]):
-                    out: EnvStep = (await env.call("step", act.env_actions))[0]
-            except TimeoutError:  # a hung simulator: a fresh worker on the device; the step ends its episodes
-                env = await self.restart_env(i)
-                chunk.restarts += 1
-                fresh = (await env.call("observations"))[0]
-                n = len(obs)
-                out = EnvStep(obs=fresh, rewards=[0.0] * n, terminated=[False] * n, truncated=[True] * n,
-                              final_obs=obs, episodes=[])
+            async with self.turn(p.env[w]):
+                out: EnvStep | None = None
+                if env is self.envs[w]:
+                    try:
+                        async with asyncio.timeout(e.step_timeout_s):
+                            out = (await env.call("step", act.env_actions, first))[0]
+                    except TimeoutError:  # a hung simulator: a fresh worker on the device
+                        await self.restart_env(w)
+                        chunk.restarts += 1
+                if out is None:  # restarted (here or by another of its chunks): the step ends its episodes
+                    env = self.envs[w]
+                    fresh = (await env.call("observations", first, n))[0]
+                    out = EnvStep(obs=fresh, rewards=[0.0] * n, terminated=[False] * n, truncated=[True] * n,
+                                  final_obs=obs, episodes=[])
             chunk.obs.append(obs)
             chunk.actions.append(act.actions)
             chunk.logprobs.append(act.logprobs)
@@ -271,7 +311,7 @@ class Embodied:
             chunk.busy_s += out.busy_s
             obs = out.obs
         chunk.last_obs = obs
-        self.clock.spans.append(Span("env", [self.placement.env[i]], begun, loop.time(), label))
+        self.clock.spans.append(Span("env", [p.env[w]], begun, loop.time(), label))
         return chunk
 
     def turn(self, device: int) -> asyncio.Lock:

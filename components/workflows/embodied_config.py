@@ -71,6 +71,9 @@ class EmbodiedSection:
     chunk while another steps: the pipelining granularity."""
     envs_per_worker: int = 8
     """Vectorised envs per worker."""
+    pipeline_stages: int = 1
+    """Chunks each env worker's envs are cut into: the worker steps one while the policy
+    acts for another (RLinf's pipelining at env-chunk granularity)."""
     horizon: int = 128
     """Steps every env takes per iteration (episodes carry over iterations)."""
     hidden: int = 64
@@ -95,7 +98,8 @@ class EmbodiedSection:
     its envs reset (counted in env_restarts), and the iteration goes on."""
 
     def __post_init__(self) -> None:
-        for name in ("env_workers", "envs_per_worker", "horizon", "hidden", "epochs", "minibatches"):
+        for name in ("env_workers", "envs_per_worker", "pipeline_stages", "horizon", "hidden", "epochs",
+                     "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.backend not in ("gym", "emulated"):
@@ -109,6 +113,9 @@ class EmbodiedSection:
         for name in ("value_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.pipeline_stages > self.envs_per_worker:
+            raise ValueError(f"pipeline_stages {self.pipeline_stages} cut {self.envs_per_worker} envs per worker: "
+                             "at most envs_per_worker")
         if self.env_workers * self.envs_per_worker * self.horizon < self.minibatches:
             raise ValueError(f"{self.minibatches} minibatches of {self.env_workers * self.envs_per_worker * self.horizon}"
                              " transitions: fewer minibatches")
