@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -238,3 +238,10 @@ class Trained:
 
 def _digest(output_ids: Sequence[int]) -> int:
     return zlib.crc32(np.asarray(output_ids, dtype=np.int64).tobytes())
+
+
+def made_of(inbox: Any, chunk: list[PromptGroup]) -> dict[str, Any]:
+    """A put's `made_of` (its groups' indexes) where the chunk's groups came from a
+    channel that keeps custody of them (transport/channel.py Custody: the put releases
+    them), else nothing (the put may then go peer to peer)."""
+    return {"made_of": [g.index for g in chunk]} if getattr(inbox, "in_custody", False) else {}

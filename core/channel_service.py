@@ -12,7 +12,8 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
-from dynarl.transport.channel import DEFAULT_CAPACITY, Channel, Entry, WouldBlock
+from dynarl.transport.channel import DEFAULT_CAPACITY, Channel, Entry, WouldBlock, _hashable
+from dynarl.transport.errors import ChannelClosed
 from dynarl.transport.channel_client import FETCH_ATTEMPT_S, FETCH_TIMEOUT_S
 from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob
@@ -95,11 +96,20 @@ class ChannelService:
             return self._serve_payload(*args)
         if method != "__channel__" or len(args) < 2:
             raise PermissionError(f"workers may not call {method!r} on the controller")
+        if handle.lost is not None:  # (its held items may be back with the others: it takes and puts no more)
+            raise ChannelClosed(f"{handle.name} is lost")
         op, name, *rest = args
         channel = self.channel(name)
         worker = handle.spec.worker_id
         if op == "put_many":  # accepted whole; the reply says whether there is room for more
-            channel.put_many_nowait([tuple(row) for row in rest[0]], producer=worker)
+            rows = rest[0]
+            if any(len(row) not in (4, 5) for row in rows):
+                raise ValueError("put_many rows are [item, key, weight, affinity] or [..., idents]")
+            channel.put_many_nowait([tuple(row) for row in rows], producer=worker)
+            if channel.releases is not None and channel.releases.custody is not None:
+                for row in rows:  # what the items were made of is downstream now (transport/channel.py Custody)
+                    if len(row) == 5:
+                        channel.releases.custody.release(list(row[4]))
             return len(channel) < channel.capacity
         if op == "wait_room":
             return channel.wait_room()
@@ -109,7 +119,7 @@ class ChannelService:
                 first = channel.take_nowait(key, worker)
             except WouldBlock:
                 return self._get_many(channel, key, max_items, worker)
-            return self._rows(self._more(channel, [first], key, max_items, worker))
+            return self._rows(self._more(channel, [first], key, max_items, worker), channel)
         if op == "get_batch":
             target, key = rest
             return self._get_batch(channel, target, key, worker)
@@ -117,8 +127,9 @@ class ChannelService:
             return channel.abandon(worker)
         if op == "give_back":  # prefetched rows a stopping consumer did not take
             key, rows = rest
-            channel.give_back(key, worker, [Entry(self._rehomed_or(item), float(weight), affinity)
-                                            for item, weight, affinity in rows])
+            channel.give_back(key, worker, [Entry(self._rehomed_or(row[0]), float(row[1]), row[2],
+                                                  tuple(map(_hashable, row[3])) if len(row) > 3 else ())
+                                            for row in rows])
             return None
         if op == "statistics":
             return dataclasses.asdict(channel.statistics())
@@ -126,7 +137,7 @@ class ChannelService:
 
     async def _get_many(self, channel: Channel, key: Any, max_items: int, worker: str) -> list:
         entries = self._more(channel, [await channel.get_entry(key, worker)], key, max_items, worker)
-        return self._rows(entries)
+        return self._rows(entries, channel)
 
     async def _get_batch(self, channel: Channel, target: float, key: Any, worker: str) -> list:
         return [self._rehomed_or(item) for item in await channel.get_batch_raw(target, key, worker)]
@@ -140,8 +151,14 @@ class ChannelService:
                 break
         return entries
 
-    def _rows(self, entries: list[Entry]) -> list:
-        return [[self._rehomed_or(e.item), e.weight, e.affinity] for e in entries]
+    def _rows(self, entries: list[Entry], channel: Channel) -> list:
+        """[item, weight, affinity] per entry; from a channel that keeps custody also its
+        names (a consumer that gives it back sends them back) and True: the consumer then
+        puts what it makes of them `made_of` (transport/channel.py Custody)."""
+        custody = channel.custody
+        if custody is None:
+            return [[self._rehomed_or(e.item), e.weight, e.affinity] for e in entries]
+        return [[self._rehomed_or(e.item), e.weight, e.affinity, list(custody.names(e)), True] for e in entries]
 
     async def _release(self, ref: RemoteRef) -> None:
         """The producer may drop its copy. A release that fails costs only memory there

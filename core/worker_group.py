@@ -74,13 +74,24 @@ class WorkerGroup:
             got = loop.time()
             self._ctl.tracer.complete("lock_wait", "device_lock", self.name, 0, asked, got)
             holders = list(self.handles)
-            await self.call("onload")
+            await self._on_live("onload")
             try:
                 yield
             finally:
                 held = set(map(id, holders))
-                await self.call("offload", ranks=[p for p, h in enumerate(self.handles) if id(h) in held])
+                await self._on_live("offload", held)
                 self._ctl.tracer.complete("device_held", "device_lock", self.name, 0, got, loop.time())
+
+    async def _on_live(self, method: str, among: set[int] | None = None) -> None:
+        """`method` on the ranks not lost (of those in `among`, by id): a lost rank has no
+        memory to move, and the work it misses fails where the work is asked of it
+        (or is survived there: components/workflows/survival.py). A rank lost during the
+        call is skipped too; any other failure is raised."""
+        chosen = [h for h in self.handles if h.lost is None and (among is None or id(h) in among)]
+        results = await asyncio.gather(*(h.call(method, [], {}) for h in chosen), return_exceptions=True)
+        for h, result in zip(chosen, results):
+            if isinstance(result, BaseException) and h.lost is None:
+                raise result
 
     async def stop(self) -> None:
         await self._ctl.stop_group(self)

@@ -92,7 +92,7 @@ class _Outbox:
     def __init__(self):
         self.chunks = []
 
-    async def put(self, chunk, weight):
+    async def put(self, chunk, weight, made_of=None):
         self.chunks.append((chunk, weight))
 
     async def flush(self):

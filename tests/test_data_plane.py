@@ -217,7 +217,9 @@ async def test_a_ref_given_back_while_its_bytes_are_rehomed_goes_back_as_the_byt
     ref = RemoteRef("tcp://p:1", 7, 10)
     service._serve_payload("rehome", ref.address, ref.id, encode_blob("seven"))
 
-    class Handle:  # the consumer's handle: only its id matters here
+    class Handle:  # the consumer's handle: only its id (and that it is not lost) matters here
+        lost = None
+
         class spec:
             worker_id = "consumer-0"
 

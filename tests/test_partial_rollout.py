@@ -129,7 +129,7 @@ class Outbox:
     def __init__(self):
         self.chunks = []
 
-    async def put(self, chunk, weight=1):
+    async def put(self, chunk, weight=1, made_of=None):
         self.chunks.append(chunk)
 
     async def flush(self):

@@ -70,8 +70,9 @@ def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(tmp_path):
 
 
 def test_without_restarts_a_lost_worker_ends_the_run(tmp_path, capsys):
+    """(run.survive false: a lost rollout rank is not replaced in place, tests/test_survival.py)"""
     run_dir = str(tmp_path / "run")
-    rc, pids = _run_and_kill(run_dir, "rollout", "run.max_restarts=0")
+    rc, pids = _run_and_kill(run_dir, "rollout", "run.max_restarts=0", "run.survive=false")
     assert rc == 1
     assert_reaped(sorted(pids))
     err = capsys.readouterr().err

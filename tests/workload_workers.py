@@ -107,3 +107,68 @@ class SlowLinkRolloutWorker(RolloutWorker):
         super().__init__(*args, **kwargs)
         for fit in self.kv_links.values():
             fit.add(100, 10.0)
+
+
+class DyingRolloutWorker(RolloutWorker):
+    """Rank 1 SIGKILLs its own process in step 1's generation as soon as it holds a
+    prompt group (nothing it made is flushed), once per run: the file named by
+    $DYNARL_TEST_DIE_MARK marks that it died (its replacement, rank 1 again, lives)."""
+
+    async def generate(self, get, put, *, version, chunk_size, sampling):
+        import os
+        mark = os.environ.get("DYNARL_TEST_DIE_MARK")
+        if self.rank != 1 or version != 1 or not mark or os.path.exists(mark):
+            return await super().generate(get, put, version=version, chunk_size=chunk_size, sampling=sampling)
+        import asyncio
+        import signal
+        task = asyncio.ensure_future(super().generate(get, put, version=version, chunk_size=chunk_size,
+                                                      sampling=sampling))
+        while (self.run is None or self.run.num_groups < 1) and not task.done():
+            await asyncio.sleep(0.001)
+        open(mark, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+        return await task
+
+
+def _die_after_first_get(worker, get):
+    """The worker SIGKILLs its own process once its next get from `get` returns (it
+    holds that item), once per run ($DYNARL_TEST_DIE_MARK marks it); True if armed."""
+    import os
+    import signal
+    mark = os.environ.get("DYNARL_TEST_DIE_MARK")
+    if not mark or os.path.exists(mark):
+        return False
+    inbox = worker.channel(get)
+    real_get = inbox.get
+
+    async def get_then_die(key=None):
+        item = await real_get(key)
+        open(mark, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+        return item
+    inbox.get = get_then_die
+    return True
+
+
+from dynarl.components.reward.worker import RewardWorker  # noqa: E402
+from dynarl.components.inference.worker import InferenceWorker  # noqa: E402
+
+
+class DyingRewardWorker(RewardWorker):
+    """Dies holding its first chunk of step 1 (its second call)."""
+    calls = 0
+
+    async def score(self, get, put):
+        type(self).calls += 1
+        if type(self).calls == 2:
+            _die_after_first_get(self, get)
+        return await super().score(get, put)
+
+
+class DyingInferenceWorker(InferenceWorker):
+    """Dies holding its first chunk of step 1."""
+
+    async def compute_logprobs(self, get, put, *, version, split=False):
+        if version == 1:
+            _die_after_first_get(self, get)
+        return await super().compute_logprobs(get, put, version=version, split=split)

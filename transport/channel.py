@@ -39,6 +39,8 @@ class Entry:
     item: Any
     weight: float
     affinity: str | None
+    names: tuple = ()
+    """What the item was made of (its producer's `made_of`): its names in Custody."""
 
 
 @dataclass(slots=True)
@@ -69,6 +71,92 @@ class ChannelStatistics:
     closed: bool = False
 
 
+class Custody:
+    """Who holds each item taken from a channel, until the work made of it is put
+    downstream (exactly once: a consumer that dies holding items gives them back).
+
+    An item's names: those its producer put it with (Entry.names: the items upstream it
+    was made of, e.g. a chunk's prompt groups), else `ident(item)` (one name, or None:
+    an item that is not work, such as END, held until the consumer's call ends:
+    `forget`). A put on a channel whose `releases` is this channel carries the names
+    its item was made of, and the same message releases them here: an item is released
+    when what was made of it is downstream, so a consumer lost before that put still
+    holds it, and one lost after does not. (A consumer puts what it made of one item in
+    one message: ChannelClient.put_all for several pieces.)"""
+
+    def __init__(self, ident: Callable[[Any], Hashable | None]) -> None:
+        self.ident = ident
+        self.held: dict[str, dict[Hashable, Entry]] = defaultdict(dict)
+        """consumer -> name -> the entry it took (in the order taken)."""
+        self.other: dict[str, list[Entry]] = defaultdict(list)
+        """consumer -> entries without a name it took (END markers)."""
+        self.holder: dict[Hashable, str] = {}
+
+    def names(self, entry: Entry) -> tuple:
+        if entry.names:
+            return tuple(entry.names)
+        name = self.ident(entry.item)
+        return () if name is None else (name,)
+
+    def took(self, consumer: str, entry: Entry) -> None:
+        names = self.names(entry)
+        if not names:
+            self.other[consumer].append(entry)
+            return
+        for name in names:  # (a name held by another consumer moves: the newest take holds it)
+            previous = self.holder.get(name)
+            if previous is not None and previous != consumer:
+                self.held[previous].pop(name, None)
+            self.held[consumer][name] = entry
+            self.holder[name] = consumer
+
+    def returned(self, consumer: str, entry: Entry) -> None:
+        """Given back untaken (a cancelled get, a stopping consumer's prefetch)."""
+        names = self.names(entry)
+        if not names:
+            others = self.other.get(consumer, [])
+            if entry in others:
+                others.remove(entry)
+        for name in names:
+            if self.holder.get(name) == consumer:
+                del self.holder[name]
+                del self.held[consumer][name]
+
+    def release(self, names: list) -> None:
+        """The items' work is downstream (whoever holds them: a migration may have moved
+        the work to another consumer)."""
+        for name in map(_hashable, names):
+            consumer = self.holder.pop(name, None)
+            if consumer is not None:
+                del self.held[consumer][name]
+
+    def reclaim(self, consumer: str) -> list[Entry]:
+        """A lost consumer's items, each once, in the order it took them (its END last):
+        removed (an item of several names goes back whole)."""
+        entries: list[Entry] = []
+        for entry in self.held.pop(consumer, {}).values():
+            if not any(e is entry for e in entries):
+                entries.append(entry)
+        for entry in entries:
+            for name in self.names(entry):
+                if self.holder.get(name) == consumer:
+                    del self.holder[name]
+        return entries + self.other.pop(consumer, [])
+
+    def forget(self, consumer: str) -> list[Hashable]:
+        """The consumer's call ended: what it still held is dropped (its END); returns
+        the names it held unreleased (none, when every item's work went downstream)."""
+        self.other.pop(consumer, None)
+        names = list(self.held.pop(consumer, {}))
+        for name in names:
+            del self.holder[name]
+        return names
+
+
+def _hashable(name: Any) -> Hashable:
+    return tuple(name) if isinstance(name, list) else name
+
+
 class Channel:
     def __init__(self, name: str, capacity: int = DEFAULT_CAPACITY,
                  resolve: Callable[[Any], Awaitable[Any]] | None = None) -> None:
@@ -96,6 +184,10 @@ class Channel:
         self.puts = 0
         self.gets = 0
         self.closed = False
+        self.custody: Custody | None = None
+        """Set: who holds the items taken from this channel (Custody)."""
+        self.releases: Channel | None = None
+        """Set: puts here that carry idents release them from that channel's custody."""
 
     def __len__(self) -> int:
         return self._size
@@ -150,14 +242,15 @@ class Channel:
             self._woken.discard(fut)
 
     def put_nowait(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
-                   producer: str | None = None) -> None:
+                   producer: str | None = None, names: tuple = ()) -> None:
+        """`names`: what the item was made of (Custody)."""
         if self.closed:
             raise ChannelClosed(f"channel {self.name!r} is closed")
         if weight < 0:
             raise ValueError(f"weight must be >= 0, got {weight}")
         self.puts += 1
         self._producers[producer or ""] += 1
-        entry = Entry(item, float(weight), affinity)
+        entry = Entry(item, float(weight), affinity, names)
         getter = self._pick_getter(key, affinity)
         if getter is not None:
             self._deliver(getter, entry)
@@ -166,18 +259,18 @@ class Channel:
         self._size += 1
         self._weight += entry.weight
 
-    def put_many_nowait(self, items: list[tuple[Any, Hashable, float, str | None]], producer: str | None = None) -> None:
+    def put_many_nowait(self, items: list[tuple], producer: str | None = None) -> None:
         """Enqueues every item at once, past the capacity if need be: a worker's batch of
         puts is accepted whole as it arrives (so none is lost to a cancelled wait), and
         its client waits for room (wait_room) before it sends the next batch, which
         bounds the overshoot to one batch (the client's window) per producer."""
         if self.closed:
             raise ChannelClosed(f"channel {self.name!r} is closed")
-        for _, _, weight, _ in items:
-            if weight < 0:
-                raise ValueError(f"weight must be >= 0, got {weight}")
-        for item, key, weight, affinity in items:
-            self.put_nowait(item, key, weight, affinity, producer)
+        for row in items:
+            if row[2] < 0:
+                raise ValueError(f"weight must be >= 0, got {row[2]}")
+        for item, key, weight, affinity, *names in items:  # (item, key, weight, affinity[, names])
+            self.put_nowait(item, key, weight, affinity, producer, tuple(map(_hashable, names[0])) if names else ())
 
     def give_back(self, key: Hashable, consumer: str | None, entries: list[Entry]) -> None:
         """Entries handed to `consumer` that it could not take after all (its get was
@@ -186,6 +279,8 @@ class Channel:
         for entry in entries:
             self.gets -= 1
             self._served[consumer or ""] -= entry.weight
+            if self.custody is not None and consumer:
+                self.custody.returned(consumer, entry)
         queued = []
         for entry in entries:
             getter = self._pick_getter(key, entry.affinity)
@@ -387,6 +482,17 @@ class Channel:
     def _account(self, consumer: str | None, entry: Entry) -> None:
         self.gets += 1
         self._served[consumer or ""] += entry.weight
+        if self.custody is not None and consumer:
+            self.custody.took(consumer, entry)
+
+    def reclaim(self, consumer: str) -> int:
+        """A lost consumer's items (Custody) go back to the front of the queue, in the
+        order it took them, for the others; returns how many were work (had an ident)."""
+        if self.custody is None:
+            raise ValueError(f"channel {self.name!r} keeps no custody")
+        entries = self.custody.reclaim(consumer)
+        self.give_back(None, consumer, entries)
+        return sum(1 for e in entries if self.custody.names(e))
 
     def _wake_room_waiters(self) -> None:
         while self._room_waiters:  # emptied in place: _until_room holds this deque

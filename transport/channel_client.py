@@ -67,6 +67,8 @@ class _Taken:
     key: Hashable = None
     given_back: bool = False
     """A stop gave it back to the channel while a get waited for its bytes."""
+    names: list | None = None
+    """Its custody names, from a channel that keeps custody (given back with it)."""
     ref_returned: bool = False
     """What went back was the ref itself (its bytes had not come): a fetch that ends
     later must not release the producer's copy, the next consumer needs it."""
@@ -106,9 +108,17 @@ class ChannelClient:
         self._handing: list[_Taken] = []
         """Taken off a buffer by a get still waiting for the bytes (give_back sees them)."""
         self._filling: dict[Hashable, asyncio.Task] = {}
+        self.in_custody = False
+        """The channel keeps custody of what this consumer takes (transport/channel.py
+        Custody): what it makes of an item goes downstream `made_of` its names."""
 
     # --- put ------------------------------------------------------------------------
-    async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None) -> None:
+    async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
+                  made_of: list | None = None) -> None:
+        """`made_of`: the idents of the items taken from the channel this one releases
+        (transport/channel.py Custody) that this item was made of; they are released
+        when it arrives, and its bytes go with it (not peer to peer: a producer lost
+        after the put must not take them along)."""
         self._raise_if_failed()
         while self._unacked >= self._window:
             self._changed.clear()
@@ -117,10 +127,25 @@ class ChannelClient:
         wire_item: Any = item
         if not self._share_items:
             blob = wire_item = encode_blob(item)
-            if self._payloads is not None and blob.nbytes > P2P_ABOVE_BYTES:
+            if self._payloads is not None and blob.nbytes > P2P_ABOVE_BYTES and made_of is None:
                 wire_item = self._payloads.offer(blob)
-        self._outbox.append([wire_item, key, weight, affinity])
+        self._outbox.append([wire_item, key, weight, affinity] + ([list(made_of)] if made_of is not None else []))
         self._unacked += 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = self._spawn(self._flush_outbox())
+
+    async def put_all(self, items: list[Any], made_of: list) -> None:
+        """Several items made of the same upstream items (`made_of`, released with them):
+        they go in one message, whole (a producer lost midway delivers none of them)."""
+        self._raise_if_failed()
+        while self._unacked >= self._window:
+            self._changed.clear()
+            await self._changed.wait()
+            self._raise_if_failed()
+        for i, item in enumerate(items):  # no await in between: the flusher sends them in one batch
+            wire_item = item if self._share_items else encode_blob(item)
+            self._outbox.append([wire_item, None, 1.0, None, list(made_of) if i == len(items) - 1 else []])
+        self._unacked += len(items)
         if self._flusher is None or self._flusher.done():
             self._flusher = self._spawn(self._flush_outbox())
 
@@ -213,8 +238,10 @@ class ChannelClient:
         would take the worker's TaskGroup down)."""
         try:
             rows = await self._op("get_many", key, self._prefetch)
-            for item, weight, affinity in rows:
-                taken = _Taken(item, weight, affinity, None, key)  # type: ignore[arg-type]
+            for item, weight, affinity, *held in rows:  # (held: [names, True] from a channel in custody)
+                if held:
+                    self.in_custody = True
+                taken = _Taken(item, weight, affinity, None, key, names=held[0] if held else None)  # type: ignore[arg-type]
                 taken.fetch = self._spawn(self._fetched(item, taken))
                 self._buffers[key].append(taken)
             return None
@@ -265,7 +292,8 @@ class ChannelClient:
             for t in taken:
                 fetched = t.fetch.done() and t.fetch.result()[1] is None
                 t.ref_returned = not fetched
-                rows.append([t.fetch.result()[0] if fetched else t.item, t.weight, t.affinity])
+                rows.append([t.fetch.result()[0] if fetched else t.item, t.weight, t.affinity]
+                            + ([t.names] if t.names is not None else []))
                 if t.ref_returned:  # the producer keeps the bytes for the next consumer
                     t.fetch.cancel()
             if rows:

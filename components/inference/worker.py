@@ -24,7 +24,7 @@ from dynarl.components import weight_sync
 from dynarl.components.busy import BusyLog
 from dynarl.components.engine_factory import make_inference_engine
 from dynarl.components.model.spec import ModelSpec
-from dynarl.components.experience import END
+from dynarl.components.experience import END, made_of
 
 
 class InferenceWorker(dynarl.Worker):
@@ -91,11 +91,14 @@ class InferenceWorker(dynarl.Worker):
                     s.ref_logprobs = ref[i]
             self.samples_done += len(samples)
             self.tokens_done += sum(len(p) + len(r) for p, r in zip(prompts, responses))
-            if split:
+            held = made_of(inbox, chunk)  # (a chunk in custody goes downstream whole, in one message)
+            if split and held:
+                await outbox.put_all([[dataclasses.replace(g, samples=[s])] for g, s in samples], held["made_of"])
+            elif split:
                 for g, s in samples:
                     await outbox.put([dataclasses.replace(g, samples=[s])])
             else:
-                await outbox.put(chunk, weight=len(chunk))
+                await outbox.put(chunk, weight=len(chunk), **held)
         await outbox.flush()
         return {"samples": self.samples_done, "tokens": self.tokens_done, "busy_s": time.perf_counter() - started,
                 "busy": busy.intervals}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import dynarl
-from dynarl.components.experience import END, PromptGroup, Sample, group_advantages
+from dynarl.components.experience import END, PromptGroup, Sample, group_advantages, made_of
 from dynarl.components.model.spec import ModelSpec, build_tokenizer, safe_decode
 from dynarl.components.reward.verifiers import make_verifier
 
@@ -33,7 +33,7 @@ class RewardWorker(dynarl.Worker):
                 rewards = [s.reward for s in group.samples]
                 for sample, advantage in zip(group.samples, group_advantages(rewards, self.adv_eps)):
                     sample.advantage = advantage
-            await outbox.put(chunk, weight=len(chunk))
+            await outbox.put(chunk, weight=len(chunk), **made_of(inbox, chunk))
         await outbox.flush()
         return {"samples": num_samples, "busy_s": time.perf_counter() - started, "verifier": self.backend}
 

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from dynarl.components.busy import BusyLog
-from dynarl.components.experience import END, PromptGroup
+from dynarl.components.experience import END, PromptGroup, made_of
 from dynarl.components.rollout.base import (GenerationRequest, GenerationResult, InflightRequest,
                                             RolloutEngine, SamplingParams)
 
@@ -50,6 +50,8 @@ class Generation:
         self.closed = False
         self.fetching: asyncio.Future | None = None
         """The task that takes prompts from the step's channel (set by RolloutWorker.generate)."""
+        self.inbox: Any = None
+        """The channel the prompts come from (fetch)."""
 
     async def pause(self) -> None:
         await pause_run(self)
@@ -110,6 +112,7 @@ class Generation:
         self.arrived.set()
 
     async def fetch(self, inbox: Any, worker: Any = None) -> None:
+        self.inbox = inbox
         while True:
             group = await inbox.get()
             if group is END:
@@ -202,7 +205,7 @@ class Generation:
 
     async def _emit(self) -> None:
         chunk, self.ready = self.ready, []
-        await self.outbox.put(chunk, weight=len(chunk))
+        await self.outbox.put(chunk, weight=len(chunk), **made_of(self.inbox, chunk))
 
 
 async def pause_run(run: Any) -> None:

@@ -286,6 +286,11 @@ class RunSection:
     0: a lost worker ends the run. The steps since that checkpoint are trained again
     (the ledger and metrics.jsonl are rolled back to it), so run.checkpoint_every bounds
     what a loss costs."""
+    survive: bool = True
+    """A lost rollout, reward or inference rank does not restart the job: what it held
+    goes to the other ranks and a replacement takes its place within the step
+    (components/workflows/survival.py; where it applies: the static scheduler, whole
+    on-policy steps, the grpo and ppo workflows). False: every loss restarts."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "checkpoint_every", "keep_checkpoints"):

@@ -49,6 +49,7 @@ from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.overlap import AHEAD, OverlappedSteps
 from dynarl.components.workflows.partial import PARTIAL_FILE, PartialSteps, resume_refused
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
+from dynarl.components.workflows import survival
 from dynarl.core.files import atomic_open
 from dynarl.core.controller import Controller
 from dynarl.core.health import STATES
@@ -85,6 +86,8 @@ class GRPO:
     """The rollout rank's class; the agentic workflow serves turns with a subclass."""
     reward_worker: type | None = RewardWorker
     """The group that scores rollouts; None: the workflow scores them itself."""
+    inference_worker: type = InferenceWorker
+    """The inference rank's class."""
     multi_turn = False
     """A finished request is a sample (not a turn of an episode)."""
     step_ranks: type = StepRanks
@@ -119,6 +122,8 @@ class GRPO:
         ones continue in the next steps (partial.py)."""
         self.overlap = OverlappedSteps(self) if cfg.algorithm.max_staleness > 0 and self.partial is None else None
         """algorithm.max_staleness 1: the next step's rollout runs while a step trains (overlap.py)."""
+        self.survival = survival.Survival(self) if survival.applies(cfg) and not self.multi_turn else None
+        """run.survive: a lost rollout, reward or inference rank is replaced within the step (survival.py)."""
 
     # --- the algorithm ---------------------------------------------------------------
     def commit_step(self, step: int, ids: list[str], trained: experience.Trained) -> None:
@@ -148,13 +153,16 @@ class GRPO:
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompts.groups(step)
         sched = self.scheduling
+        if self.survival is not None:
+            await self.survival.replace_lost(step)
         live = self.live = LiveStep(step, later={"trainer"})
         if sched is not None:
             await sched.begin(live, groups)
         rollout, reward = await self.start_rollout(groups, step, label, live)
         inference = live.joined("inference", stage(
             self.ctl, self.g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
-            gate=live.gates.get("inference"), clock=self.clock, label=label, version=step))
+            gate=live.gates.get("inference"), clock=self.clock, label=label, version=step,
+            ranks_call=self.ranks_call("inference", True)))
         (scored, first_chunk), rollout_stats, reward_stats, inference_stats = await self._run_stages(
             live, label, [self.collect(len(groups)), rollout, reward, inference])
         live.later.clear()
@@ -195,11 +203,16 @@ class GRPO:
         rollout = live.joined("rollout", stage(
             self.ctl, g.rollout, "generate", get="prompts", put="rollouts", clock=self.clock, label=label,
             version=step if version is None else version, chunk_size=self.rollout_chunk_size,
-            sampling=self.sampling(), lock=live.rollout_lock))
+            sampling=self.sampling(), lock=live.rollout_lock, ranks_call=self.ranks_call("rollout", live.rollout_lock)))
         reward = live.done["reward"] = asyncio.ensure_future(stage(
             self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
-            clock=self.clock, label=label))
+            clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False)))
         return rollout, reward
+
+    def ranks_call(self, component: str, locked: bool) -> Any:
+        """How a stage calls the component's ranks: surviving a lost one (survival.py), or
+        group.call (None)."""
+        return None if self.survival is None else self.survival.stage_call(component, locked)
 
     async def streaming_step(self, step: int) -> dict[str, Any]:
         """trainer.streaming: the trainer is a stage, its ranks accumulating the scored
@@ -209,6 +222,8 @@ class GRPO:
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         groups = self.prompts.groups(step)
         sched = self.scheduling
+        if self.survival is not None:
+            await self.survival.replace_lost(step)
         live = self.live = LiveStep(step)
         if sched is not None:
             await sched.begin(live, groups)
@@ -216,7 +231,8 @@ class GRPO:
         rollout, reward = await self.start_rollout(groups, step, label, live)
         inference = live.joined("inference", stage(
             self.ctl, g.inference, "compute_logprobs", get="scored", put="experience", after=reward,
-            gate=live.gates.get("inference"), clock=self.clock, label=label, version=step, split=True))
+            gate=live.gates.get("inference"), clock=self.clock, label=label, version=step, split=True,
+            ranks_call=self.ranks_call("inference", True)))
         trainer = live.joined("trainer", stage(
             self.ctl, g.trainer, "train_stream", get="experience", after=inference, gate=live.gates.get("trainer"),
             clock=self.clock, label=label, with_ref=self.cfg.with_ref))
@@ -263,6 +279,8 @@ class GRPO:
         capacity = max(1024, 2 * samples + 2 * self.placement.num_devices)
         for name in ("prompts", "rollouts", "scored", "experience", AHEAD):
             self.ctl.channel(name, capacity=capacity)
+        if self.survival is not None:
+            self.survival.open()
 
     async def collect(self, num_groups: int) -> tuple[list[PromptGroup], float]:
         """The trainer's input: chunks from "experience" until all the step's groups
@@ -288,6 +306,8 @@ class GRPO:
 
     async def sync_weights(self, version: int, label: str) -> None:
         g = self.g
+        if self.survival is not None:  # (a replacement gets its weights from this sync)
+            await self.survival.replace_lost(None)
         await self.weight_sync_group()
         async with self._busy("trainer"), self._busy("rollout"):  # nor is a weight sync
             await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
@@ -302,7 +322,8 @@ class GRPO:
         lost (core/health.py), and which are not healthy."""
         fleet = self.ctl.fleet(version)
         counts = {state: sum(1 for s in fleet.values() if s == state) for state in STATES}
-        return {"fleet": counts, "unhealthy": {name: s for name, s in fleet.items() if s != "healthy"}}
+        survived = self.survival.metrics() if self.survival is not None else {}
+        return {"fleet": counts, "unhealthy": {name: s for name, s in fleet.items() if s != "healthy"}} | survived
 
     async def weight_sync_group(self) -> None:
         """The weight-sync group of the trainer's rank 0 and every rollout and inference
@@ -406,7 +427,7 @@ class GRPO:
                         ] if self.reward_worker else []
         rollout, inference, trainer, *reward = await gather_or_cancel([
             ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init=inits["rollout"]),
-            ctl.spawn(InferenceWorker, name="inference", devices=devices["inference"], init=inits["inference"]),
+            ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"], init=inits["inference"]),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"]),
             *reward_spawn])
         if trainer.world_size > 1:

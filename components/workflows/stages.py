@@ -59,13 +59,15 @@ class StageClock:
 
 async def stage(ctl: "Controller", group: "WorkerGroup", method: str, *, get: str | None = None,
                 put: str | None = None, after: asyncio.Future | None = None, lock: bool = True,
-                gate: asyncio.Future | None = None, clock: StageClock, label: str, **kwargs: Any) -> list[Any]:
+                gate: asyncio.Future | None = None, clock: StageClock, label: str,
+                ranks_call: Callable[..., Awaitable[list[Any]]] | None = None, **kwargs: Any) -> list[Any]:
     """Runs `method(get, put, **kwargs)` on every rank; returns the per-rank results.
-    `gate`: the ranks are called once it is done (their devices held meanwhile)."""
+    `gate`: the ranks are called once it is done (their devices held meanwhile);
+    `ranks_call`: calls the ranks instead of group.call (the rollout's: survival.py)."""
     async def call() -> list[Any]:
         if gate is not None:
             await gate
-        return await group.call(method, get, put, **kwargs)
+        return await (ranks_call or group.call)(method, get, put, **kwargs)
     work = asyncio.ensure_future(held(ctl, group, clock, label, method, call, lock=lock))
     if after is None:
         return await work

@@ -12,7 +12,8 @@ Each kind is one run of the job in this process (its workers are processes), wit
                        whatever move it is in
 
 Per kind: injected, survived (the run finished every step, with no new
-`dynarl train`), recovery seconds (injection to the interrupted step trained
+`dynarl train`), how: in place (a lost rollout rank replaced within its step,
+components/workflows/survival.py) or by restarts from the checkpoint, recovery seconds (injection to the interrupted step trained
 again: detection, the ordered stop, the restart from the checkpoint and the steps
 retrained; p50 and max), samples lost and duplicated (the ledger against the
 fault-free run's), the last steps' mean reward minus the fault-free run's, and
@@ -113,8 +114,9 @@ def run_job(run_dir: str, args: list[str], component: str | None = None, sig: st
     rows = [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []
     entries = read_entries(os.path.join(run_dir, "ledger.jsonl")) if os.path.exists(
         os.path.join(run_dir, "ledger.jsonl")) else []
+    restarts = sum(1 for name in os.listdir(run_dir) if name.startswith("trace-restart-"))
     return {"rc": result[0] if result else None, "wall_s": time.perf_counter() - begun, "injected": injected,
-            "recovery_s": recoveries, "rows": rows, "entries": entries}
+            "recovery_s": recoveries, "rows": rows, "entries": entries, "restarts": restarts}
 
 
 def compare(kind: str, faulty: dict, clean: dict) -> dict:
@@ -129,6 +131,7 @@ def compare(kind: str, faulty: dict, clean: dict) -> dict:
             "samples_lost": len(expected - set(ids)), "samples_duplicated": len(ids) - len(set(ids)),
             "reward_delta": last(faulty) - last(clean),
             "same_tokens": [e.digests for e in faulty["entries"]] == [e.digests for e in clean["entries"]],
+            "in_place": sum(r.get("survived", 0) for r in faulty["rows"]), "restarts": faulty.get("restarts", 0),
             "wall_s": faulty["wall_s"]}
 
 
@@ -160,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print(f"{'kind':<16}{'injected':>9}{'survived':>9}{'recov p50':>10}{'recov max':>10}{'lost':>6}"
-              f"{'dup':>5}{'reward Δ':>10}{'same tokens':>12}")
+        print(f"{'kind':<16}{'injected':>9}{'survived':>9}{'in place':>9}{'restarts':>9}{'recov p50':>10}"
+              f"{'recov max':>10}{'lost':>6}{'dup':>5}{'reward Δ':>10}{'same tokens':>12}")
         for r in report:
-            print(f"{r['kind']:<16}{r['injected']:>9}{str(r['survived']):>9}{r['recovery_s_p50'] or 0:>10.1f}"
-                  f"{r['recovery_s_max'] or 0:>10.1f}{r['samples_lost']:>6}{r['samples_duplicated']:>5}"
-                  f"{r['reward_delta']:>10.4f}{str(r['same_tokens']):>12}")
+            print(f"{r['kind']:<16}{r['injected']:>9}{str(r['survived']):>9}{r['in_place']:>9}{r['restarts']:>9}"
+                  f"{r['recovery_s_p50'] or 0:>10.1f}{r['recovery_s_max'] or 0:>10.1f}{r['samples_lost']:>6}"
+                  f"{r['samples_duplicated']:>5}{r['reward_delta']:>10.4f}{str(r['same_tokens']):>12}")
     return 0 if all(r["survived"] and r["injected"] == args.injections for r in report) else 1
 
 

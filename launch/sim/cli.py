@@ -14,6 +14,7 @@ baseline of speedup_vs_colocated. The JSON is byte-identical for one seed; with
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -23,10 +24,10 @@ from dynarl.components.placement.policy import PolicyUnavailable, make_policy
 from dynarl.components.workloads.catalog import WORKLOADS
 from dynarl.components.workloads.trace import TraceError
 
-from .metrics import add_speedups, measured_window, policy_metrics
+from .metrics import add_speedups, fail_metrics, measured_window, policy_metrics
 from .parallel import default_jobs
 from .report import table, to_json
-from .scenario import SimConfig, build_scenario
+from .scenario import Failure, SimConfig, build_scenario
 
 MAX_LISTED_REJECTS = 20
 
@@ -82,6 +83,9 @@ def parser() -> argparse.ArgumentParser:
                    help="compare the local launcher (real processes, wall clock) with virtual time")
     p.add_argument("--time-scale", type=float, default=0.1,
                    help="--fidelity: real seconds per emulated second on the local launcher")
+    p.add_argument("--fail", default=None, metavar="COMPONENT@SECONDS[,...]",
+                   help="lose the component's first rank (rollout, reward, inference) at that run second; each "
+                        "policy runs with the losses and without, side by side (static policies only)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="policies (or --sweep rows) run at once, each in a process of its own; the output "
                         "is the same (default: one per core, at most one per run)")
@@ -108,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         if "colocated" not in names:
             names.insert(0, "colocated")
         # every scenario is built (and checked) before the first one runs
+        failures = tuple(Failure.parse(part) for part in (args.fail or "").split(",") if part.strip())
         scenarios = [build_scenario(SimConfig(
             workload=args.workload or "math-7b", devices=devices, policies=tuple(names), seed=args.seed,
             iterations=args.iterations, warmup=args.warmup, prompts=args.prompts, trace=args.trace,
-            device=args.device)) for devices in args.devices]
+            device=args.device, failures=failures)) for devices in args.devices]
     except (PolicyUnavailable, TraceError, ValueError, OSError) as exc:
         print(f"dynarl sim: {exc}", file=sys.stderr)
         return 2
@@ -163,11 +168,15 @@ def simulate(scn, *, timings: bool = False, log: Any = None, jobs: int = 1,
             print(f"dynarl sim: stage profiles in {time.perf_counter() - started:.1f} s wall", file=log)
     runs: dict = {}
 
+    clean = dataclasses.replace(scn, config=dataclasses.replace(cfg, failures=())) if cfg.failures else scn
+
     def task(name: str):
         def run() -> dict[str, Any]:
             started = time.perf_counter()
-            runs[name] = policy_run = run_policy(scn, name, profiles)
-            metrics = policy_metrics(policy_run, scn, timings=timings)
+            runs[name] = policy_run = run_policy(clean, name, profiles)
+            metrics = policy_metrics(policy_run, clean, timings=timings)
+            if cfg.failures:  # the same policy losing ranks, beside it
+                metrics["fail"] = fail_metrics(policy_run, run_policy(scn, name, profiles))
             wall = time.perf_counter() - started
             if timings:
                 metrics["wall_s"] = wall
@@ -192,6 +201,8 @@ def simulate(scn, *, timings: bool = False, log: Any = None, jobs: int = 1,
         "device": cfg.device, "prompts": len(scn.batches[0]), "iterations": cfg.iterations,
         "measured_iterations": len(range(cfg.iterations)[measured_window(cfg)]), "policies": policies,
     }
+    if cfg.failures:
+        result["failures"] = [f"{f.component}@{f.at_s:g}" for f in cfg.failures]
     if scn.trace is not None:
         result["trace"] = {"file": cfg.trace, "groups": len(scn.trace.groups), "requests": scn.trace.num_requests,
                            "rejected": len(scn.trace.rejected),

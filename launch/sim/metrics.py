@@ -110,3 +110,15 @@ def add_speedups(policies: dict[str, dict[str, Any]], baseline: str = "colocated
     base = policies[baseline]["iter_time_s"]
     for m in policies.values():
         m["speedup_vs_colocated"] = base / m["iter_time_s"]
+
+
+def fail_metrics(clean: PolicyRun, faulty: PolicyRun) -> dict[str, Any]:
+    """What losing ranks cost a policy (SimConfig.failures), against its run without:
+    the whole run's extra seconds, the iteration times side by side, the ranks lost and
+    replaced in place, and whether every iteration trained the same samples."""
+    end = lambda run: run.iterations[-1].end if run.iterations else 0.0
+    return {"lost": len(faulty.lost_at), "lost_at_s": list(faulty.lost_at), "replaced": sum(faulty.survived),
+            "cost_s": end(faulty) - end(clean),
+            "iter_time_s": [r.end - r.start for r in faulty.iterations],
+            "clean_iter_time_s": [r.end - r.start for r in clean.iterations],
+            "same_samples": [r.samples for r in faulty.iterations] == [r.samples for r in clean.iterations]}

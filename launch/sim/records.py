@@ -55,6 +55,11 @@ class PolicyRun:
     """Per iteration (partial rollout): groups with samples generated again from the
     prompt as their tokens would have been too stale, and the tokens dropped with them."""
 
+    survived: list[int] = field(default_factory=list)
+    """Per iteration: ranks lost and replaced in place (SimConfig.failures)."""
+    lost_at: list[float] = field(default_factory=list)
+    """Run seconds at which a rank was lost (SimConfig.failures that came while the run lasted)."""
+
     @property
     def staleness(self) -> list[int]:
         """Per iteration: the most versions a trained sample's weights were behind."""

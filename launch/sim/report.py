@@ -37,4 +37,9 @@ def table(result: dict[str, Any]) -> str:
     lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     for name, m in result["policies"].items():
         lines += [f"  {name}: {note}" for note in m["replans"]]
+        fail = m.get("fail")
+        if fail is not None:
+            lines.append(f"  {name}: {fail['lost']} rank(s) lost at {', '.join(f'{t:.1f}' for t in fail['lost_at_s'])} s, "
+                         f"{fail['replaced']} replaced in place: +{fail['cost_s']:.1f} s over the run "
+                         f"(same samples: {'yes' if fail['same_samples'] else 'NO'})")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import dynarl
 from dynarl.components import costmodel as cm
@@ -80,6 +81,9 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
 
         wf = await start(ctl, scn, placement, scheduler)
         run.placements.append((now(), placement))
+        current = [wf]  # (the workflow a re-plan put in its place)
+        failing = [ctl.spawn_task(lose_rank(ctl, current, f, origin + f.at_s * cfg.time_scale, run, now),
+                                  name=f"fail {f.component}@{f.at_s}") for f in cfg.failures]
         previous_end: float | None = None
         for it in range(cfg.iterations):
             begun = now() if previous_end is None else previous_end
@@ -94,9 +98,11 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
             for decision in timed(policy, snapshot, run):
                 if isinstance(decision, Replan) and it + 1 < cfg.iterations:
                     new = with_unit(decision.placement, {"rollout": scn.rollout_tp})
-                    wf = await replan(ctl, scn, wf, placement, new, decision.reason, run, it)
+                    wf = current[0] = await replan(ctl, scn, wf, placement, new, decision.reason, run, it)
                     placement = new
                     run.placements.append((now(), placement))
+        for task in failing:  # (one due after the run's end does not come)
+            task.cancel()
         if wf.scheduling is not None:  # the scheduler's moves and decisions
             log = wf.scheduling.scheduler.log
             for m in log.migrations:
@@ -108,6 +114,18 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
     config = train_config(scn, placement, scheduler)
     dynarl.run(workflow, config.runtime, virtual_time=cfg.launcher == "inproc")
     return run
+
+
+async def lose_rank(ctl: Controller, current: list, failure: Any, at: float, run: PolicyRun, now: Any) -> None:
+    """At loop time `at`, the failure's component loses its first rank (the launcher
+    kills it: its calls fail, the controller refuses its channel operations); the
+    workflow survives it in place (components/workflows/survival.py)."""
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    group = getattr(current[0].g, failure.component)
+    live = [] if group is None else [h for h in group.handles if h.lost is None and not h.stopped]
+    if live:
+        ctl.launcher.kill(live[0])
+        run.lost_at.append(now())
 
 
 async def start(ctl: Controller, scn: Scenario, placement: Placement, scheduler: dict | None = None,
@@ -197,6 +215,7 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
     entry = wf.ledger.entries[-1]  # this iteration's: how far behind the trainer its samples' weights were
     run.staleness_counts.append(Counter(entry.step - v for v in entry.versions))
     run.regenerated.append((metrics.get("regenerated_groups", 0), metrics.get("regenerated_tokens", 0)))
+    run.survived.append(metrics.get("survived", 0))
     run.carried.append((metrics.get("carried_groups", 0), metrics.get("carried_tokens", 0)))
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=metrics["tokens"],
                                           samples=metrics["samples"], stage_s=stage_s, span_s=spans))

@@ -51,6 +51,8 @@ class SimConfig:
     """Pipeline depth the rlinf-auto planner assumes."""
     chunk_size: int = 1
     """Groups per channel item between stages (the elastic-pipelining granularity)."""
+    failures: tuple["Failure", ...] = ()
+    """Ranks lost during the run (`--fail`): each policy runs with them and without."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -68,6 +70,34 @@ class SimConfig:
         if self.chunk_size < 1 or self.micro_batches < 1:
             raise ValueError("chunk_size and micro_batches must be >= 1")
         cm.get_device(self.device)
+
+
+FAILING = ("rollout", "reward", "inference")
+"""The components whose ranks a run survives losing in place (components/workflows/survival.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """At `at_s` run seconds (emulated, since the run began) the component's first rank
+    is lost (killed: its calls fail, its channel operations are refused)."""
+    component: str
+    at_s: float
+
+    def __post_init__(self) -> None:
+        if self.component not in FAILING:
+            raise ValueError(f"--fail: a run survives losing a {', '.join(FAILING)} rank in place, not "
+                             f"{self.component!r} (a trainer's loss restarts the job: no restart is simulated)")
+        if not self.at_s >= 0:
+            raise ValueError(f"--fail: the time must be >= 0 seconds, got {self.at_s}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Failure":
+        """"rollout@120": the component and the run second."""
+        component, sep, at = text.partition("@")
+        try:
+            return cls(component.strip(), float(at)) if sep else cls(component.strip(), float("nan"))
+        except ValueError as exc:
+            raise ValueError(f"--fail takes COMPONENT@SECONDS (e.g. rollout@120), got {text!r}: {exc}") from None
 
 
 @dataclass(slots=True)
@@ -113,6 +143,8 @@ class Scenario:
 def build_scenario(config: SimConfig) -> "Scenario | Any":
     """The scenario of `config`'s workload (an embodied one: launch/sim/embodied.py)."""
     workload = get_workload(config.workload)
+    if config.failures:
+        _check_failing(config)
     if workload.kind == "embodied":
         from .embodied import build
         return build(config, workload)
@@ -142,6 +174,21 @@ def build_scenario(config: SimConfig) -> "Scenario | Any":
                               weight_bytes=weight_bytes, with_sync=i > 0,
                               critic=getattr(workload, "critic", False)) for i, b in enumerate(batches)]
     return Scenario(config, workload, batches, bounds, weight_bytes, trace, engines, kv_capacity=capacity)
+
+
+def _check_failing(config: SimConfig) -> None:
+    """--fail: every policy must survive a lost rank in place (components/workflows/
+    survival.py: the static scheduler, whole on-policy steps)."""
+    from dynarl.components.placement.policy import make_policy
+    if config.launcher != "inproc":
+        raise ValueError("--fail runs in virtual time only (not with --fidelity)")
+    for name in config.policies:
+        policy = make_policy(name)
+        if policy.scheduler(config.devices) is not None or getattr(policy, "max_staleness", 0) \
+                or getattr(policy, "oversample", 1.0) != 1.0:
+            raise ValueError(f"--fail: policy {name!r} moves devices or carries work across steps; a rank lost "
+                             "there restarts the job from its checkpoint, which the simulator does not model "
+                             "(choose static policies: colocated, spatial, hybrid, rlinf-auto)")
 
 
 def for_policy(scn: Scenario, policy: object) -> Scenario:
@@ -234,7 +281,8 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
         workflow="agentic" if scn.workload.kind == "agentic" else "ppo" if ppo else "grpo",
         agentic=AgenticSection(episodes="scripted", queue=rollout.get("queue", "fifo"), affinity=affinity,
                                max_bonus_s=EmulatedRolloutConfig(**rollout).priority_window_s),
-        run=RunSection(steps=cfg.iterations, prompts_per_step=len(scn.batches[0]), seed=cfg.seed),
+        run=RunSection(steps=cfg.iterations, prompts_per_step=len(scn.batches[0]), seed=cfg.seed,
+                       survive=bool(cfg.failures)),
         algorithm=AlgorithmSection(max_staleness=scn.max_staleness),
         scheduler=SchedulerSection() if scheduler is None else SchedulerSection(
             policy="dynarl", dynarl=DynarlSection(**scheduler)),

@@ -1,0 +1,190 @@
+"""A lost rollout, reward or inference rank is a forced donor: the step goes on, the
+job does not restart.
+
+Every prompt group of the step is in the custody of the rank that took it, stage by
+stage (transport/channel.py Custody): "prompts" until the rollout rank puts the chunk
+made of it on "rollouts", "rollouts" until a reward rank puts it scored on "scored",
+"scored" until an inference rank puts it on "experience"; the put that delivers the
+work releases what it was made of, in one message. When a rank of one of those stages
+is lost (its process exited, froze past the heartbeat timeout, or became unreachable)
+during its stage, or between steps:
+
+  1. the items it held go back to the front of its input channel, in the order it
+     took them (its END last, if it had taken it), for the ranks still working or its
+     replacement; a rollout group is generated again from its prompt, every sample
+     with its own sampling seed: nothing is lost, and nothing it had delivered is made
+     twice;
+  2. it is replaced on its devices (a Reboot: a fresh rank of the group's class starts
+     there, then the lost process is reaped); a rollout or inference replacement loads
+     the step's weights from the trainer (a refit, and inference the reference policy)
+     before it serves, then runs the stage's call on the same channels;
+  3. the step's metrics count it (`survived`, `reissued_items`), and the progress
+     line says so.
+
+Where it does not apply (`applies`), and for any other failure (the trainer's), the
+step fails as before and the job restarts from the newest checkpoint (launch/
+recovery.py): with the DynaRL scheduler (its moves hold ranks of their own: parked,
+lent, joining), partial or overlapped steps (groups carried across steps), the
+agentic workflow (its episode driver routes turns to ranks). In `dynarl sim` (the
+inproc launcher, emulated engines: `--fail`) a replacement also costs an engine's
+start on its devices (engine_factory.move_costs' restart_s), as a process does.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from dynarl.components.engine_factory import move_costs
+from dynarl.components.experience import PromptGroup
+from dynarl.components.workflows.joins import StepRanks
+from dynarl.core.worker_handle import WorkerHandle
+from dynarl.transport.channel import Custody
+
+INPUT = {"rollout": "prompts", "reward": "rollouts", "inference": "scored"}
+"""Each surviving stage's input channel (custody); its output releases it."""
+OUTPUT = {"rollout": "rollouts", "reward": "scored", "inference": "experience"}
+LOSS_WAIT_S = 2.0
+"""How long a failed call's rank may take to be seen lost (its exit noticed)."""
+
+
+def applies(cfg: Any) -> bool:
+    """Whether a lost rollout, reward or inference rank is survived in place under `cfg`
+    (else: a restart)."""
+    return (cfg.run.survive and cfg.scheduler.policy == "static" and cfg.rollout.oversample == 1
+            and cfg.algorithm.max_staleness == 0 and cfg.workflow in ("grpo", "ppo"))
+
+
+def group_ident(item: Any) -> int | None:
+    """A prompt group's custody name on "prompts": its index in the step (END: none)."""
+    return item.index if isinstance(item, PromptGroup) else None
+
+
+class Survival:
+    def __init__(self, wf: Any) -> None:
+        self.wf = wf
+        """The workflow (grpo.py GRPO): its controller, groups and progress."""
+        self.survived = 0
+        """Ranks replaced in the step in progress."""
+        self.reissued = 0
+        """Items the lost ranks held, given to the others, in the step in progress."""
+        self.replacing = asyncio.Lock()
+        """One replacement at a time (their weight refits share a process group's name)."""
+        cfg = wf.cfg
+        scale = cfg.rollout.emulated.time_scale if cfg.rollout.backend == "emulated" else 0.0
+        self.start_s = move_costs(cfg).restart_s * scale
+        """What a replacement's start costs beyond its calls: on emulated devices an
+        engine's restart (the cost model's), on real ones nothing (the spawn took it)."""
+
+    def open(self) -> None:
+        """Custody on each stage's input, released by its output's puts."""
+        ctl = self.wf.ctl
+        for component, inbox in INPUT.items():
+            channel = ctl.channel(inbox)
+            channel.custody = Custody(group_ident)
+            ctl.channel(OUTPUT[component]).releases = channel
+
+    def metrics(self) -> dict[str, int]:
+        """The step's survivals (and resets the count for the next step)."""
+        out = {"survived": self.survived, "reissued_items": self.reissued}
+        self.survived = self.reissued = 0
+        return out
+
+    async def replace_lost(self, version: int | None) -> None:
+        """Ranks lost since the last call are replaced: before a step's prompts flow (a
+        rollout or inference replacement loads weights `version` from the trainer), or
+        before a weight sync (None: the sync gives them their weights)."""
+        for component in INPUT:
+            group = getattr(self.wf.g, component)
+            for handle in [] if group is None else [h for h in group.handles if h.lost is not None]:
+                await self._replace(component, handle, version, locked=False)
+
+    def stage_call(self, component: str, locked: bool) -> Any:
+        """The stage's call of `component`'s ranks (stages.stage's `ranks_call`);
+        `locked`: the stage holds the group's device lock."""
+        async def call(method: str, get: str, put: str, **kwargs: Any) -> list[Any]:
+            return await self._call(component, locked, method, get, put, kwargs)
+        return call
+
+    async def _call(self, component: str, locked: bool, method: str, get: str, put: str,
+                    kwargs: dict[str, Any]) -> list[Any]:
+        """The per-rank results in the group's rank order; a rank lost meanwhile is
+        replaced and its replacement's result stands in for it. Any other failure cancels
+        the others' calls and is raised."""
+        group, custody = getattr(self.wf.g, component), self.wf.ctl.channel(get).custody
+        running: dict[asyncio.Future, WorkerHandle] = {
+            asyncio.ensure_future(h.call(method, [get, put], kwargs)): h for h in group.handles}
+        results: dict[int, Any] = {}
+        fresh: list[WorkerHandle] = []
+        try:
+            while running:
+                done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    handle = running.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        results[id(handle)] = task.result()
+                        left = custody.forget(handle.spec.worker_id)  # its END: all else it took is downstream
+                        if left:
+                            raise RuntimeError(f"{handle.name} ended its {method} holding {len(left)} items of "
+                                               f"{get!r} it delivered nothing of")
+                        continue
+                    if not await _seen_lost(handle):
+                        raise error
+                    new = await self._replace(component, handle, kwargs.get("version"), locked=locked)
+                    fresh.append(new)
+                    running[asyncio.ensure_future(new.call(method, [get, put], kwargs))] = new
+        except BaseException:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
+        fresh = [h for h in fresh if h in group.handles]  # (a replacement lost in turn is gone)
+        if fresh and locked:  # (the stage's lock offloads only the ranks that took it)
+            await group.call("offload", ranks=[group.handles.index(h) for h in fresh])
+        return [results[id(h)] for h in group.handles]
+
+    async def _replace(self, component: str, lost: WorkerHandle, version: int | None, *,
+                       locked: bool) -> WorkerHandle:
+        """A fresh rank on the lost one's devices, after what it held went back to the
+        others; ready to serve weights `version` (`locked`: inside the stage's device
+        lock, so onloaded as the others are). The lost rank leaves the group last: if
+        the replacement fails, the loss is still there for the restart (launch/
+        recovery.py looks for it)."""
+        async with self.replacing:
+            ctl, group = self.wf.ctl, getattr(self.wf.g, component)
+            loop = asyncio.get_running_loop()
+            begun = loop.time()
+            worker = lost.spec.worker_id
+            for channel in list(ctl.channels.values()):  # its waiting gets end: nothing more is handed to it
+                channel.abandon(worker)
+            items = ctl.channel(INPUT[component]).reclaim(worker)
+            devices, init = list(lost.spec.devices), dict(lost.spec.init_kwargs)
+            await ctl.grow_group(group, devices, init)
+            await asyncio.sleep(self.start_s)  # (emulated devices: a new engine's start; real ones took it)
+            new = group.handles[-1]
+            position = group.handles.index(new)
+            if locked:
+                await group.call("onload", ranks=[position])
+            if version is not None and component in ("rollout", "inference"):
+                await StepRanks(self.wf).load_weights(group, [position], version)
+                new.weight_version = version
+            if component == "inference" and self.wf.cfg.with_ref and self.wf.run_dir is not None:
+                await group.call("load_reference", os.path.join(self.wf.run_dir, "reference"), ranks=[position])
+            await ctl.shrink_group(group, [group.handles.index(lost)])  # the lost process reaped
+            self.survived += 1
+            self.reissued += items
+            self.wf.progress.note(f"{component} rank {lost.name} lost ({lost.lost}): the {items} items it held "
+                                  f"went back to the others; replaced on devices {devices} in "
+                                  f"{loop.time() - begun:.1f} s")
+            return new
+
+
+async def _seen_lost(handle: WorkerHandle, wait_s: float = LOSS_WAIT_S) -> bool:
+    """Whether the rank is lost, waiting up to `wait_s` for its loss to be seen (a call
+    can fail before the exit is noticed)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while handle.lost is None and not handle.stopped and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return handle.lost is not None
