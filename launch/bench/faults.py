@@ -7,6 +7,7 @@ Each kind is one run of the job in this process (its workers are processes), wit
     kill-<component>   SIGKILL of the component's first rank (rollout, inference,
                        reward, trainer)
     stop-<component>   SIGSTOP of it (a frozen process: lost at the heartbeat timeout)
+    kill-sync          SIGKILL of the rollout's first rank as a weight sync begins
     kill-standby       scheduler.policy=dynarl: SIGKILL of a warm standby trainer rank
     kill-moving        scheduler.policy=dynarl: SIGKILL of the trainer's first rank,
                        whatever move it is in
@@ -51,8 +52,12 @@ DYNARL = ["runtime.cluster.devices_per_node=4", "placement.mode=hybrid", "rollou
           "scheduler.dynarl.trainer_profile=home"]
 KINDS = {"kill-rollout": ("rollout", "SIGKILL", False), "kill-inference": ("inference", "SIGKILL", False),
          "kill-reward": ("reward", "SIGKILL", False), "kill-trainer": ("trainer", "SIGKILL", False),
-         "stop-rollout": ("rollout", "SIGSTOP", False), "stop-trainer": ("trainer", "SIGSTOP", False),
-         "kill-standby": ("trainer~standby", "SIGKILL", True), "kill-moving": ("trainer", "SIGKILL", True)}
+         "stop-rollout": ("rollout", "SIGSTOP", False), "stop-inference": ("inference", "SIGSTOP", False),
+         "stop-reward": ("reward", "SIGSTOP", False), "stop-trainer": ("trainer", "SIGSTOP", False),
+         "kill-sync": ("rollout", "SIGKILL", False), "kill-standby": ("trainer~standby", "SIGKILL", True),
+         "kill-moving": ("trainer", "SIGKILL", True)}
+AT_SYNC = {"kill-sync"}
+"""Kinds injected when the weight sync begins (the workflow's "sync" stage), not at a step's start."""
 TIMEOUT_S = 300.0
 
 
@@ -79,10 +84,38 @@ def _target(job: Any, component: str) -> int | None:
     return pids[0] if pids else None
 
 
+def _at_sync(job: Any, stop: threading.Event) -> threading.Event:
+    """Set whenever the job's weight sync begins (its workflow's clock reports the "sync"
+    stage; the clock of each restarted attempt's workflow too). `stop` ends the watch."""
+    synced = threading.Event()
+
+    def watch() -> None:
+        hooked = None
+        while not stop.is_set():
+            workflow = job.workflow
+            if workflow is not None and workflow is not hooked:
+                clock = workflow.clock
+                before = clock.on_stage
+
+                def on_stage(name: str, before=before) -> None:
+                    if name == "sync":
+                        synced.set()
+                    if before is not None:
+                        before(name)
+                clock.on_stage = on_stage
+                hooked = workflow
+            time.sleep(0.005)
+    threading.Thread(target=watch, daemon=True).start()
+    return synced
+
+
 def run_job(run_dir: str, args: list[str], component: str | None = None, sig: str | None = None,
-            injections: int = 0) -> dict:
-    """Runs the job (in a thread; its workers are processes) and injects the faults."""
+            injections: int = 0, at_sync: bool = False) -> dict:
+    """Runs the job (in a thread; its workers are processes) and injects the faults
+    (`at_sync`: each when a weight sync begins, once the steps are done)."""
     job = prepare(None, _overrides(args), run_dir, None)
+    watching = threading.Event()
+    synced = _at_sync(job, watching) if at_sync else None
     metrics = os.path.join(run_dir, "metrics.jsonl")
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(job.run()), daemon=True)
@@ -94,6 +127,10 @@ def run_job(run_dir: str, args: list[str], component: str | None = None, sig: st
         at = 2 * n + 2  # after every two steps
         while thread.is_alive() and _rows(metrics) < at and time.monotonic() < deadline:
             time.sleep(0.01)
+        if synced is not None:  # the next weight sync's start
+            synced.clear()
+            while thread.is_alive() and not synced.wait(0.01) and time.monotonic() < deadline:
+                pass
         for _ in range(100):  # a standby may be adopted (or a rank replaced) meanwhile: the next one
             pid = _target(job, component) if thread.is_alive() else None
             try:
@@ -111,6 +148,7 @@ def run_job(run_dir: str, args: list[str], component: str | None = None, sig: st
             time.sleep(0.01)  # back to where it was: the interrupted step trained
         recoveries.append(time.perf_counter() - hit)
     thread.join(max(0.0, deadline - time.monotonic()))
+    watching.set()
     rows = [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []
     entries = read_entries(os.path.join(run_dir, "ledger.jsonl")) if os.path.exists(
         os.path.join(run_dir, "ledger.jsonl")) else []
@@ -158,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             component, sig, dynarl = KINDS[kind]
             print(f"{kind}: {args.injections} injections", file=sys.stderr, flush=True)
             faulty = run_job(os.path.join(tmp, kind), JOB + (DYNARL if dynarl else []), component, sig,
-                             args.injections)
+                             args.injections, at_sync=kind in AT_SYNC)
             report.append(compare(kind, faulty, clean[dynarl]))
     if args.json:
         print(json.dumps(report, indent=1))
