@@ -78,12 +78,17 @@ class EmbodiedPlacement:
     def chunks(self, envs_per_worker: int) -> list["ChunkSpec"]:
         """Every env worker's envs cut into `stages` chunks, worker by worker; each
         chunk's policy rank: the one on its worker's device where there is one
-        (temporal), else the chunks dealt round the ranks."""
+        (temporal), else the rank acting for the fewest envs so far (ties: the first)."""
         out: list[ChunkSpec] = []
+        load = [0] * len(self.rollout)
         for worker, device in enumerate(self.env):
             first = 0
             for count in even(self.envs[worker] if self.envs else envs_per_worker, self.stages):
-                rank = self.rollout.index(device) if device in self.rollout else len(out) % len(self.rollout)
+                if device in self.rollout:
+                    rank = self.rollout.index(device)
+                else:
+                    rank = min(range(len(load)), key=lambda r: (load[r], r))
+                load[rank] += count
                 out.append(ChunkSpec(worker, first, count, rank))
                 first += count
         return out
@@ -354,7 +359,7 @@ class Embodied:
             "episode_len_mean": sum(ep[1] for ep in episodes) / len(episodes) if episodes else 0.0,
             **({"success_rate": sum(successes) / len(successes)} if successes else {}),
             "env_steps": env_steps, "env_steps_per_s": env_steps / rollout_s,
-            "env_idle_frac": 1 - sum(c.busy_s for c in chunks) / (len(chunks) * rollout_s),
+            "env_idle_frac": 1 - sum(c.busy_s for c in chunks) / (len(self.envs) * rollout_s),  # (per worker)
             "env_busy_s": sum(c.busy_s for c in chunks), "act_busy_s": sum(c.act_s for c in chunks),
             "env_errors": sum(c.errors for c in chunks), "env_restarts": sum(c.restarts for c in chunks),
             "rollout_s": rollout_s, "trainer_s": trainer_s, "sync_s": sync_s, "step_time_s": step_s,
