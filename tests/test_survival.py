@@ -19,7 +19,7 @@ from dynarl.transport.channel import Custody
 from dynarl.transport.errors import ChannelClosed
 from conftest import assert_reaped
 from grpo_tiny import overrides
-from workload_workers import DyingInferenceWorker, DyingRewardWorker, DyingRolloutWorker
+from workload_workers import DyingInferenceWorker, DyingInSyncRolloutWorker, DyingRewardWorker, DyingRolloutWorker
 
 
 def _worker(name: str):
@@ -78,7 +78,8 @@ def test_survival_applies_where_no_move_holds_ranks_of_its_own():
 
 
 DYING = {"rollout": ("rollout_worker", DyingRolloutWorker, 1), "reward": ("reward_worker", DyingRewardWorker, 0),
-         "inference": ("inference_worker", DyingInferenceWorker, 0)}
+         "inference": ("inference_worker", DyingInferenceWorker, 0),
+         "sync": ("rollout_worker", DyingInSyncRolloutWorker, 1)}
 
 
 def _run_with_a_death(run, component, *extra):
@@ -103,6 +104,16 @@ def _run_with_a_death(run, component, *extra):
     ("inference", ("trainer.streaming=true",)),  # its samples one by one to the trainer, whole per chunk
 ])
 def test_a_killed_rank_is_replaced_and_the_step_goes_on(tmp_path, component, extra):
+    _check_survived(tmp_path, component, extra)
+
+
+def test_a_rank_killed_in_the_weight_sync_is_replaced_and_the_rest_refit(tmp_path):
+    """The broadcast breaks; the lost rank is replaced and every rank short of the new
+    weights loads them from the trainer (no restart)."""
+    _check_survived(tmp_path, "sync", ())
+
+
+def _check_survived(tmp_path, component, extra):
     run = str(tmp_path / "run")
     job, rc = _run_with_a_death(run, component, *extra)
     assert rc == 0
@@ -110,7 +121,7 @@ def test_a_killed_rank_is_replaced_and_the_step_goes_on(tmp_path, component, ext
     rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [r["survived"] for r in rows] == [0, 1, 0]
-    assert rows[1]["reissued_items"] >= 1  # at least the item it died holding
+    assert rows[1]["reissued_items"] >= (0 if component == "sync" else 1)  # at least the item it died holding
     assert all(r["fleet"]["lost"] == 0 for r in rows)
     # exactly once: every sample of every step in the ledger, none twice
     entries = read_entries(os.path.join(run, "ledger.jsonl"))
@@ -118,10 +129,10 @@ def test_a_killed_rank_is_replaced_and_the_step_goes_on(tmp_path, component, ext
     per_step = 8 * 4  # prompts_per_step x samples_per_prompt
     assert all(len(e.sample_ids) == len(set(e.sample_ids)) == per_step for e in entries)
     # the replacement is a new rank on the lost one's device; every process reaped
-    group = getattr(job.workflow.g, component)
+    group = getattr(job.workflow.g, "rollout" if component == "sync" else component)
     assert DYING[component][2] not in [h.spec.rank for h in group.handles]  # the lost rank's number is gone
     assert sorted(d for h in group.handles for d in h.spec.devices) == sorted(
-        job.workflow.placement.rank_devices(component) if component != "reward" else [0])
+        job.workflow.placement.rank_devices(group.name) if group.name != "reward" else [0])
     assert_reaped([p for g in job.workflow.worker_groups() for p in g.pids])
 
 

@@ -172,3 +172,17 @@ class DyingInferenceWorker(InferenceWorker):
         if version == 1:
             _die_after_first_get(self, get)
         return await super().compute_logprobs(get, put, version=version, split=split)
+
+
+class DyingInSyncRolloutWorker(RolloutWorker):
+    """Rank 1 SIGKILLs its own process as the weight sync after step 1 (version 2)
+    starts sending to it, once per run ($DYNARL_TEST_DIE_MARK)."""
+
+    async def receive_weights(self, group, version):
+        import os
+        import signal
+        mark = os.environ.get("DYNARL_TEST_DIE_MARK")
+        if self.rank == 1 and version == 2 and mark and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await super().receive_weights(group, version)

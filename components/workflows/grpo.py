@@ -310,10 +310,18 @@ class GRPO:
             await self.survival.replace_lost(None)
         await self.weight_sync_group()
         async with self._busy("trainer"), self._busy("rollout"):  # nor is a weight sync
-            await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
-                g.trainer.call("send_weights", "weight_sync", version, ranks=self.export_ranks),
-                g.rollout.call("receive_weights", "weight_sync", version),
-                g.inference.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
+            try:
+                await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
+                    g.trainer.call("send_weights", "weight_sync", version, ranks=self.export_ranks),
+                    g.rollout.call("receive_weights", "weight_sync", version),
+                    g.inference.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
+            except Exception:
+                # a receiver lost during the broadcast: replaced, and every rank still short
+                # of `version` gets it over a group of its own (survival.py)
+                if self.survival is None or not await self.survival.lost_receiver():
+                    raise
+                await held(self.ctl, g.trainer, self.clock, label, "sync",
+                           lambda: self.survival.refit(version), lock=False, component="sync")
         for h in (*g.rollout.handles, *g.inference.handles):
             h.weight_version = version
 

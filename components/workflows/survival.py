@@ -21,7 +21,9 @@ during its stage, or between steps:
   3. the step's metrics count it (`survived`, `reissued_items`), and the progress
      line says so.
 
-Where it does not apply (`applies`), and for any other failure (the trainer's), the
+A receiver lost during the weight sync's broadcast is replaced the same way, and every
+rank the broken broadcast left short of the new weights loads them from the trainer
+(`refit`). Where it does not apply (`applies`), and for any other failure (the trainer's), the
 step fails as before and the job restarts from the newest checkpoint (launch/
 recovery.py): with the DynaRL scheduler (its moves hold ranks of their own: parked,
 lent, joining), partial or overlapped steps (groups carried across steps), the
@@ -98,6 +100,26 @@ class Survival:
             group = getattr(self.wf.g, component)
             for handle in [] if group is None else [h for h in group.handles if h.lost is not None]:
                 await self._replace(component, handle, version, locked=False)
+
+    async def lost_receiver(self) -> bool:
+        """Whether a rollout or inference rank is lost (waiting a moment for a loss behind
+        a failed weight sync to be seen)."""
+        ranks = [h for c in ("rollout", "inference") for h in getattr(self.wf.g, c).handles]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LOSS_WAIT_S
+        while not any(h.lost is not None for h in ranks) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return any(h.lost is not None for h in ranks)
+
+    async def refit(self, version: int) -> None:
+        """After a weight sync a receiver was lost in: the lost ranks are replaced, and
+        every rollout and inference rank that does not hold `version` yet (a replacement,
+        or one the broken broadcast left short) loads it from the trainer, one group at a
+        time (StepRanks.load_weights: a process group of their own)."""
+        await self.replace_lost(None)
+        for component in ("rollout", "inference"):
+            group = getattr(self.wf.g, component)
+            await StepRanks(self.wf).load_weights(group, list(range(group.world_size)), version)
 
     def stage_call(self, component: str, locked: bool) -> Any:
         """The stage's call of `component`'s ranks (stages.stage's `ranks_call`);
