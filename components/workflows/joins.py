@@ -52,7 +52,8 @@ class StepRanks:
         name = "weight_load"
         await self.wf.ctl.process_group(name, [(self.wf.g.trainer, 0), *((group, p) for p in positions)])
         try:
-            await gather_or_cancel([self.wf.g.trainer.call("send_weights", name, version, ranks=[0]),
+            await gather_or_cancel([self.wf.g.trainer.call("send_weights", name, version,
+                                                            ranks=self.wf.export_ranks),  # (TP: a collective export)
                                     group.call("receive_weights", name, version, ranks=positions)])
         finally:
             await self.wf.ctl.process_groups.destroy(name)

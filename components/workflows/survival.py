@@ -70,6 +70,8 @@ class Survival:
         """Ranks replaced in the step in progress."""
         self.reissued = 0
         """Items the lost ranks held, given to the others, in the step in progress."""
+        self.loss_wait_s = max(LOSS_WAIT_S, wf.cfg.runtime.heartbeat_timeout_s + wf.cfg.runtime.heartbeat_interval_s)
+        """How long a failure may take to show the loss behind it (a frozen rank: its heartbeat's timeout)."""
         self.replacing = asyncio.Lock()
         """One replacement at a time (their weight refits share a process group's name)."""
         cfg = wf.cfg
@@ -106,7 +108,7 @@ class Survival:
         a failed weight sync to be seen)."""
         ranks = [h for c in ("rollout", "inference") for h in getattr(self.wf.g, c).handles]
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + LOSS_WAIT_S
+        deadline = loop.time() + self.loss_wait_s
         while not any(h.lost is not None for h in ranks) and loop.time() < deadline:
             await asyncio.sleep(0.05)
         return any(h.lost is not None for h in ranks)
@@ -151,7 +153,7 @@ class Survival:
                             raise RuntimeError(f"{handle.name} ended its {method} holding {len(left)} items of "
                                                f"{get!r} it delivered nothing of")
                         continue
-                    if not await _seen_lost(handle):
+                    if not await _seen_lost(handle, self.loss_wait_s):
                         raise error
                     new = await self._replace(component, handle, kwargs.get("version"), locked=locked)
                     fresh.append(new)
