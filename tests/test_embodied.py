@@ -155,3 +155,22 @@ def test_a_hung_env_worker_is_restarted_and_the_run_goes_on(tmp_path, stages):
     (row,) = rows(run)
     assert row["env_restarts"] == 1 and row["env_steps"] == 4 * 64  # the hung step ended its episodes
     assert len(job.workflow.retired) == 1 and job.workflow.retired[0].pids
+
+
+def test_a_learner_of_two_ranks_trains_replicas_that_stay_equal(tmp_path):
+    """embodied.learner_ranks 2: each rank trains on its half of the envs, gradients
+    averaged at every update; the replicas hold the same weights after every step (the
+    workflow compares their digests each step and fails a step where they differ)."""
+    run = str(tmp_path / "run")
+    job = prepare(None, SMALL + [("embodied.learner_ranks", 2), ("run.steps", 2), ("run.checkpoint_every", 1)],
+                  run, None)
+    assert job.run() == 0
+    reaped(job)
+    assert [r["step"] for r in rows(run)] == [0, 1]
+    assert all(r["updates"] > 0 for r in rows(run))
+    assert job.workflow.learner.world_size == 2
+
+    job = prepare(None, [("run.steps", 3)], None, run)  # both ranks load rank 0's checkpoint
+    assert job.run() == 0
+    reaped(job)
+    assert [r["step"] for r in rows(run)] == [0, 1, 2]

@@ -13,6 +13,7 @@ Pure torch functions on an iteration's rollout, [T, N] tensors (T steps of N env
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -54,7 +55,11 @@ class Rollout:
 
 def ppo_update(actor: Actor, critic: Critic, optimizer: torch.optim.Optimizer, data: Rollout, *, epochs: int,
                minibatches: int, clip_eps: float, value_coef: float, entropy_coef: float, max_grad_norm: float,
-               generator: torch.Generator) -> dict[str, float]:
+               generator: torch.Generator, average: Callable[[list[torch.Tensor]], None] | None = None
+               ) -> dict[str, float]:
+    """`average`: data-parallel ranks average their gradients with it before the clip
+    (each rank updates on its own part; every rank makes the same number of updates:
+    `minibatches` per epoch)."""
     n = data.obs.shape[0]
     size = max(1, n // minibatches)
     sums = {"pg_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_frac": 0.0}
@@ -62,7 +67,7 @@ def ppo_update(actor: Actor, critic: Critic, optimizer: torch.optim.Optimizer, d
     params = [*actor.parameters(), *critic.parameters()]
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator)
-        for start in range(0, n - size + 1, size):
+        for start in range(0, min(n - size + 1, minibatches * size), size):
             idx = order[start:start + size]
             dist = actor.distribution(data.obs[idx])
             logp = actor.log_prob(dist, data.actions[idx])
@@ -75,6 +80,8 @@ def ppo_update(actor: Actor, critic: Critic, optimizer: torch.optim.Optimizer, d
             loss = pg + value_coef * v_loss - entropy_coef * entropy
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if average is not None:
+                average([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
             nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
             with torch.no_grad():

@@ -129,6 +129,24 @@ class LearnerWorker(dynarl.Worker):
                                           eps=1e-5)
         self.generator = torch.Generator().manual_seed(seed + 1)
         self.step = 0
+        self.dp_group: Any = None
+        """The data-parallel group of the learner's ranks (start), or None: one rank."""
+
+    async def start(self, dp_group: str | None = None) -> None:
+        """Collective over `dp_group` when given: the ranks average their gradients at
+        every update (they start from the same weights: the same seed)."""
+        self.dp_group = self.process_group(dp_group) if dp_group else None
+
+    def _average(self, grads: list[torch.Tensor]) -> None:
+        """Every rank's gradients, averaged over the group (in place; one all-reduce)."""
+        import torch.distributed as dist
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= dist.get_world_size(self.dp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     async def train(self, trajectory: Trajectory) -> dict[str, float]:
         return await asyncio.to_thread(self._train, trajectory)
@@ -154,11 +172,20 @@ class LearnerWorker(dynarl.Worker):
                        advantages=advantages.reshape(-1), returns=returns.reshape(-1), values=values.reshape(-1))
         metrics = ppo_update(self.actor, self.critic, self.optimizer, data, epochs=c.epochs, minibatches=c.minibatches,
                              clip_eps=c.clip_eps, value_coef=c.value_coef, entropy_coef=c.entropy_coef,
-                             max_grad_norm=c.max_grad_norm, generator=self.generator)
+                             max_grad_norm=c.max_grad_norm, generator=self.generator,
+                             average=self._average if self.dp_group is not None else None)
         self.step += 1
         if not self.spec.discrete:
             metrics["action_std"] = float(self.actor.log_std.detach().exp().mean())
         return metrics
+
+    def weights_digest(self) -> str:
+        """A hash of the actor's and critic's weights (data-parallel replicas compare equal)."""
+        import hashlib
+        h = hashlib.sha256()
+        for tensor in [*self.actor.state_dict().values(), *self.critic.state_dict().values()]:
+            h.update(tensor.detach().contiguous().numpy().tobytes())
+        return h.hexdigest()
 
     async def send_weights(self, group: str, version: int) -> int:
         buckets = [[(name, p.detach()) for name, p in bucket] for bucket in
@@ -177,6 +204,8 @@ class LearnerWorker(dynarl.Worker):
             tensors[f"adam.{i}.exp_avg"], tensors[f"adam.{i}.exp_avg_sq"] = state["exp_avg"], state["exp_avg_sq"]
             steps[str(i)] = float(state["step"])
         meta = {"step": str(self.step), "adam_steps": json.dumps(steps)}
+        if self.rank > 0:  # data-parallel replicas hold the same state: rank 0 writes it
+            return self.step
         with atomic_open(os.path.join(path, CHECKPOINT_FILE), "wb") as f:
             f.write(safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
         return self.step

@@ -118,12 +118,13 @@ def _span(devices: tuple[int, ...]) -> str:
     return str(list(devices)) if len(devices) != 1 else str(devices[0])
 
 
-def place(mode: str, env_workers: int, num_devices: int, stages: int = 1) -> EmbodiedPlacement:
+def place(mode: str, env_workers: int, num_devices: int, stages: int = 1, learner_ranks: int = 1
+          ) -> EmbodiedPlacement:
     """Pure: the devices of each component of `dynarl train`'s embodied job (one policy
-    rank, one learner rank; see the module's docstring)."""
+    rank; the learner's ranks on one device; see the module's docstring)."""
     if mode == "temporal":
-        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,), (0,),
-                                 stages=stages)
+        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,),
+                                 (0,) * learner_ranks, stages=stages)
     need = env_workers + (1 if mode == "hybrid" else 2)
     if mode not in ("hybrid", "spatial"):
         raise ValueError(f"the embodied workflow places envs temporal, hybrid or spatial, not {mode!r}")
@@ -131,7 +132,7 @@ def place(mode: str, env_workers: int, num_devices: int, stages: int = 1) -> Emb
         raise ValueError(f"{mode} placement of {env_workers} env workers needs {need} devices, the cluster has "
                          f"{num_devices}")
     return EmbodiedPlacement(mode, tuple(range(env_workers)), (env_workers,),
-                             (env_workers + (0 if mode == "hybrid" else 1),), stages=stages)
+                             (env_workers + (0 if mode == "hybrid" else 1),) * learner_ranks, stages=stages)
 
 
 @dataclass(slots=True)
@@ -190,12 +191,12 @@ class Embodied:
         """backend emulated: the emulated workers' costs (components/embodied/emulated.py)."""
         self.spec: EnvSpec = describe(e.env_id) if self.emulated is None else self.emulated.spec
         self.placement = placement or place(cfg.placement.mode, e.env_workers, cfg.runtime.cluster.num_devices,
-                                            e.pipeline_stages)
+                                            e.pipeline_stages, e.learner_ranks)
         if len(self.placement.env) != e.env_workers:
             raise ValueError(f"the placement has {len(self.placement.env)} env workers, embodied.env_workers "
                              f"{e.env_workers}")
-        if self.emulated is None and (len(self.placement.rollout), len(self.placement.trainer)) != (1, 1):
-            raise ValueError("the gym backend's policy and learner run on one rank each")
+        if self.emulated is None and len(self.placement.rollout) != 1:
+            raise ValueError("the gym backend's policy runs on one rank")
         self.turns: dict[int, asyncio.Lock] = {}
         """Device -> its turn: one call computes on a device at a time (an env step, an act)."""
         self.clock = StageClock(on_stage=progress.stage)
@@ -233,11 +234,10 @@ class Embodied:
         *self.envs, self.policy, self.learner = await gather_or_cancel([
             *envs, ctl.spawn(policy_cls, name="rollout", devices=list(p.rollout), init=self.policy_init()),
             ctl.spawn(learner_cls, name="trainer", devices=list(p.trainer), init=self.learner_init())])
-        if self.emulated is not None:  # the emulated trainer's ranks start in their data-parallel group
-            dp = "trainer_dp" if self.learner.world_size > 1 else None
-            if dp is not None:
-                await ctl.process_group(dp, [self.learner])
-            await self.learner.call("start", dp)
+        dp = "trainer_dp" if self.learner.world_size > 1 else None  # the learner's ranks' data-parallel group
+        if dp is not None:
+            await ctl.process_group(dp, [self.learner])
+        await self.learner.call("start", dp)
         await ctl.process_group("weight_sync", [(self.learner, 0), self.policy])
 
     def worker_groups(self) -> list[WorkerGroup]:
@@ -273,6 +273,10 @@ class Embodied:
         learner, parts = self.learner, split_envs(trajectory(chunks), self.learner.world_size)
         train = (await held(self.ctl, learner, self.clock, label, "train",
                             lambda: learner.scatter("train", [[part] for part in parts])))[0]
+        if self.emulated is None and learner.world_size > 1:  # replicas must not drift apart
+            digests = await learner.call("weights_digest")
+            if len(set(digests)) > 1:
+                raise RuntimeError(f"step {step}: the learner's data-parallel replicas hold different weights")
         trainer_s = now() - train_begun
         sync_begun = now()
         await self.sync_weights(step + 1, label)
@@ -369,7 +373,7 @@ class Embodied:
     async def sync_weights(self, version: int, label: str) -> None:
         learner, policy = self.learner, self.policy
         await held(self.ctl, learner, self.clock, label, "sync", lambda: gather_or_cancel([
-            learner.call("send_weights", "weight_sync", version),
+            learner.call("send_weights", "weight_sync", version, ranks=[0]),  # (replicas: rank 0 sends)
             policy.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
 
     async def checkpoint(self, step: int) -> None:

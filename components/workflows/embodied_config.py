@@ -71,6 +71,9 @@ class EmbodiedSection:
     chunk while another steps: the pipelining granularity."""
     envs_per_worker: int = 8
     """Vectorised envs per worker."""
+    learner_ranks: int = 1
+    """Data-parallel ranks of the learner (on the learner's device): each trains on its
+    part of the envs, gradients averaged over them (gloo all-reduce) at every update."""
     pipeline_stages: int = 1
     """Chunks each env worker's envs are cut into: the worker steps one while the policy
     acts for another (RLinf's pipelining at env-chunk granularity)."""
@@ -98,8 +101,8 @@ class EmbodiedSection:
     its envs reset (counted in env_restarts), and the iteration goes on."""
 
     def __post_init__(self) -> None:
-        for name in ("env_workers", "envs_per_worker", "pipeline_stages", "horizon", "hidden", "epochs",
-                     "minibatches"):
+        for name in ("env_workers", "envs_per_worker", "learner_ranks", "pipeline_stages", "horizon", "hidden",
+                     "epochs", "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.backend not in ("gym", "emulated"):
@@ -113,6 +116,13 @@ class EmbodiedSection:
         for name in ("value_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.learner_ranks > self.env_workers * self.envs_per_worker:
+            raise ValueError(f"learner_ranks {self.learner_ranks}: at most one per env "
+                             f"({self.env_workers * self.envs_per_worker})")
+        smallest = self.horizon * (self.env_workers * self.envs_per_worker // self.learner_ranks)
+        if self.learner_ranks > 1 and smallest < self.minibatches:
+            raise ValueError(f"a learner rank's part ({smallest} transitions) is fewer than minibatches "
+                             f"{self.minibatches}: fewer learner_ranks or minibatches")
         if self.pipeline_stages > self.envs_per_worker:
             raise ValueError(f"pipeline_stages {self.pipeline_stages} cut {self.envs_per_worker} envs per worker: "
                              "at most envs_per_worker")
