@@ -242,6 +242,6 @@ def _digest(output_ids: Sequence[int]) -> int:
 
 def made_of(inbox: Any, chunk: list[PromptGroup]) -> dict[str, Any]:
     """A put's `made_of` (its groups' indexes) where the chunk's groups came from a
-    channel that keeps custody of them (transport/channel.py Custody: the put releases
+    channel that keeps custody of them (transport/custody.py Custody: the put releases
     them), else nothing (the put may then go peer to peer)."""
     return {"made_of": [g.index for g in chunk]} if getattr(inbox, "in_custody", False) else {}

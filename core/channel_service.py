@@ -12,7 +12,8 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
-from dynarl.transport.channel import DEFAULT_CAPACITY, Channel, Entry, WouldBlock, _hashable
+from dynarl.transport.channel import DEFAULT_CAPACITY, Channel, Entry, WouldBlock
+from dynarl.transport.custody import name_key
 from dynarl.transport.errors import ChannelClosed
 from dynarl.transport.channel_client import FETCH_ATTEMPT_S, FETCH_TIMEOUT_S
 from dynarl.transport.data_plane import PayloadFetcher, PayloadLost
@@ -107,7 +108,7 @@ class ChannelService:
                 raise ValueError("put_many rows are [item, key, weight, affinity] or [..., idents]")
             channel.put_many_nowait([tuple(row) for row in rows], producer=worker)
             if channel.releases is not None and channel.releases.custody is not None:
-                for row in rows:  # what the items were made of is downstream now (transport/channel.py Custody)
+                for row in rows:  # what the items were made of is downstream now (transport/custody.py Custody)
                     if len(row) == 5:
                         channel.releases.custody.release(list(row[4]))
             return len(channel) < channel.capacity
@@ -128,7 +129,7 @@ class ChannelService:
         if op == "give_back":  # prefetched rows a stopping consumer did not take
             key, rows = rest
             channel.give_back(key, worker, [Entry(self._rehomed_or(row[0]), float(row[1]), row[2],
-                                                  tuple(map(_hashable, row[3])) if len(row) > 3 else ())
+                                                  tuple(map(name_key, row[3])) if len(row) > 3 else ())
                                             for row in rows])
             return None
         if op == "statistics":
@@ -154,7 +155,7 @@ class ChannelService:
     def _rows(self, entries: list[Entry], channel: Channel) -> list:
         """[item, weight, affinity] per entry; from a channel that keeps custody also its
         names (a consumer that gives it back sends them back) and True: the consumer then
-        puts what it makes of them `made_of` (transport/channel.py Custody)."""
+        puts what it makes of them `made_of` (transport/custody.py Custody)."""
         custody = channel.custody
         if custody is None:
             return [[self._rehomed_or(e.item), e.weight, e.affinity] for e in entries]

@@ -12,11 +12,15 @@
 
 `rank_health` is pure (table-tested); the controller's monitor applies it to every
 rank each heartbeat interval and marks the lost ones (core/controller.py).
+`seen_lost` waits a moment for a loss behind a failure to be seen (a call can fail
+before the exit is noticed): the restart (launch/recovery.py) and the in-place
+survival (components/workflows/survival.py) both ask it.
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Sequence
 
 State = Literal["healthy", "suspect", "stale", "lost"]
 STATES: tuple[State, ...] = ("healthy", "suspect", "stale", "lost")
@@ -49,3 +53,20 @@ def rank_health(*, gone: bool, silent_s: float, loop_lag_s: float, limits: Healt
     if weights is not None and current is not None and weights < current:
         return "stale"
     return "healthy"
+
+
+LOSS_WAIT_S = 2.0
+"""How long after a failure the controller may take to see the loss behind it (a
+peer's collective can fail before the dead rank's exit is noticed)."""
+
+
+async def seen_lost(handles: Sequence[Any], wait_s: float = LOSS_WAIT_S) -> list[Any]:
+    """The handles among `handles` that are lost, waiting up to `wait_s` for one to be
+    seen; [] when none is."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        lost = [h for h in handles if h.lost is not None]
+        if lost or loop.time() >= deadline:
+            return lost
+        await asyncio.sleep(0.05)

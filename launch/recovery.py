@@ -15,25 +15,16 @@ since the checkpoint.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-LOSS_WAIT_S = 2.0
-"""How long after a failure the controller may take to see the loss behind it (a
-peer's collective can fail before the dead rank's exit is noticed)."""
+from dynarl.core.health import LOSS_WAIT_S, seen_lost
 
 
 async def lost_workers(ctl: Any, wait_s: float = LOSS_WAIT_S) -> list[str]:
-    """The names of the controller's ranks that are lost, waiting up to `wait_s` for
-    one to be seen; [] when none is."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while True:
-        lost = [f"{h.name} ({h.lost.reason})" for group in list(ctl.groups.values()) for h in group.handles
-                if h.lost is not None]
-        if lost or loop.time() >= deadline:
-            return lost
-        await asyncio.sleep(0.05)
+    """The names of the controller's ranks that are lost, waiting up to `wait_s` for one
+    to be seen; [] when none is."""
+    handles = [h for group in list(ctl.groups.values()) for h in group.handles]
+    return [f"{h.name} ({h.lost.reason})" for h in await seen_lost(handles, wait_s)]
 
 
 def restart_note(lost: list[str], error: BaseException, restart: int, max_restarts: int,

@@ -436,7 +436,7 @@ def _first_line(exc: BaseException) -> str:
 def placed(cfg: Any) -> str:
     """Each component's devices, or for placement.mode auto when they are chosen."""
     if cfg.workflow == "embodied":
-        from dynarl.components.workflows.embodied import place
+        from dynarl.components.placement.embodied import place
         return place(cfg.placement.mode, cfg.embodied.env_workers, cfg.runtime.cluster.num_devices).describe()
     if cfg.placement.mode == "auto":
         return "planned at start from a profile of each component (placement.json)"

@@ -18,7 +18,7 @@ from dynarl import ConfigError  # noqa: E402
 from dynarl.components.embodied.learn import gae  # noqa: E402
 from dynarl.components.embodied.spaces import EnvError, describe, spec_of  # noqa: E402
 from dynarl.components.workflows.config import load_config  # noqa: E402
-from dynarl.components.workflows.embodied import place  # noqa: E402
+from dynarl.components.placement.embodied import place  # noqa: E402
 from dynarl.launch.train import prepare  # noqa: E402
 from conftest import assert_reaped  # noqa: E402
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from dynarl.components.embodied.workers import Trajectory
-from dynarl.components.placement.embodied import (EmbodiedCosts, candidates, even, hybrid, place, predict, spatial,
-                                                  temporal)
-from dynarl.components.workflows.embodied import EmbodiedPlacement, split_envs
+from dynarl.components.placement.embodied import (EmbodiedCosts, EmbodiedPlacement, candidates, even, hybrid,
+                                                  place_policy, predict, spatial, temporal)
+from dynarl.components.workflows.embodied import split_envs
 from dynarl.launch.cli import main as dynarl_main
 from dynarl.launch.sim.embodied import run_policy
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
@@ -37,7 +37,7 @@ def test_even_refuses_more_workers_than_envs():
     ("spatial", range(0, 2), range(2, 3), range(3, 8)),      # work 12.8 : 6.4 : 40 -> 1.7 : 0.9 : 5.4
 ])
 def test_policy_placements(policy, env, rollout, trainer):
-    p = place(policy, 8, COSTS)
+    p = place_policy(policy, 8, COSTS)
     assert (p.env, p.rollout, p.trainer) == (tuple(env), tuple(rollout), tuple(trainer))
     assert sum(p.envs) == COSTS.envs
     assert p.stages == (1 if policy == "colocated" else 2)  # apart, each env worker pipelines 2 chunks
@@ -73,12 +73,13 @@ def test_chunks(placement, chunks):
 
 
 def test_rlinf_auto_takes_the_least_predicted_placement():
-    chosen = place("rlinf-auto", 8, COSTS)
+    chosen = place_policy("rlinf-auto", 8, COSTS)
     assert predict(chosen, COSTS) == min(predict(p, COSTS) for p in candidates(8, COSTS.envs))
     env_bound = EmbodiedCosts(envs=64, acts=10, env_s=0.5, act_s=0.01, train_s=1.0, switch_s=2.0)
-    assert place("rlinf-auto", 8, env_bound).mode == "temporal"  # envs on every device, switches cheap beside them
+    # envs on every device, switches cheap beside them
+    assert place_policy("rlinf-auto", 8, env_bound).mode == "temporal"
     train_light = EmbodiedCosts(envs=64, acts=10, env_s=0.02, act_s=0.02, train_s=0.1, switch_s=2.0)
-    assert place("rlinf-auto", 8, train_light).mode == "spatial"  # no role switch is worth the learner's devices
+    assert place_policy("rlinf-auto", 8, train_light).mode == "spatial"  # no role switch is worth the learner's devices
 
 
 def test_split_envs_gives_each_learner_rank_its_envs():

@@ -15,7 +15,7 @@ from dynarl.components.workflows.ledger import read_entries
 from dynarl.components.workflows.survival import applies, group_ident
 from dynarl.core.channel_service import ChannelService
 from dynarl.launch.train import prepare
-from dynarl.transport.channel import Custody
+from dynarl.transport.custody import Custody
 from dynarl.transport.errors import ChannelClosed
 from conftest import assert_reaped
 from grpo_tiny import overrides

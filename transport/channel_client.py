@@ -116,7 +116,7 @@ class ChannelClient:
     async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                   made_of: list | None = None) -> None:
         """`made_of`: the idents of the items taken from the channel this one releases
-        (transport/channel.py Custody) that this item was made of; they are released
+        (transport/custody.py Custody) that this item was made of; they are released
         when it arrives, and its bytes go with it (not peer to peer: a producer lost
         after the put must not take them along)."""
         self._raise_if_failed()

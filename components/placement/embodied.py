@@ -1,5 +1,7 @@
-"""Where the embodied workflow's components go on many devices, per `dynarl sim`
-policy, and how long an iteration should take there (pure functions).
+"""Where the embodied workflow's components go (components/workflows/embodied.py):
+`place`, `dynarl train`'s placement modes; on many devices, per `dynarl sim` policy
+(`place_policy`),
+and how long an iteration should take there (pure functions).
 
     colocated   temporal: an env worker, a policy rank and a learner rank on every
                 device; env steps and acts take turns on each device
@@ -20,9 +22,8 @@ devices costs a role switch each way.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-
-from dynarl.components.workflows.embodied import EmbodiedPlacement, even
 
 from .split import proportional_split
 
@@ -31,6 +32,93 @@ PIPELINE_STAGES = 2
 """Chunks per env worker where env workers and policy ranks have devices of their own
 (hybrid, spatial): one steps while the policy acts for the other. Temporal keeps one:
 its device runs one of them at a time either way."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmbodiedPlacement:
+    mode: str
+    env: tuple[int, ...]
+    """Each env worker's device."""
+    rollout: tuple[int, ...]
+    """Each policy rank's device."""
+    trainer: tuple[int, ...]
+    """Each learner rank's device."""
+    envs: tuple[int, ...] = ()
+    """Each env worker's envs (empty: embodied.envs_per_worker each)."""
+    stages: int = 1
+    """Pipeline stages per env worker: its envs in that many chunks, so the worker steps
+    one while the policy acts for another (the data granularity of the pipeline)."""
+
+    def __post_init__(self) -> None:
+        if not (self.env and self.rollout and self.trainer):
+            raise ValueError("a placement needs env workers, a policy rank and a learner rank")
+        if self.envs and (len(self.envs) != len(self.env) or min(self.envs) < 1):
+            raise ValueError(f"{len(self.envs)} env counts for {len(self.env)} env workers (each >= 1)")
+        if self.stages < 1 or (self.envs and min(self.envs) < self.stages):
+            raise ValueError(f"{self.stages} pipeline stages need as many envs on every env worker")
+
+    def describe(self) -> str:
+        stages = f" ({self.stages} chunks per env worker)" if self.stages > 1 else ""
+        return f"env {_span(self.env)} | rollout {_span(self.rollout)} | trainer {_span(self.trainer)}{stages}"
+
+    def chunks(self, envs_per_worker: int) -> list["ChunkSpec"]:
+        """Every env worker's envs cut into `stages` chunks, worker by worker; each
+        chunk's policy rank: the one on its worker's device where there is one
+        (temporal), else the rank acting for the fewest envs so far (ties: the first)."""
+        out: list[ChunkSpec] = []
+        load = [0] * len(self.rollout)
+        for worker, device in enumerate(self.env):
+            first = 0
+            for count in even(self.envs[worker] if self.envs else envs_per_worker, self.stages):
+                if device in self.rollout:
+                    rank = self.rollout.index(device)
+                else:
+                    rank = min(range(len(load)), key=lambda r: (load[r], r))
+                load[rank] += count
+                out.append(ChunkSpec(worker, first, count, rank))
+                first += count
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """A pipeline chunk: envs first .. first + count of env worker `worker`, acted for by
+    policy rank `rank`."""
+    worker: int
+    first: int
+    count: int
+    rank: int
+
+
+def even(total: int, parts: int) -> tuple[int, ...]:
+    """`total` envs dealt over `parts` (workers or chunks), as even as they divide
+    (earlier ones more)."""
+    if not 1 <= parts <= total:
+        raise ValueError(f"{total} envs cannot be dealt over {parts} parts")
+    return tuple(total // parts + (1 if i < total % parts else 0) for i in range(parts))
+
+
+def _span(devices: tuple[int, ...]) -> str:
+    if len(devices) > 2 and list(devices) == list(range(devices[0], devices[0] + len(devices))):
+        return f"{devices[0]}-{devices[-1]}"
+    return str(list(devices)) if len(devices) != 1 else str(devices[0])
+
+
+def place(mode: str, env_workers: int, num_devices: int, stages: int = 1, learner_ranks: int = 1
+          ) -> EmbodiedPlacement:
+    """Pure: the devices of each component of `dynarl train`'s embodied job (one policy
+    rank; the learner's ranks on one device; see the module's docstring)."""
+    if mode == "temporal":
+        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,),
+                                 (0,) * learner_ranks, stages=stages)
+    need = env_workers + (1 if mode == "hybrid" else 2)
+    if mode not in ("hybrid", "spatial"):
+        raise ValueError(f"the embodied workflow places envs temporal, hybrid or spatial, not {mode!r}")
+    if num_devices < need:
+        raise ValueError(f"{mode} placement of {env_workers} env workers needs {need} devices, the cluster has "
+                         f"{num_devices}")
+    return EmbodiedPlacement(mode, tuple(range(env_workers)), (env_workers,),
+                             (env_workers + (0 if mode == "hybrid" else 1),) * learner_ranks, stages=stages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +170,7 @@ def predict(p: EmbodiedPlacement, c: EmbodiedCosts) -> float:
     as long as its busiest resource (an env device stepping all its worker's chunks, a
     policy rank acting for all of its chunks, a device doing both) or its slowest
     chunk's own step then act, whichever is longer."""
-    counts = p.envs or even(c.envs, len(p.env))
-    chunks = p.chunks(0) if p.envs else EmbodiedPlacement(p.mode, p.env, p.rollout, p.trainer, counts,
-                                                          p.stages).chunks(0)
+    chunks = dataclasses.replace(p, envs=p.envs or even(c.envs, len(p.env))).chunks(0)
     device: dict[int, float] = {}
     for spec in chunks:  # each device's busy seconds per act step
         d_env, d_act = p.env[spec.worker], p.rollout[spec.rank]
@@ -95,8 +181,8 @@ def predict(p: EmbodiedPlacement, c: EmbodiedCosts) -> float:
     return c.acts * step + c.train_s / len(p.trainer) + (2 * c.switch_s if shared else 0.0)
 
 
-def place(policy: str, n: int, c: EmbodiedCosts) -> EmbodiedPlacement:
-    """The policy's placement of the embodied job on `n` devices."""
+def place_policy(policy: str, n: int, c: EmbodiedCosts) -> EmbodiedPlacement:
+    """The `dynarl sim` policy's placement of the embodied job on `n` devices."""
     work = c.work()
     if policy == "colocated":
         return temporal(n, c.envs)

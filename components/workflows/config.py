@@ -505,11 +505,11 @@ class TrainConfig:
             raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
 
     def _check_embodied(self) -> None:
-        """Env workers, the policy and its learner on the cluster's devices (embodied.place);
+        """Env workers, the policy and its learner on the cluster's devices (components/placement/embodied.py place);
         the DynaRL scheduler and asynchronous steps are for the LLM workflows. (Whether
         the env exists and the policy can take its spaces is checked before any worker
         starts: it builds one env.)"""
-        from dynarl.components.workflows.embodied import place
+        from dynarl.components.placement.embodied import place
         try:
             place(self.placement.mode, self.embodied.env_workers, self.runtime.cluster.num_devices)
         except ValueError as exc:

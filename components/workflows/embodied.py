@@ -10,7 +10,7 @@ An iteration: every chunk runs `embodied.horizon` steps, each an act on the poli
 and a step on its env worker; the chunks run at once, so the policy serves one
 chunk while the others step (pipelining at the granularity of env chunks). Then the
 trainer trains on all of them and the actor's weights go to the policy. One call
-computes on a device at a time (`turn`): a policy rank acts for one chunk at a time,
+computes on a device at a time (`turns`): a policy rank acts for one chunk at a time,
 and an env worker and a policy rank on one device take turns. `embodied.
 pipeline_stages` cuts each env worker's envs into that many chunks, so the worker
 steps one while the policy acts for another.
@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ from dynarl.components.embodied.emulated import EmulatedEnvWorker, EmulatedLearn
 from dynarl.components.embodied.env_worker import EnvStep, EnvWorker
 from dynarl.components.embodied.spaces import EnvSpec, describe
 from dynarl.components.embodied.workers import Action, LearnerWorker, PolicyWorker, Trajectory
+from dynarl.components.placement.embodied import ChunkSpec, EmbodiedPlacement, place
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.workflows import jsonl
@@ -46,93 +48,6 @@ from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
 from dynarl.components.workflows.stages import Span, StageClock, held
 from dynarl.core.controller import Controller
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
-
-
-@dataclass(frozen=True, slots=True)
-class EmbodiedPlacement:
-    mode: str
-    env: tuple[int, ...]
-    """Each env worker's device."""
-    rollout: tuple[int, ...]
-    """Each policy rank's device."""
-    trainer: tuple[int, ...]
-    """Each learner rank's device."""
-    envs: tuple[int, ...] = ()
-    """Each env worker's envs (empty: embodied.envs_per_worker each)."""
-    stages: int = 1
-    """Pipeline stages per env worker: its envs in that many chunks, so the worker steps
-    one while the policy acts for another (the data granularity of the pipeline)."""
-
-    def __post_init__(self) -> None:
-        if not (self.env and self.rollout and self.trainer):
-            raise ValueError("a placement needs env workers, a policy rank and a learner rank")
-        if self.envs and (len(self.envs) != len(self.env) or min(self.envs) < 1):
-            raise ValueError(f"{len(self.envs)} env counts for {len(self.env)} env workers (each >= 1)")
-        if self.stages < 1 or (self.envs and min(self.envs) < self.stages):
-            raise ValueError(f"{self.stages} pipeline stages need as many envs on every env worker")
-
-    def describe(self) -> str:
-        stages = f" ({self.stages} chunks per env worker)" if self.stages > 1 else ""
-        return f"env {_span(self.env)} | rollout {_span(self.rollout)} | trainer {_span(self.trainer)}{stages}"
-
-    def chunks(self, envs_per_worker: int) -> list["ChunkSpec"]:
-        """Every env worker's envs cut into `stages` chunks, worker by worker; each
-        chunk's policy rank: the one on its worker's device where there is one
-        (temporal), else the rank acting for the fewest envs so far (ties: the first)."""
-        out: list[ChunkSpec] = []
-        load = [0] * len(self.rollout)
-        for worker, device in enumerate(self.env):
-            first = 0
-            for count in even(self.envs[worker] if self.envs else envs_per_worker, self.stages):
-                if device in self.rollout:
-                    rank = self.rollout.index(device)
-                else:
-                    rank = min(range(len(load)), key=lambda r: (load[r], r))
-                load[rank] += count
-                out.append(ChunkSpec(worker, first, count, rank))
-                first += count
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkSpec:
-    """A pipeline chunk: envs first .. first + count of env worker `worker`, acted for by
-    policy rank `rank`."""
-    worker: int
-    first: int
-    count: int
-    rank: int
-
-
-def even(total: int, parts: int) -> tuple[int, ...]:
-    """`total` envs dealt over `parts` (workers or chunks), as even as they divide
-    (earlier ones more)."""
-    if not 1 <= parts <= total:
-        raise ValueError(f"{total} envs cannot be dealt over {parts} parts")
-    return tuple(total // parts + (1 if i < total % parts else 0) for i in range(parts))
-
-
-def _span(devices: tuple[int, ...]) -> str:
-    if len(devices) > 2 and list(devices) == list(range(devices[0], devices[0] + len(devices))):
-        return f"{devices[0]}-{devices[-1]}"
-    return str(list(devices)) if len(devices) != 1 else str(devices[0])
-
-
-def place(mode: str, env_workers: int, num_devices: int, stages: int = 1, learner_ranks: int = 1
-          ) -> EmbodiedPlacement:
-    """Pure: the devices of each component of `dynarl train`'s embodied job (one policy
-    rank; the learner's ranks on one device; see the module's docstring)."""
-    if mode == "temporal":
-        return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,),
-                                 (0,) * learner_ranks, stages=stages)
-    need = env_workers + (1 if mode == "hybrid" else 2)
-    if mode not in ("hybrid", "spatial"):
-        raise ValueError(f"the embodied workflow places envs temporal, hybrid or spatial, not {mode!r}")
-    if num_devices < need:
-        raise ValueError(f"{mode} placement of {env_workers} env workers needs {need} devices, the cluster has "
-                         f"{num_devices}")
-    return EmbodiedPlacement(mode, tuple(range(env_workers)), (env_workers,),
-                             (env_workers + (0 if mode == "hybrid" else 1),) * learner_ranks, stages=stages)
 
 
 @dataclass(slots=True)
@@ -197,8 +112,10 @@ class Embodied:
                              f"{e.env_workers}")
         if self.emulated is None and len(self.placement.rollout) != 1:
             raise ValueError("the gym backend's policy runs on one rank")
-        self.turns: dict[int, asyncio.Lock] = {}
-        """Device -> its turn: one call computes on a device at a time (an env step, an act)."""
+        self.turns: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        """Device -> its turn: one call computes on a device at a time (an env step, an act):
+        an env worker and a policy rank on one device (temporal) take turns, and a policy
+        rank acts for one chunk at a time."""
         self.clock = StageClock(on_stage=progress.stage)
         self.envs: list[WorkerGroup] = []
         self.policy: WorkerGroup | None = None
@@ -291,12 +208,12 @@ class Embodied:
         loop = asyncio.get_running_loop()
         begun = loop.time()
         for t in range(e.horizon):
-            async with self.turn(p.rollout[spec.rank]):
+            async with self.turns[p.rollout[spec.rank]]:
                 asked = loop.time()
                 act: Action = (await self.policy.call("act", obs, _seed(self.cfg.run.seed, step, i, t),
                                                       ranks=[spec.rank]))[0]
                 chunk.act_s += loop.time() - asked
-            async with self.turn(p.env[w]):
+            async with self.turns[p.env[w]]:
                 out: EnvStep | None = None
                 if env is self.envs[w]:
                     try:
@@ -322,14 +239,6 @@ class Embodied:
         chunk.last_obs = obs
         self.clock.spans.append(Span("env", [p.env[w]], begun, loop.time(), label))
         return chunk
-
-    def turn(self, device: int) -> asyncio.Lock:
-        """The device's turn: an env worker and a policy rank on one device (temporal)
-        take turns, and a policy rank acts for one chunk at a time."""
-        lock = self.turns.get(device)
-        if lock is None:
-            lock = self.turns[device] = asyncio.Lock()
-        return lock
 
     async def restart_env(self, i: int) -> WorkerGroup:
         """Env worker i, hung, stopped (its process reaped) and started again on its device

@@ -2,7 +2,7 @@
 job does not restart.
 
 Every prompt group of the step is in the custody of the rank that took it, stage by
-stage (transport/channel.py Custody): "prompts" until the rollout rank puts the chunk
+stage (transport/custody.py Custody): "prompts" until the rollout rank puts the chunk
 made of it on "rollouts", "rollouts" until a reward rank puts it scored on "scored",
 "scored" until an inference rank puts it on "experience"; the put that delivers the
 work releases what it was made of, in one message. When a rank of one of those stages
@@ -37,17 +37,16 @@ import asyncio
 import os
 from typing import Any
 
-from dynarl.components.engine_factory import move_costs
+from dynarl.components import engine_factory
 from dynarl.components.experience import PromptGroup
 from dynarl.components.workflows.joins import StepRanks
+from dynarl.core.health import LOSS_WAIT_S, seen_lost
 from dynarl.core.worker_handle import WorkerHandle
-from dynarl.transport.channel import Custody
+from dynarl.transport.custody import Custody
 
 INPUT = {"rollout": "prompts", "reward": "rollouts", "inference": "scored"}
 """Each surviving stage's input channel (custody); its output releases it."""
 OUTPUT = {"rollout": "rollouts", "reward": "scored", "inference": "experience"}
-LOSS_WAIT_S = 2.0
-"""How long a failed call's rank may take to be seen lost (its exit noticed)."""
 
 
 def applies(cfg: Any) -> bool:
@@ -74,9 +73,7 @@ class Survival:
         """How long a failure may take to show the loss behind it (a frozen rank: its heartbeat's timeout)."""
         self.replacing = asyncio.Lock()
         """One replacement at a time (their weight refits share a process group's name)."""
-        cfg = wf.cfg
-        scale = cfg.rollout.emulated.time_scale if cfg.rollout.backend == "emulated" else 0.0
-        self.start_s = move_costs(cfg).restart_s * scale
+        self.start_s = engine_factory.move_costs(wf.cfg).restart_s * engine_factory.time_scale(wf.cfg)
         """What a replacement's start costs beyond its calls: on emulated devices an
         engine's restart (the cost model's), on real ones nothing (the spawn took it)."""
 
@@ -107,11 +104,7 @@ class Survival:
         """Whether a rollout or inference rank is lost (waiting a moment for a loss behind
         a failed weight sync to be seen)."""
         ranks = [h for c in ("rollout", "inference") for h in getattr(self.wf.g, c).handles]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.loss_wait_s
-        while not any(h.lost is not None for h in ranks) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        return any(h.lost is not None for h in ranks)
+        return bool(await seen_lost(ranks, self.loss_wait_s))
 
     async def refit(self, version: int) -> None:
         """After a weight sync a receiver was lost in: the lost ranks are replaced, and
@@ -153,7 +146,7 @@ class Survival:
                             raise RuntimeError(f"{handle.name} ended its {method} holding {len(left)} items of "
                                                f"{get!r} it delivered nothing of")
                         continue
-                    if not await _seen_lost(handle, self.loss_wait_s):
+                    if not await seen_lost([handle], self.loss_wait_s):
                         raise error
                     new = await self._replace(component, handle, kwargs.get("version"), locked=locked)
                     fresh.append(new)
@@ -202,13 +195,3 @@ class Survival:
                                   f"went back to the others; replaced on devices {devices} in "
                                   f"{loop.time() - begun:.1f} s")
             return new
-
-
-async def _seen_lost(handle: WorkerHandle, wait_s: float = LOSS_WAIT_S) -> bool:
-    """Whether the rank is lost, waiting up to `wait_s` for its loss to be seen (a call
-    can fail before the exit is noticed)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while handle.lost is None and not handle.stopped and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    return handle.lost is not None

@@ -22,8 +22,7 @@ from typing import Any
 
 import dynarl
 from dynarl.components import costmodel as cm
-from dynarl.components.placement.embodied import POLICIES, EmbodiedCosts, place, predict
-from dynarl.components.workflows.embodied import EmbodiedPlacement
+from dynarl.components.placement.embodied import POLICIES, EmbodiedCosts, EmbodiedPlacement, place_policy, predict
 from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
 from dynarl.components.workloads.spec import EmbodiedWorkload
 from dynarl.core.controller import Controller
@@ -91,7 +90,7 @@ def run_policy(scn: EmbodiedScenario, name: str) -> dict[str, Any]:
     """One policy's run; its figures (before speedups)."""
     from dynarl.components.workflows.embodied import Embodied
     cfg, c = scn.config, scn.costs
-    placement = place(name, cfg.devices, c)
+    placement = place_policy(name, cfg.devices, c)
     config = train_config(scn, placement)
     iterations: list[dict[str, float]] = []
 
