@@ -62,11 +62,11 @@ peer's collective can fail before the dead rank's exit is noticed)."""
 
 async def seen_lost(handles: Sequence[Any], wait_s: float = LOSS_WAIT_S) -> list[Any]:
     """The handles among `handles` that are lost, waiting up to `wait_s` for one to be
-    seen; [] when none is."""
+    seen (not once every one is stopped: no loss comes then); [] when none is."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     while True:
         lost = [h for h in handles if h.lost is not None]
-        if lost or loop.time() >= deadline:
+        if lost or loop.time() >= deadline or all(h.stopped for h in handles):
             return lost
         await asyncio.sleep(0.05)
