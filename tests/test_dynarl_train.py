@@ -78,8 +78,8 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
     # what step 0's moves cost (out and back) is what the policy weighs from step 1 on
     assert rows[0]["move_cost_s"] == {"rollout": 0.0, "inference": 0.0, "trainer": 0.0}
     assert rows[1]["move_cost_s"]["trainer"] == pytest.approx(rows[0]["migration_s"]["p2p:trainer"])
-    assert rows[1]["move_cost_s"]["rollout"] == pytest.approx(
-        rows[0]["migration_s"]["workload:rollout"] + rows[0]["migration_s"]["join:rollout"])
+    assert rows[1]["move_cost_s"]["rollout"] == pytest.approx(  # (switch: its last engine lent to the barrier)
+        sum(rows[0]["migration_s"].get(k, 0.0) for k in ("workload:rollout", "join:rollout", "switch:rollout")))
     for r in rows:
         m = r["migrations"]
         assert r["decisions"] >= 1 and 0 <= r["decision_ms_p50"] <= r["decision_ms_p99"]
@@ -107,6 +107,9 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
         assert all(c["rollout"] + c["trainer"] <= 4 for c in timeline), timeline
         assert min(c["rollout"] for c in timeline) < 3 and max(c["trainer"] for c in timeline) > 1, timeline
         assert timeline[-1] == {"rollout": 3, "inference": 1, "trainer": 1}, timeline
+        # at the barrier the rollout's last engine, its generation over, lent its device too
+        # (inference's is the trainer's own: hybrid), so the trainer stepped on all 4
+        assert m.get("switch:rollout") == 1 and max(c["trainer"] for c in timeline) == 4, r
         devices = r["devices"]  # the trackers' series: the step's mean, min and max
         assert devices["rollout"]["min"] < devices["rollout"]["mean"] < devices["rollout"]["max"] == 3, devices
         assert devices["trainer"]["min"] == 1 < devices["trainer"]["mean"] < devices["trainer"]["max"], devices

@@ -1,9 +1,11 @@
 NUM_GPUS = 0
 
+from dataclasses import replace
+
 import pytest
 
 from dynarl.core.scheduler.policy import (ClusterView, ComponentView, DynarlConfig, _give_to_bottlenecks,
-                                          _release_options, decide_dynarl,
+                                          _release_options, at_barrier, decide_barrier, decide_dynarl,
                                           decide_static, is_donor, moved_requests_s, predicted_time, track_low)
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
@@ -107,17 +109,18 @@ def test_demand_cap_makes_rollout_concave():
 
 
 # --- the tail of a real job: batching engines, a barrier trainer, measured move costs --------
-def _tail(move_cost=(0.0, 0.0), per_engine=64, active=20, trainer_work=256.0):
+def _tail(move_cost=(0.0, 0.0), per_engine=64, active=20, trainer_work=256.0, barrier=False):
     """3 rollout engines past their last prompt, 20 sequences left (tokens/s: 100 per engine);
-    a trainer on 1 device that steps on the whole batch after generation (50 samples/s each)."""
+    a trainer on 1 device (50 samples/s each) that streams, or steps on the whole batch
+    after generation (`barrier`)."""
     r = ComponentView("rollout", "dynamic", 3, 200.0, active_requests=active, requests_per_engine=per_engine,
                       engine_low_since=(0.0, 0.0, 0.0), move_cost_s=move_cost[0])
-    t = ComponentView("trainer", "static", 1, trainer_work, barrier=True, move_cost_s=move_cost[1])
+    t = ComponentView("trainer", "static", 1, trainer_work, barrier=barrier, move_cost_s=move_cost[1])
     return ClusterView(10.0, (r, t))
 
 
 def test_a_barrier_trainer_adds_its_time_to_the_pipelined_stages():
-    snap = _tail()
+    snap = _tail(barrier=True)
     # rollout: 200 tokens / rate(min(3, 1 engine the 20 requests need)) = 2 s; then 256 / 50 s.
     assert predicted_time(snap.components, {"rollout": 3, "trainer": 1}, predictor()) == pytest.approx(2.0 + 5.12)
     assert predicted_time(snap.components, {"rollout": 1, "trainer": 3}, predictor()) == pytest.approx(2.0 + 5.12 / 3)
@@ -306,3 +309,69 @@ def test_freed_devices_go_where_they_shorten_the_step_with_a_barrier_trainer(inf
     given = {r: n for _, r, n in moves}
     assert (given.get("inference", 0), given.get("trainer", 0)) == (to_inference, to_trainer)
     assert allocation == {"rollout": 2, "inference": 1 + to_inference, "trainer": 4 + to_trainer}
+
+
+# --- the barrier: a barrier stage takes devices only once the pipelined stages are done ------
+@pytest.mark.parametrize("idle, barrier, moves", [
+    (0, False, (("rollout", "trainer", 2),)),  # a streaming trainer takes them
+    (0, True, None),   # a device given to it would idle until the barrier: no request moves for that
+    (1, True, (("rollout", "trainer", 1),)),   # an engine holding no request goes at no cost to the rollout
+    (2, True, (("rollout", "trainer", 2),)),
+])
+def test_before_the_barrier_a_barrier_trainer_takes_only_idle_engines(idle, barrier, moves):
+    view = _tail(barrier=barrier)
+    rollout_ = replace(view.components[0], idle_engines=idle)
+    plan = decide_dynarl(ClusterView(view.now, (rollout_, view.components[1])), predictor(), CFG)
+    assert (plan.moves if plan is not None else None) == moves
+
+
+def test_before_the_barrier_the_freed_devices_go_to_inference():
+    inference = ComponentView("inference", "static", 1, 1000.0)
+    barrier = ComponentView("trainer", "static", 4, 5000.0, barrier=True)
+    plan = decide_dynarl(ClusterView(10.0, (rollout(low=4, active=1, devices=4), inference, barrier)), predictor(), CFG)
+    assert {r for _, r, _ in plan.moves} == {"inference"}
+
+
+def _finished(name, devices, kind="static", per_engine=1):
+    return ComponentView(name, kind, devices, 0.0, devices_per_engine=per_engine, finished=True,
+                         interruptible=False)
+
+
+@pytest.mark.parametrize("comps, charge, moves", [
+    # the rollout's last engine (2 devices) and inference's 3: all 5 to the trainer
+    pytest.param((_finished("rollout", 2, "dynamic", 2), _finished("inference", 3),
+                  ComponentView("trainer", "static", 3, 1000.0, barrier=True)), False,
+                 (("rollout", "trainer", 2), ("inference", "trainer", 3)), id="every-finished-device"),
+    # a trainer of TP 2 takes whole units: 4 of the 5
+    pytest.param((_finished("rollout", 2, "dynamic", 2), _finished("inference", 3),
+                  ComponentView("trainer", "static", 2, 1000.0, barrier=True, devices_per_engine=2)), False,
+                 (("rollout", "trainer", 2), ("inference", "trainer", 2)), id="in-the-trainers-units"),
+    # inference still has work: not the barrier yet
+    pytest.param((_finished("rollout", 2, "dynamic", 2), ComponentView("inference", "static", 3, 10.0),
+                  ComponentView("trainer", "static", 3, 1000.0, barrier=True)), False, None, id="not-at-the-barrier"),
+    # 1000 / (3 x 50) = 6.67 s now, 1000 / (8 x 50) = 2.5 s after: a move of 4 s pays, of 5 s not
+    pytest.param((_finished("inference", 5), ComponentView("trainer", "static", 3, 1000.0, barrier=True,
+                                                           move_cost_s=4.0)), True,
+                 (("inference", "trainer", 5),), id="pays-for-its-cost"),
+    pytest.param((_finished("inference", 5), ComponentView("trainer", "static", 3, 1000.0, barrier=True,
+                                                           move_cost_s=5.0)), True, None, id="costs-more-than-it-saves"),
+    # a stage with no work left that has not finished (its stage still open) lends nothing
+    pytest.param((ComponentView("inference", "static", 5, 0.0),
+                  ComponentView("trainer", "static", 3, 1000.0, barrier=True)), False, None, id="not-finished"),
+])
+def test_at_the_barrier_the_finished_stages_lend_it_their_devices(comps, charge, moves):
+    config = DynarlConfig(charge_move_cost=charge)
+    view = ClusterView(10.0, comps)
+    plan = decide_dynarl(view, predictor(), config)
+    assert (plan.moves if plan is not None else None) == moves
+    if plan is not None:
+        assert plan.barrier and plan.predicted_time_s < plan.current_time_s
+        assert plan == decide_barrier(view, predictor(), config)
+        assert sum(plan.allocation.values()) == sum(c.devices for c in comps)
+
+
+def test_at_barrier_counts_only_the_stages_the_predictor_knows():
+    unknown = ComponentView("reward", "static", 1, 50.0)
+    trainer_ = ComponentView("trainer", "static", 3, 1000.0, barrier=True)
+    assert at_barrier((_finished("inference", 2), unknown, trainer_), predictor())
+    assert not at_barrier((ComponentView("inference", "static", 2, 1.0), trainer_), predictor())

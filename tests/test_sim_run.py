@@ -252,3 +252,23 @@ def test_ppo_adds_its_critic_to_the_bound_and_to_the_devices_work():
         assert "critic" not in grpo_runs[name].iterations[-1].stage_s
     assert ppo_runs["hybrid"].placements[0][1].describe().startswith("rollout:")
     assert "inference+trainer" in ppo_runs["hybrid"].placements[0][1].describe()
+
+
+def test_ppo_under_dynarl_trains_on_every_device_at_the_barrier():
+    """The trainer steps on the whole batch (GAE): before the barrier it takes only the
+    devices of engines that hold no request, and at the barrier the finished stages (the
+    rollout's last engine, inference's rank) lend it theirs, so it (its critic following)
+    trains on all 16; they take them back at the step's end."""
+    scn = build_scenario(SimConfig(**{**SMALL, "prompts": 16, "workload": "ppo-1.5b",
+                                      "policies": ("colocated", "dynarl")}))
+    _, runs = simulate(scn)
+    run = runs["dynarl"]
+    home = run.placements[0][1]
+    assert home.num_devices_of("trainer") == 1
+    whole = [(start, end) for name, n, start, end in run.ownership if name == "trainer" and n == 16]
+    assert len(whole) == 2  # each iteration's train step
+    for start, end in whole:  # nobody else holds a device meanwhile
+        assert not [o for o in run.ownership if o[0] != "trainer" and o[2] < end and o[3] > start and o[1] > 0]
+        after = [n for name, n, s, _ in run.ownership if name == "trainer" and s >= end]
+        assert after[0] == 1  # home again before the weight sync
+    assert len(run.migrations["switch"]) >= 4  # per iteration: lending's return, rollout and inference lent

@@ -47,6 +47,15 @@ class InferenceWorker(dynarl.Worker):
         if self.shares_device:
             await self.engine.offload()
 
+    async def release_devices(self) -> None:
+        """Its stage is over for the step and its devices go to the barrier stage
+        (core/migration/mover.py): the engine offloads; the rank stays in its group."""
+        await self.engine.offload()
+
+    async def reclaim_devices(self) -> None:
+        """The step is over: the devices are back, and so is the engine."""
+        await self.engine.onload()
+
     def weight_version(self) -> int:
         """The policy version this rank's engine holds (-1: none yet)."""
         return self.engine.weight_version

@@ -92,6 +92,15 @@ class RolloutWorker(dynarl.Worker):
         if self.shares_device:
             await self._free()
 
+    async def release_devices(self) -> None:
+        """Its generation is over for the step and its devices go to the barrier stage
+        (core/migration/mover.py): the engine frees its memory; it stays in its group."""
+        await self._free()
+
+    async def reclaim_devices(self) -> None:
+        """The step is over: the devices are back, and so is the engine's memory."""
+        await self._take_back()
+
     async def _free(self) -> None:
         if not self.freed:
             await self.engine.release_memory()

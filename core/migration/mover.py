@@ -10,6 +10,11 @@
                           stateful one (the trainer) receives its state peer-to-peer
         p2p               a sharded trainer reshards onto its devices plus the freed
                           ones, create before destroy (p2p.py; the barrier trainer)
+    barrier               once every pipelined stage is done, the finished ones give
+                          the barrier trainer (p2p, one reshard) all their devices:
+                          the rollout's engines but one are parked as in any move,
+                          and its last engine and inference's ranks free their memory
+                          and stay in their groups until the step's end
     lending               (optional) while inference and the trainer have nothing to
                           do, the rollout runs on their devices too (they are parked,
                           their stages gated); the first move, or the rollout's end,
@@ -18,7 +23,8 @@
                           into engines of twice the TP (tail_tp.py)
     restore               at the step's end, back to the configured placement: the
                           receivers' extra ranks are parked (a p2p trainer reshards
-                          home), the rollout's parked engines rejoin, and the next
+                          home), the ranks that lent to the barrier take their memory
+                          back, the rollout's parked engines rejoin, and the next
                           step's lending is set up
 
 Ranks are not spawned and stopped per move but parked in warm standby pools
@@ -42,6 +48,7 @@ from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.migration.tail_tp import widen
 from dynarl.core.migration.workload import Taken, workload_migrate
 from dynarl.core.scheduler.log import DeviceCounts, Migration, SchedulerLog
+from dynarl.core.worker_group import gather_or_cancel
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -133,6 +140,8 @@ class Mover:
         self.tail_tp = tail_tp
         self.wide: dict[int, list[int]] = {}
         """First device of each wide rollout engine -> every device it runs on."""
+        self.barrier_lent: dict[str, list[int]] = {}
+        """Finished component -> its devices the barrier stage holds until the step's end."""
         self.lock = asyncio.Lock()
         self.change()
 
@@ -181,6 +190,13 @@ class Mover:
         """The devices of the donor engine whose first device is `first`."""
         return self.wide.get(first) or [first + k for k in range(self.tp)]
 
+    def held(self, name: str) -> list[int]:
+        """Every device the component's ranks run on now."""
+        if name == self.donor:
+            return [d for h in self.group(name).handles for d in self.engine_devices(h.spec.devices[0])]
+        per = self.managers[name].spec.devices_per_engine
+        return [h.spec.devices[0] + k for h in self.group(name).handles for k in range(per)]
+
     async def take(self, name: str, devices: list[int]) -> list[int]:
         """Ranks of the component's class join its group on `devices` (parked ones,
         else started); returns their positions."""
@@ -193,6 +209,11 @@ class Mover:
     # --- a plan's moves -------------------------------------------------------------
 
     async def execute(self, plan: "Plan", live: Step) -> None:
+        if plan.barrier:
+            async with self.lock:
+                if not self.lent and plan.moves and live.accepts(plan.moves[0][1]):
+                    await self._lend_to_barrier(plan.moves, live)
+            return
         for donor, receiver, devices in plan.moves:
             async with self.lock:
                 if not live.accepts(receiver):
@@ -210,10 +231,18 @@ class Mover:
                         self.log.failures.append(str(exc))
 
     async def _move(self, donor: str, target: str, devices: int, live: Step) -> None:
+        moved = await self._free_engines(donor, devices, live)
+        if moved:
+            await self.grow(target, moved, live)
+
+    async def _free_engines(self, donor: str, devices: int, live: Step) -> list[int]:
+        """Donor engines for at most `devices` devices leave (release_order, Workload
+        migration, parked); returns their devices (none: nothing moved, and the next
+        decision sees the engines as they are)."""
         if devices < self.tp:
-            return
+            return []
         begun = self.now()
-        freed = None
+        released = None
         for attempt in range(2):  # again once, on fresh reports, if the kept engines finished meanwhile:
             group = self.group(donor)  # then they can go instead
             manager = self.managers[donor]
@@ -222,12 +251,12 @@ class Mover:
             release = release_order([bool(x["active_run"]) for x in loads], [x["kv_utilization"] for x in loads],
                                      width, devices)
             if not release:
-                return
+                return []
             released = await self._release(donor, release, [loads[p] for p in release], live)
             if released is not None:
                 break
         if released is None:
-            return  # nothing moved: the next decision sees the engines as they are
+            return []
         freed, taken = released
         moved = [d for first in freed for d in self.engine_devices(first)]
         for first in freed:
@@ -235,7 +264,7 @@ class Mover:
         self.change(**{donor: -len(moved)})
         await self.charge(self.costs.release_s)
         self.record("workload", donor, moved, begun, kv=taken)
-        await self.grow(target, moved, live)
+        return moved
 
     async def _release(self, name: str, positions: list[int], loads: list[dict], live: Step
                        ) -> tuple[list[int], Taken | None] | None:
@@ -281,6 +310,31 @@ class Mover:
             return  # finished meanwhile: the devices wait for the step's end
         for p in new:
             live.add_rank(self.ctl, target, self.wf.stage_call(target, p, live.version))
+
+    async def _lend_to_barrier(self, moves: Sequence[tuple[str, str, int]], live: Step) -> None:
+        """The finished donors' devices go to the barrier stage until the step's end: the
+        rollout's engines but one leave as in any move (parked), and the ranks left (the
+        rollout's last engine, inference's) free their memory and stay in their groups
+        until `restore`. One reshard of the barrier stage takes them all."""
+        target = moves[0][1]
+        own = set(self.held(target))
+        wanted = {donor: n for donor, _, n in moves}
+        devices: list[int] = []
+        if self.donor in wanted:  # (release_order keeps one engine)
+            devices = await self._free_engines(self.donor, wanted[self.donor], live)
+            wanted[self.donor] -= len(devices)
+        lent = {donor: [d for d in self.held(donor) if d not in own][:n] for donor, n in wanted.items() if n > 0}
+        lent = {donor: held for donor, held in lent.items() if held}
+        if lent:
+            begun = self.now()
+            await gather_or_cancel([self.group(donor).call("release_devices") for donor in lent])
+            for donor, held in lent.items():
+                self.barrier_lent[donor] = held
+                self.change(**{donor: -len(held)})
+                self.record("switch", donor, held, begun)
+                devices += held
+        if devices:
+            await self.grow(target, devices, live)
 
     async def _reshard(self, name: str, devices: list[int]) -> None:
         """The component's group reshards onto `devices` peer-to-peer (create before
@@ -364,6 +418,10 @@ class Mover:
                 await self._reshard(name, self.home[name])
                 self.record("p2p", name, [d for d in old if d not in self.home[name]], begun)
                 self.change(**{name: len(self.home[name]) - self.counts[name]})
+        lent, self.barrier_lent = self.barrier_lent, {}
+        if lent:  # the ranks that lent to the barrier take their memory back
+            await gather_or_cancel([self.group(name).call("reclaim_devices") for name in lent])
+            self.change(**{name: len(devices) for name, devices in lent.items()})
         extra = {name: list(range(self.base_ranks[name], m.group.world_size)) for name, m in self.managers.items()
                  if name != self.donor and m.spec.strategy != "p2p"}
         wide = sorted(self.wide)  # first devices of the wide engines: back to base TP below

@@ -162,15 +162,18 @@ class GlobalScheduler:
             interruptible=donor.gate.interruptible and (drained or finished or rollout_done(progress, queued)),
             active_requests=progress.active, keep_engines=demand,
             move_cost_s=donor.move_cost_s, engine_low_since=low, engine_kv=tuple(int(r["kv"]) for r in donor.reports),
-            moved_token_s=max((float(r.get("moved_token_s", 0.0)) for r in donor.reports), default=0.0))]
+            moved_token_s=max((float(r.get("moved_token_s", 0.0)) for r in donor.reports), default=0.0),
+            finished=finished, idle_engines=sum(1 for r in donor.reports if int(r["running"]) + int(r["waiting"]) == 0))]
         for name, m in self.managers.items():
             if m is donor:
                 continue
             accepting = accepts(name)
+            stage = step.live.done.get(name)
             tokens, samples = m.processed()
             views.append(ComponentView(
                 name, "static", counts[name], stage_tokens_left(work, progress, tokens, samples) if accepting else 0.0,
                 devices_per_engine=m.spec.unit or m.spec.devices_per_engine, min_devices=m.spec.min_devices,
                 interruptible=m.gate.interruptible and accepting and m.spec.strategy is not None,
-                move_cost_s=m.move_cost_s, barrier=m.spec.barrier))
+                move_cost_s=m.move_cost_s, barrier=m.spec.barrier,
+                finished=not accepting and stage is not None and stage.done()))
         return ClusterView(now, tuple(views)), progress

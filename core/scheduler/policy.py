@@ -21,6 +21,14 @@ the same in `dynarl train` and `dynarl sim`).
    `charge_move_cost` false (the paper's rule) moves are free. The best
    is committed only if strictly faster than now, so a move that cannot pay
    for itself is not made.
+4. Before the barrier, a barrier stage takes only the devices of engines that hold
+   no request (`idle_engines`): a device given to it idles until the barrier, and
+   moving requests to feed it would slow the rollout for nothing but hiding the move's
+   cost (which the predictor's rates at fewer engines can underestimate: ppo-7b/16
+   lost 100 s of rollout that way). At the barrier (every pipelined stage done with
+   the step's work: `at_barrier`), the finished stages lend it all their devices
+   (`decide_barrier`), the rollout's last engine and inference's ranks included,
+   until the step's end.
 Only components at an interruptible point take part, and only those the predictor
 has a rate for (a component not measured yet is neither timed nor given devices).
 """
@@ -64,6 +72,10 @@ class ComponentView:
     moved_token_s: float = 0.0
     """Seconds an engine spends per token of context of a request moved to it (its
     prefill; with rollout.move_kv, the KV's transfer); 0: not known, not charged."""
+    finished: bool = False
+    """Its stage is over for the step: its devices idle until the step's end."""
+    idle_engines: int = 0
+    """A dynamic component's engines holding no request (releasing them moves none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,9 @@ class Plan:
     candidates: int
     migration_cost_s: float = 0.0
     """The measured move costs of the components the plan moves (summed)."""
+    barrier: bool = False
+    """The finished stages lend all their devices to the barrier stage until the step's
+    end (their ranks stay, their memory freed): decide_barrier."""
 
 
 def engine_low(utilization: float, peak: float, u_low: float, held: int = 0, held_peak: int = 0) -> bool:
@@ -180,6 +195,13 @@ def predicted_time(components: tuple[ComponentView, ...], allocation: dict[str, 
     return worst + after
 
 
+def at_barrier(components: tuple[ComponentView, ...], predictor: Predictor) -> bool:
+    """Every pipelined stage is done with the step's work: a barrier stage may take
+    devices now. Before, a device given to it would idle until then, while the stage
+    that gave it up might still have used it."""
+    return all(c.barrier or c.remaining_work <= 0 or not predictor.knows(c.name) for c in components)
+
+
 def demand_engines(c: ComponentView) -> int | None:
     """Engines a dynamic component's running requests need (None: not capped)."""
     if c.kind != "dynamic" or c.active_requests is None:
@@ -195,15 +217,19 @@ def decide_dynarl(view: ClusterView, predictor: Predictor, config: DynarlConfig)
     comps = view.components
     current = {c.name: c.devices for c in comps}
     now_time = predicted_time(comps, current, predictor)
+    if at_barrier(comps, predictor):
+        return decide_barrier(view, predictor, config)
     best: Plan | None = None
     count = 0
     for donor in (c for c in comps if is_donor(c, view.now, config)):
         receivers = [c for c in comps if c.name != donor.name and c.interruptible and c.remaining_work > 0
                      and predictor.knows(c.name)]
-        if not receivers:
-            continue
         for release in _release_options(donor, config.max_candidates):
-            allocation, moves = _give_to_bottlenecks(comps, current, donor, release, receivers, predictor)
+            eligible = receivers if release <= donor.idle_engines * donor.devices_per_engine else \
+                [c for c in receivers if not c.barrier]
+            if not eligible:
+                continue
+            allocation, moves = _give_to_bottlenecks(comps, current, donor, release, eligible, predictor)
             count += 1
             moving = frozenset({donor.name, *(r for _, r, _ in moves)} if config.charge_move_cost else ())
             delays = {donor.name: moved_requests_s(donor, release)} if config.charge_move_cost else None
@@ -211,6 +237,41 @@ def decide_dynarl(view: ClusterView, predictor: Predictor, config: DynarlConfig)
             if t < now_time and (best is None or t < best.predicted_time_s):
                 best = Plan(allocation, moves, t, now_time, 0, sum(c.move_cost_s for c in comps if c.name in moving))
     return None if best is None else replace(best, candidates=count)
+
+
+def decide_barrier(view: ClusterView, predictor: Predictor, config: DynarlConfig) -> Plan | None:
+    """At the barrier (every pipelined stage done): the finished stages' devices, all of
+    them (their ranks stay and free their memory; Workload migration keeps one engine),
+    go to the barrier stage with the most time left, in its units, if that shortens the
+    step (their move costs charged as in decide_dynarl)."""
+    comps = view.components
+    current = {c.name: c.devices for c in comps}
+    receivers = [c for c in comps if c.barrier and c.interruptible and c.remaining_work > 0
+                 and predictor.knows(c.name)]
+    donors = [c for c in comps if c.finished and not c.barrier and c.devices > 0]
+    if not receivers or not donors:
+        return None
+    target = max(receivers, key=lambda c: (predicted_time((c,), current, predictor), c.name))
+    unit = target.devices_per_engine
+    pool = sum(d.devices for d in donors) // unit * unit
+    moves: list[tuple[str, str, int]] = []
+    allocation = dict(current)
+    for d in donors:  # the donors' devices in order, up to whole units of the target
+        n = min(d.devices, pool)
+        if n > 0:
+            moves.append((d.name, target.name, n))
+            allocation[d.name] -= n
+            allocation[target.name] += n
+            pool -= n
+    if not moves:
+        return None
+    now_time = predicted_time(comps, current, predictor)
+    moving = frozenset({target.name, *(name for name, _, _ in moves)} if config.charge_move_cost else ())
+    t = predicted_time(comps, allocation, predictor, moving)
+    if t >= now_time:
+        return None
+    return Plan(allocation, tuple(moves), t, now_time, 1, sum(c.move_cost_s for c in comps if c.name in moving),
+                barrier=True)
 
 
 def moved_requests_s(donor: ComponentView, release: int) -> float:
