@@ -100,3 +100,15 @@ def test_episode_batch_lines_masks_up_with_the_canonical_order():
                                                  old_logprobs=[0.0] * len(mask_a))])]
     b = episode_batch(groups, with_ref=False)
     assert b.input_ids == [ids_a, ids_b] and b.response_mask == [mask_a, mask_b] and b.rewards == [1.0, 0.0]
+
+
+def test_an_overlapped_steps_episode_batch_keeps_its_masks_with_the_behaviour_log_probs():
+    """max_staleness 1 trains episodes played on older weights: the batch carries the
+    rollout's own log-probs (observations 0.0) and the observations stay out of the loss."""
+    ids, plen, mask = episode("7+5=", "[calc 7+5]", "=12\n", "12")
+    behav = [-0.5 if m else 0.0 for m in mask]
+    group = PromptGroup(0, "p0", "", ids[:plen], [Sample("p0/0", 0, output_ids=ids[plen:], mask=mask, reward=1.0,
+                                                         logprobs=behav, old_logprobs=[-0.4] * len(mask))])
+    b = episode_batch([group], with_ref=False, behaviour=True)
+    assert b.response_mask == [mask] and b.behav_logprobs == [behav]
+    assert episode_batch([group], with_ref=False).behav_logprobs is None

@@ -36,9 +36,9 @@ def test_bad_async_settings_name_the_field(extra, fragment):
     assert fragment in str(info.value)
 
 
-def test_the_agentic_workflow_and_the_dynarl_scheduler_are_refused_with_async():
-    with pytest.raises(ConfigError, match="cannot be carried into the next step") as info:
-        load_config(None, overrides(*ASYNC, "workflow=agentic", "task.kind=calc"))
+def test_the_ppo_workflow_and_the_dynarl_scheduler_are_refused_with_async():
+    with pytest.raises(ConfigError, match="on-policy") as info:
+        load_config(None, overrides(*ASYNC, "workflow=ppo"))
     assert info.value.path == "algorithm.max_staleness"
     with pytest.raises(ConfigError, match="does not plan with an overlapped rollout") as info:
         load_config(None, overrides("runtime.cluster.devices_per_node=4", "rollout.num_ranks=2",

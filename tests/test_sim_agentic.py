@@ -90,3 +90,19 @@ def test_episodes_migrate_between_and_inside_turns_and_affinity_falls_back(monke
     # prefills their contexts again; the next iteration starts on the full placement
     assert moved.reprefill_tokens[0] > 5 * stay.reprefill_tokens[0]
     assert moved.reprefill_tokens[1] == stay.reprefill_tokens[1]
+
+
+def test_async_overlaps_agentic_steps_and_partial_rollout_is_refused():
+    """`async` plays the next iteration's episodes whole on the current weights while this
+    iteration's are trained (staleness 1 after the first); the partial-rollout policies
+    would carry an episode mid-way into the next step, which the workflow does not do:
+    refused when the scenario is built, naming the policy."""
+    scn = build_scenario(SimConfig(**{**TINY, "iterations": 3, "policies": ("colocated", "spatial", "async")}))
+    result, runs = simulate(scn)
+    assert runs["async"].staleness == [0, 1, 1] and runs["spatial"].staleness == [0, 0, 0]
+    assert result["policies"]["async"]["placement"] == result["policies"]["spatial"]["placement"]
+    for run in runs.values():  # every episode of every iteration trained once (the runner checks it)
+        assert [r.samples for r in run.iterations] == [sum(len(g.samples) for g in b) for b in scn.batches]
+    for name in ("partial", "dynarl-async"):
+        with pytest.raises(ValueError, match=f"policy '{name}' carries unfinished work.*agentic"):
+            build_scenario(SimConfig(**{**TINY, "iterations": 5, "warmup": 2, "policies": (name,)}))

@@ -127,22 +127,25 @@ class AgenticGRPO(GRPO):
     # --- the algorithm ---------------------------------------------------------------
     async def step(self, step: int) -> dict[str, Any]:
         metrics = await super().step(step)
-        return metrics | episode_metrics(self.driver, self.stage_results["rollout"])
+        results = self.stage_results  # (with overlapped steps: those that made the trained episodes)
+        return metrics | episode_metrics(results["reward"][0]["episodes"], results["rollout"])
 
-    def train_batch(self, scored: list[PromptGroup]) -> TrainBatch:
-        return episode_batch(scored, self.cfg.with_ref)
+    def train_batch(self, scored: list[PromptGroup], behaviour: bool = False) -> TrainBatch:
+        return episode_batch(scored, self.cfg.with_ref, behaviour)
 
-    async def start_rollout(self, groups: list[PromptGroup], step: int, label: str,
-                            live: LiveStep) -> tuple[asyncio.Future, asyncio.Future]:
-        """The rollout stage serves turns on every rank; beside it the episodes play
-        (the driver routes their turns, runs their tools, scores each finished group
-        onto "scored"): that is the step's reward stage, ending when every episode has."""
+    async def start_rollout(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep, *,
+                            version: int | None = None) -> tuple[asyncio.Future, asyncio.Future]:
+        """The rollout stage serves turns on every rank (with the weights of `version`,
+        default `step`'s); beside it the episodes play (the driver routes their turns,
+        runs their tools, scores each finished group onto "scored"): that is the step's
+        reward stage, ending when every episode has, with the episodes' counts."""
         g = self.g
         keys = [h.spec.worker_id for h in g.rollout.handles]
         self.driver = driver = self.make_driver(keys, groups)
+        version = step if version is None else version
         rollout: Any = held(self.ctl, g.rollout, self.clock, label, "serve_turns",
                             lambda: g.rollout.scatter("serve_turns", [
-                                [TURNS, TURN_RESULTS, key, step, self.sampling()] for key in keys]),
+                                [TURNS, TURN_RESULTS, key, version, self.sampling()] for key in keys]),
                             lock=live.rollout_lock)
         rollout = live.joined("rollout", rollout)
         reward = live.done["reward"] = asyncio.ensure_future(self.play(groups, driver))
@@ -197,7 +200,7 @@ class AgenticGRPO(GRPO):
 
         await driver.run(episodes, self.ctl.channel(TURN_RESULTS).get, on_done)
         await driver.close()
-        return [{"verifier": verifier, "busy": []}]
+        return [{"verifier": verifier, "busy": [], "episodes": driver_metrics(driver)}]
 
     def sampling(self) -> dict[str, Any]:
         if self.scripted:
@@ -244,15 +247,17 @@ def fill_sample(sample: Sample, ep: Episode, answer: str, scored: bool = True) -
     sample.reward = episode_reward(ep, answer) if scored else 0.0
 
 
-def episode_batch(groups: list[PromptGroup], with_ref: bool) -> TrainBatch:
+def episode_batch(groups: list[PromptGroup], with_ref: bool, behaviour: bool = False) -> TrainBatch:
     """experience.train_batch, plus each episode's response mask (observations 0),
     in the same canonical order (groups by index, samples in order)."""
-    batch = experience.train_batch(groups, with_ref)
+    batch = experience.train_batch(groups, with_ref, behaviour)
     masks = [list(s.mask) for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
     return dataclasses.replace(batch, response_mask=masks)
 
 
-def episode_metrics(driver: EpisodeDriver, rollout_stats: list[dict]) -> dict[str, Any]:
+def driver_metrics(driver: EpisodeDriver) -> dict[str, Any]:
+    """A run's episodes, as the driver counted them (JSON-safe: a checkpoint keeps those
+    of episodes made ahead, overlap.py)."""
     done = driver.finished
     n = len(done)
     return {"episodes": n,
@@ -265,9 +270,15 @@ def episode_metrics(driver: EpisodeDriver, rollout_stats: list[dict]) -> dict[st
             "turns_mean": driver.turns / n,
             "answered_frac": sum(e.finish == "answer" for e in done) / n,
             "reprefill_tokens": driver.reprefill_tokens,
-            "cached_tokens": sum(r["cached_tokens"] for r in rollout_stats),
             "max_wait_s": driver.max_wait_s,
-            "route_reasons": dict(driver.router.by_reason),
+            "route_reasons": dict(driver.router.by_reason)}
+
+
+def episode_metrics(episodes: dict[str, Any], rollout_stats: list[dict]) -> dict[str, Any]:
+    """The step's episode metrics: the driver's counts (driver_metrics, in the reward
+    stage's result) and the rollout ranks'."""
+    return {**episodes,
+            "cached_tokens": sum(r["cached_tokens"] for r in rollout_stats),
             # follow-up turns whose last rank left, with its KV of their context: moved in, or prefilled again
             **{key: sum(r.get(key, 0) for r in rollout_stats)
                for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")}}

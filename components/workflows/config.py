@@ -442,9 +442,8 @@ class TrainConfig:
         inference and training: they need devices apart, a workflow whose samples are
         whole when generated, and a fixed placement."""
         field_ = "algorithm.max_staleness"
-        if self.workflow != "grpo":
-            raise ConfigError(field_, f"the {self.workflow} workflow's episodes cannot be carried into the next "
-                                      "step yet; set it 0")
+        if self.workflow not in ("grpo", "agentic"):
+            raise ConfigError(field_, f"the {self.workflow} workflow does not overlap steps; set it 0")
         if self.scheduler.policy != "static":
             raise ConfigError(field_, f"scheduler.policy {self.scheduler.policy!r} does not plan with an "
                                       "overlapped rollout yet; use static or max_staleness 0")

@@ -344,9 +344,10 @@ class GRPO:
             await self.ctl.process_group("weight_sync", [(g.trainer, 0), g.rollout, g.inference])
 
     # --- the data -----------------------------------------------------------------
-    def train_batch(self, scored: list[PromptGroup]) -> TrainBatch:
-        """The trainer's batch from the step's scored groups."""
-        return experience.train_batch(scored, self.cfg.with_ref)
+    def train_batch(self, scored: list[PromptGroup], behaviour: bool = False) -> TrainBatch:
+        """The trainer's batch from the step's scored groups (`behaviour`: with the
+        rollout's own log-probs, experience.train_batch)."""
+        return experience.train_batch(scored, self.cfg.with_ref, behaviour)
 
     def sampling(self) -> dict[str, Any]:
         r = self.cfg.rollout

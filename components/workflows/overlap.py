@@ -130,7 +130,7 @@ class OverlappedSteps:
         trained = experience.Trained()
         trained.add(sorted(groups, key=lambda g: g.index))
         wf.check_trained(step, ids, trained)
-        batch = experience.train_batch(groups, wf.cfg.with_ref, behaviour=True)
+        batch = wf.train_batch(groups, behaviour=True)
         return await wf.train(batch, label), trained, ids, {"inference": inference_stats}
 
     # --- checkpoints ------------------------------------------------------------------

@@ -205,7 +205,7 @@ class PartialSteps:
         wf.check_trained(step, ids, trained)
         measured = {"rollout": results[2], "inference": results[1]}
         if not streaming:
-            train_batch = experience.train_batch(groups, cfg.with_ref, behaviour=True)
+            train_batch = wf.train_batch(groups, behaviour=True)
             train_devices, train_begun = len(wf.g.trainer.devices), time.perf_counter()
             train = await wf.train(train_batch, label)
             train_s = time.perf_counter() - train_begun

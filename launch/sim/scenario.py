@@ -173,7 +173,11 @@ def build_scenario(config: SimConfig) -> "Scenario | Any":
                               max_num_seqs=rollout_cfg.max_num_seqs, num_devices=config.devices,
                               weight_bytes=weight_bytes, with_sync=i > 0,
                               critic=getattr(workload, "critic", False)) for i, b in enumerate(batches)]
-    return Scenario(config, workload, batches, bounds, weight_bytes, trace, engines, kv_capacity=capacity)
+    scn = Scenario(config, workload, batches, bounds, weight_bytes, trace, engines, kv_capacity=capacity)
+    from dynarl.components.placement.policy import make_policy
+    for name in config.policies:  # each policy's settings checked before any runs
+        for_policy(scn, make_policy(name))
+    return scn
 
 
 def _check_failing(config: SimConfig) -> None:
@@ -202,6 +206,9 @@ def for_policy(scn: Scenario, policy: object) -> Scenario:
         rollout.update(queue=mode.queue, affinity=mode.affinity)
     staleness = int(getattr(policy, "max_staleness", 0))
     oversample = float(getattr(policy, "oversample", 1.0))
+    if oversample > 1 and scn.workload.kind == "agentic":
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} carries unfinished work into the next step "
+                         "(partial rollout): the agentic workflow does not carry an episode across steps yet")
     if staleness and oversample == 1.0 and scn.config.iterations < scn.config.warmup + 2:
         raise ValueError(f"policy {getattr(policy, 'name', policy)!r} overlaps each step with the next one's "
                          f"rollout: it needs --iterations >= warmup + 2 ({scn.config.warmup + 2}), so that a "
