@@ -80,6 +80,16 @@ class TimedEngine(dynarl.Worker):
         self._collect()
         return self.done
 
+    def release_devices(self) -> None:
+        """Lent to the barrier stage (core/migration/mover.py): its memory would be freed."""
+        self.lent = getattr(self, "lent", 0) + 1
+
+    def reclaim_devices(self) -> None:
+        self.lent -= 1
+
+    def lent_now(self) -> int:
+        return getattr(self, "lent", 0)
+
 
 class ClosingEngine(TimedEngine):
     """A TimedEngine whose generation closes when its last request finishes: then it

@@ -68,7 +68,7 @@ def _rows(run_dir):
     return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
 
 
-def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(runs):
+def test_dynarl_moves_rollout_devices_to_the_barrier_trainer_in_every_step(runs):
     rows = _rows(runs["dynarl"])
     assert [r["step"] for r in rows] == list(range(STEPS))
     # With free moves and a linear profile the policy moves in every step, each time
@@ -91,14 +91,14 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
         assert m.get("workload:rollout", 0) >= 1, r  # idle engines released their devices
         assert m.get("p2p:trainer", 0) >= 2, r       # the trainer took them, then gave them back
         assert m.get("join:rollout", 0) >= 1, r      # the parked engines rejoined: whole again
-        # Released and received while rollout still had unfinished requests (before its end).
+        # The trainer steps on the whole batch (a barrier): before generation ends it takes
+        # only engines that hold no request, and at the barrier every finished device (the
+        # plans below); the release comes before the trainer's receive.
         starts = {}
         for key, at in r["migration_starts_vs_rollout_end_s"]:
             starts.setdefault(key, at)
-        # decided in the tail (the plans below); on a loaded machine the release may begin a
-        # poll's worth after the decision, as the rollout ends, and the receive follows it
-        assert starts["workload:rollout"] < 0.05 and starts["p2p:trainer"] >= starts["workload:rollout"], r
-        assert r["migrations_in_tail"] >= 1 and r["plans"][0]["at_vs_rollout_end_s"] < 0, r
+        assert starts["p2p:trainer"] >= starts["workload:rollout"], r
+        assert any(p["moves"] for p in r["plans"]), r
         assert all(p["predicted_s"] < p["current_s"] and p["measured_s"] > 0 for p in r["plans"])
         assert r["weight_version"] == r["step"]  # the rejoined engines received the current policy
         # the device counts after every move: rollout gave engines up, the trainer took
@@ -109,7 +109,8 @@ def test_dynarl_moves_rollout_devices_to_the_trainer_inside_the_rollout_tail(run
         assert timeline[-1] == {"rollout": 3, "inference": 1, "trainer": 1}, timeline
         # at the barrier the rollout's last engine, its generation over, lent its device too
         # (inference's is the trainer's own: hybrid), so the trainer stepped on all 4
-        assert m.get("switch:rollout") == 1 and max(c["trainer"] for c in timeline) == 4, r
+        # (switch: lent, and taken back at the step's end)
+        assert m.get("switch:rollout") == 2 and max(c["trainer"] for c in timeline) == 4, r
         devices = r["devices"]  # the trackers' series: the step's mean, min and max
         assert devices["rollout"]["min"] < devices["rollout"]["mean"] < devices["rollout"]["max"] == 3, devices
         assert devices["trainer"]["min"] == 1 < devices["trainer"]["mean"] < devices["trainer"]["max"], devices

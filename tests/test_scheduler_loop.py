@@ -211,3 +211,54 @@ def test_a_move_whose_kept_engine_finished_meanwhile_releases_that_engine_instea
     assert len(log.failures) == 1 and "no kept rank can take work" in log.failures[0]
     assert rollout_devices == [0] and inference_devices == [2, 1]
     assert left == [1]  # engine 0 kept its request
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["moved", "grow-fails"])
+def test_a_barrier_plan_gives_every_finished_device_and_restore_takes_them_back(fails):
+    """At the barrier: 3 finished rollout engines (two parked, the last one lent) and
+    inference's 2 ranks (lent) go to the barrier trainer, in its units of 2 (one inference
+    device is left out: 5 -> 4); restore brings every device home and the lent ranks
+    take their memory back. If the trainer's grow fails (its ranks could not start),
+    the devices wait in flight until restore, which still brings them all home."""
+    from dynarl.core.migration.p2p import MigrationFailed
+
+    async def workflow(ctl):
+        rollout = await ctl.spawn(ClosingEngine, name="rollout", devices=[0, 1, 2])
+        inference = await ctl.spawn(TimedEngine, name="inference", devices=[3, 4])
+        trainer = await ctl.spawn(TimedEngine, name="trainer", devices=[5, 6])
+        sched = GlobalScheduler(ctl, "dynarl", Rates(), DynarlConfig(), interval_s=1.0)
+        sched.register(ComponentSpec("rollout", "dynamic"), rollout)
+        sched.register(ComponentSpec("inference", "static", "join"), inference)
+        sched.register(ComponentSpec("trainer", "static", "join", barrier=True, unit=2), trainer)
+        mover = sched.mover = Mover(ctl, Flow(), sched.managers, sched.log)
+        if fails:
+            async def grow(target, devices, live):
+                raise MigrationFailed("the trainer's new ranks could not start")
+            mover.grow = grow
+        live = LiveStep(0, later={"trainer"})
+        live.done = {c: asyncio.get_running_loop().create_future() for c in ("rollout", "reward", "inference")}
+        plan = Plan({"rollout": 0, "inference": 0, "trainer": 7}, (("rollout", "trainer", 3),
+                                                                  ("inference", "trainer", 2)), 1.0, 2.0, 1,
+                    barrier=True)
+        try:
+            await mover.execute(plan, live)
+        except MigrationFailed:
+            assert fails
+        during = dict(mover.counts)
+        lent = {n: await sched.group(n).call("lent_now") for n in ("rollout", "inference")}
+        await mover.restore(lend=False)
+        back = {n: await sched.group(n).call("lent_now") for n in ("rollout", "inference")}
+        return during, lent, back, dict(mover.counts), mover.barrier_lent, \
+            [(m.kind, m.component, m.devices) for m in sched.log.migrations]
+    config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=7))
+    during, lent, back, home, barrier_lent, moves = dynarl.run(workflow, config, virtual_time=True)
+    assert lent == {"rollout": [1], "inference": [1, 0]}  # the last engine and inference's first rank
+    if fails:  # the parked engines and the lent devices are owned by no one until restore
+        assert during == {"rollout": 0, "inference": 1, "trainer": 2}
+    else:
+        assert during == {"rollout": 0, "inference": 1, "trainer": 6}
+        assert ("workload", "trainer", [0, 1, 2, 3]) in moves
+    assert moves[:2] == [("workload", "rollout", [0, 1]), ("switch", "rollout", [2])]
+    assert ("switch", "inference", [3]) in moves
+    assert back == {"rollout": [0, 0, 0], "inference": [0, 0]} and barrier_lent == {}  # (the parked engines rejoined)
+    assert home == {"rollout": 3, "inference": 2, "trainer": 2}

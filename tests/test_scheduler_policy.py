@@ -355,6 +355,12 @@ def _finished(name, devices, kind="static", per_engine=1):
                  (("inference", "trainer", 5),), id="pays-for-its-cost"),
     pytest.param((_finished("inference", 5), ComponentView("trainer", "static", 3, 1000.0, barrier=True,
                                                            move_cost_s=5.0)), True, None, id="costs-more-than-it-saves"),
+    # inference shares one of its 3 devices with the trainer (hybrid): it can lend 2
+    pytest.param((replace(_finished("inference", 3), lendable=2),
+                  ComponentView("trainer", "static", 3, 1000.0, barrier=True)), False,
+                 (("inference", "trainer", 2),), id="not-the-devices-the-trainer-holds"),
+    pytest.param((replace(_finished("inference", 3), lendable=0),
+                  ComponentView("trainer", "static", 3, 1000.0, barrier=True)), False, None, id="all-shared"),
     # a stage with no work left that has not finished (its stage still open) lends nothing
     pytest.param((ComponentView("inference", "static", 5, 0.0),
                   ComponentView("trainer", "static", 3, 1000.0, barrier=True)), False, None, id="not-finished"),
@@ -375,3 +381,12 @@ def test_at_barrier_counts_only_the_stages_the_predictor_knows():
     trainer_ = ComponentView("trainer", "static", 3, 1000.0, barrier=True)
     assert at_barrier((_finished("inference", 2), unknown, trainer_), predictor())
     assert not at_barrier((ComponentView("inference", "static", 2, 1.0), trainer_), predictor())
+
+
+def test_at_the_barrier_with_nothing_to_lend_the_rollouts_idle_engines_still_move():
+    """The rollout has no work left but its stage is still open (not finished): no
+    barrier plan, and the usual decision runs (its idle engines may go to the trainer)."""
+    r = replace(rollout(low=4, active=0, devices=4, work=0.0), idle_engines=4)
+    barrier = ComponentView("trainer", "static", 1, 1000.0, barrier=True)
+    plan = decide_dynarl(ClusterView(10.0, (r, barrier)), predictor(), CFG)
+    assert plan is not None and not plan.barrier and plan.moves == (("rollout", "trainer", 3),)

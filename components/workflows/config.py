@@ -441,9 +441,7 @@ class TrainConfig:
         """algorithm.max_staleness > 0 overlaps the next step's rollout with this step's
         inference and training: they need devices apart, a workflow whose samples are
         whole when generated, and a fixed placement."""
-        field_ = "algorithm.max_staleness"
-        if self.workflow not in ("grpo", "agentic"):
-            raise ConfigError(field_, f"the {self.workflow} workflow does not overlap steps; set it 0")
+        field_ = "algorithm.max_staleness"  # (ppo and embodied refuse it in their own checks)
         if self.scheduler.policy != "static":
             raise ConfigError(field_, f"scheduler.policy {self.scheduler.policy!r} does not plan with an "
                                       "overlapped rollout yet; use static or max_staleness 0")

@@ -17,8 +17,8 @@ received peer-to-peer, when it streams (trainer.streaming). Per step:
 
 Moves must be cheap to fit in a tail: ranks are parked in warm standby pools and
 adopted from there instead of spawned and stopped; with a resharding trainer, warm
-standby trainer ranks are started once, two on every device it may come to hold
-(the rollout's, inference's and its own), and it is profiled on them.
+standby trainer ranks are started once, two on every device of the placement (it
+may come to hold any at the barrier), and it is profiled on them.
 """
 from __future__ import annotations
 
@@ -90,8 +90,7 @@ class DynamicScheduling:
         self = cls(wf, scheduler, mover, rates)
         if not streaming:  # warm standbys where the trainer may reshard to, and its profile on them
             # two per device: a second move in one step makes a new rank beside each current one
-            await scheduler.managers["trainer"].spec.standby.fill(
-                2 * (mover.home["rollout"] + mover.home["trainer"] + mover.home["inference"]))
+            await scheduler.managers["trainer"].spec.standby.fill(2 * mover.devices)
             if isinstance(rates, MeasuredRates):
                 await self._profile_trainer(self._step_sized_batch())
         return self

@@ -121,7 +121,7 @@ class PPO(GRPO):
             mover = self.scheduling.mover
             self.critic_pool = StandbyPool(self.ctl, TrainerWorker, "critic",
                                            dict(self.critic.handles[0].spec.init_kwargs), warm="reshard_warm")
-            await self.critic_pool.fill(2 * (mover.home["rollout"] + mover.home["trainer"]))
+            await self.critic_pool.fill(2 * mover.devices)
         return groups
 
     async def follow(self, devices: list[int]) -> None:

@@ -127,6 +127,8 @@ class Mover:
         self.home = {name: sorted(d + k for d in m.group.devices for k in range(m.spec.devices_per_engine))
                      for name, m in managers.items()}
         """The configured placement (every device of every engine), restored at the end of every step."""
+        self.devices = sorted({d for devices in self.home.values() for d in devices})
+        """Every device of the configured placement: where a resharding trainer may come to be."""
         self.base_ranks = {name: m.group.world_size for name, m in managers.items()}
         self.counts = {name: len(devices) for name, devices in self.home.items()}
         """Devices each component holds now (lent and in-flight devices counted right)."""
@@ -191,11 +193,23 @@ class Mover:
         return self.wide.get(first) or [first + k for k in range(self.tp)]
 
     def held(self, name: str) -> list[int]:
-        """Every device the component's ranks run on now."""
+        """Every device the component's ranks run on now (not those lent to the barrier)."""
+        lent = set(self.barrier_lent.get(name, ()))
+        return [d for positions in self.rank_devices(name) for d in positions if d not in lent]
+
+    def rank_devices(self, name: str) -> list[list[int]]:
+        """Per rank of the component, the devices it runs on."""
         if name == self.donor:
-            return [d for h in self.group(name).handles for d in self.engine_devices(h.spec.devices[0])]
+            return [self.engine_devices(h.spec.devices[0]) for h in self.group(name).handles]
         per = self.managers[name].spec.devices_per_engine
-        return [h.spec.devices[0] + k for h in self.group(name).handles for k in range(per)]
+        return [[h.spec.devices[0] + k for k in range(per)] for h in self.group(name).handles]
+
+    async def _barrier_call(self, name: str, method: str, devices: list[int]) -> None:
+        """`method` on the component's ranks that run on any of `devices`."""
+        on = set(devices)
+        ranks = [p for p, ds in enumerate(self.rank_devices(name)) if on & set(ds)]
+        if ranks:
+            await self.group(name).call(method, ranks=ranks)
 
     async def take(self, name: str, devices: list[int]) -> list[int]:
         """Ranks of the component's class join its group on `devices` (parked ones,
@@ -317,19 +331,26 @@ class Mover:
         rollout's last engine, inference's) free their memory and stay in their groups
         until `restore`. One reshard of the barrier stage takes them all."""
         target = moves[0][1]
+        spec = self.managers[target].spec
+        unit = spec.unit or spec.devices_per_engine
         own = set(self.held(target))
         wanted = {donor: n for donor, _, n in moves}
-        devices: list[int] = []
+        freed: list[int] = []
         if self.donor in wanted:  # (release_order keeps one engine)
-            devices = await self._free_engines(self.donor, wanted[self.donor], live)
-            wanted[self.donor] -= len(devices)
+            freed = await self._free_engines(self.donor, wanted[self.donor], live)
+            wanted[self.donor] -= len(freed)
         lent = {donor: [d for d in self.held(donor) if d not in own][:n] for donor, n in wanted.items() if n > 0}
+        extra = (len(freed) + sum(map(len, lent.values()))) % unit  # the target takes whole units
+        for donor in reversed(list(lent)):
+            cut = min(extra, len(lent[donor]))
+            lent[donor], extra = lent[donor][:len(lent[donor]) - cut], extra - cut
+        devices = freed[:len(freed) - extra]  # (freed engines left over wait in flight for the step's end)
         lent = {donor: held for donor, held in lent.items() if held}
         if lent:
             begun = self.now()
-            await gather_or_cancel([self.group(donor).call("release_devices") for donor in lent])
+            await gather_or_cancel([self._barrier_call(donor, "release_devices", held) for donor, held in lent.items()])
             for donor, held in lent.items():
-                self.barrier_lent[donor] = held
+                self.barrier_lent.setdefault(donor, []).extend(held)
                 self.change(**{donor: -len(held)})
                 self.record("switch", donor, held, begun)
                 devices += held
@@ -420,8 +441,12 @@ class Mover:
                 self.change(**{name: len(self.home[name]) - self.counts[name]})
         lent, self.barrier_lent = self.barrier_lent, {}
         if lent:  # the ranks that lent to the barrier take their memory back
-            await gather_or_cancel([self.group(name).call("reclaim_devices") for name in lent])
+            begun = self.now()
+            await gather_or_cancel([self._barrier_call(name, "reclaim_devices", devices)
+                                    for name, devices in lent.items()])
             self.change(**{name: len(devices) for name, devices in lent.items()})
+            for name, devices in lent.items():
+                self.record("switch", name, devices, begun)
         extra = {name: list(range(self.base_ranks[name], m.group.world_size)) for name, m in self.managers.items()
                  if name != self.donor and m.spec.strategy != "p2p"}
         wide = sorted(self.wide)  # first devices of the wide engines: back to base TP below

@@ -156,6 +156,13 @@ class GlobalScheduler:
                 low = (donor.packable,) * len(low)
         counts = self.mover.counts if self.mover is not None else {
             name: len(m.group.devices) for name, m in self.managers.items()}
+
+        def lendable(name: str, finished: bool) -> int | None:
+            """A finished component's devices that no barrier component holds too."""
+            if not finished or self.mover is None:
+                return None
+            barrier = {d for n, m in self.managers.items() if m.spec.barrier for d in self.mover.held(n)}
+            return sum(1 for d in self.mover.held(name) if d not in barrier)
         views = [ComponentView(
             spec.name, "dynamic", counts[spec.name], rollout_tokens_left(progress, work.cap),
             devices_per_engine=spec.devices_per_engine, min_devices=spec.min_devices,
@@ -163,17 +170,19 @@ class GlobalScheduler:
             active_requests=progress.active, keep_engines=demand,
             move_cost_s=donor.move_cost_s, engine_low_since=low, engine_kv=tuple(int(r["kv"]) for r in donor.reports),
             moved_token_s=max((float(r.get("moved_token_s", 0.0)) for r in donor.reports), default=0.0),
-            finished=finished, idle_engines=sum(1 for r in donor.reports if int(r["running"]) + int(r["waiting"]) == 0))]
+            finished=finished, idle_engines=sum(1 for r in donor.reports if int(r["running"]) + int(r["waiting"]) == 0),
+            lendable=lendable(spec.name, finished))]
         for name, m in self.managers.items():
             if m is donor:
                 continue
             accepting = accepts(name)
             stage = step.live.done.get(name)
+            done = not accepting and stage is not None and stage.done()
             tokens, samples = m.processed()
             views.append(ComponentView(
                 name, "static", counts[name], stage_tokens_left(work, progress, tokens, samples) if accepting else 0.0,
                 devices_per_engine=m.spec.unit or m.spec.devices_per_engine, min_devices=m.spec.min_devices,
                 interruptible=m.gate.interruptible and accepting and m.spec.strategy is not None,
-                move_cost_s=m.move_cost_s, barrier=m.spec.barrier,
-                finished=not accepting and stage is not None and stage.done()))
+                move_cost_s=m.move_cost_s, barrier=m.spec.barrier, finished=done,
+                lendable=lendable(name, done)))
         return ClusterView(now, tuple(views)), progress

@@ -22,13 +22,15 @@ the same in `dynarl train` and `dynarl sim`).
    is committed only if strictly faster than now, so a move that cannot pay
    for itself is not made.
 4. Before the barrier, a barrier stage takes only the devices of engines that hold
-   no request (`idle_engines`): a device given to it idles until the barrier, and
-   moving requests to feed it would slow the rollout for nothing but hiding the move's
-   cost (which the predictor's rates at fewer engines can underestimate: ppo-7b/16
-   lost 100 s of rollout that way). At the barrier (every pipelined stage done with
-   the step's work: `at_barrier`), the finished stages lend it all their devices
-   (`decide_barrier`), the rollout's last engine and inference's ranks included,
-   until the step's end.
+   no request (`idle_engines`): a device given to it idles until the barrier, so
+   feeding it must not slow the rollout, whose rate at fewer, fuller engines the
+   predictor can underestimate. ppo-7b/16 lost 100 s of rollout when busy engines
+   went to its trainer (its engines, far from full, looked low from the bulk phase
+   on), and 15-33 s when they could go in the tail up to the busiest engine's load
+   (their moved requests' long contexts computed again). At the barrier (every
+   pipelined stage done with the step's work: `at_barrier`), the finished stages lend
+   it all their devices (`decide_barrier`), the rollout's last engine and inference's
+   ranks included, until the step's end.
 Only components at an interruptible point take part, and only those the predictor
 has a rate for (a component not measured yet is neither timed nor given devices).
 """
@@ -76,6 +78,9 @@ class ComponentView:
     """Its stage is over for the step: its devices idle until the step's end."""
     idle_engines: int = 0
     """A dynamic component's engines holding no request (releasing them moves none)."""
+    lendable: int | None = None
+    """Of its devices, those no barrier component holds too (what it can lend at the
+    barrier; None: all of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +222,8 @@ def decide_dynarl(view: ClusterView, predictor: Predictor, config: DynarlConfig)
     comps = view.components
     current = {c.name: c.devices for c in comps}
     now_time = predicted_time(comps, current, predictor)
-    if at_barrier(comps, predictor):
-        return decide_barrier(view, predictor, config)
+    if at_barrier(comps, predictor) and (plan := decide_barrier(view, predictor, config)) is not None:
+        return plan
     best: Plan | None = None
     count = 0
     for donor in (c for c in comps if is_donor(c, view.now, config)):
@@ -248,16 +253,16 @@ def decide_barrier(view: ClusterView, predictor: Predictor, config: DynarlConfig
     current = {c.name: c.devices for c in comps}
     receivers = [c for c in comps if c.barrier and c.interruptible and c.remaining_work > 0
                  and predictor.knows(c.name)]
-    donors = [c for c in comps if c.finished and not c.barrier and c.devices > 0]
+    donors = [c for c in comps if c.finished and not c.barrier and _lendable(c) > 0]
     if not receivers or not donors:
         return None
     target = max(receivers, key=lambda c: (predicted_time((c,), current, predictor), c.name))
     unit = target.devices_per_engine
-    pool = sum(d.devices for d in donors) // unit * unit
+    pool = sum(_lendable(d) for d in donors) // unit * unit
     moves: list[tuple[str, str, int]] = []
     allocation = dict(current)
     for d in donors:  # the donors' devices in order, up to whole units of the target
-        n = min(d.devices, pool)
+        n = min(_lendable(d), pool)
         if n > 0:
             moves.append((d.name, target.name, n))
             allocation[d.name] -= n
@@ -272,6 +277,10 @@ def decide_barrier(view: ClusterView, predictor: Predictor, config: DynarlConfig
         return None
     return Plan(allocation, tuple(moves), t, now_time, 1, sum(c.move_cost_s for c in comps if c.name in moving),
                 barrier=True)
+
+
+def _lendable(c: ComponentView) -> int:
+    return c.devices if c.lendable is None else min(c.lendable, c.devices)
 
 
 def moved_requests_s(donor: ComponentView, release: int) -> float:

@@ -207,9 +207,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         for c in COMPONENTS:
             if not placement.shares_devices(c):
                 run.ownership.append((c, placement.num_devices_of(c), start, end))
-    driver = getattr(wf, "driver", None)
-    if driver is not None:  # multi-turn: the context recomputed on another engine (or after eviction)
-        run.reprefill_tokens.append(driver.reprefill_tokens)
+    if wf.multi_turn:  # the context recomputed on another engine (or after eviction), of the trained episodes
+        run.reprefill_tokens.append(wf.stage_results["reward"][0]["episodes"]["reprefill_tokens"])
         run.turn_kv.append({key: sum(r.get(key, 0) for r in wf.stage_results["rollout"])
                             for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")})
     entry = wf.ledger.entries[-1]  # this iteration's: how far behind the trainer its samples' weights were
