@@ -53,6 +53,9 @@ class Sample:
     """Partial rollout: [first token, end token, weight version] of each run of its
     tokens that one policy generated, when it was generated over several steps (None:
     in one). `version` is then the oldest of them: how stale the sample is."""
+    episode: list | None = None
+    """Partial rollout of a multi-turn episode carried unfinished into a later step: its
+    progress beyond the tokens (components/workflows/episodes.py EpisodeState's wire)."""
 
     def to_wire(self) -> list:
         return [getattr(self, f) for f in _SAMPLE_FIELDS]
@@ -87,6 +90,7 @@ class Sample:
     def restart(self) -> None:
         """Its tokens so far are dropped: it is generated again from the prompt."""
         self.output_ids, self.logprobs, self.finish, self.version, self.segments = (), (), "", -1, None
+        self.mask, self.episode = None, None  # (an episode starts again from its first turn)
 
     @classmethod
     def from_wire(cls, values: list) -> "Sample":
@@ -121,11 +125,12 @@ class PromptGroup:
 
     @classmethod
     def from_json(cls, values: list) -> "PromptGroup":
-        """(A sample written before `segments` existed has one field fewer: None.)"""
+        """(A sample written before `segments` or `episode` existed has fields fewer: None.)"""
         index, problem, answer, prompt_ids, samples = values
-        older = len(_SAMPLE_FIELDS) - 1
+        n = len(_SAMPLE_FIELDS)
         return cls.from_wire([index, problem, answer, prompt_ids,
-                              [Sample.from_wire(s + [None] if len(s) == older else s) for s in samples]])
+                              [Sample.from_wire(s + [None] * (n - len(s)) if n - 2 <= len(s) < n else s)
+                               for s in samples]])
 
     @classmethod
     def from_wire(cls, values: list) -> "PromptGroup":

@@ -92,17 +92,28 @@ def test_episodes_migrate_between_and_inside_turns_and_affinity_falls_back(monke
     assert moved.reprefill_tokens[1] == stay.reprefill_tokens[1]
 
 
-def test_async_overlaps_agentic_steps_and_partial_rollout_is_refused():
+def test_async_overlaps_agentic_steps():
     """`async` plays the next iteration's episodes whole on the current weights while this
-    iteration's are trained (staleness 1 after the first); the partial-rollout policies
-    would carry an episode mid-way into the next step, which the workflow does not do:
-    refused when the scenario is built, naming the policy."""
+    iteration's are trained (staleness 1 after the first)."""
     scn = build_scenario(SimConfig(**{**TINY, "iterations": 3, "policies": ("colocated", "spatial", "async")}))
     result, runs = simulate(scn)
     assert runs["async"].staleness == [0, 1, 1] and runs["spatial"].staleness == [0, 0, 0]
     assert result["policies"]["async"]["placement"] == result["policies"]["spatial"]["placement"]
     for run in runs.values():  # every episode of every iteration trained once (the runner checks it)
         assert [r.samples for r in run.iterations] == [sum(len(g.samples) for g in b) for b in scn.batches]
+
+
+def test_partial_rollout_carries_agentic_episodes_mid_way():
+    """`partial` and `dynarl-async` close each iteration on its N-th group: the episodes not
+    over wait for the next (their tokens carried), every iteration trains N groups, and
+    dynarl-async keeps every trained token within one version."""
+    scn = build_scenario(SimConfig(**{**TINY, "iterations": 4, "warmup": 1,
+                                      "policies": ("colocated", "partial", "dynarl-async")}))
+    result, runs = simulate(scn)
+    n = len(scn.batches[0][0].samples) * len(scn.batches[0])
     for name in ("partial", "dynarl-async"):
-        with pytest.raises(ValueError, match=f"policy '{name}' carries unfinished work.*agentic"):
-            build_scenario(SimConfig(**{**TINY, "iterations": 5, "warmup": 2, "policies": (name,)}))
+        run = runs[name]
+        assert [r.samples for r in run.iterations] == [n] * 4
+        assert all(groups > 0 and tokens > 0 for groups, tokens in run.carried)  # carried mid-way each time
+        assert sum(sum(c.values()) for c in run.staleness_counts) == 4 * n
+    assert max(runs["dynarl-async"].staleness) <= 1 and max(runs["partial"].staleness) >= 1

@@ -32,7 +32,8 @@ from dynarl.components.tasks.tool_syntax import CLOSE
 from dynarl.components.tools.worker import ToolWorker
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
-from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns, ScriptedTurns
+from dynarl.components.workflows.episodes import (Episode, EpisodeDriver, EpisodeState, Limits, ReactTurns,
+                                                  ScriptedTurns)
 from dynarl.components.workflows.grpo import GRPO, Groups
 from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
@@ -103,6 +104,9 @@ class AgenticGRPO(GRPO):
         self.tools: WorkerGroup | None = None
         self.driver: EpisodeDriver | None = None
         """The step's episode driver (its counters feed the step's metrics)."""
+        self.unfinished: asyncio.Future | None = None
+        """Partial rollout: the groups whose episodes the step's close left unfinished
+        (set once every episode is over or waits for a later step)."""
         a = self.cfg.agentic
         self.scripted = a.episodes == "scripted"
         if not self.scripted:
@@ -142,13 +146,14 @@ class AgenticGRPO(GRPO):
         g = self.g
         keys = [h.spec.worker_id for h in g.rollout.handles]
         self.driver = driver = self.make_driver(keys, groups)
+        self.unfinished = asyncio.get_running_loop().create_future()
         version = step if version is None else version
         rollout: Any = held(self.ctl, g.rollout, self.clock, label, "serve_turns",
                             lambda: g.rollout.scatter("serve_turns", [
                                 [TURNS, TURN_RESULTS, key, version, self.sampling()] for key in keys]),
                             lock=live.rollout_lock)
         rollout = live.joined("rollout", rollout)
-        reward = live.done["reward"] = asyncio.ensure_future(self.play(groups, driver))
+        reward = live.done["reward"] = asyncio.ensure_future(self.play(groups, driver, self.unfinished))
         return rollout, reward
 
     def make_driver(self, keys: list[str], groups: list[PromptGroup]) -> EpisodeDriver:
@@ -175,15 +180,22 @@ class AgenticGRPO(GRPO):
         engine = r.emulated if r.backend == "emulated" else r.engine
         return EpisodeDriver(turns, keys, submit, affinity=a.affinity, end=end, capacity=engine.max_num_seqs)
 
-    async def play(self, groups: list[PromptGroup], driver: EpisodeDriver) -> list[dict]:
-        """Runs every episode; a group goes to "scored", with its advantages, as soon as
-        its last episode ends. Returns the reward stage's result (one, here)."""
+    async def play(self, groups: list[PromptGroup], driver: EpisodeDriver,
+                   unfinished_out: asyncio.Future | None = None) -> list[dict]:
+        """Runs every episode (a partial rollout's carried ones from where they were); a
+        group goes to "scored", with its advantages, as soon as its last episode ends.
+        With partial rollout the step's close (close_rollout) may leave episodes
+        unfinished: their samples keep them for a later step, and their groups are
+        `unfinished_out`'s result. Returns the reward stage's result (one, here)."""
         episodes, where = [], {}
+        left = {group.index: 0 for group in groups}
         for group in groups:
             for k, sample in enumerate(group.samples):
-                episodes.append(Episode(sample.id, list(group.prompt_ids), sample.seed, group=group.index))
+                if sample.finish:  # partial rollout: over in an earlier step
+                    continue
+                episodes.append(episode_of(sample, group))
                 where[sample.id] = (group, k)
-        left = {group.index: len(group.samples) for group in groups}
+                left[group.index] += 1
         scored = self.ctl.channel("scored")
         verifier = "none" if self.scripted else "calc"
         eps = self.cfg.trainer.engine.adv_eps
@@ -198,9 +210,35 @@ class AgenticGRPO(GRPO):
                     s.advantage = adv
                 await scored.put([group], weight=1)
 
-        await driver.run(episodes, self.ctl.channel(TURN_RESULTS).get, on_done)
-        await driver.close()
+        try:
+            await driver.run(episodes, self.ctl.channel(TURN_RESULTS).get, on_done)
+            await driver.close()
+            unfinished = {}
+            for ep in driver.live.values():  # (partial rollout) waiting for a later step
+                group, k = where[ep.id]
+                keep_unfinished(group.samples[k], ep)
+                unfinished[group.index] = group
+            if unfinished_out is not None:
+                unfinished_out.set_result(list(unfinished.values()))
+        except BaseException as exc:
+            if unfinished_out is not None and not unfinished_out.done():
+                unfinished_out.set_exception(exc)
+                unfinished_out.exception()  # (retrieved: a close that never came does not log it)
+            raise
         return [{"verifier": verifier, "busy": [], "episodes": driver_metrics(driver)}]
+
+    async def close_rollout(self, step: int, carried: list[PromptGroup]) -> int:
+        """Partial rollout: the step has its batch. No more turns are routed, every rank
+        hands back the turns it holds (their tokens so far kept), and once the turns
+        and tool calls under way are in, every episode not over waits in its sample for
+        a later step; their groups go to `carried`. Returns how many."""
+        await self.driver.stop()
+        async with self._busy("rollout"):
+            per_rank = await self.g.rollout.call("partial_close")
+        self.driver.cut([item for items in per_rank for item in items])
+        groups = await self.unfinished
+        carried += groups
+        return len(groups)
 
     def sampling(self) -> dict[str, Any]:
         if self.scripted:
@@ -241,10 +279,35 @@ def episode_reward(ep: Episode, answer: str) -> float:
 
 def fill_sample(sample: Sample, ep: Episode, answer: str, scored: bool = True) -> None:
     """A finished episode's tokens, mask and reward go into its sample; `scored` False
-    (scripted episodes: nothing to verify) rewards 0."""
+    (scripted episodes: nothing to verify) rewards 0. Its version is the oldest weights
+    that made a token of it (its segments kept when several did: partial rollout)."""
     sample.output_ids, sample.logprobs, sample.mask = ep.response, ep.logprobs, ep.mask
-    sample.finish, sample.version = ep.finish, ep.version
+    sample.finish, sample.version = ep.finish, ep.oldest
+    sample.segments = [list(x) for x in ep.segments] if len({v for _, _, v in ep.segments}) > 1 else None
+    sample.episode = None
     sample.reward = episode_reward(ep, answer) if scored else 0.0
+
+
+def keep_unfinished(sample: Sample, ep: Episode) -> None:
+    """Partial rollout: an episode the step's close left unfinished waits in its sample:
+    its tokens, mask, log-probs and segments (the pending turn's tokens as a segment past
+    the response, so the sample's oldest version counts them), and its EpisodeState."""
+    sample.output_ids, sample.logprobs, sample.mask, sample.finish = ep.response, ep.logprobs, ep.mask, ""
+    end = len(ep.response)
+    pending = [[end, end + len(ep.pending[0]), int(ep.pending[2])]] if ep.pending and ep.pending[0] else []
+    sample.segments = [list(x) for x in ep.segments] + pending
+    sample.episode = ep.state().to_wire()
+
+
+def episode_of(sample: Sample, group: PromptGroup) -> Episode:
+    """The sample's episode: a fresh one, or one a partial rollout carried (its state)."""
+    if sample.episode is None:
+        return Episode(sample.id, list(group.prompt_ids), sample.seed, group=group.index)
+    response = list(sample.output_ids)
+    segments = [x for x in sample.segments or () if x[1] <= len(response)]  # (not the pending turn's)
+    return Episode.resume(sample.id, list(group.prompt_ids), sample.seed, group.index, response,
+                          list(sample.mask or ()), list(sample.logprobs), segments,
+                          EpisodeState.from_wire(sample.episode))
 
 
 def episode_batch(groups: list[PromptGroup], with_ref: bool, behaviour: bool = False) -> TrainBatch:
@@ -260,15 +323,16 @@ def driver_metrics(driver: EpisodeDriver) -> dict[str, Any]:
     of episodes made ahead, overlap.py)."""
     done = driver.finished
     n = len(done)
+    per = max(n, 1)  # (a partial step may end none)
     return {"episodes": n,
             "tool_calls": sum(e.tool_calls for e in done),
             "tool_calls_by_tool": dict(driver.calls_by_tool),
-            "tool_call_rate": sum(e.tool_calls > 0 for e in done) / n,
+            "tool_call_rate": sum(e.tool_calls > 0 for e in done) / per,
             "malformed_calls": sum(e.malformed for e in done),
             "tool_errors": sum(e.tool_errors for e in done),
             "turns": driver.turns,
-            "turns_mean": driver.turns / n,
-            "answered_frac": sum(e.finish == "answer" for e in done) / n,
+            "turns_mean": driver.turns / per,
+            "answered_frac": sum(e.finish == "answer" for e in done) / per,
             "reprefill_tokens": driver.reprefill_tokens,
             "max_wait_s": driver.max_wait_s,
             "route_reasons": dict(driver.router.by_reason)}

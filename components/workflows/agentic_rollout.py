@@ -161,6 +161,26 @@ class AgenticRolloutWorker(RolloutWorker):
         finally:
             run.finished.set()
 
+    async def partial_close(self) -> list[dict]:
+        """Partial rollout: the step has its batch and the driver has ended this rank's
+        run (its END is in): the turns it holds come back with their tokens so far and
+        the weights that made them ({"id", "version", "inflight"}); its serve_turns
+        puts what it finished and returns, and the engine runs again, empty, for the
+        next step. [] if its run is over."""
+        run = self.run
+        if run is None or run.closed:
+            return []
+        if run.fetch_task is not None:
+            await asyncio.wait([run.fetch_task])
+        if run.closed:
+            return []
+        await run.pause()
+        items = await run.export()
+        version = self.engine.weight_version
+        await run.finished.wait()
+        await self.engine.resume()
+        return [item | {"version": version} for item in items]
+
     @property
     def time_scale(self) -> float:
         """Loop seconds per engine second: an emulated engine's (priority windows and
@@ -200,10 +220,16 @@ class _TurnServe:
             if item.get("kv") and self.take_kv is not None:
                 await self.take_kv(item)
             now = self.now()
-            self.engine.add_request(GenerationRequest(
+            request = GenerationRequest(
                 item["id"], list(item["prompt_ids"]),
                 SamplingParams(**(self.sampling | {"max_new_tokens": item["max_new_tokens"]}), seed=item["seed"]),
-                tool_count=item["tool_count"], arrival_time=now))
+                tool_count=item["tool_count"], arrival_time=now)
+            partial = item.get("partial")
+            if partial:  # the rest of a turn an earlier step's close cut: it continues from its tokens
+                self.num_tokens -= len(partial[0])  # made in an earlier step
+                self.engine.import_inflight([InflightRequest(request, list(partial[0]), list(partial[1]))])
+            else:
+                self.engine.add_request(request)
             self.tool_counts[item["id"]] = int(item["tool_count"])
             self.waits.arrived(item["id"], now)
             self.arrived.set()

@@ -462,9 +462,7 @@ class TrainConfig:
         prompts enough that at least one group is extra, a fixed placement."""
         field_ = "rollout.oversample"
         n, oversample = self.run.prompts_per_step, self.rollout.oversample
-        if self.workflow != "grpo":
-            raise ConfigError(field_, f"the {self.workflow} workflow's episodes (turns between tool calls) cannot "
-                                      "be carried into the next step yet; set it 1")
+        # (ppo and embodied refuse it in their own checks; agentic episodes are carried mid-way)
         if self.algorithm.max_staleness < 1:
             raise ConfigError("algorithm.max_staleness", "partial rollout (rollout.oversample > 1) trains carried "
                                                          "groups on newer weights than made them: set it >= 1")

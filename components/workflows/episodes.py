@@ -54,10 +54,58 @@ class Episode:
     status: ItemStatus = field(default_factory=ItemStatus)
     computed: int = 0
     """Context tokens whose KV the last serving engine computed (prompt + model turns)."""
+    segments: list[list[int]] = field(default_factory=list)
+    """[first, end, weight version] of each run of response tokens one policy made."""
+    pending: list | None = None
+    """Partial rollout: the turn it was in when its step closed, [tokens so far, their
+    log-probs, the version that made them]; its next route continues that turn."""
 
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.response
+
+    @property
+    def oldest(self) -> int:
+        """The oldest weights that made any of its tokens (its version, -1: none made)."""
+        versions = [v for _, _, v in self.segments] + ([self.pending[2]] if self.pending else [])
+        return min(versions, default=self.version)
+
+    def state(self) -> "EpisodeState":
+        return EpisodeState(self.turns, self.tool_calls, self.malformed, self.tool_errors, self.pending)
+
+    @classmethod
+    def resume(cls, id: str, prompt_ids: list[int], seed: int, group: int | None, response: list[int],
+               mask: list[int], logprobs: list[float], segments: list[list[int]] | None,
+               state: "EpisodeState") -> "Episode":
+        """An episode carried unfinished from an earlier step, as its sample kept it."""
+        return cls(id, prompt_ids, seed, list(response), list(mask), list(logprobs), state.turns, state.tool_calls,
+                   state.malformed, state.tool_errors, group=group, segments=[list(x) for x in segments or ()],
+                   pending=state.pending)
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeState:
+    """What a carried episode's sample keeps beyond its tokens, mask and segments
+    (Sample.episode, msgpack- and JSON-safe as its wire list)."""
+    turns: int
+    tool_calls: int
+    malformed: int
+    tool_errors: int
+    pending: list | None
+    """[tokens so far, log-probs, version] of the turn it was in, or None (between turns)."""
+
+    def to_wire(self) -> list:
+        return [self.turns, self.tool_calls, self.malformed, self.tool_errors, self.pending]
+
+    @classmethod
+    def from_wire(cls, values: list) -> "EpisodeState":
+        if not isinstance(values, list) or len(values) != 5 or not all(isinstance(v, int) for v in values[:4]):
+            raise ValueError(f"an episode's state is [turns, tool_calls, malformed, tool_errors, pending], "
+                             f"got {values!r}")
+        pending = values[4]
+        if pending is not None and (not isinstance(pending, list) or len(pending) != 3):
+            raise ValueError(f"an episode's pending turn is [tokens, logprobs, version], got {pending!r}")
+        return cls(*values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +248,12 @@ class EpisodeDriver:
         self.carried: dict[str, list] = {}
         """Episode id -> the KV of its context a leaving rank offered ([tokens, KV or
         its RemoteRef, node, that rank]), sent along with its next turn."""
+        self.closing = False
+        """Partial rollout: the step has its batch; no turn is routed any more (stop)."""
+        self.parked: set[str] = set()
+        """Episodes whose next turn (or the rest of the turn they were in) waits for a
+        later step."""
+        self._wake: asyncio.Queue | None = None
 
     @property
     def calls_by_tool(self) -> Counter[str]:
@@ -209,6 +263,10 @@ class EpisodeDriver:
         return min(1.0, max(self.outstanding[key] / self.capacity, self.kv[key]))
 
     async def route(self, ep: Episode) -> None:
+        if self.closing:  # partial rollout: its next turn belongs to a later step
+            self.parked.add(ep.id)
+            self._poke()
+            return
         if not self.outstanding:
             raise RuntimeError("episode driver: no rollout rank left to route to")
         home = self.group_home.get(ep.group) if ep.turns == 0 else None
@@ -230,6 +288,8 @@ class EpisodeDriver:
             self.kv[rank] += (len(ep.context) + budget) / capacity
         turn = {"id": rid, "prompt_ids": ep.context, "seed": stable_seed(ep.seed, "turn", ep.turns),
                 "tool_count": ep.tool_calls, "max_new_tokens": budget}
+        if ep.pending is not None:  # the rest of the turn a closed step cut: its tokens so far go along
+            turn["partial"] = ep.pending[:2]
         carried = self.carried.pop(ep.id, None)
         if carried is not None and carried[3] != rank:  # its last turn's rank left: its KV comes along
             turn["kv"], turn["node"] = [carried[:2]], carried[2]  # (the rank it goes to chooses to take it)
@@ -280,8 +340,42 @@ class EpisodeDriver:
             self.outstanding.setdefault(key, 0)
             self.kv.setdefault(key, 0.0)
 
+    async def stop(self) -> None:
+        """Partial rollout: the step has its batch. No turn is routed from now on (an
+        episode that would route one is parked), and every rank gets its end marker;
+        the turns the ranks still hold come back by `cut`."""
+        self.closing = True
+        await self.close()
+
+    def cut(self, turns: list[dict]) -> None:
+        """The turns the ranks handed back when the step closed ({"id", "inflight":
+        [InflightRequest wire]}, tokens so far and log-probs): each episode waits, its
+        turn's tokens kept, made by `version`."""
+        for item in turns:
+            rid = item["id"]
+            ep = self.live.get(rid.rsplit("#", 1)[0])
+            routed = self.routed_to.pop(rid, None)
+            if routed in self.outstanding:
+                self.outstanding[routed] -= 1
+            if ep is None:
+                continue
+            request = item["inflight"][0]
+            ep.pending = [list(request["output_token_ids"]), list(request["output_logprobs"]), int(item["version"])]
+            self.parked.add(ep.id)
+        self._poke()
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.put_nowait(("check", None))
+
+    def settled(self) -> bool:
+        """Closing, and every episode still running waits for a later step."""
+        return self.closing and all(ep_id in self.parked for ep_id in self.live)
+
     async def close(self) -> None:
-        """Every episode is over: the ranks still in the run get their end marker."""
+        """Every episode is over: the ranks still in the run get their end marker (once)."""
+        if self.closed:
+            return
         self.closed = True
         if self.end is not None:
             for key in [*self.outstanding, *self.leaving]:  # a leaving rank's END is sent once: here, or by leave
@@ -300,7 +394,15 @@ class EpisodeDriver:
             self.reprefill_tokens += max(0, ep.computed - result["cached_tokens"])
         self.turns += 1
         self.max_wait_s = max(self.max_wait_s, result["wait_s"])
-        out = list(result["output_ids"])
+        out = list(result["output_ids"])  # (a continued turn's: its tokens from the earlier step too)
+        start = len(ep.response)
+        if ep.pending is not None:
+            made = len(ep.pending[0])
+            if made:
+                ep.segments.append([start, start + made, int(ep.pending[2])])
+            start, ep.pending = start + made, None
+        if len(ep.response) + len(out) > start:
+            ep.segments.append([start, len(ep.response) + len(out), int(result["version"])])
         ep.response += out
         ep.mask += [1] * len(out)
         ep.logprobs += list(result["logprobs"])
@@ -329,6 +431,7 @@ class EpisodeDriver:
         by_id = {ep.id: ep for ep in episodes}
         self.live.update(by_id)
         events: asyncio.Queue = asyncio.Queue()
+        self._wake = events
 
         async def pump() -> None:
             while True:
@@ -343,8 +446,10 @@ class EpisodeDriver:
         left = len(episodes)
         async with asyncio.TaskGroup() as tasks:
             feeder = tasks.create_task(pump())
-            while left:
+            while left and not self.settled():
                 kind, value = await events.get()
+                if kind == "check":
+                    continue
                 if kind == "result":
                     tasks.create_task(handle(by_id[value["id"].rsplit("#", 1)[0]], value))
                     continue
@@ -354,4 +459,4 @@ class EpisodeDriver:
                 self.finished.append(value)
                 if on_done is not None:
                     await on_done(value)
-            feeder.cancel()  # every episode is over: no turn result is still coming
+            feeder.cancel()  # every episode is over or waits for a later step: no turn result is still coming

@@ -47,7 +47,7 @@ from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import StageClock, held, stage
 from dynarl.components.workflows.overlap import AHEAD, OverlappedSteps
-from dynarl.components.workflows.partial import PARTIAL_FILE, PartialSteps, resume_refused
+from dynarl.components.workflows.partial import PARTIAL_FILE, PartialSteps, resume_refused, stop_generation
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.components.workflows import survival
 from dynarl.core.files import atomic_open
@@ -208,6 +208,11 @@ class GRPO:
             self.ctl, g.reward, "score", get="rollouts", put="scored", after=rollout, lock=False,
             clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False)))
         return rollout, reward
+
+    async def close_rollout(self, step: int, carried: list[PromptGroup]) -> int:
+        """Partial rollout: the step has its batch; the rollout hands back its unfinished
+        groups (onto `carried`, their tokens kept). Returns how many."""
+        return await stop_generation(self, step, carried)
 
     def ranks_call(self, component: str, locked: bool) -> Any:
         """How a stage calls the component's ranks: surviving a lost one (survival.py), or

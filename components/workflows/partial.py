@@ -251,26 +251,7 @@ class PartialSteps:
                 else:
                     carried.append(group)
             if emitted is None and len(batch) - len(p.ready) == need:
-                emitted = len(p.inflight) - await self._stop(step, carried)
-
-    async def _stop(self, step: int, carried: list[PromptGroup]) -> int:
-        """Every rollout rank hands back its unfinished groups; their samples keep their
-        tokens so far (made by `step`'s weights). Returns how many groups came back."""
-        exported = 0
-        wf = self.wf
-        # every rank generating for the step (with the dynarl scheduler, engines on lent
-        # devices too: its rollout group is this one); no move meanwhile
-        async with wf._busy("rollout"):
-            per_rank = await wf.g.rollout.call("partial_close")
-        for items in per_rank:
-            for item in items:
-                group = item["group"]
-                by_id = {s.id: s for s in group.samples}
-                for r in map(InflightRequest.from_wire, item["inflight"]):
-                    by_id[r.request.request_id].carry(r.output_token_ids, r.output_logprobs, step)
-                carried.append(group)
-                exported += 1
-        return exported
+                emitted = len(p.inflight) - await self.wf.close_rollout(step, carried)
 
     # --- checkpoints ------------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -292,3 +273,23 @@ class PartialSteps:
             raise ValueError(f"{file}: unknown format {data.get('format')!r}")
         self.carry = [PromptGroup.from_json(g) for g in data["carry"]]
         self.stream = PromptStream(self.wf.prompts, *data["stream"])
+
+
+async def stop_generation(wf: "GRPO", step: int, carried: list[PromptGroup]) -> int:
+    """Every rollout rank hands back its unfinished groups; their samples keep their
+    tokens so far (made by `step`'s weights); they go to `carried`. Returns how many
+    groups came back."""
+    exported = 0
+    # every rank generating for the step (with the dynarl scheduler, engines on lent
+    # devices too: its rollout group is this one); no move meanwhile
+    async with wf._busy("rollout"):
+        per_rank = await wf.g.rollout.call("partial_close")
+    for items in per_rank:
+        for item in items:
+            group = item["group"]
+            by_id = {s.id: s for s in group.samples}
+            for r in map(InflightRequest.from_wire, item["inflight"]):
+                by_id[r.request.request_id].carry(r.output_token_ids, r.output_logprobs, step)
+            carried.append(group)
+            exported += 1
+    return exported

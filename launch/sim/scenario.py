@@ -206,9 +206,6 @@ def for_policy(scn: Scenario, policy: object) -> Scenario:
         rollout.update(queue=mode.queue, affinity=mode.affinity)
     staleness = int(getattr(policy, "max_staleness", 0))
     oversample = float(getattr(policy, "oversample", 1.0))
-    if oversample > 1 and scn.workload.kind == "agentic":
-        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} carries unfinished work into the next step "
-                         "(partial rollout): the agentic workflow does not carry an episode across steps yet")
     if staleness and oversample == 1.0 and scn.config.iterations < scn.config.warmup + 2:
         raise ValueError(f"policy {getattr(policy, 'name', policy)!r} overlaps each step with the next one's "
                          f"rollout: it needs --iterations >= warmup + 2 ({scn.config.warmup + 2}), so that a "
