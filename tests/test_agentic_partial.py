@@ -35,7 +35,7 @@ def _pairs(args):
 # --- an episode's state across steps ---------------------------------------------------------
 def test_an_unfinished_episode_waits_in_its_sample_and_comes_back_as_it_was():
     ep = Episode("e/0", [1, 2], 7, response=[5, 6, 9, 9], mask=[1, 1, 0, 0], logprobs=[-0.1, -0.2, 0.0, 0.0],
-                 turns=1, tool_calls=1, group=3, segments=[[0, 2, 4]], pending=[[8, 8, 8], [-0.3] * 3, 5])
+                 turns=1, tool_calls=1, group=3, segments=[[0, 2, 4]], pending=[[8, 8, 8], [-0.3] * 3, [[3, 5]]])
     sample = Sample("e/0", 7)
     keep_unfinished(sample, ep)
     # the pending turn's 3 tokens count as a segment past the response: the sample is as old as version 4
@@ -44,7 +44,7 @@ def test_an_unfinished_episode_waits_in_its_sample_and_comes_back_as_it_was():
     back = episode_of(group.samples[0], group)
     assert (back.response, back.mask, back.logprobs, back.turns, back.tool_calls, back.group) == \
         (ep.response, ep.mask, ep.logprobs, 1, 1, 3)
-    assert back.segments == [[0, 2, 4]] and back.pending == [[8, 8, 8], [-0.3] * 3, 5] and back.oldest == 4
+    assert back.segments == [[0, 2, 4]] and back.pending == [[8, 8, 8], [-0.3] * 3, [[3, 5]]] and back.oldest == 4
     # its turn done on newer weights: the turn's tokens split by version; the sample's version is the oldest
     fill_sample(group.samples[0], back, "", scored=False)
     assert group.samples[0].version == 4 and group.samples[0].episode is None
@@ -98,22 +98,49 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
         tool.set()
         await asyncio.wait_for(run, 1.0)
         assert set(driver.parked) == {"e/0", "e/1"} and len(sent) == 2 and ended == ["r"]
-        assert eps[0].pending == [[7, 7], [-0.5, -0.5], 4] and eps[1].turns == 1 and eps[1].pending is None
-        # the next step: e/0's turn goes out with its tokens so far, and ends on version 5
+        assert eps[0].pending == [[7, 7], [-0.5, -0.5], [[2, 4]]] and eps[1].turns == 1 and eps[1].pending is None
+        # the next step: e/0's turn goes out with its tokens so far, and is cut again (one more
+        # token, by version 5): its first two tokens stay version 4's
         nxt = EpisodeDriver(Turns(), ["r"], submit, end=end)
-        results = asyncio.Queue()
-        run = asyncio.ensure_future(nxt.run([eps[0]], results.get))
+        run = asyncio.ensure_future(nxt.run([eps[0]], asyncio.Queue().get))
         await asyncio.sleep(0)
         assert sent[-1]["id"] == "e/0#0" and sent[-1]["partial"] == [[7, 7], [-0.5, -0.5]]
-        await results.put({"id": "e/0#0", "output_ids": [7, 7, 2], "logprobs": [-0.5, -0.5, -0.1],
-                           "finish": "stop", "version": 5, "cached_tokens": 0, "wait_s": 0.0})
-        await asyncio.sleep(0.01)
-        assert eps[0].segments == [[0, 2, 4], [2, 3, 5]] and eps[0].pending is None and eps[0].oldest == 4
-        await results.put({"id": "e/0#1", "output_ids": [9], "logprobs": [-0.2], "finish": "stop",
-                           "version": 5, "cached_tokens": 0, "wait_s": 0.0})
+        await nxt.stop()
+        nxt.cut([{"id": "e/0#0", "version": 5, "inflight": [
+            {"request": {}, "output_token_ids": [7, 7, 8], "output_logprobs": [-0.5, -0.5, -0.3]}]}])
         await asyncio.wait_for(run, 1.0)
-        assert nxt.finished == [eps[0]] and eps[0].response == [7, 7, 2, 0, 9]
+        assert eps[0].pending[2] == [[2, 4], [3, 5]] and eps[0].oldest == 4
+        # the step after: the turn ends on version 6, each run with the weights that made it
+        last = EpisodeDriver(Turns(), ["r"], submit, end=end)
+        results = asyncio.Queue()
+        run = asyncio.ensure_future(last.run([eps[0]], results.get))
+        await asyncio.sleep(0)
+        await results.put({"id": "e/0#0", "output_ids": [7, 7, 8, 2], "logprobs": [-0.5, -0.5, -0.3, -0.1],
+                           "finish": "stop", "version": 6, "cached_tokens": 0, "wait_s": 0.0})
+        await asyncio.sleep(0.01)
+        assert eps[0].segments == [[0, 2, 4], [2, 3, 5], [3, 4, 6]] and eps[0].pending is None
+        assert eps[0].oldest == 4
+        await results.put({"id": "e/0#1", "output_ids": [9], "logprobs": [-0.2], "finish": "stop",
+                           "version": 6, "cached_tokens": 0, "wait_s": 0.0})
+        await asyncio.wait_for(run, 1.0)
+        assert last.finished == [eps[0]] and eps[0].response == [7, 7, 8, 2, 0, 9]
     asyncio.run(main())
+
+
+def test_the_plan_restarts_a_stale_episode_from_its_first_turn_and_resumes_a_fresh_one():
+    from dynarl.components.workflows.partial import plan
+    stale, fresh = Sample("g/0", 0), Sample("g/1", 1)
+    for sample, version in ((stale, 0), (fresh, 1)):
+        ep = Episode(sample.id, [1], sample.seed, response=[5, 9], mask=[1, 0], logprobs=[-0.1, 0.0], turns=1,
+                     tool_calls=1, group=0, segments=[[0, 1, version]])
+        keep_unfinished(sample, ep)
+    group = PromptGroup(0, "p", "a", [1], [stale, fresh])
+    p = plan([group], [], step=2, num_groups=4, max_staleness=1)
+    assert p.inflight == [group] and p.regenerated_groups == 1 and p.regenerated_tokens == 2
+    restarted, resumed = (episode_of(s, group) for s in group.samples)
+    assert (restarted.turns, restarted.response, restarted.mask) == (0, [], [])
+    assert (resumed.turns, resumed.response, resumed.segments) == (1, [5, 9], [[0, 1, 1]])
+    assert resumed.computed == 3  # its context's KV was an earlier step's: computed again, counted
 
 
 # --- a rollout rank cuts a turn and the next step continues it ---------------------------------

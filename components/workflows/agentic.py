@@ -57,7 +57,7 @@ class AgenticStepRanks(StepRanks):
         if component != "rollout" or driver is None:
             return
         driver.stop_routing(ranks)  # no turn goes to them while they offer
-        if self.wf.cfg.rollout.move_kv and parked:
+        if self.wf.cfg.rollout.move_kv and parked and not driver.closing:  # (closing: next turns on new weights)
             for handle in self.wf.g.rollout.handles:
                 key = handle.spec.worker_id
                 episodes = driver.between_turns(key) if key in ranks else []
@@ -293,9 +293,7 @@ def keep_unfinished(sample: Sample, ep: Episode) -> None:
     its tokens, mask, log-probs and segments (the pending turn's tokens as a segment past
     the response, so the sample's oldest version counts them), and its EpisodeState."""
     sample.output_ids, sample.logprobs, sample.mask, sample.finish = ep.response, ep.logprobs, ep.mask, ""
-    end = len(ep.response)
-    pending = [[end, end + len(ep.pending[0]), int(ep.pending[2])]] if ep.pending and ep.pending[0] else []
-    sample.segments = [list(x) for x in ep.segments] + pending
+    sample.segments = [list(x) for x in ep.segments] + ep.pending_segments(len(ep.response))
     sample.episode = ep.state().to_wire()
 
 

@@ -458,7 +458,7 @@ class TrainConfig:
 
     def _check_partial(self) -> None:
         """rollout.oversample > 1 carries unfinished groups into later steps: a workflow
-        whose samples are requests, a staleness bound that lets them be trained later,
+        that carries them (grpo's requests, agentic's episodes), a staleness bound that lets them be trained later,
         prompts enough that at least one group is extra, a fixed placement."""
         field_ = "rollout.oversample"
         n, oversample = self.run.prompts_per_step, self.rollout.oversample

@@ -58,7 +58,8 @@ class Episode:
     """[first, end, weight version] of each run of response tokens one policy made."""
     pending: list | None = None
     """Partial rollout: the turn it was in when its step closed, [tokens so far, their
-    log-probs, the version that made them]; its next route continues that turn."""
+    log-probs, runs]: runs = [[end, version], ...], the weights that made each run of
+    those tokens (a turn may be cut more than once); its next route continues it."""
 
     @property
     def context(self) -> list[int]:
@@ -67,8 +68,17 @@ class Episode:
     @property
     def oldest(self) -> int:
         """The oldest weights that made any of its tokens (its version, -1: none made)."""
-        versions = [v for _, _, v in self.segments] + ([self.pending[2]] if self.pending else [])
+        versions = [v for _, _, v in self.segments] + [v for _, v in (self.pending[2] if self.pending else ())]
         return min(versions, default=self.version)
+
+    def pending_segments(self, start: int) -> list[list[int]]:
+        """The cut turn's runs as [first, end, version] from response position `start`."""
+        out, first = [], 0
+        for end, version in self.pending[2] if self.pending else ():
+            if end > first:
+                out.append([start + first, start + end, int(version)])
+            first = end
+        return out
 
     def state(self) -> "EpisodeState":
         return EpisodeState(self.turns, self.tool_calls, self.malformed, self.tool_errors, self.pending)
@@ -80,7 +90,7 @@ class Episode:
         """An episode carried unfinished from an earlier step, as its sample kept it."""
         return cls(id, prompt_ids, seed, list(response), list(mask), list(logprobs), state.turns, state.tool_calls,
                    state.malformed, state.tool_errors, group=group, segments=[list(x) for x in segments or ()],
-                   pending=state.pending)
+                   pending=state.pending, computed=len(prompt_ids) + len(response))  # (its KV: an earlier step's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +102,8 @@ class EpisodeState:
     malformed: int
     tool_errors: int
     pending: list | None
-    """[tokens so far, log-probs, version] of the turn it was in, or None (between turns)."""
+    """[tokens so far, log-probs, [[end, version], ...]] of the turn it was in, or None
+    (between turns)."""
 
     def to_wire(self) -> list:
         return [self.turns, self.tool_calls, self.malformed, self.tool_errors, self.pending]
@@ -103,8 +114,9 @@ class EpisodeState:
             raise ValueError(f"an episode's state is [turns, tool_calls, malformed, tool_errors, pending], "
                              f"got {values!r}")
         pending = values[4]
-        if pending is not None and (not isinstance(pending, list) or len(pending) != 3):
-            raise ValueError(f"an episode's pending turn is [tokens, logprobs, version], got {pending!r}")
+        if pending is not None and (not isinstance(pending, list) or len(pending) != 3
+                                    or not isinstance(pending[2], list)):
+            raise ValueError(f"an episode's pending turn is [tokens, logprobs, runs], got {pending!r}")
         return cls(*values)
 
 
@@ -360,7 +372,11 @@ class EpisodeDriver:
             if ep is None:
                 continue
             request = item["inflight"][0]
-            ep.pending = [list(request["output_token_ids"]), list(request["output_logprobs"]), int(item["version"])]
+            tokens = list(request["output_token_ids"])
+            runs = [list(r) for r in ep.pending[2]] if ep.pending else []  # (cut before: its older runs stay)
+            if len(tokens) > (runs[-1][0] if runs else 0):
+                runs.append([len(tokens), int(item["version"])])
+            ep.pending = [tokens, list(request["output_logprobs"]), runs]
             self.parked.add(ep.id)
         self._poke()
 
@@ -396,11 +412,10 @@ class EpisodeDriver:
         self.max_wait_s = max(self.max_wait_s, result["wait_s"])
         out = list(result["output_ids"])  # (a continued turn's: its tokens from the earlier step too)
         start = len(ep.response)
-        if ep.pending is not None:
-            made = len(ep.pending[0])
-            if made:
-                ep.segments.append([start, start + made, int(ep.pending[2])])
-            start, ep.pending = start + made, None
+        if ep.pending is not None:  # the runs an earlier step made, then this one's
+            made = ep.pending_segments(start)
+            ep.segments += made
+            start, ep.pending = (made[-1][1] if made else start), None
         if len(ep.response) + len(out) > start:
             ep.segments.append([start, len(ep.response) + len(out), int(result["version"])])
         ep.response += out

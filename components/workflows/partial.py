@@ -225,6 +225,7 @@ class PartialSteps:
         await wf.sync_weights(step + 1, label)
         return step_metrics(step, trained, train, rollout_stats, reward_stats, wf.clock.durations(label), time.perf_counter() - started) \
             | {"carried_groups": len(carried),
+               "carried_unfinished": sum(1 for gr in carried for s in gr.samples if not s.finish),
                "carried_tokens": sum(len(s.output_ids) for gr in carried for s in gr.samples),
                "regenerated_groups": p.regenerated_groups, "regenerated_tokens": p.regenerated_tokens} \
             | devices | wf.fleet_metrics(step + 1)

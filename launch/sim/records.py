@@ -48,9 +48,9 @@ class PolicyRun:
     """The policy's algorithm.max_staleness (its steps overlap the next rollout)."""
     staleness_counts: list[dict[int, int]] = field(default_factory=list)
     """Per iteration: trained samples by how many versions their oldest token was behind (the ledger's)."""
-    carried: list[tuple[int, int]] = field(default_factory=list)
-    """Per iteration (partial rollout): groups started and not trained at its end, and
-    their tokens so far (the backlog later steps inherit)."""
+    carried: list[tuple[int, int, int]] = field(default_factory=list)
+    """Per iteration (partial rollout): groups started and not trained at its end, their
+    tokens so far (the backlog later steps inherit), and their samples not finished."""
     regenerated: list[tuple[int, int]] = field(default_factory=list)
     """Per iteration (partial rollout): groups with samples generated again from the
     prompt as their tokens would have been too stale, and the tokens dropped with them."""

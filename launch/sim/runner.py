@@ -215,7 +215,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
     run.staleness_counts.append(Counter(entry.step - v for v in entry.versions))
     run.regenerated.append((metrics.get("regenerated_groups", 0), metrics.get("regenerated_tokens", 0)))
     run.survived.append(metrics.get("survived", 0))
-    run.carried.append((metrics.get("carried_groups", 0), metrics.get("carried_tokens", 0)))
+    run.carried.append((metrics.get("carried_groups", 0), metrics.get("carried_tokens", 0),
+                        metrics.get("carried_unfinished", 0)))
     run.iterations.append(IterationRecord(it, start, end, busy_ds, tokens=metrics["tokens"],
                                           samples=metrics["samples"], stage_s=stage_s, span_s=spans))
 
