@@ -90,7 +90,8 @@ class Episode:
         """An episode carried unfinished from an earlier step, as its sample kept it."""
         return cls(id, prompt_ids, seed, list(response), list(mask), list(logprobs), state.turns, state.tool_calls,
                    state.malformed, state.tool_errors, group=group, segments=[list(x) for x in segments or ()],
-                   pending=state.pending, computed=len(prompt_ids) + len(response))  # (its KV: an earlier step's)
+                   pending=state.pending,  # (its KV, the cut turn's included, was an earlier step's)
+                   computed=len(prompt_ids) + len(response) + len(state.pending[0] if state.pending else ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,8 @@ class EpisodeState:
                              f"got {values!r}")
         pending = values[4]
         if pending is not None and (not isinstance(pending, list) or len(pending) != 3
-                                    or not isinstance(pending[2], list)):
+                                    or not isinstance(pending[2], list)
+                                    or not all(isinstance(r, list) and len(r) == 2 for r in pending[2])):
             raise ValueError(f"an episode's pending turn is [tokens, logprobs, runs], got {pending!r}")
         return cls(*values)
 
@@ -406,7 +408,7 @@ class EpisodeDriver:
         if served in self.kv and "kv_utilization" in result:
             self.kv[served] = float(result["kv_utilization"])
             self.kv_capacity[served] = float(result["kv_capacity"])
-        if ep.turns > 0:
+        if ep.turns > 0 or ep.computed:  # (a resumed episode's context was computed in an earlier step)
             self.reprefill_tokens += max(0, ep.computed - result["cached_tokens"])
         self.turns += 1
         self.max_wait_s = max(self.max_wait_s, result["wait_s"])

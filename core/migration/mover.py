@@ -11,7 +11,8 @@
         p2p               a sharded trainer reshards onto its devices plus the freed
                           ones, create before destroy (p2p.py; the barrier trainer)
     barrier               once every pipelined stage is done, the finished ones give
-                          the barrier trainer (p2p, one reshard) all their devices:
+                          the barrier trainer (p2p, one reshard) their devices it does
+                          not share, in its units:
                           the rollout's engines but one are parked as in any move,
                           and its last engine and inference's ranks free their memory
                           and stay in their groups until the step's end

@@ -29,8 +29,8 @@ the same in `dynarl train` and `dynarl sim`).
    on), and 15-33 s when they could go in the tail up to the busiest engine's load
    (their moved requests' long contexts computed again). At the barrier (every
    pipelined stage done with the step's work: `at_barrier`), the finished stages lend
-   it all their devices (`decide_barrier`), the rollout's last engine and inference's
-   ranks included, until the step's end.
+   it their devices that it does not share already (`decide_barrier`, in its units),
+   the rollout's last engine and inference's ranks included, until the step's end.
 Only components at an interruptible point take part, and only those the predictor
 has a rate for (a component not measured yet is neither timed nor given devices).
 """
@@ -134,8 +134,9 @@ class Plan:
     migration_cost_s: float = 0.0
     """The measured move costs of the components the plan moves (summed)."""
     barrier: bool = False
-    """The finished stages lend all their devices to the barrier stage until the step's
-    end (their ranks stay, their memory freed): decide_barrier."""
+    """The finished stages lend their devices (those no barrier stage shares, in its
+    units) to the barrier stage until the step's end (their ranks stay, their memory
+    freed): decide_barrier."""
 
 
 def engine_low(utilization: float, peak: float, u_low: float, held: int = 0, held_peak: int = 0) -> bool:
