@@ -96,7 +96,7 @@ def test_place(mode, workers, devices, env, rollout, trainer):
 @pytest.mark.parametrize("extra, field, fragment", [
     ((("placement.mode", "hybrid"), ("runtime.cluster.devices_per_node", 2)), "placement.mode", "needs 3 devices"),
     ((("placement.mode", "auto"),), "placement.mode", "temporal, hybrid or spatial"),
-    ((("scheduler.policy", "dynarl"),), "scheduler.policy", "static"),
+    ((("scheduler.policy", "dynarl"),), "scheduler.policy", "emulated workers only"),
     ((("embodied.horizon", 0),), "embodied.horizon", ">= 1"),
     ((("embodied.gamma", 1.5),), "embodied.gamma", "[0, 1]"),
     ((("embodied.pipeline_stages", 9),), "embodied.pipeline_stages", "at most envs_per_worker"),

@@ -35,6 +35,7 @@ def test_even_refuses_more_workers_than_envs():
     ("colocated", range(8), range(8), range(8)),
     ("hybrid", range(0, 5), range(5, 8), range(8)),          # env:act work 2:1, the learner everywhere
     ("spatial", range(0, 2), range(2, 3), range(3, 8)),      # work 12.8 : 6.4 : 40 -> 1.7 : 0.9 : 5.4
+    ("dynarl", range(0, 5), range(5, 7), range(7, 8)),       # the learner on its fewest (1), env:act 2:1 on 7
 ])
 def test_policy_placements(policy, env, rollout, trainer):
     p = place_policy(policy, 8, COSTS)
@@ -113,7 +114,7 @@ def test_the_workflow_runs_each_placement_as_the_planner_predicts():
         assert 0.0 < m["gpu_idle_frac"] < 1.0
 
 
-def test_sim_cli_embodied_is_deterministic_and_refuses_dynarl(capsys):
+def test_sim_cli_embodied_is_deterministic(capsys):
     argv = ["sim", "--workload", "embodied", "--devices", "8", "--policies", "colocated,hybrid,rlinf-auto",
             "--json", "--jobs", "1"]
     assert dynarl_main(argv) == 0
@@ -125,5 +126,40 @@ def test_sim_cli_embodied_is_deterministic_and_refuses_dynarl(capsys):
     assert set(result["policies"]) == {"colocated", "hybrid", "rlinf-auto"}
     auto = result["policies"]["rlinf-auto"]
     assert auto["iter_time_s"] <= min(m["iter_time_s"] for m in result["policies"].values()) * 1.05
-    assert dynarl_main(["sim", "--workload", "embodied", "--devices", "8", "--policies", "dynarl"]) == 2
-    assert "not built" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, policy, learner, moves", [
+    ({0, 1}, {2}, (3,), (("env", "trainer", 2), ("rollout", "trainer", 1))),  # apart: all lent to the learner
+    (set(range(4)), set(range(4)), (0, 1, 2, 3), None),                       # temporal: it holds them all
+    ({0, 1}, {2, 3}, (0, 1, 2, 3), None),                                     # hybrid: the same
+])
+def test_at_the_barrier_the_learner_takes_the_finished_devices_it_does_not_hold(env, policy, learner, moves):
+    from dynarl.components.workflows.embodied_barrier import barrier_view
+    from dynarl.core.scheduler.policy import DynarlConfig, decide_dynarl
+    from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
+    view = barrier_view(env, policy, learner, sequences=1000.0, now=0.0, move_cost_s=1.0)
+    plan = decide_dynarl(view, Predictor({"trainer": ThroughputModel([(1, 100.0), (2, 200.0)])}),
+                         DynarlConfig(charge_move_cost=False))
+    assert (plan.moves if plan is not None else None) == moves
+    if plan is not None:
+        assert plan.barrier and plan.allocation["trainer"] == 4
+
+
+def test_dynarl_on_the_embodied_workload_trains_on_every_device_at_the_barrier():
+    """dynarl's start: the learner on the fewest devices, env workers and policy apart on
+    the rest; at each iteration's barrier the scheduler lends the learner every other
+    device (two moves: there and back, each the learner's state over one link and a role
+    switch). The iteration: the rollout, the step on all devices, the two moves, the sync."""
+    scn = build_scenario(SimConfig(workload="embodied", devices=8, policies=("colocated", "dynarl"), iterations=2))
+    m = run_policy(scn, "dynarl")
+    assert m["moves_per_iteration"] == 2 and m["predicted_s"] is None
+    c, stage = scn.costs, m["stage_s"]
+    from dynarl.components import costmodel
+    from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig, full_state_bytes
+    move = full_state_bytes(EmulatedTrainerConfig(model=scn.workload.model, device=scn.config.device)) \
+        / costmodel.get_device(scn.config.device).link_bandwidth + costmodel.role_switch_time()
+    assert stage["trainer_s"] == pytest.approx(c.train_s / 8 + 2 * move, rel=0.02)
+    assert m["iter_time_s"] == pytest.approx(stage["rollout_s"] + stage["trainer_s"] + stage["sync_s"], rel=0.01)
+    spatial = run_policy(scn, "spatial")  # the same env steps
+    assert m["env_steps_per_s"] * m["iter_time_s"] == pytest.approx(spatial["env_steps_per_s"] * spatial["iter_time_s"])
+

@@ -11,6 +11,10 @@ and how long an iteration should take there (pure functions).
                 proportion to their work, so chunks pipeline; the learner on every device
     rlinf-auto  RLinf's planner: of temporal, every hybrid split and every spatial
                 split, the placement of least predicted time (`predict`)
+    dynarl      the learner on the fewest devices its state needs, env workers and
+                policy ranks apart on the rest in proportion to their work; at each
+                iteration's barrier the scheduler lends the learner the finished env and
+                policy devices (components/workflows/embodied_barrier.py)
 
 One env worker per env device; the job's envs are dealt evenly over the workers, and
 where env workers and policy ranks are apart each worker's envs are cut into
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 
 from .split import proportional_split
 
-POLICIES = ("colocated", "spatial", "hybrid", "rlinf-auto")
+POLICIES = ("colocated", "spatial", "hybrid", "rlinf-auto", "dynarl")
 PIPELINE_STAGES = 2
 """Chunks per env worker where env workers and policy ranks have devices of their own
 (hybrid, spatial): one steps while the policy acts for the other. Temporal keeps one:
@@ -135,6 +139,8 @@ class EmbodiedCosts:
     """Device-seconds of the learner per iteration (value forward and PPO step)."""
     switch_s: float
     """One role's offload and onload on a time-shared device."""
+    learner_min: int = 1
+    """Fewest devices the learner's state fits on."""
 
     def work(self) -> dict[str, float]:
         """Device-seconds per component per iteration."""
@@ -196,6 +202,13 @@ def place_policy(policy: str, n: int, c: EmbodiedCosts) -> EmbodiedPlacement:
         return spatial(n, c.envs, split["env"], split["rollout"])
     if policy == "rlinf-auto":
         return min(candidates(n, c.envs), key=lambda p: predict(p, c))  # (ties: the first: temporal first)
+    if policy == "dynarl":
+        rest = n - c.learner_min
+        if rest < 2:
+            raise ValueError(f"dynarl places the learner on {c.learner_min} devices and env workers and policy apart: "
+                             f"it needs {c.learner_min + 2} devices, got {n}")
+        split = proportional_split(work, rest, components=("env", "rollout"))
+        return spatial(n, c.envs, split["env"], rest - split["env"])
     raise ValueError(f"the embodied workload runs policies {', '.join(POLICIES)}, not {policy!r}")
 
 

@@ -501,7 +501,7 @@ class TrainConfig:
 
     def _check_embodied(self) -> None:
         """Env workers, the policy and its learner on the cluster's devices (components/placement/embodied.py place);
-        the DynaRL scheduler and asynchronous steps are for the LLM workflows. (Whether
+        asynchronous steps are for the LLM workflows, the DynaRL scheduler's barrier rule for emulated workers. (Whether
         the env exists and the policy can take its spaces is checked before any worker
         starts: it builds one env.)"""
         from dynarl.components.placement.embodied import place
@@ -510,8 +510,10 @@ class TrainConfig:
         except ValueError as exc:
             raise ConfigError("placement.mode", f"{exc}; add devices (runtime.cluster.devices_per_node) or "
                                                 "fewer embodied.env_workers") from None
-        if self.scheduler.policy != "static":
-            raise ConfigError("scheduler.policy", "the embodied workflow runs on a fixed placement: static")
+        if self.scheduler.policy == "dynarl" and self.embodied.backend != "emulated":
+            raise ConfigError("scheduler.policy", "the embodied workflow's dynarl rule (the learner takes the "
+                                                  "finished env and policy devices at its barrier) runs on "
+                                                  "emulated workers only (dynarl sim); set static")
         if self.algorithm.max_staleness or self.rollout.oversample > 1:
             raise ConfigError("algorithm.max_staleness" if self.algorithm.max_staleness else "rollout.oversample",
                               "the embodied workflow is on-policy: set max_staleness 0 and oversample 1")

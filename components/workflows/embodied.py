@@ -44,9 +44,11 @@ from dynarl.components.placement.embodied import ChunkSpec, EmbodiedPlacement, p
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.workflows import jsonl
+from dynarl.components.workflows.embodied_barrier import EmbodiedBarrier
 from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
 from dynarl.components.workflows.stages import Span, StageClock, held
 from dynarl.core.controller import Controller
+from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 
@@ -112,6 +114,8 @@ class Embodied:
                              f"{e.env_workers}")
         if self.emulated is None and len(self.placement.rollout) != 1:
             raise ValueError("the gym backend's policy runs on one rank")
+        self.barrier = self._barrier() if cfg.scheduler.policy == "dynarl" else None
+        """scheduler.policy dynarl (emulated workers): the scheduler's barrier rule (embodied_barrier.py)."""
         self.turns: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         """Device -> its turn: one call computes on a device at a time (an env step, an act):
         an env worker and a policy rank on one device (temporal) take turns, and a policy
@@ -167,6 +171,17 @@ class Embodied:
                                                                       & set(self.placement.trainer))}
         return init
 
+    def _barrier(self) -> EmbodiedBarrier:
+        """The barrier rule's move costs are a P2P move's on emulated devices: the learner's
+        state over one link and a role switch (engine_factory.move_costs)."""
+        from dynarl.components import costmodel
+        from dynarl.components.trainer.emulated.engine import full_state_bytes
+        em, d = self.emulated, self.cfg.scheduler.dynarl
+        state = full_state_bytes(EmulatedTrainerConfig(model=em.model, device=em.device))
+        move_s = state / costmodel.get_device(em.device).link_bandwidth + costmodel.role_switch_time()
+        return EmbodiedBarrier(self, move_s, DynarlConfig(d.theta, d.u_low, d.window_s, d.max_candidates,
+                                                          d.charge_move_cost, d.pack, d.donor))
+
     def learner_init(self) -> dict[str, Any]:
         cfg = self.cfg
         if self.emulated is None:
@@ -187,9 +202,16 @@ class Embodied:
             [self.run_chunk(i, spec, step, label) for i, spec in enumerate(specs)]))
         rollout_s = now() - begun
         train_begun = now()
-        learner, parts = self.learner, split_envs(trajectory(chunks), self.learner.world_size)
-        train = (await held(self.ctl, learner, self.clock, label, "train",
-                            lambda: learner.scatter("train", [[part] for part in parts])))[0]
+        learner, batch = self.learner, trajectory(chunks)
+        lent = None if self.barrier is None else await self.barrier.lend(len(batch.obs) * len(batch.last_obs))
+        ranks = learner.world_size + (lent.world_size if lent is not None else 0)
+        parts = split_envs(batch, ranks)
+        trained = await held(self.ctl, learner, self.clock, label, "train", lambda: gather_or_cancel(
+            [learner.scatter("train", [[part] for part in parts[:learner.world_size]])]
+            + ([] if lent is None else [lent.scatter("train", [[part] for part in parts[learner.world_size:]])])))
+        train = trained[0][0]
+        if lent is not None:
+            await self.barrier.give_back(lent)
         if self.emulated is None and learner.world_size > 1:  # replicas must not drift apart
             digests = await learner.call("weights_digest")
             if len(set(digests)) > 1:
@@ -197,7 +219,8 @@ class Embodied:
         trainer_s = now() - train_begun
         sync_begun = now()
         await self.sync_weights(step + 1, label)
-        return self.metrics(step, chunks, train, rollout_s, trainer_s, now() - sync_begun, now() - begun)
+        return self.metrics(step, chunks, train, rollout_s, trainer_s, now() - sync_begun, now() - begun) \
+            | {"learner_ranks": ranks, "barrier_moves": 0 if lent is None else 2}
 
     async def run_chunk(self, i: int, spec: ChunkSpec, step: int, label: str) -> Chunk:
         """Chunk i's envs through the horizon: act, step, repeat."""

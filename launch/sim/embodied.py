@@ -50,11 +50,6 @@ def build(config: Any, workload: EmbodiedWorkload) -> EmbodiedScenario:
     if config.launcher != "inproc":
         raise ValueError("the embodied workload simulates in virtual time only (no --fidelity)")
     for name in config.policies:
-        if name.startswith("dynarl"):
-            raise ValueError(f"policy {name!r} on the embodied workload: not built. The DynaRL scheduler takes "
-                             "devices from a rollout's long tail; here every env steps the same horizon (no tail), "
-                             "and the learner already trains on every device under colocated and hybrid: see "
-                             "docs/simulation.md")
         if name not in POLICIES:
             raise ValueError(f"the embodied workload runs policies {', '.join(POLICIES)}, not {name!r}")
     w = workload
@@ -62,15 +57,22 @@ def build(config: Any, workload: EmbodiedWorkload) -> EmbodiedScenario:
                                       action_chunk=w.action_chunk, obs_tokens=w.obs_tokens,
                                       action_tokens=w.action_tokens)
     envs = w.envs_per_device * config.devices
+    from dynarl.components.engine_factory import emulated_trainer_min_devices
+    from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
     costs = EmbodiedCosts(envs=envs, acts=w.acts, env_s=emulated.env_s(1), act_s=emulated.act_s(1),
-                          train_s=emulated.train_s(envs * w.acts, 1), switch_s=cm.ROLE_SWITCH_S)
+                          train_s=emulated.train_s(envs * w.acts, 1), switch_s=cm.ROLE_SWITCH_S,
+                          learner_min=emulated_trainer_min_devices(EmulatedTrainerConfig(model=w.model,
+                                                                                         device=config.device)))
     return EmbodiedScenario(config, w, emulated, costs)
 
 
-def train_config(scn: EmbodiedScenario, placement: EmbodiedPlacement) -> Any:
+def train_config(scn: EmbodiedScenario, placement: EmbodiedPlacement, policy: str = "static") -> Any:
     """The `dynarl train` config of the embodied job on `placement`: emulated workers on
-    emulated devices, the inproc launcher."""
-    from dynarl.components.workflows.config import PlacementSection, RunSection, TrainConfig
+    emulated devices, the inproc launcher; policy dynarl: the scheduler's barrier rule,
+    moves priced as the LLM workloads' dynarl prices them (components/placement/dynarl.py)."""
+    from dynarl.components.placement.dynarl import DEFAULT_CONFIG
+    from dynarl.components.workflows.config import (DynarlSection, PlacementSection, RunSection, SchedulerSection,
+                                                    TrainConfig)
     from dynarl.components.workflows.embodied_config import EmbodiedSection
     from dynarl.core.config import ClusterConfig, RuntimeConfig
     cfg = scn.config
@@ -83,6 +85,8 @@ def train_config(scn: EmbodiedScenario, placement: EmbodiedPlacement) -> Any:
         embodied=EmbodiedSection(env_id=scn.workload.env_id, env_workers=len(placement.env),
                                  envs_per_worker=max(placement.envs), horizon=scn.workload.acts,
                                  backend="emulated", emulated=scn.emulated),
+        scheduler=SchedulerSection(policy="dynarl" if policy == "dynarl" else "static",
+                                   dynarl=DynarlSection(charge_move_cost=DEFAULT_CONFIG.charge_move_cost)),
         run=RunSection(steps=cfg.iterations, seed=cfg.seed))
 
 
@@ -91,7 +95,7 @@ def run_policy(scn: EmbodiedScenario, name: str) -> dict[str, Any]:
     from dynarl.components.workflows.embodied import Embodied
     cfg, c = scn.config, scn.costs
     placement = place_policy(name, cfg.devices, c)
-    config = train_config(scn, placement)
+    config = train_config(scn, placement, name)
     iterations: list[dict[str, float]] = []
 
     async def workflow(ctl: Controller) -> None:
@@ -103,11 +107,11 @@ def run_policy(scn: EmbodiedScenario, name: str) -> dict[str, Any]:
         for it in range(cfg.iterations):
             metrics = await wf.step(it)
             end = loop.time()
-            train_busy = metrics["time_s"] * len(placement.trainer)  # (each rank its equal part)
+            train_busy = metrics["time_s"] * metrics["learner_ranks"]  # (each rank its equal part)
             iterations.append({"time_s": end - previous, "env_steps": metrics["env_steps"] * scn.workload.action_chunk,
                                "busy_device_s": metrics["env_busy_s"] + metrics["act_busy_s"] + train_busy,
                                "rollout_s": metrics["rollout_s"], "trainer_s": metrics["trainer_s"],
-                               "sync_s": metrics["sync_s"]})
+                               "sync_s": metrics["sync_s"], "moves": metrics["barrier_moves"]})
             previous = end
         for group in wf.worker_groups():
             await ctl.stop_group(group)
@@ -121,11 +125,12 @@ def run_policy(scn: EmbodiedScenario, name: str) -> dict[str, Any]:
         "env_steps_per_s": sum(r["env_steps"] for r in measured) / total,
         "gpu_idle_frac": 1.0 - sum(r["busy_device_s"] for r in measured) / (cfg.devices * total),
         "bound_s": scn.bound_s, "ratio_to_bound": iter_time / scn.bound_s,
-        "predicted_s": predict(placement, c),
+        "predicted_s": None if name == "dynarl" else predict(placement, c),  # (the learner's devices change)
         "stage_s": {k: sum(r[k] for r in measured) / n for k in ("rollout_s", "trainer_s", "sync_s")},
         "placement": {"segments": placement.describe(), "env": len(placement.env),
                       "rollout": len(placement.rollout), "trainer": len(placement.trainer)},
         "decision_ms_p99": 0.0, "replans": [],
+        "moves_per_iteration": sum(r["moves"] for r in measured) / n,
     }
 
 
