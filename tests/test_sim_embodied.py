@@ -163,3 +163,14 @@ def test_dynarl_on_the_embodied_workload_trains_on_every_device_at_the_barrier()
     spatial = run_policy(scn, "spatial")  # the same env steps
     assert m["env_steps_per_s"] * m["iter_time_s"] == pytest.approx(spatial["env_steps_per_s"] * spatial["iter_time_s"])
 
+
+
+def test_the_barrier_rule_charged_its_moves_declines_when_they_cost_more_than_they_save():
+    from dynarl.components.workflows.embodied_barrier import barrier_view
+    from dynarl.core.scheduler.policy import DynarlConfig, decide_dynarl
+    from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
+    rates = Predictor({"trainer": ThroughputModel([(1, 100.0), (2, 200.0)])})
+    # 1000 sequences on 1 device: 10 s; on 4: 2.5 s. A round trip of 7 s pays, of 8 s not
+    for move_cost, moves in ((7.0, True), (8.0, False)):
+        view = barrier_view({0, 1}, {2}, (3,), sequences=1000.0, now=0.0, move_cost_s=move_cost)
+        assert (decide_dynarl(view, rates, DynarlConfig(charge_move_cost=True)) is not None) is moves

@@ -203,15 +203,18 @@ class Embodied:
         rollout_s = now() - begun
         train_begun = now()
         learner, batch = self.learner, trajectory(chunks)
-        lent = None if self.barrier is None else await self.barrier.lend(len(batch.obs) * len(batch.last_obs))
+        lent = None if self.barrier is None else \
+            await self.barrier.lend(len(batch.obs) * len(batch.last_obs), len(batch.last_obs))
         ranks = learner.world_size + (lent.world_size if lent is not None else 0)
-        parts = split_envs(batch, ranks)
-        trained = await held(self.ctl, learner, self.clock, label, "train", lambda: gather_or_cancel(
-            [learner.scatter("train", [[part] for part in parts[:learner.world_size]])]
-            + ([] if lent is None else [lent.scatter("train", [[part] for part in parts[learner.world_size:]])])))
+        try:
+            parts = split_envs(batch, ranks)
+            trained = await held(self.ctl, learner, self.clock, label, "train", lambda: gather_or_cancel(
+                [learner.scatter("train", [[part] for part in parts[:learner.world_size]])]
+                + ([] if lent is None else [lent.scatter("train", [[part] for part in parts[learner.world_size:]])])))
+        finally:
+            if lent is not None:
+                await self.barrier.give_back(lent)
         train = trained[0][0]
-        if lent is not None:
-            await self.barrier.give_back(lent)
         if self.emulated is None and learner.world_size > 1:  # replicas must not drift apart
             digests = await learner.call("weights_digest")
             if len(set(digests)) > 1:

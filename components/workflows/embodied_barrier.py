@@ -11,6 +11,9 @@ already. The learner then trains on them too: warm learner ranks parked on those
 devices (a StandbyPool) take their part of the envs, and after the step they are
 parked again. Each way costs what the Mover charges a P2P move on emulated devices
 (engine_factory.move_costs: the learner's state over one link plus a role switch).
+Emulated learners have time, not gradients: the lent ranks train their part of the
+envs outside the learner's data-parallel group, which is why the rule is refused for
+the gym backend (a real learner would need them in its gradient average).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from dynarl.core.migration.standby import StandbyPool
-from dynarl.core.scheduler.policy import ClusterView, ComponentView, DynarlConfig, Plan, decide_dynarl
+from dynarl.core.scheduler.policy import ClusterView, ComponentView, DynarlConfig, decide_dynarl
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 from dynarl.core.worker_group import WorkerGroup
 
@@ -45,7 +48,6 @@ class EmbodiedBarrier:
         self.wf, self.move_s, self.config = wf, move_s, config
         """move_s: one way of a move (the learner's state over one link and a role switch)."""
         self.pool: StandbyPool | None = None
-        self.plans: list[Plan | None] = []
 
     def predictor(self, sequences: float) -> Predictor:
         """The learner's sequences per second, linear in its devices (each rank trains its part)."""
@@ -53,19 +55,21 @@ class EmbodiedBarrier:
         rate = sequences / max(e.train_s(int(sequences), 1), 1e-9)
         return Predictor({"trainer": ThroughputModel([(1, rate), (2, 2 * rate)])})
 
-    async def lend(self, sequences: int) -> WorkerGroup | None:
+    async def lend(self, sequences: int, envs: int) -> WorkerGroup | None:
         """At the barrier: the scheduler's decision; a plan's devices get learner ranks for
-        this step (returned), after the move's cost."""
+        this step (returned), after the move's cost; no more ranks in all than `envs`
+        (each trains a part of them)."""
         p = self.wf.placement
         view = barrier_view(set(p.env), set(p.rollout), p.trainer, float(sequences),
                             asyncio.get_running_loop().time(), 2 * self.move_s)
         plan = decide_dynarl(view, self.predictor(sequences), self.config)
-        self.plans.append(plan)
         if plan is None:
             return None
         own = set(p.trainer)
         free = {"env": sorted(set(p.env) - own), "rollout": sorted(set(p.rollout) - set(p.env) - own)}
-        devices = [d for donor, _, n in plan.moves for d in free[donor][:n]]
+        devices = [d for donor, _, n in plan.moves for d in free[donor][:n]][:envs - len(p.trainer)]
+        if not devices:
+            return None
         wf = self.wf
         if self.pool is None:
             self.pool = StandbyPool(wf.ctl, wf.learner.cls, "trainer", wf.learner_init())
