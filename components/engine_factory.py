@@ -210,12 +210,16 @@ def move_costs(cfg: Any) -> Any:
     from dynarl.core.migration.mover import MoveCosts
     if cfg.rollout.backend != "emulated":
         return MoveCosts()
-    from .costmodel import ROLE_SWITCH_S, get_device, role_switch_time
-    from .trainer.emulated.engine import full_state_bytes
-    e = cfg.trainer.emulated
+    from .costmodel import ROLE_SWITCH_S, role_switch_time
     return MoveCosts(release_s=ROLE_SWITCH_S / 2, switch_s=role_switch_time(),
-                     restart_s=role_switch_time(restart=True),
-                     state_s=full_state_bytes(e) / get_device(e.device).link_bandwidth)
+                     restart_s=role_switch_time(restart=True), state_s=trainer_state_s(cfg.trainer.emulated))
+
+
+def trainer_state_s(emulation: Any) -> float:
+    """An emulated trainer's state over one device link (a P2P move's transfer)."""
+    from .costmodel import get_device
+    from .trainer.emulated.engine import full_state_bytes
+    return full_state_bytes(emulation) / get_device(emulation.device).link_bandwidth
 
 
 def scheduler_rates(cfg: Any, tp: int, devices: int) -> Any:

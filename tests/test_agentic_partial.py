@@ -24,6 +24,7 @@ from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Episode
 from dynarl.components.workflows.ledger import read_entries
 from dynarl.launch.train import prepare
 from test_agentic_train import ARGS, PROMPTS, SAMPLES
+from test_partial_rollout import Outbox  # (a rank's outbox: what it puts, in order)
 
 PARTIAL = ["rollout.oversample=1.5", "algorithm.max_staleness=1"]
 
@@ -154,17 +155,6 @@ class KeyedInbox:
         return self.items.pop(0)
 
 
-class Outbox:
-    def __init__(self):
-        self.results = []
-
-    async def put(self, item, weight=1, made_of=None):
-        self.results.append(item)
-
-    async def flush(self):
-        pass
-
-
 def test_a_cut_turn_comes_back_with_its_tokens_and_the_next_step_finishes_it():
     """A rank serving two turns on an emulated engine is cut once the short one is done:
     the long one comes back with its tokens so far; the next step's rank takes it with
@@ -186,7 +176,7 @@ def test_a_cut_turn_comes_back_with_its_tokens_and_the_next_step_finishes_it():
         inbox = KeyedInbox([turn("a#0", 20), turn("b#0", 400), END])
         fetch = first.fetch_task = asyncio.ensure_future(first.fetch(inbox))
         serve = asyncio.ensure_future(first.serve(fetch))
-        while not box.results:  # a's turn is done; b's is still going
+        while not box.chunks:  # a's turn is done; b's is still going
             await asyncio.sleep(0.01)
         await first.pause()
         (item,) = await first.export()
@@ -194,14 +184,14 @@ def test_a_cut_turn_comes_back_with_its_tokens_and_the_next_step_finishes_it():
         await engine.resume()
         request = item["inflight"][0]
         so_far = [list(request["output_token_ids"]), list(request["output_logprobs"])]
-        assert item["id"] == "b#0" and 0 < len(so_far[0]) < 400 and [r["id"] for r in box.results] == ["a#0"]
+        assert item["id"] == "b#0" and 0 < len(so_far[0]) < 400 and [r["id"] for r in box.chunks] == ["a#0"]
 
         await engine.update_weights(None, 1)
         box2 = Outbox()
         second = _TurnServe(engine, box2, "r", {}, 1.0)
         fetch = asyncio.ensure_future(second.fetch(KeyedInbox([turn("b#0", 400, so_far), END])))
         await second.serve(fetch)
-        return so_far[0], second.num_tokens, box2.results
+        return so_far[0], second.num_tokens, box2.chunks
 
     so_far, made_second, results = run_virtual(two_steps())
     (done,) = results

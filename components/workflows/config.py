@@ -203,13 +203,17 @@ class DynarlSection:
     scales linearly beyond (the paper's model of a static component)."""
 
     def __post_init__(self) -> None:
-        from dynarl.core.scheduler.policy import DynarlConfig
-        DynarlConfig(self.theta, self.u_low, self.window_s, self.max_candidates, pack=self.pack,
-                     donor=self.donor)  # raises ValueError
+        self.policy_config()  # raises ValueError
         if self.interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
         if self.tail_interval_s is not None and self.tail_interval_s <= 0:
             raise ValueError(f"tail_interval_s must be > 0 or null, got {self.tail_interval_s}")
+
+    def policy_config(self) -> "DynarlConfig":
+        """The pure policy's settings (core/scheduler/policy.py)."""
+        from dynarl.core.scheduler.policy import DynarlConfig
+        return DynarlConfig(self.theta, self.u_low, self.window_s, self.max_candidates, self.charge_move_cost,
+                            self.pack, self.donor)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -37,7 +37,6 @@ from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.scheduler.loop import GlobalScheduler, RateSource, StepState
 from dynarl.core.scheduler.log import device_stats, kv_stats
 from dynarl.core.scheduler.manager import ComponentSpec
-from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.scheduler.view import StepWork
 from dynarl.transport.errors import DynarlError
 
@@ -67,8 +66,7 @@ class DynamicScheduling:
         rates = engine_factory.scheduler_rates(cfg, tp, wf.placement.num_devices)
         time_scale = engine_factory.time_scale(cfg)
         scheduler = GlobalScheduler(
-            ctl, "dynarl", rates, DynarlConfig(d.theta, d.u_low, d.window_s, d.max_candidates, d.charge_move_cost,
-                                               d.pack, d.donor),
+            ctl, "dynarl", rates, d.policy_config(),
             interval_s=d.interval_s, tail_interval_s=d.tail_interval_s, time_scale=time_scale)
 
         def spec(name: str, kind: str, strategy: str | None, warm: str | None = None, **kw: Any) -> ComponentSpec:

@@ -42,13 +42,11 @@ from dynarl.components.embodied.spaces import EnvSpec, describe
 from dynarl.components.embodied.workers import Action, LearnerWorker, PolicyWorker, Trajectory
 from dynarl.components.placement.embodied import ChunkSpec, EmbodiedPlacement, place
 from dynarl.components.workflows import checkpoints as ckpt
-from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.embodied_barrier import EmbodiedBarrier
 from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
 from dynarl.components.workflows.stages import Span, StageClock, held
 from dynarl.core.controller import Controller
-from dynarl.core.scheduler.policy import DynarlConfig
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 
@@ -174,13 +172,9 @@ class Embodied:
     def _barrier(self) -> EmbodiedBarrier:
         """The barrier rule's move costs are a P2P move's on emulated devices: the learner's
         state over one link and a role switch (engine_factory.move_costs)."""
-        from dynarl.components import costmodel
-        from dynarl.components.trainer.emulated.engine import full_state_bytes
-        em, d = self.emulated, self.cfg.scheduler.dynarl
-        state = full_state_bytes(EmulatedTrainerConfig(model=em.model, device=em.device))
-        move_s = state / costmodel.get_device(em.device).link_bandwidth + costmodel.role_switch_time()
-        return EmbodiedBarrier(self, move_s, DynarlConfig(d.theta, d.u_low, d.window_s, d.max_candidates,
-                                                          d.charge_move_cost, d.pack, d.donor))
+        from dynarl.components import costmodel, engine_factory
+        move_s = engine_factory.trainer_state_s(self.emulated.learner()) + costmodel.role_switch_time()
+        return EmbodiedBarrier(self, move_s, self.cfg.scheduler.dynarl.policy_config())
 
     def learner_init(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -190,7 +184,7 @@ class Embodied:
         return {"model": cfg.model, "engine": cfg.trainer.engine, "warmup_lr": cfg.trainer.warmup.lr,
                 "bucket_bytes": cfg.trainer.sync_bucket_bytes, "backend": "emulated",
                 "shares_device": bool(set(self.placement.rollout) & set(self.placement.trainer)),
-                "backend_config": EmulatedTrainerConfig(model=em.model, device=em.device, time_scale=em.time_scale),
+                "backend_config": em.learner(),
                 "emulated": em}
 
     async def step(self, step: int) -> dict[str, Any]:

@@ -52,6 +52,11 @@ class EmulatedEmbodiedConfig:
     def env_s(self, envs: int) -> float:
         return envs * self.action_chunk * self.env_step_s
 
+    def learner(self) -> "EmulatedTrainerConfig":
+        """The emulated learner's trainer settings (its state's size, its clock)."""
+        from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
+        return EmulatedTrainerConfig(model=self.model, device=self.device, time_scale=self.time_scale)
+
     def train_s(self, sequences: int, devices: int) -> float:
         """The value forward and the PPO step over `sequences` acts on `devices` ranks."""
         m, d, tokens = cm.get_model(self.model), cm.get_device(self.device), sequences * self.sequence
