@@ -62,11 +62,6 @@ def check_wired(*, rollout_backend: str, trainer_backend: str, scheduler_policy:
     for path, backend in (("rollout.backend", rollout_backend), ("trainer.backend", trainer_backend)):
         if backend == "emulated":
             raise ConfigError(path, "'emulated' engines run in the simulator (dynarl sim), not in dynarl train")
-    optimizer = (megatron or MegatronConfig()).optimizer
-    if scheduler_policy == "dynarl" and trainer_backend == "megatron" and optimizer != "adamw":
-        raise ConfigError("trainer.megatron.optimizer", "scheduler.policy 'dynarl' reshards the trainer's optimizer "
-                                                        "state, which dynarl exports for 'adamw' only (megatron-core's "
-                                                        "own optimizer state, GPU, is not exported yet); use 'static'")
     if rollout_backend == "sglang" and device_kind == "cpu":
         raise ConfigError("rollout.backend", "'sglang' runs on CUDA devices only (runtime.cluster.device_kind "
                                              "is 'cpu'); use 'native'")

@@ -32,6 +32,24 @@ def apply_cpu_shims() -> None:
     mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
     mp_random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # language_module's tied-embedding path
+    # megatron's own optimizers: they check `param.type()` for "torch.cuda.*Tensor" and
+    # make their scalars (found_inf, the norm's overflow buffer) with device="cuda"
+    real_type = torch.Tensor.type
+
+    def cuda_type(self, *args, **kwargs):
+        name = real_type(self, *args, **kwargs)
+        return name.replace("torch.", "torch.cuda.", 1) if not (args or kwargs or ".cuda." in name) else name
+    torch.Tensor.type = cuda_type
+    for factory in ("tensor", "zeros", "empty", "ones", "full"):
+        setattr(torch, factory, _on_cpu(getattr(torch, factory)))
+
+
+def _on_cpu(factory: Callable[..., Any]) -> Callable[..., Any]:
+    def made(*args: Any, device: Any = None, **kwargs: Any) -> Any:
+        if isinstance(device, str) and device.startswith("cuda"):
+            device = "cpu"
+        return factory(*args, device=device, **kwargs)
+    return made
 
 
 def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, error_dir: str) -> None:
@@ -89,8 +107,7 @@ def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any, error_dir: str, 
 
 
 class RecordingOptimizer:
-    """Stands in for megatron's optimizer, which cannot be built on CPU (BACKENDS.md B3:
-    `device='cuda'` tensors and `torch.cuda.FloatTensor` type checks). It keeps the
+    """Stands in for megatron's optimizer where a test needs the reduced gradients. It keeps the
     reduced gradients a step would consume and leaves the weights alone, so a test can
     compare them with the native trainer's. Matches MegatronTrainer's OptimizerFactory."""
 

@@ -1,12 +1,14 @@
 NUM_GPUS = 0
-"""P2P create-before-destroy resharding of the megatron trainer (trainer.megatron.optimizer
-adamw, the one that runs on CPU) between spawned TrainerWorker processes over gloo:
-data parallel 1 -> 2 -> 1 and tensor parallel 1 -> 2 -> 1 through core/migration/p2p.py,
-each rank planning its own box copies (megatron/layout.py plan_copies) for the weights
-and both Adam moments. After the round trips the state is bitwise the unmoved one, and
-the next step is bitwise the step of a trainer that never moved. Old ranks are parked
-in a standby pool (their megatron parallel state torn down) and adopted again by the
-next move, at another layout.
+"""P2P create-before-destroy resharding of the megatron trainer between spawned
+TrainerWorker processes over gloo: data parallel 1 -> 2 -> 1 and tensor parallel
+1 -> 2 -> 1 through core/migration/p2p.py, each rank planning its own box copies
+(megatron/layout.py plan_copies) for the weights and the optimizer state. With
+trainer.megatron.optimizer adamw, and with megatron-core's own DistributedOptimizer
+(float32, and bfloat16 with its fp32 main weights), whose state is a flat range of
+each parameter per DP rank (the layout's state boxes). After the round trips the
+state is bitwise the unmoved one, and the next step is bitwise the step of a trainer
+that never moved. Old ranks are parked in a standby pool (their megatron parallel
+state torn down) and adopted again by the next move, at another layout.
 
 The workers get tests/megatron_cpu.py's CUDA shims (megatron_cpu_site on their path)."""
 import os
@@ -38,12 +40,20 @@ def megatron_cpu(monkeypatch):
     monkeypatch.syspath_prepend(SITE)  # the local launcher hands the controller's path to its workers
 
 
-def _init():
+OPTIMIZERS = {  # (optimizer, dtype, use_distributed_optimizer)
+    "adamw": ("adamw", "float32", False),
+    "megatron-distributed": ("megatron", "float32", True),
+    "megatron-distributed-bf16": ("megatron", "bfloat16", True),
+}
+
+
+def _init(optimizer: str = "adamw"):
     from dynarl.components.trainer.megatron.config import MegatronConfig
+    kind, dtype, distributed = OPTIMIZERS[optimizer]
     return {"model": ModelSpec(name="tiny-0.5m"), "engine": make_config(), "warmup_lr": 1e-3,
             "bucket_bytes": 1 << 20, "backend": "megatron",
-            "backend_config": MegatronConfig(tensor_parallel_size=1, dtype="float32", use_cpu_initialization=True,
-                                             use_distributed_optimizer=False, optimizer="adamw")}
+            "backend_config": MegatronConfig(tensor_parallel_size=1, dtype=dtype, use_cpu_initialization=True,
+                                             use_distributed_optimizer=distributed, optimizer=kind)}
 
 
 def _equal(a: dict, b: dict) -> list[str]:
@@ -52,8 +62,10 @@ def _equal(a: dict, b: dict) -> list[str]:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
-async def test_dp_and_tp_round_trips_keep_the_state_bitwise(megatron_cpu):
-    init = _init()
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+async def test_dp_and_tp_round_trips_keep_the_state_bitwise(megatron_cpu, optimizer):
+    init = _init(optimizer)
+    distributed = OPTIMIZERS[optimizer][2]
     config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
         trainer = await ctl.spawn(TrainerWorker, name="trainer", devices=[0], init=init)
@@ -68,8 +80,14 @@ async def test_dp_and_tp_round_trips_keep_the_state_bitwise(megatron_cpu):
         pids = list(trainer.pids)
 
         dp2 = await p2p_migrate(ctl, trainer, [0, 1], init, standby=pool)  # DP 1 -> 2 (replicas)
-        for replica in await dp2.group.call("full_state"):
-            assert replica["step"] == before["step"] and not _equal(replica["state"], before["state"])
+        halves = await dp2.group.call("full_state")
+        if distributed:  # each DP rank holds a flat range of each parameter's state: the two make it whole
+            for key, whole in before["state"].items():
+                if key.startswith("exp_avg/"):
+                    assert torch.equal(torch.cat([h["state"][key] for h in halves]), whole), key
+        else:
+            for replica in halves:
+                assert replica["step"] == before["step"] and not _equal(replica["state"], before["state"])
         dp1 = await p2p_migrate(ctl, dp2.group, [0], init, standby=pool)  # back, onto the parked rank
         assert dp1.group.pids == pids  # adopted from the pool: no process started
         after_dp = (await dp1.group.call("full_state"))[0]

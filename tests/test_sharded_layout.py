@@ -1,14 +1,17 @@
 NUM_GPUS = 0
 """ShardedLayout and plan_copies on hand-written layouts (plain data, no megatron):
 a column-parallel, a row-parallel, a replicated and a layer-stacked tensor moved from
-TP=2 to TP=1 x DP=2, executed on tensors."""
+TP=2 to TP=1 x DP=2, executed on tensors; and the distributed optimizer's state,
+a flat range of each parameter per DP rank (range_boxes, state_pieces, box_view)."""
+import math
+
 import msgpack
 import pytest
 import torch
 
 from dynarl.components.trainer.base import ParamSpec
-from dynarl.components.trainer.megatron.layout import Piece, ShardedLayout, plan_copies
-from dynarl.components.trainer.megatron.sharded_state import apply_copies
+from dynarl.components.trainer.megatron.layout import FlatRange, Piece, ShardedLayout, plan_copies, range_boxes, state_pieces
+from dynarl.components.trainer.megatron.sharded_state import apply_copies, box_view
 
 SHAPES = {"col": (4, 3), "row": (3, 4), "norm": (3,), "stack": (2, 2, 2)}
 
@@ -122,3 +125,61 @@ def test_core_reshard_planner_takes_the_layout_and_agrees_on_replica_zero():
     ours = [c for c in plan_copies(old, new) if c.dst_rank == 0]  # rank 0 holds replica 0 of everything
     assert sorted((t.key.removeprefix("weight/"), t.src, t.dst, t.numel) for t in transfers) == \
         sorted((c.key, c.src_rank, c.dst_rank, c.numel) for c in ours)
+
+
+@pytest.mark.parametrize("shape,start,end,boxes", [
+    ((5,), 1, 4, [((1, 4),)]),
+    ((3, 4), 0, 12, [((0, 3), (0, 4))]),  # the whole tensor: one box
+    ((3, 4), 2, 3, [((0, 1), (2, 3))]),  # inside one row
+    ((3, 4), 2, 10, [((0, 1), (2, 4)), ((1, 2), (0, 4)), ((2, 3), (0, 2))]),  # head, whole rows, tail
+    ((3, 4), 4, 12, [((1, 3), (0, 4))]),  # whole rows only
+    ((2, 2, 3), 4, 11, [((0, 1), (1, 2), (1, 3)), ((1, 2), (0, 1), (0, 3)), ((1, 2), (1, 2), (0, 2))]),
+    ((3, 4), 5, 5, []),  # an empty range
+])
+def test_range_boxes_cut_a_flat_range_into_contiguous_boxes(shape, start, end, boxes):
+    assert range_boxes(shape, start, end) == boxes
+
+
+def tp1_dp2_ranges(rank):
+    """A distributed optimizer's split of each TP=1 parameter between two DP ranks, mid-row."""
+    cuts = {"col": ((4, 3), 5), "row": ((3, 4), 7), "norm": ((3,), 1), "layers.0": ((2, 2), 3), "layers.1": ((2, 2), 1)}
+    return {name: FlatRange(name, *((0, cut) if rank == 0 else (cut, math.prod(shape))), shape)
+            for name, (shape, cut) in cuts.items()}
+
+
+def test_the_distributed_optimizers_flat_ranges_reshard_from_tp2():
+    """TP=2 (each rank the whole state of its slices) -> TP=1 x DP=2 with the state in
+    flat ranges: each new rank's 1-D shards are exactly its ranges of the full tensors."""
+    shapes2 = {"col": (2, 3), "row": (3, 2), "norm": (3,), "layers.0": (1, 2), "layers.1": (1, 2)}
+    old_ranges = [{n: FlatRange(n, 0, math.prod(s), s) for n, s in shapes2.items()} for _ in range(2)]
+    old_pieces, new_pieces = [tp2_pieces(r) for r in range(2)], [tp1_pieces(r) for r in range(2)]
+    old = layout_with_state(old_pieces, 2, old_ranges, mp_replica=lambda rank, p: p.replica)
+    new = layout_with_state(new_pieces, 1, [tp1_dp2_ranges(r) for r in range(2)], mp_replica=lambda rank, p: 0)
+    full = full_tensors()
+    sources = {r: {n: t.reshape(-1) for n, t in local_tp2(full, r).items()} for r in range(2)}
+    copies = plan_copies(old.state_layout(), new.state_layout())
+    for rank in range(2):
+        ranges = tp1_dp2_ranges(rank)
+        dest = {n: torch.full((f.end - f.start,), float("nan")) for n, f in ranges.items()}
+        moved = apply_copies(copies, sources, rank, dest, old, new)
+        assert moved == sum(f.end - f.start for f in ranges.values())
+        wanted = {"col": full["col"], "row": full["row"], "norm": full["norm"],
+                  "layers.0": full["stack"][0], "layers.1": full["stack"][1]}
+        for name, f in ranges.items():
+            assert torch.equal(dest[name], wanted[name].reshape(-1)[f.start:f.end]), name
+
+
+def layout_with_state(pieces, tp, ranges, mp_replica):
+    base = layout(pieces, tp)
+    state = [state_pieces(list(pieces[r]), ranges[r], {i: mp_replica(r, p) for i, p in enumerate(pieces[r])})
+             for r in range(2)]
+    return ShardedLayout(base.params, base.total_numel, 2, tp, 1, pieces, state=state,
+                         flat=[tuple(ranges[r].values()) for r in range(2)])
+
+
+def test_box_view_refuses_a_box_outside_the_held_range():
+    shard = torch.arange(5.0)
+    fr = FlatRange("w", 3, 8, (3, 4))
+    assert torch.equal(box_view(shard, ((1, 2), (0, 4)), fr), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
+    with pytest.raises(ValueError, match="outside the held range"):
+        box_view(shard, ((0, 1), (0, 4)), fr)

@@ -17,7 +17,10 @@ A model-parallel trainer (megatron) holds boxes of global tensors, not one flat
 range (megatron/layout.py ShardedLayout): its layout is "boxes", and each rank
 plans its own part of the copies from both layouts (layout.plan_copies, pure and
 the same on every rank), `reshard_send_boxes` / `reshard_recv_boxes`, for the
-weights and every optimizer moment (same geometry), across changes of DP and TP.
+weights and every optimizer moment, across changes of DP and TP. Under megatron's
+distributed optimizer the state kinds have their own boxes (each rank a flat range
+of each parameter: ShardedLayout.state, sharded_state.box_view); the optimizer's
+counters ("adam_step") travel in the old layout's `scalars`.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from dynarl.components.trainer.base import STATE_NAMES
-from dynarl.components.trainer.megatron.layout import ShardedLayout, box_slices, plan_copies
+from dynarl.components.trainer.megatron.layout import BoxCopy, ShardedLayout, plan_copies
+from dynarl.components.trainer.megatron.sharded_state import box_view
 from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.core.reshard_plan import LayoutError, Shard, check_tiling
 
@@ -49,28 +53,29 @@ class ReshardableTrainer:
         threaded = isinstance(self.trainer, ThreadedTrainer)
         layout = await asyncio.to_thread(self.trainer.layout) if threaded else self.trainer.layout()
         if isinstance(layout, ShardedLayout):
+            state = self.trainer.export_state_shard()
             return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(),
-                    "kinds": _kinds(self.trainer.export_state_shard())}
+                    "kinds": _kinds(state),
+                    "scalars": {k: int(v.reshape(-1)[0]) for k, v in state.items() if "/" not in k and k != "step"}}
         return {"total_numel": layout.total_numel,
                 "ranges": {s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES}}
 
     async def reshard_send_boxes(self, group: str, old: dict, new: dict, offset: int) -> int:
         """An old rank sends every box the plan reads from it (each state kind), to new
         rank r at rank offset + r of the transfer group. Returns the elements sent."""
-        me, kinds, pg = self.trainer.rank, old["kinds"], self.process_group(group)
-        copies = plan_copies(ShardedLayout.from_wire(old["layout"]), ShardedLayout.from_wire(new["layout"]))
+        me, pg = self.trainer.rank, self.process_group(group)
+        layout = ShardedLayout.from_wire(old["layout"])
         state = self.trainer.export_state_shard()
 
         def run() -> int:
             works, sent = [], 0
-            for i, c in enumerate(copies):
+            for tag, kind, c in _box_plan(old, new):
                 if c.src_rank != me:
                     continue
-                for j, kind in enumerate(kinds):
-                    piece = state[f"{kind}/{c.src_param}"][box_slices(c.src_box)].contiguous()
-                    works.append(dist.isend(piece, group_dst=offset + c.dst_rank, group=pg,
-                                            tag=i * len(kinds) + j))
-                    sent += piece.numel()
+                flat = None if kind == "param" else layout.flat_range(me, c.src_param)
+                piece = box_view(state[f"{kind}/{c.src_param}"], c.src_box, flat).contiguous()
+                works.append(dist.isend(piece, group_dst=offset + c.dst_rank, group=pg, tag=tag))
+                sent += piece.numel()
             for w in works:
                 w.wait()
             return sent
@@ -79,29 +84,30 @@ class ReshardableTrainer:
     async def reshard_recv_boxes(self, group: str, old: dict, new: dict) -> int:
         """A new rank receives every box of its own tensors (replicas too), checking that
         each element of each arrives exactly once. Returns the elements received."""
-        me, kinds, pg = self.trainer.rank, old["kinds"], self.process_group(group)
-        copies = [(i, c) for i, c in enumerate(plan_copies(ShardedLayout.from_wire(old["layout"]),
-                                                            ShardedLayout.from_wire(new["layout"])))
-                  if c.dst_rank == me]
+        me, pg = self.trainer.rank, self.process_group(group)
+        layout = ShardedLayout.from_wire(new["layout"])
+        copies = [(tag, kind, c) for tag, kind, c in _box_plan(old, new) if c.dst_rank == me]
         own = self.trainer.export_state_shard()
-        buffers = {f"{k}/{name}": torch.empty_like(own[f"{k}/{name}"]) for k in kinds
-                   for name in {c.dst_param for _, c in copies}}
+        buffers = {f"{kind}/{c.dst_param}": torch.empty_like(own[f"{kind}/{c.dst_param}"]) for _, kind, c in copies}
+        covered = dict.fromkeys(buffers, 0)
+        for _, kind, c in copies:
+            covered[f"{kind}/{c.dst_param}"] += c.numel
         for key, t in buffers.items():  # every element exactly once: checked before any byte moves
-            covered = sum(c.numel for _, c in copies if key.split("/", 1)[1] == c.dst_param)
-            if covered != t.numel():
-                raise RuntimeError(f"reshard plan covers {covered} of {t.numel()} elements of {key}")
-        missing = [k for k in own if "/" in k and k not in buffers]
+            if covered[key] != t.numel():
+                raise RuntimeError(f"reshard plan covers {covered[key]} of {t.numel()} elements of {key}")
+        missing = [k for k, t in own.items() if "/" in k and k not in buffers and t.numel()]
         if missing:
             raise RuntimeError(f"reshard plan leaves {missing[:3]} of this rank unfilled")
+        buffers.update({k: torch.empty_like(t) for k, t in own.items() if "/" in k and k not in buffers})  # empty
+        buffers.update({k: torch.tensor([v], dtype=torch.int64) for k, v in old.get("scalars", {}).items()})
 
         def run() -> int:
             posted = []
-            for i, c in copies:
-                for j, kind in enumerate(kinds):
-                    dst = buffers[f"{kind}/{c.dst_param}"][box_slices(c.dst_box)]
-                    into = dst if dst.is_contiguous() else torch.empty_like(dst, memory_format=torch.contiguous_format)
-                    posted.append((dist.irecv(into, group_src=c.src_rank, group=pg, tag=i * len(kinds) + j), into,
-                                   dst))
+            for tag, kind, c in copies:
+                flat = None if kind == "param" else layout.flat_range(me, c.dst_param)
+                dst = box_view(buffers[f"{kind}/{c.dst_param}"], c.dst_box, flat)
+                into = dst if dst.is_contiguous() else torch.empty_like(dst, memory_format=torch.contiguous_format)
+                posted.append((dist.irecv(into, group_src=c.src_rank, group=pg, tag=tag), into, dst))
             received = 0
             for work, into, dst in posted:
                 work.wait()
@@ -193,10 +199,15 @@ class ReshardableTrainer:
         state = self.trainer.export_state_shard()
         layout = self.trainer.layout()
         if isinstance(layout, ShardedLayout):
-            mine = [p for p in layout.pieces[self.trainer.rank] if p.replica == 0]  # each element's one copy
-            return {"owned": sum(p.numel for p in mine), "step": self.trainer.global_step,
-                    "sums": {k: sum(float(state[f"{k}/{p.param}"][box_slices(p.param_box)].double().sum())
-                                    for p in mine) for k in _kinds(state)}}
+            me = self.trainer.rank
+            sums = {}
+            for kind in _kinds(state):  # each element's one copy (replica 0), in its kind's geometry
+                pieces = layout.pieces[me] if kind == "param" else layout.state_layout().pieces[me]
+                sums[kind] = sum(float(box_view(state[f"{kind}/{p.param}"], p.param_box,
+                                                None if kind == "param" else layout.flat_range(me, p.param))
+                                       .double().sum()) for p in pieces if p.replica == 0)
+            return {"owned": sum(p.numel for p in layout.pieces[me] if p.replica == 0),
+                    "step": self.trainer.global_step, "sums": sums}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 "sums": {k: _sum(state[k]) for k in STATE_NAMES}}
@@ -212,6 +223,17 @@ class ReshardableTrainer:
         return {"range": [start, end], "step": self.trainer.global_step,
                 **{k: state[k].clone() for k in STATE_NAMES},
                 "params": {n: p.detach().clone() for n, p in self.trainer.engine.model.named_parameters()}}
+
+
+def _box_plan(old: dict, new: dict) -> list[tuple[int, str, BoxCopy]]:
+    """(tag, kind, copy) for every box of every state kind: the weights ("param") on the
+    weights' boxes, the optimizer's kinds on the state's (the same boxes unless the
+    state is sharded apart). The same list on every rank: the tag is the index."""
+    a, b = ShardedLayout.from_wire(old["layout"]), ShardedLayout.from_wire(new["layout"])
+    weights = plan_copies(a, b)
+    state = plan_copies(a.state_layout(), b.state_layout()) if a.state or b.state else weights
+    plan = [(kind, c) for kind in old["kinds"] for c in (weights if kind == "param" else state)]
+    return [(tag, kind, c) for tag, (kind, c) in enumerate(plan)]
 
 
 def _kinds(state: dict[str, Any]) -> list[str]:

@@ -7,14 +7,15 @@ Into the same layout (tensor parallel size, world size) each rank reads its own
 file. Into another one (TP=2 -> TP=1, more data-parallel replicas, ...) each rank
 assembles its parameters and their Adam moments from the old files with the same
 box copies as a live reshard (layout.plan_copies over the ShardedLayout saved in
-the metadata): a moment has its parameter's shape, so the same boxes apply.
+the metadata): a moment has its parameter's shape, so the same boxes apply; under
+megatron's distributed optimizer the state has its own boxes (the layout's `state`),
+each rank's file holding a flat range of each parameter.
 
 `hf_weights` reads the policy back with HF names (for `dynarl export` and `dynarl
 eval`): the files of data-parallel replica 0's TP ranks, joined and converted.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -51,24 +52,29 @@ def read_own(path: str, rank: int, world_size: int) -> dict[str, torch.Tensor]:
 
 
 def read_resharded(path: str, meta: Mapping[str, Any], new: ShardedLayout, rank: int,
-                   local_shapes: Mapping[str, tuple[int, ...]], kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
+                   shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """This rank's "<kind>/<local name>" tensors (kind: "param" and the optimizer's
-    moments) cut from a checkpoint of another layout, and "step". Raises ValueError
+    state; `shapes` by key, as this rank holds them) cut from a checkpoint of another
+    layout, "step" and the optimizer's counters (old rank 0's). Raises ValueError
     if an element would stay unset."""
     old = ShardedLayout.from_wire(meta["layout"])
-    copies = [c for c in plan_copies(old, new) if c.dst_rank == rank]
-    files = {r: load_file(shard_file(path, r, old.world_size)) for r in sorted({c.src_rank for c in copies})}
-    expected = sum(math.prod(shape) for shape in local_shapes.values())
+    weights = [c for c in plan_copies(old, new) if c.dst_rank == rank]
+    state = [c for c in plan_copies(old.state_layout(), new.state_layout()) if c.dst_rank == rank]
+    files = {r: load_file(shard_file(path, r, old.world_size))
+             for r in sorted({0} | {c.src_rank for c in weights + state})}
     out: dict[str, torch.Tensor] = {}
-    for kind in kinds:
+    for kind in sorted({key.split("/", 1)[0] for key in shapes}):
         prefix = kind + "/"
         sources = {r: {k[len(prefix):]: t for k, t in f.items() if k.startswith(prefix)} for r, f in files.items()}
         dtype = next(t.dtype for f in sources.values() for t in f.values())
-        dest = {name: torch.empty(shape, dtype=dtype) for name, shape in local_shapes.items()}
-        moved = apply_copies(copies, sources, rank, dest)
+        dest = {k[len(prefix):]: torch.empty(shape, dtype=dtype) for k, shape in shapes.items() if k.startswith(prefix)}
+        geometry = (weights, None, None) if kind == "param" else (state, old, new)
+        moved = apply_copies(geometry[0], sources, rank, dest, geometry[1], geometry[2])
+        expected = sum(t.numel() for t in dest.values())
         if moved != expected:
             raise ValueError(f"checkpoint {path}: {kind} of rank {rank} got {moved} of {expected} elements")
         out.update({prefix + name: t for name, t in dest.items()})
+    out.update({k: t for k, t in files[0].items() if "/" not in k})
     out["step"] = torch.tensor([int(meta["step"])], dtype=torch.int64)
     return out
 

@@ -29,10 +29,11 @@ class MegatronConfig:
     seed: int = 1234
     """Seeds megatron's model-parallel RNG tracker (model_parallel_cuda_manual_seed)."""
     optimizer: str = "megatron"
-    """"megatron": megatron-core's optimizer (GPU only: it allocates on "cuda").
-    "adamw": dynarl's AdamW (the native trainer's arithmetic) on each rank's local
-    parameters, reading DDP's reduced main_grad; it runs on CPU, and its state is what
-    export_state_shard / checkpoints save. Needs dtype float32 and no distributed optimizer."""
+    """"megatron": megatron-core's optimizer (GPU only: it allocates on "cuda"), its
+    state exported by core_optimizer.py. "adamw": dynarl's AdamW (the native trainer's
+    arithmetic) on each rank's local parameters, reading DDP's reduced main_grad; it
+    runs on CPU. Needs dtype float32 and no distributed optimizer. Both optimizers'
+    state is resharded live and saved in checkpoints."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):

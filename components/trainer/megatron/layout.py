@@ -14,6 +14,13 @@ style [start, end) ranges when a planner wants bytes in the flat space.
 its plan_reshard works on a megatron layout unchanged; `plan_copies` also fills the
 replicas (every new rank gets its own copy), in local parameter coordinates.
 
+megatron's distributed optimizer keeps each local parameter's optimizer state
+(main weights, Adam moments) sharded over data parallel: a rank holds a flat range
+of the parameter (`FlatRange`), not boxes. `range_boxes` cuts such a range into
+boxes, each one contiguous run, and `state_pieces` turns them into global Pieces;
+the layout then carries a second geometry (`state`, with `flat`) beside the
+weights', and `plan_copies` plans the state on it the same way.
+
 A box may have leading axes that its parameter lacks (megatron stacks layers: key
 "decoder.layers.mlp.linear_fc2.weight" has shape [num_layers, hidden, ffn], a layer
 holds a [1, hidden, ffn/tp] box). Those axes have extent 1 in the box.
@@ -84,6 +91,25 @@ class BoxCopy:
         return math.prod(stop - start for start, stop in self.dst_box)
 
 
+@dataclass(slots=True, frozen=True)
+class FlatRange:
+    """The flat range [start, end) of one local parameter (shape `shape`, row-major)
+    whose optimizer state a rank holds: megatron's distributed optimizer gives each
+    data-parallel rank one such range of each parameter (possibly empty)."""
+    param: str
+    start: int
+    end: int
+    shape: tuple[int, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [self.param, self.start, self.end, list(self.shape)]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> "FlatRange":
+        param, start, end, shape = w
+        return cls(param, start, end, tuple(shape))
+
+
 @dataclass(slots=True)
 class ShardedLayout:
     params: tuple[ParamSpec, ...]
@@ -93,17 +119,48 @@ class ShardedLayout:
     pipeline_parallel_size: int
     pieces: tuple[tuple[Piece, ...], ...]
     """pieces[rank]: every box that rank holds, replicas included."""
+    state: tuple[tuple[Piece, ...], ...] = ()
+    """The optimizer state's boxes per rank when it is sharded apart from the weights
+    (megatron's distributed optimizer); empty: the state has the weights' geometry."""
+    flat: tuple[tuple[FlatRange, ...], ...] = ()
+    """With `state`: per rank, the flat range of each local parameter it holds state of
+    (its state tensors are 1-D, that range's elements)."""
 
     def __post_init__(self) -> None:
         self.params = tuple(self.params)
         self.pieces = tuple(tuple(p) for p in self.pieces)
+        self.state = tuple(tuple(p) for p in self.state)
+        self.flat = tuple(tuple(f) for f in self.flat)
         if len(self.pieces) != self.world_size:
             raise ValueError(f"pieces has {len(self.pieces)} ranks for world_size {self.world_size}")
+        if self.state and (len(self.state) != self.world_size or len(self.flat) != self.world_size):
+            raise ValueError(f"state has {len(self.state)} ranks and flat {len(self.flat)} for world_size "
+                             f"{self.world_size}")
         if self.world_size % (self.tensor_parallel_size * self.pipeline_parallel_size):
             raise ValueError(f"world_size {self.world_size} is not a multiple of tp*pp = "
                              f"{self.tensor_parallel_size * self.pipeline_parallel_size}")
         check_param_offsets(self.params, self.total_numel)
-        self._check_coverage()
+        self._check_coverage(self.pieces)
+        if self.state:
+            self._check_coverage(self.state)
+
+    def state_layout(self) -> "ShardedLayout":
+        """The optimizer state's geometry as a layout of its own (itself if the state has
+        the weights' geometry): plan_copies on two of these plans the state."""
+        if not self.state:
+            return self
+        return ShardedLayout(self.params, self.total_numel, self.world_size, self.tensor_parallel_size,
+                             self.pipeline_parallel_size, self.state)
+
+    def flat_range(self, rank: int, param: str) -> FlatRange | None:
+        """The flat range of `param` whose state `rank` holds (None: the state has the
+        weights' geometry, the whole parameter)."""
+        if not self.state:
+            return None
+        for f in self.flat[rank]:
+            if f.param == param:
+                return f
+        raise KeyError(f"rank {rank} holds no state range of {param!r}")
 
     @property
     def data_parallel_size(self) -> int:
@@ -115,12 +172,12 @@ class ShardedLayout:
     def _specs(self) -> dict[str, ParamSpec]:
         return {p.name: p for p in self.params}
 
-    def _check_coverage(self) -> None:
+    def _check_coverage(self, all_pieces: tuple[tuple[Piece, ...], ...]) -> None:
         """Every global tensor is tiled exactly once by the replica-0 boxes, and every
         box lies inside its tensor: a plan then reads each element from one place."""
         specs = self._specs()
         main: dict[str, list[Piece]] = {name: [] for name in specs}
-        for rank, pieces in enumerate(self.pieces):
+        for rank, pieces in enumerate(all_pieces):
             for piece in pieces:
                 spec = specs.get(piece.key)
                 if spec is None:
@@ -176,7 +233,9 @@ class ShardedLayout:
                 "total_numel": self.total_numel, "world_size": self.world_size,
                 "tensor_parallel_size": self.tensor_parallel_size,
                 "pipeline_parallel_size": self.pipeline_parallel_size,
-                "pieces": [[p.to_wire() for p in rank] for rank in self.pieces]}
+                "pieces": [[p.to_wire() for p in rank] for rank in self.pieces],
+                "state": [[p.to_wire() for p in rank] for rank in self.state],
+                "flat": [[f.to_wire() for f in rank] for rank in self.flat]}
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "ShardedLayout":
@@ -184,7 +243,9 @@ class ShardedLayout:
                    total_numel=d["total_numel"], world_size=d["world_size"],
                    tensor_parallel_size=d["tensor_parallel_size"],
                    pipeline_parallel_size=d["pipeline_parallel_size"],
-                   pieces=tuple(tuple(Piece.from_wire(p) for p in rank) for rank in d["pieces"]))
+                   pieces=tuple(tuple(Piece.from_wire(p) for p in rank) for rank in d["pieces"]),
+                   state=tuple(tuple(Piece.from_wire(p) for p in rank) for rank in d.get("state", ())),
+                   flat=tuple(tuple(FlatRange.from_wire(f) for f in rank) for rank in d.get("flat", ())))
 
 
 def plan_copies(old: ShardedLayout, new: ShardedLayout) -> list[BoxCopy]:
@@ -223,6 +284,53 @@ def _intersect(a: Piece, b: Piece) -> Box | None:
 def box_slices(box: Box) -> tuple[slice, ...]:
     """The box as an index into a tensor."""
     return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def range_boxes(shape: tuple[int, ...], start: int, end: int) -> list[Box]:
+    """The elements [start, end) of a row-major tensor of `shape` as boxes, in order,
+    each one contiguous run (a partial row, whole rows, a partial row)."""
+    if start >= end:
+        return []
+    if not shape:
+        return [()]
+    if len(shape) == 1:
+        return [((start, end),)]
+    inner = math.prod(shape[1:])
+    first, last = start // inner, (end - 1) // inner
+    if first == last:
+        return [((first, first + 1), *b) for b in range_boxes(shape[1:], start - first * inner, end - first * inner)]
+    boxes: list[Box] = []
+    if start % inner:
+        boxes += [((first, first + 1), *b) for b in range_boxes(shape[1:], start % inner, inner)]
+        first += 1
+    whole_end = last + 1 if end % inner == 0 else last
+    if whole_end > first:
+        boxes.append(((first, whole_end), *((0, n) for n in shape[1:])))
+    if end % inner:
+        boxes += [((last, last + 1), *b) for b in range_boxes(shape[1:], 0, end % inner)]
+    return boxes
+
+
+def state_pieces(pieces: list[Piece], ranges: Mapping[str, FlatRange], mp_replica: Mapping[int, int]) -> list[Piece]:
+    """One rank's optimizer-state boxes when it holds a flat range of each local
+    parameter (`ranges`, by parameter): each weight piece cut to the range's boxes.
+    `mp_replica[i]` is pieces[i]'s replica index leaving data parallel out (the state
+    of a norm every TP rank holds whole is a replica there too; over data parallel
+    each element has one holder)."""
+    out: list[Piece] = []
+    for i, piece in enumerate(pieces):
+        fr = ranges[piece.param]
+        whole = piece.param_box
+        for box in range_boxes(fr.shape, fr.start, fr.end):
+            cut = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(whole, box))
+            if any(lo >= hi for lo, hi in cut):
+                continue
+            lead = len(piece.offset) - len(piece.param_offset)
+            offset = piece.offset[:lead] + tuple(
+                piece.offset[lead + d] + lo - piece.param_offset[d] for d, (lo, _) in enumerate(cut))
+            out.append(Piece(piece.key, offset, piece.shape[:lead] + tuple(hi - lo for lo, hi in cut),
+                             mp_replica[i], piece.param, tuple(lo for lo, _ in cut)))
+    return out
 
 
 def _to_param(box: Box, piece: Piece) -> Box:

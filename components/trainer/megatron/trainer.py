@@ -16,9 +16,10 @@ The loss math is the native trainer's (losses.grpo_loss on the same micro-batche
 so both backends train the same objective; tests check the gradients agree.
 Pipeline parallelism is not implemented for training (MegatronConfig refuses it).
 
-The optimizer is megatron-core's (GPU) or, with MegatronConfig.optimizer="adamw",
-adamw.LocalAdamW (runs on CPU too); state export and checkpoints (checkpoint.py)
-are implemented for the latter only.
+The optimizer is megatron-core's (GPU; core_optimizer.CoreOptimizer exports its
+state, a flat range of each parameter per DP rank under the distributed optimizer)
+or, with MegatronConfig.optimizer="adamw", adamw.LocalAdamW (runs on CPU too).
+Either one's state reshards live and goes into checkpoints (checkpoint.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from .adamw import LocalAdamW
 from .config import MegatronConfig
 from .layout import ShardedLayout
 from .model import build_gpt_model, causal_mask
+from .core_optimizer import CoreOptimizer
 from .sharded_state import gather_layout, rank_pieces
 from .vocab_parallel import vocab_parallel_logprobs
 from .weights import hf_buckets, load_hf_weights
@@ -44,21 +46,23 @@ from .weights import hf_buckets, load_hf_weights
 OptimizerFactory = Callable[[Any, TrainerConfig, MegatronConfig], Any]
 """(DDP model, configs) -> an object with megatron's optimizer interface: zero_grad(),
 step() -> (success, grad_norm, num_zeros), offload_to_cpu(), restore_from_cpu(),
-param_groups (dicts with "lr"). With state_tensors() / load_state_tensors() as well
-(adamw.LocalAdamW) the trainer exports its state and writes checkpoints."""
+param_groups (dicts with "lr"). With state_tensors() / load_state_tensors() /
+owned_ranges() as well (adamw.LocalAdamW, core_optimizer.CoreOptimizer) the trainer
+exports its state, reshards and writes checkpoints."""
 
 
-def megatron_optimizer(ddp_model: Any, config: TrainerConfig, megatron: MegatronConfig) -> Any:
+def megatron_optimizer(ddp_model: Any, config: TrainerConfig, megatron: MegatronConfig) -> CoreOptimizer:
     """megatron's Adam (decoupled weight decay, none on biases and norms, like the
     native trainer), distributed over data parallel when configured."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     bf16 = megatron.dtype == "bfloat16"
-    return get_megatron_optimizer(OptimizerConfig(
+    return CoreOptimizer(get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=config.lr, min_lr=config.lr, weight_decay=config.weight_decay,
         adam_beta1=config.betas[0], adam_beta2=config.betas[1], adam_eps=config.eps,
         clip_grad=config.grad_clip, bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
-        use_distributed_optimizer=megatron.use_distributed_optimizer), [ddp_model])
+        use_distributed_optimizer=megatron.use_distributed_optimizer), [ddp_model]),
+        ddp_model.module, keep_main=megatron.dtype != "float32")
 
 
 class MegatronTrainer:
@@ -177,8 +181,8 @@ class MegatronTrainer:
         """Collective over the world. Where every box of every weight lives (cached:
         the layout is fixed for the trainer's lifetime)."""
         if self._layout is None:
-            pieces, tensors = rank_pieces(self.model)
-            self._layout = gather_layout(pieces, tensors, self.megatron.tensor_parallel_size,
+            owned = getattr(self.optimizer, "owned_ranges", lambda: None)()
+            self._layout = gather_layout(rank_pieces(self.model, owned), self.megatron.tensor_parallel_size,
                                          self.megatron.pipeline_parallel_size)
         return self._layout
 
@@ -234,13 +238,12 @@ class MegatronTrainer:
         mine = self._checkpoint_layout()
         if meta.get("dtype") != mine["dtype"]:
             raise ValueError(f"checkpoint {path} holds {meta.get('dtype')} weights, this trainer {mine['dtype']}")
-        if checkpoint.same_layout(meta, mine):
+        own = self.export_state_shard()  # what this rank holds: its kinds and their shapes
+        if checkpoint.same_layout(meta, mine) and meta["layout"].get("flat", []) == self.layout().to_wire()["flat"]:
             tensors = checkpoint.read_own(path, self.rank, self.world_size)
         else:
-            moments = {key.split("/", 1)[0] for key in self._optimizer_state("load_checkpoint") if "/" in key}
-            kinds = ("param", *sorted(moments))
-            shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
-            tensors = checkpoint.read_resharded(path, meta, self.layout(), self.rank, shapes, kinds)
+            tensors = checkpoint.read_resharded(path, meta, self.layout(), self.rank,
+                                                {k: tuple(t.shape) for k, t in own.items() if "/" in k})
         self.import_state_shard(tensors)
         dist.barrier()
 
@@ -268,8 +271,7 @@ class MegatronTrainer:
 
     def _optimizer_state(self, what: str) -> dict[str, torch.Tensor]:
         if not hasattr(self.optimizer, "state_tensors"):
-            raise NotImplementedError(f"{what}: megatron-core's own optimizer state (GPU) is not exported yet; "
-                                      "trainer.megatron.optimizer='adamw' supports it")
+            raise NotImplementedError(f"{what}: this optimizer ({type(self.optimizer).__name__}) exports no state")
         return self.optimizer.state_tensors()
 
     # ---- device residency (device_lock) ------------------------------------------

@@ -33,8 +33,20 @@ def save_shard(path: str, rank: int, world_size: int, tensors: Mapping[str, torc
     os.makedirs(path, exist_ok=True)
     final = shard_file(path, rank, world_size)
     tmp = final + ".tmp"
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp)
+    seen: set[int] = set()
+    save_file({k: _alone(v, seen) for k, v in tensors.items()}, tmp)
     os.replace(tmp, final)
+
+
+def _alone(t: torch.Tensor, seen: set[int]) -> torch.Tensor:
+    """t on the CPU in a storage of its own: safetensors refuses tensors that share one
+    (an optimizer's main weights can be views of one flat buffer, or the weights)."""
+    t = t.detach().to("cpu").contiguous()
+    storage = t.untyped_storage()
+    if storage.data_ptr() in seen or storage.nbytes() != t.numel() * t.element_size():
+        return t.clone()
+    seen.add(storage.data_ptr())
+    return t
 
 
 def save_meta(path: str, layout: StateLayout, config: Mapping[str, Any], step: int) -> None:
