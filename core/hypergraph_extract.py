@@ -196,7 +196,7 @@ class _Visitor(ast.NodeVisitor):
                    if k.arg in ("get", "put") and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)}
         if not literal:
             return
-        groups = [n for n in (_last_name(a) for a in node.args) if n in self.nodes]
+        groups = [n for n in (_name(a) for a in node.args) if n in self.nodes]
         if len(groups) != 1:
             self.graph.warnings.append(f"{self.filename}:{node.lineno}: a call with get=/put= channels whose "
                                        "worker group can't be told from its arguments")
@@ -219,8 +219,3 @@ def _alias_key(node: ast.AST) -> str | None:
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
         return f"self.{node.attr}"
     return None
-
-
-def _last_name(node: ast.AST) -> str:
-    """`g.rollout` -> "rollout", `rollout` -> "rollout"."""
-    return _name(node)

@@ -37,7 +37,6 @@ class AgentLauncher(Launcher):
     def __init__(self, node_host: str = "127.0.0.1") -> None:
         self._local = LocalLauncher()
         self._ctl: "Controller | None" = None
-        self._node_host = node_host
         self.agents: dict[int, RpcEndpoint] = {}
         self._hosts: dict[int, str] = {0: node_host}
         self._arrived = asyncio.Event()

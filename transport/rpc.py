@@ -58,12 +58,7 @@ class RpcEndpoint:
         self._pending: dict[int, tuple[asyncio.Future, str]] = {}
         self._serving: dict[int, asyncio.Task] = {}
         self.failure: BaseException | None = None
-        self.calls_sent = 0
         self.calls_served = 0
-
-    @property
-    def num_pending(self) -> int:
-        return len(self._pending)
 
     @property
     def num_serving(self) -> int:
@@ -77,7 +72,6 @@ class RpcEndpoint:
         self._pending[call_id] = (fut, method)
         try:
             await self._send({"k": "call", "id": call_id, "m": method, "a": list(args), "kw": kwargs or {}})
-            self.calls_sent += 1
             return await fut
         except asyncio.CancelledError:
             if call_id in self._pending and self.failure is None:

@@ -162,7 +162,6 @@ class RlinfAuto:
         self.ctx: PlanContext | None = None
         self.profiles: dict[str, StageProfile] = {}
         self.predicted: dict[str, float] = {}
-        self.replans = 0
 
     def place(self, ctx: PlanContext) -> Placement:
         if ctx.profiles is None:
@@ -189,7 +188,6 @@ class RlinfAuto:
         result = self._plan()
         if result.placement == snapshot.placement:
             return []
-        self.replans += 1
         return [Replan(result.placement, f"drift > {self.threshold:.0%} in {', '.join(moved)}")]
 
     def scheduler(self, engines: int) -> dict | None:

@@ -48,10 +48,6 @@ class CountUpTask:
         self.config = config
         self.seed = seed
 
-    @property
-    def max_answer_len(self) -> int:
-        return len(self.config.alphabet)
-
     def problem(self, index: int, stream: str = "cu") -> Problem:
         rng = random.Random(stable_seed(self.seed, stream, index))
         alphabet = self.config.alphabet

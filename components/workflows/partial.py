@@ -46,7 +46,6 @@ from dynarl.components.workflows.overlap import AHEAD
 from dynarl.components.workflows.stages import stage
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.files import atomic_open
-from dynarl.core.worker_group import gather_or_cancel
 
 if TYPE_CHECKING:
     from dynarl.components.workflows.grpo import GRPO

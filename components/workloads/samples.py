@@ -46,9 +46,3 @@ class Group:
     prompt_id: str
     prompt_tokens: int
     samples: tuple[Sample, ...]
-
-
-def batch_tokens(groups: list[Group]) -> tuple[int, int]:
-    """(generated tokens, samples) of a batch."""
-    return (sum(s.generated_tokens for g in groups for s in g.samples),
-            sum(len(g.samples) for g in groups))
