@@ -54,11 +54,12 @@ def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelCo
     return notes
 
 
-def check_wired(*, rollout_backend: str, trainer_backend: str, scheduler_policy: str,
-                megatron: MegatronConfig | None = None, workflow: str = "grpo", device_kind: str = "cuda") -> None:
-    """Raise ConfigError for a backend combination the GRPO workers cannot train with
-    (a dry run still resolves it: `check_backends` is the layout check). Wired:
-    rollout native or sglang, trainer native or megatron (engine_factory.py)."""
+def check_wired(*, rollout_backend: str, trainer_backend: str, megatron: MegatronConfig | None = None,
+                device_kind: str = "cuda") -> None:
+    """Raise ConfigError for a backend combination the workers cannot train with (a dry
+    run still resolves it: `check_backends` is the layout check). Wired: rollout native
+    or sglang, trainer native or megatron (engine_factory.py), with either workflow
+    and scheduler; what remains refused cannot run on the devices (CPU)."""
     for path, backend in (("rollout.backend", rollout_backend), ("trainer.backend", trainer_backend)):
         if backend == "emulated":
             raise ConfigError(path, "'emulated' engines run in the simulator (dynarl sim), not in dynarl train")

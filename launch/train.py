@@ -121,8 +121,7 @@ def check_wired_of(cfg: Any) -> None:
     combinations they cannot train with yet raise ConfigError, naming the field."""
     from dynarl.components.backends import check_wired
     check_wired(rollout_backend=cfg.rollout.backend, trainer_backend=cfg.trainer.backend,
-                scheduler_policy=cfg.scheduler.policy, megatron=cfg.trainer.megatron,
-                workflow=cfg.workflow, device_kind=cfg.runtime.cluster.device_kind)
+                megatron=cfg.trainer.megatron, device_kind=cfg.runtime.cluster.device_kind)
 
 
 def parse_override(arg: str) -> tuple[str, Any]:

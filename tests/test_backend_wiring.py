@@ -35,19 +35,13 @@ CPU_MEGATRON = MegatronConfig(optimizer="adamw", dtype="float32", use_distribute
 
 # ---- which combinations train --------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs", [
-    dict(rollout_backend="native", trainer_backend="native", scheduler_policy="dynarl"),
-    dict(rollout_backend="sglang", trainer_backend="megatron", scheduler_policy="static"),
-    dict(rollout_backend="native", trainer_backend="megatron", scheduler_policy="static",
-         megatron=CPU_MEGATRON, device_kind="cpu"),
-    dict(rollout_backend="sglang", trainer_backend="megatron", scheduler_policy="static",
+@pytest.mark.parametrize("kwargs", [  # with either workflow and scheduler policy (not the backends' concern)
+    dict(rollout_backend="native", trainer_backend="native"),
+    dict(rollout_backend="sglang", trainer_backend="megatron"),  # megatron's distributed optimizer: it reshards too
+    dict(rollout_backend="native", trainer_backend="megatron", megatron=CPU_MEGATRON, device_kind="cpu"),
+    dict(rollout_backend="sglang", trainer_backend="megatron",
          megatron=MegatronConfig(tensor_parallel_size=2)),  # every TP rank takes part in the export
-    # SGLang behind the one engine protocol: Workload migration and agentic turn serving
-    dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="dynarl"),
-    dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="static", workflow="agentic"),
-    dict(rollout_backend="sglang", trainer_backend="native", scheduler_policy="dynarl", workflow="agentic"),
-    dict(rollout_backend="native", trainer_backend="megatron", scheduler_policy="dynarl", megatron=CPU_MEGATRON,
-         device_kind="cpu"),  # the trainer reshards live (test_megatron_reshard.py)
+    dict(rollout_backend="sglang", trainer_backend="native"),
 ])
 def test_wired_combinations_pass(kwargs):
     check_wired(**kwargs)
@@ -56,7 +50,6 @@ def test_wired_combinations_pass(kwargs):
 @pytest.mark.parametrize("kwargs,path,fragment", [
     (dict(rollout_backend="emulated", trainer_backend="native"), "rollout.backend", "simulator"),
     (dict(rollout_backend="native", trainer_backend="emulated"), "trainer.backend", "simulator"),
-    (dict(trainer_backend="megatron", scheduler_policy="dynarl"), "trainer.megatron.optimizer", "'adamw' only"),
     (dict(rollout_backend="sglang", device_kind="cpu"), "rollout.backend", "CUDA devices only"),
     (dict(trainer_backend="megatron", device_kind="cpu"), "trainer.megatron.optimizer", "'adamw'"),
     (dict(trainer_backend="megatron", device_kind="cpu",
@@ -64,7 +57,7 @@ def test_wired_combinations_pass(kwargs):
      "trainer.megatron.use_cpu_initialization", "CPU"),
 ])
 def test_unsupported_combinations_name_the_field(kwargs, path, fragment):
-    full = dict(rollout_backend="native", trainer_backend="native", scheduler_policy="static")
+    full = dict(rollout_backend="native", trainer_backend="native")
     full.update(kwargs)
     with pytest.raises(ConfigError, match=fragment) as info:
         check_wired(**full)

@@ -11,6 +11,10 @@ tests/megatron_cpu.py's CUDA shims:
   checkpoint  DP=2 saved -> loaded at TP=2 (resharded: the state's flat ranges to the
               new boxes) -> saved -> loaded at DP=2 again: every state tensor bitwise the
               one saved, and the next step bitwise that of the trainer that never stopped
+  offloaded   float32 (no main_param exported: the main shards are views of the
+              weights) after an offload/onload detached the main shards, as megatron's
+              offload_to_cpu/restore_from_cpu do on a GPU: a checkpoint loaded, the next
+              step bitwise the uninterrupted trainer's
 """
 import json
 import os
@@ -28,11 +32,11 @@ pytestmark = pytest.mark.skipif(not is_available("megatron"),
 FIRST, SECOND = 31, 32  # batch seeds
 
 
-def _trainer(tp: int):
+def _trainer(tp: int, dtype: str = "bfloat16"):
     from dynarl.components.trainer.megatron.config import MegatronConfig
     from dynarl.components.trainer.megatron.trainer import MegatronTrainer
     return MegatronTrainer(MODEL, make_config(), MegatronConfig(
-        tensor_parallel_size=tp, dtype="bfloat16", use_cpu_initialization=True, seed=5,
+        tensor_parallel_size=tp, dtype=dtype, use_cpu_initialization=True, seed=5,
         use_distributed_optimizer=True, optimizer="megatron"))
 
 
@@ -73,6 +77,22 @@ def _back(rank: int, world: int, out: str) -> None:
     save_file({n: w.clone() for n, w in t.local_weights().items()}, os.path.join(out, f"resumed{rank}.safetensors"))
 
 
+def _offloaded(rank: int, world: int, out: str) -> None:
+    t = _trainer(tp=1, dtype="float32")
+    t.train_step(make_batch(FIRST).shard(t.dp_rank, t.dp_size))
+    t.save_checkpoint(os.path.join(out, "fp32"))
+    t.train_step(make_batch(SECOND).shard(t.dp_rank, t.dp_size))
+    uninterrupted = {n: w.clone() for n, w in t.local_weights().items()}
+    for group in t.optimizer.optimizer.param_groups:  # what offload_to_cpu + restore_from_cpu leave on a GPU
+        for main in group["params"]:
+            main.data = main.data.clone()
+    t.load_checkpoint(os.path.join(out, "fp32"))
+    t.train_step(make_batch(SECOND).shard(t.dp_rank, t.dp_size))
+    differ = [n for n, w in t.local_weights().items() if not torch.equal(w, uninterrupted[n])]
+    with open(os.path.join(out, f"offloaded{rank}.json"), "w") as f:
+        json.dump(differ, f)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from megatron_cpu import spawn_ranks
@@ -80,7 +100,7 @@ def run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("core_optimizer")
     pids = []
-    for fn in (_first, _through_tp2, _back):
+    for fn in (_first, _through_tp2, _back, _offloaded):
         result = spawn_ranks(fn, 2, str(out), error_dir=str(out))
         pids += result["pids"]
         assert result["exitcodes"] == [0, 0], result["errors"]
@@ -111,3 +131,8 @@ def test_the_resumed_step_is_bitwise_the_uninterrupted_one(run):
     for r in range(2):
         a, b = load_file(run / f"uninterrupted{r}.safetensors"), load_file(run / f"resumed{r}.safetensors")
         assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_a_float32_load_reaches_main_shards_an_offload_detached(run):
+    for r in range(2):
+        assert json.loads((run / f"offloaded{r}.json").read_text()) == []

@@ -207,7 +207,8 @@ class ReshardableTrainer:
                                                 None if kind == "param" else layout.flat_range(me, p.param))
                                        .double().sum()) for p in pieces if p.replica == 0)
             return {"owned": sum(p.numel for p in layout.pieces[me] if p.replica == 0),
-                    "step": self.trainer.global_step, "sums": sums}
+                    "step": self.trainer.global_step, "sums": sums,
+                    "scalars": {k: int(v.reshape(-1)[0]) for k, v in state.items() if "/" not in k and k != "step"}}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 "sums": {k: _sum(state[k]) for k in STATE_NAMES}}

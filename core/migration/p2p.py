@@ -171,6 +171,8 @@ def _check_confirmations(confirmed: list[dict], total: int, step: int, old: list
     if old is not None:
         if sum(c["owned"] for c in confirmed) != total:
             raise MigrationFailed(f"new ranks own {sum(c['owned'] for c in confirmed)} of {total} elements")
+        if any(c.get("scalars") != old[0].get("scalars") for c in confirmed):
+            raise MigrationFailed(f"a new rank installed other optimizer counters than {old[0].get('scalars')}")
         for kind in old[0]["sums"]:
             before, after = (sum(d["sums"][kind] for d in ds) for ds in (old, confirmed))
             if abs(after - before) > 1e-6 * max(1.0, abs(before)):  # float64 sums in another order

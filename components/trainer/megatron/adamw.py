@@ -92,6 +92,13 @@ class LocalAdamW:
                 s[m].copy_(src)
         self.steps = int(tensors["step"].reshape(-1)[0])
 
+    def owned_ranges(self) -> None:
+        """Every rank holds the whole state of its parameters (no flat ranges)."""
+        return None
+
+    def weights_loaded(self) -> None:
+        """The weights are the parameters themselves: nothing to copy."""
+
     # ---- device residency ---------------------------------------------------------
 
     def offload_to_cpu(self) -> None:

@@ -28,7 +28,9 @@ from .layout import ShardedLayout, plan_copies
 from .sharded_state import apply_copies
 
 META_FILE = "megatron.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the layout may carry the optimizer state's own boxes (`state`, `flat`), the files
+1-D state shards, main_param and adam_step. 1 (adamw only) is read too."""
 
 
 def save(path: str, rank: int, world_size: int, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
@@ -39,7 +41,7 @@ def save(path: str, rank: int, world_size: int, tensors: Mapping[str, torch.Tens
 
 
 def read_meta(path: str) -> dict[str, Any]:
-    return read_versioned_meta(path, META_FILE, FORMAT_VERSION, " (not a megatron checkpoint)")
+    return read_versioned_meta(path, META_FILE, FORMAT_VERSION, " (not a megatron checkpoint)", readable=(1,))
 
 
 def same_layout(meta: Mapping[str, Any], layout: Mapping[str, Any]) -> bool:
@@ -66,10 +68,12 @@ def read_resharded(path: str, meta: Mapping[str, Any], new: ShardedLayout, rank:
     for kind in sorted({key.split("/", 1)[0] for key in shapes}):
         prefix = kind + "/"
         sources = {r: {k[len(prefix):]: t for k, t in f.items() if k.startswith(prefix)} for r, f in files.items()}
-        dtype = next(t.dtype for f in sources.values() for t in f.values())
+        dtype = next((t.dtype for f in sources.values() for t in f.values()), None)
+        if dtype is None:
+            raise ValueError(f"checkpoint {path} holds no {kind!r} state (written by another optimizer?)")
         dest = {k[len(prefix):]: torch.empty(shape, dtype=dtype) for k, shape in shapes.items() if k.startswith(prefix)}
-        geometry = (weights, None, None) if kind == "param" else (state, old, new)
-        moved = apply_copies(geometry[0], sources, rank, dest, geometry[1], geometry[2])
+        copies, old_layout, new_layout = (weights, None, None) if kind == "param" else (state, old, new)
+        moved = apply_copies(copies, sources, rank, dest, old_layout, new_layout)
         expected = sum(t.numel() for t in dest.values())
         if moved != expected:
             raise ValueError(f"checkpoint {path}: {kind} of rank {rank} got {moved} of {expected} elements")

@@ -52,6 +52,8 @@ class CoreOptimizer:
                 self.held[model] = (sub, main)
 
     def __getattr__(self, name: str) -> Any:  # zero_grad, step, param_groups, offload_to_cpu, restore_from_cpu
+        if name == "inner":  # not set yet: no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def owned_ranges(self) -> dict[str, tuple[int, int]] | None:
@@ -79,15 +81,26 @@ class CoreOptimizer:
         out["adam_step"] = torch.tensor([self._step()], dtype=torch.int64)
         return out
 
+    def state_keys(self) -> list[str]:
+        """The keys state_tensors gives (without making its zero stand-ins)."""
+        kinds = (*MOMENTS, "main_param") if self.keep_main else MOMENTS
+        return [f"{kind}/{name}" for name, _ in self.named for kind in kinds] + ["adam_step"]
+
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        missing = [k for k in self.state_tensors() if k not in tensors]
+        """Install state_tensors' output of the rank at the same place in the same layout
+        (an adamw checkpoint's "step" stands in for "adam_step"). The trainer then writes
+        the weights and calls weights_loaded()."""
+        missing = [k for k in self.state_keys() if k not in tensors and not (k == "adam_step" and "step" in tensors)]
         if missing:
             raise ValueError(f"optimizer state lacks {missing[:4]}")
-        step = int(tensors["adam_step"].reshape(-1)[0])
+        step = int(tensors.get("adam_step", tensors.get("step")).reshape(-1)[0])
+        # (optimizer.state is a defaultdict: reading it made empty entries, so look for moments)
         if step and not any(MOMENTS[0] in st for sub in self.subs for st in sub.optimizer.state.values()):
             self._create_state()
         for name, p in self.named:
             main, state = self._main_and_state(p)
+            if step and main.numel() and not all(m in state for m in MOMENTS):
+                raise RuntimeError(f"megatron's optimizer made no Adam state for {name}")
             src = {m: (state[m], tensors[f"{m}/{name}"]) for m in MOMENTS if m in state}
             if self.keep_main:
                 src["main_param"] = (main, tensors[f"main_param/{name}"])
@@ -98,11 +111,28 @@ class CoreOptimizer:
                 for have, t in src.values():
                     have.copy_(t)
                 if "step" in state:  # torch's Adam counts steps per parameter
-                    state["step"].fill_(step)
+                    state["step"] = _like(state["step"], step)
         for sub in self.subs:
             for group in sub.optimizer.param_groups:
                 if "step" in group:  # fused Adams (TE, apex) count them per group
-                    group["step"] = step
+                    group["step"] = _like(group["step"], step)
+
+    def weights_loaded(self) -> None:
+        """After the trainer wrote the model's weights: a float32 model's main weights are
+        those weights (its state exports no main_param), so copy them in. Usually they
+        are views of them already, but an offload and onload (megatron's
+        offload_to_cpu/restore_from_cpu reassign .data) leaves separate copies."""
+        if self.keep_main:
+            return
+        with torch.no_grad():
+            for p, (sub, main) in self.held.items():
+                if main is p:
+                    continue
+                if self.distributed:
+                    r = sub._get_model_param_range_map(p)["param"]
+                    main.copy_(p.detach().reshape(-1)[r.start:r.end])
+                else:
+                    main.copy_(p.detach())
 
     def _main_and_state(self, p: torch.nn.Parameter) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """p's main weights on this rank and its Adam state ({} before the first step)."""
@@ -133,6 +163,11 @@ class CoreOptimizer:
                     q.grad = torch.zeros_like(q)
             sub.optimizer.step()
             sub.optimizer.zero_grad()
+
+
+def _like(old: Any, step: int) -> Any:
+    """`step` as the type the optimizer keeps it in (a tensor, or an int)."""
+    return torch.full_like(old, step) if isinstance(old, torch.Tensor) else step
 
 
 def _is_distributed(sub: Any) -> bool:

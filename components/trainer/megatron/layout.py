@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from dynarl.core.reshard_plan import Shard
@@ -125,6 +125,8 @@ class ShardedLayout:
     flat: tuple[tuple[FlatRange, ...], ...] = ()
     """With `state`: per rank, the flat range of each local parameter it holds state of
     (its state tensors are 1-D, that range's elements)."""
+    _flat_index: dict[tuple[int, str], FlatRange] = field(default_factory=dict, init=False, repr=False,
+                                                          compare=False)
 
     def __post_init__(self) -> None:
         self.params = tuple(self.params)
@@ -133,9 +135,10 @@ class ShardedLayout:
         self.flat = tuple(tuple(f) for f in self.flat)
         if len(self.pieces) != self.world_size:
             raise ValueError(f"pieces has {len(self.pieces)} ranks for world_size {self.world_size}")
-        if self.state and (len(self.state) != self.world_size or len(self.flat) != self.world_size):
+        if (self.state or self.flat) and (len(self.state) != self.world_size or len(self.flat) != self.world_size):
             raise ValueError(f"state has {len(self.state)} ranks and flat {len(self.flat)} for world_size "
                              f"{self.world_size}")
+        self._flat_index = {(rank, f.param): f for rank, ranges in enumerate(self.flat) for f in ranges}
         if self.world_size % (self.tensor_parallel_size * self.pipeline_parallel_size):
             raise ValueError(f"world_size {self.world_size} is not a multiple of tp*pp = "
                              f"{self.tensor_parallel_size * self.pipeline_parallel_size}")
@@ -157,10 +160,9 @@ class ShardedLayout:
         weights' geometry, the whole parameter)."""
         if not self.state:
             return None
-        for f in self.flat[rank]:
-            if f.param == param:
-                return f
-        raise KeyError(f"rank {rank} holds no state range of {param!r}")
+        if (rank, param) not in self._flat_index:
+            raise KeyError(f"rank {rank} holds no state range of {param!r}")
+        return self._flat_index[(rank, param)]
 
     @property
     def data_parallel_size(self) -> int:

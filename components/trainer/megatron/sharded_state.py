@@ -64,10 +64,13 @@ def box_view(tensor: torch.Tensor, box: Box, flat: FlatRange | None) -> torch.Te
     The box must lie inside the range (the state pieces' boxes do)."""
     if flat is None:
         return tensor[box_slices(box)]
+    if tensor.dim() != 1 or tensor.stride() != (1,) or tensor.numel() != flat.end - flat.start:
+        raise ValueError(f"the state of {flat.param} is {tuple(tensor.shape)} (strides {tensor.stride()}), "
+                         f"not a dense 1-D shard of its range [{flat.start}, {flat.end})")
     strides = [math.prod(flat.shape[d + 1:]) for d in range(len(flat.shape))]
     first = sum(lo * st for (lo, _), st in zip(box, strides)) - flat.start
     last = first + sum((hi - 1 - lo) * st for (lo, hi), st in zip(box, strides))
-    if first < 0 or last >= flat.end - flat.start or tensor.numel() != flat.end - flat.start:
+    if first < 0 or last >= flat.end - flat.start:
         raise ValueError(f"box {box} of {flat.param} is outside the held range [{flat.start}, {flat.end})")
     return tensor.as_strided(tuple(hi - lo for lo, hi in box), strides, tensor.storage_offset() + first)
 
@@ -92,6 +95,7 @@ def gather_layout(mine: RankPieces, tensor_parallel_size: int, pipeline_parallel
                             "flat": [f.to_wire() for f in flat],
                             "tensors": [[k, list(s), d] for k, (s, d) in tensors.items()]})
     ranks = [msgpack.unpackb(b) for b in _all_gather_bytes(packed, group)]
+    sharded = any(r["flat"] for r in ranks)  # the optimizer state has boxes of its own
     specs: dict[str, tuple[tuple[int, ...], str]] = {}
     for r in ranks:  # first appearance in rank order: the same order on every rank
         for key, shape, dtype in r["tensors"]:
@@ -103,8 +107,8 @@ def gather_layout(mine: RankPieces, tensor_parallel_size: int, pipeline_parallel
     return ShardedLayout(params=tuple(params), total_numel=offset, world_size=len(ranks),
                          tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                          pieces=tuple(tuple(Piece.from_wire(p) for p in r["pieces"]) for r in ranks),
-                         state=tuple(tuple(Piece.from_wire(p) for p in r["state"]) for r in ranks) if flat else (),
-                         flat=tuple(tuple(FlatRange.from_wire(f) for f in r["flat"]) for r in ranks) if flat else ())
+                         state=tuple(tuple(Piece.from_wire(p) for p in r["state"]) for r in ranks) if sharded else (),
+                         flat=tuple(tuple(FlatRange.from_wire(f) for f in r["flat"]) for r in ranks) if sharded else ())
 
 
 def _all_gather_bytes(data: bytes, group: dist.ProcessGroup | None) -> list[bytes]:

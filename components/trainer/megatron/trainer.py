@@ -36,9 +36,9 @@ from ..native.micro_batch import MicroBatch, build_micro_batch
 from . import checkpoint
 from .adamw import LocalAdamW
 from .config import MegatronConfig
+from .core_optimizer import CoreOptimizer
 from .layout import ShardedLayout
 from .model import build_gpt_model, causal_mask
-from .core_optimizer import CoreOptimizer
 from .sharded_state import gather_layout, rank_pieces
 from .vocab_parallel import vocab_parallel_logprobs
 from .weights import hf_buckets, load_hf_weights
@@ -46,9 +46,10 @@ from .weights import hf_buckets, load_hf_weights
 OptimizerFactory = Callable[[Any, TrainerConfig, MegatronConfig], Any]
 """(DDP model, configs) -> an object with megatron's optimizer interface: zero_grad(),
 step() -> (success, grad_norm, num_zeros), offload_to_cpu(), restore_from_cpu(),
-param_groups (dicts with "lr"). With state_tensors() / load_state_tensors() /
-owned_ranges() as well (adamw.LocalAdamW, core_optimizer.CoreOptimizer) the trainer
-exports its state, reshards and writes checkpoints."""
+param_groups (dicts with "lr"). With state_tensors(), load_state_tensors(),
+owned_ranges() and weights_loaded() as well (adamw.LocalAdamW,
+core_optimizer.CoreOptimizer) the trainer exports its state, reshards and writes
+checkpoints."""
 
 
 def megatron_optimizer(ddp_model: Any, config: TrainerConfig, megatron: MegatronConfig) -> CoreOptimizer:
@@ -181,7 +182,7 @@ class MegatronTrainer:
         """Collective over the world. Where every box of every weight lives (cached:
         the layout is fixed for the trainer's lifetime)."""
         if self._layout is None:
-            owned = getattr(self.optimizer, "owned_ranges", lambda: None)()
+            owned = self.optimizer.owned_ranges() if hasattr(self.optimizer, "state_tensors") else None
             self._layout = gather_layout(rank_pieces(self.model, owned), self.megatron.tensor_parallel_size,
                                          self.megatron.pipeline_parallel_size)
         return self._layout
@@ -201,7 +202,7 @@ class MegatronTrainer:
     def export_state_shard(self) -> dict[str, Any]:
         """This rank's weights ("param/<local name>", its TP slice), optimizer state and
         "step": live views, copy them before the next train_step if they must outlive it."""
-        state = self._optimizer_state("export_state_shard")
+        state = self._stateful("export_state_shard").state_tensors()
         shard = {f"param/{name}": w for name, w in self.local_weights().items()}
         shard.update(state)
         shard["step"] = torch.tensor([self.global_step], dtype=torch.int64)
@@ -209,7 +210,7 @@ class MegatronTrainer:
 
     def import_state_shard(self, shard: Mapping[str, Any]) -> None:
         """Install a shard exported by the rank at the same place in the same layout."""
-        self._optimizer_state("import_state_shard")
+        self._stateful("import_state_shard")
         params = dict(self.model.named_parameters())
         missing = [n for n in params if f"param/{n}" not in shard]
         if missing:
@@ -222,6 +223,7 @@ class MegatronTrainer:
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(shard[f"param/{name}"].to(dtype=p.dtype, device=p.device))
+        self.optimizer.weights_loaded()
         self.global_step = int(shard["step"].reshape(-1)[0])
 
     def save_checkpoint(self, path: str) -> None:
@@ -238,12 +240,11 @@ class MegatronTrainer:
         mine = self._checkpoint_layout()
         if meta.get("dtype") != mine["dtype"]:
             raise ValueError(f"checkpoint {path} holds {meta.get('dtype')} weights, this trainer {mine['dtype']}")
-        own = self.export_state_shard()  # what this rank holds: its kinds and their shapes
         if checkpoint.same_layout(meta, mine) and meta["layout"].get("flat", []) == self.layout().to_wire()["flat"]:
             tensors = checkpoint.read_own(path, self.rank, self.world_size)
-        else:
-            tensors = checkpoint.read_resharded(path, meta, self.layout(), self.rank,
-                                                {k: tuple(t.shape) for k, t in own.items() if "/" in k})
+        else:  # what this rank holds: its kinds and their shapes
+            shapes = {k: tuple(t.shape) for k, t in self.export_state_shard().items() if "/" in k}
+            tensors = checkpoint.read_resharded(path, meta, self.layout(), self.rank, shapes)
         self.import_state_shard(tensors)
         dist.barrier()
 
@@ -269,10 +270,10 @@ class MegatronTrainer:
         return {"world_size": self.world_size, "tensor_parallel_size": self.megatron.tensor_parallel_size,
                 "pipeline_parallel_size": self.megatron.pipeline_parallel_size, "dtype": self.megatron.dtype}
 
-    def _optimizer_state(self, what: str) -> dict[str, torch.Tensor]:
+    def _stateful(self, what: str) -> Any:
         if not hasattr(self.optimizer, "state_tensors"):
             raise NotImplementedError(f"{what}: this optimizer ({type(self.optimizer).__name__}) exports no state")
-        return self.optimizer.state_tensors()
+        return self.optimizer
 
     # ---- device residency (device_lock) ------------------------------------------
 

@@ -67,14 +67,16 @@ def load_meta(path: str) -> tuple[StateLayout, dict[str, Any]]:
     return StateLayout.from_wire(meta["layout"]), meta
 
 
-def read_versioned_meta(path: str, name: str, version: int, kind: str = "") -> dict[str, Any]:
-    """A checkpoint's JSON metadata file, checked for its format version."""
+def read_versioned_meta(path: str, name: str, version: int, kind: str = "",
+                        readable: tuple[int, ...] = ()) -> dict[str, Any]:
+    """A checkpoint's JSON metadata file, checked for its format version (`version`,
+    or one of the older `readable` ones)."""
     file = os.path.join(path, name)
     if not os.path.exists(file):
         raise FileNotFoundError(f"no {name} in checkpoint directory {path}{kind}")
     with open(file) as f:
         meta = json.load(f)
-    if meta.get("format_version") != version:
+    if meta.get("format_version") != version and meta.get("format_version") not in readable:
         raise ValueError(f"checkpoint {path}: format_version {meta.get('format_version')}, expected {version}")
     return meta
 
