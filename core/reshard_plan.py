@@ -71,14 +71,6 @@ def plan_reshard(old: Iterable[Shard], new: Iterable[Shard], extents: dict[str, 
     return plan
 
 
-def transfers_by_pair(plan: Iterable[Transfer]) -> dict[tuple[int, int], list[Transfer]]:
-    """Groups a plan by (src, dst): one peer-to-peer message stream per pair."""
-    pairs: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
-    for transfer in plan:
-        pairs[(transfer.src, transfer.dst)].append(transfer)
-    return dict(pairs)
-
-
 def check_tiling(shards: Sequence[Shard], extent: tuple[int, ...], what: str = "layout") -> None:
     """Every element of the extent is covered by exactly one shard."""
     for shard in shards:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dynarl.components.trainer.native.losses import (
-    decoupled_policy_gradient_loss, entropy_from_logits, gae, grpo_advantages, grpo_loss, kl_k3, policy_gradient_loss,
+    decoupled_policy_gradient_loss, entropy_from_logprobs, gae, grpo_advantages, grpo_loss, kl_k3, policy_gradient_loss,
     token_mean, value_loss)
 
 S3 = math.sqrt(0.5)  # (x - mean) / std for a two-sample group
@@ -56,10 +56,10 @@ def test_kl_k3(p, p_ref, expected):
     assert got.item() >= 0
 
 
-def test_entropy_from_logits():
+def test_entropy_from_logprobs():
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, -1e9, -1e9, -1e9], [math.log(3), 0.0, -1e9, -1e9]])
     expected = [math.log(4), 0.0, -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))]
-    assert entropy_from_logits(logits).tolist() == pytest.approx(expected, abs=1e-6)
+    assert entropy_from_logprobs(torch.log_softmax(logits, dim=-1)).tolist() == pytest.approx(expected, abs=1e-6)
 
 
 def test_token_mean_uses_mask_or_given_count():

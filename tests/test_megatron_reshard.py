@@ -12,7 +12,6 @@ state torn down) and adopted again by the next move, at another layout.
 
 The workers get tests/megatron_cpu.py's CUDA shims (megatron_cpu_site on their path)."""
 import os
-import sys
 
 import pytest
 import torch

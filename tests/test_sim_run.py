@@ -192,11 +192,12 @@ def test_lazy_outputs_change_nothing_but_when_ids_are_built():
 
 
 def test_plots_are_written(tmp_path):
-    from dynarl.launch.sim.plot import busy_steps, ownership_steps, write_plots
+    from dynarl.launch.sim.plot import busy_steps, ownership_steps, write_policies, write_timeline
 
     scn = build_scenario(SimConfig(**{**SMALL, "policies": ("colocated", "spatial")}))
     result, runs = simulate(scn)
-    paths = write_plots(result, runs, scn, str(tmp_path))
+    paths = [write_timeline(name, run, scn, str(tmp_path)) for name, run in runs.items()]
+    paths.append(write_policies(result, str(tmp_path)))
     assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["policies.png", "timeline-colocated.png",
                                                           "timeline-spatial.png"]
     assert all((tmp_path / p.rsplit("/", 1)[1]).stat().st_size > 1000 for p in paths)

@@ -28,13 +28,6 @@ class LogNormal:
         if not 0 <= self.floor <= self.cap:
             raise ValueError(f"need 0 <= floor <= cap, got floor={self.floor}, cap={self.cap}")
 
-    def truncation(self) -> float:
-        """P(a draw exceeds the cap), before clipping."""
-        if math.isinf(self.cap) or self.sigma == 0:
-            return float(self.median > self.cap)
-        z = math.log(self.cap / self.median) / self.sigma
-        return 0.5 * math.erfc(z / math.sqrt(2))
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MathWorkload:

@@ -10,12 +10,6 @@ from dynarl.components.placement.plan import COMPONENTS
 COLORS = {"rollout": "#4c72b0", "inference": "#dd8452", "trainer": "#55a868"}
 
 
-def write_plots(result: dict[str, Any], runs: dict, scn, directory: str) -> list[str]:
-    """Every run's timeline, then the bar chart of the policies; the paths written."""
-    return [write_timeline(name, run, scn, directory) for name, run in runs.items()] + [
-        write_policies(result, directory)]
-
-
 def _pyplot():
     import matplotlib
     matplotlib.use("Agg")

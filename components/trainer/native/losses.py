@@ -90,11 +90,6 @@ def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dim."""
-    return entropy_from_logprobs(torch.log_softmax(logits.float(), dim=-1))
-
-
 def token_mean(values: torch.Tensor, mask: torch.Tensor, num_tokens: float | None = None) -> torch.Tensor:
     """sum(values * mask) / num_tokens; num_tokens defaults to sum(mask).
     Passing the global token count lets micro-batches and DP ranks add their
