@@ -37,7 +37,7 @@ CPU_MEGATRON = MegatronConfig(optimizer="adamw", dtype="float32", use_distribute
 
 @pytest.mark.parametrize("kwargs", [  # with either workflow and scheduler policy (not the backends' concern)
     dict(rollout_backend="native", trainer_backend="native"),
-    dict(rollout_backend="sglang", trainer_backend="megatron"),  # megatron's distributed optimizer: it reshards too
+    dict(rollout_backend="sglang", trainer_backend="megatron"),  # megatron's own (distributed) optimizer
     dict(rollout_backend="native", trainer_backend="megatron", megatron=CPU_MEGATRON, device_kind="cpu"),
     dict(rollout_backend="sglang", trainer_backend="megatron",
          megatron=MegatronConfig(tensor_parallel_size=2)),  # every TP rank takes part in the export

@@ -136,3 +136,15 @@ def test_the_resumed_step_is_bitwise_the_uninterrupted_one(run):
 def test_a_float32_load_reaches_main_shards_an_offload_detached(run):
     for r in range(2):
         assert json.loads((run / f"offloaded{r}.json").read_text()) == []
+
+
+def test_format_1_checkpoints_are_still_read(tmp_path):
+    from dynarl.components.trainer.megatron import checkpoint
+
+    for version, readable in ((1, True), (2, True), (3, False)):
+        (tmp_path / checkpoint.META_FILE).write_text(json.dumps({"format_version": version, "step": 4}))
+        if readable:
+            assert checkpoint.read_meta(str(tmp_path))["step"] == 4
+        else:
+            with pytest.raises(ValueError, match="format_version 3"):
+                checkpoint.read_meta(str(tmp_path))

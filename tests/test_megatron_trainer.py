@@ -9,10 +9,11 @@ One run per module does, on both ranks:
                resharding: the reference for ours); layout + local weights; a model
                loaded from the exported HF weights; one GRPO step on each DP half
 
-and the tests below compare with the native engines in this process. megatron's
-optimizer cannot be built on CPU, so a recording stand-in takes the reduced
-gradients (compared with the native trainer's); the optimizer update, grad-norm
-clipping and offload to CPU memory are GPU-only paths, not checked here.
+and the tests below compare with the native engines in this process. A recording
+stand-in for the optimizer takes the reduced gradients (compared with the native
+trainer's); megatron's own optimizer runs under the shims in
+test_megatron_core_optimizer.py and test_megatron_reshard.py, and offload to CPU
+memory is a GPU-only path, not checked here.
 
 dist_checkpointing pickles (torch.save) internally; it is used only here, as the
 reference for the TP=2 -> TP=1 reshard, never in product code.

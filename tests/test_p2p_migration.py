@@ -78,3 +78,16 @@ async def test_a_fault_in_any_phase_rolls_back_and_training_continues(fault):
         await group.scatter("train", [[make_batch(7)]] * 2)  # training continues on the old ranks
         after = await gathered(group)
         assert after[2] == {before[2].pop() + 1}
+
+
+@pytest.mark.parametrize("new_scalars,fails", [({"adam_step": 3}, False), ({"adam_step": 2}, True), ({}, True)])
+def test_confirmation_compares_the_optimizer_counters(new_scalars, fails):
+    from dynarl.core.migration.p2p import _check_confirmations
+
+    old = [{"owned": 6, "step": 3, "sums": {"param": 1.5}, "scalars": {"adam_step": 3}}]
+    new = [{"owned": 6, "step": 3, "sums": {"param": 1.5}, "scalars": new_scalars}]
+    if fails:
+        with pytest.raises(MigrationFailed, match="optimizer counters"):
+            _check_confirmations(new, 6, 3, old)
+    else:
+        _check_confirmations(new, 6, 3, old)

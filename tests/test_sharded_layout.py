@@ -183,3 +183,6 @@ def test_box_view_refuses_a_box_outside_the_held_range():
     assert torch.equal(box_view(shard, ((1, 2), (0, 4)), fr), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
     with pytest.raises(ValueError, match="outside the held range"):
         box_view(shard, ((0, 1), (0, 4)), fr)
+    for not_a_shard in (torch.arange(10.0)[::2], torch.zeros(1, 5), torch.zeros(4)):  # strided, 2-D, short
+        with pytest.raises(ValueError, match="not a dense 1-D shard"):
+            box_view(not_a_shard, ((1, 2), (0, 4)), fr)

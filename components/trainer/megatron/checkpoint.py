@@ -54,9 +54,9 @@ def read_own(path: str, rank: int, world_size: int) -> dict[str, torch.Tensor]:
 
 
 def read_resharded(path: str, meta: Mapping[str, Any], new: ShardedLayout, rank: int,
-                   shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+                   shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
     """This rank's "<kind>/<local name>" tensors (kind: "param" and the optimizer's
-    state; `shapes` by key, as this rank holds them) cut from a checkpoint of another
+    state; `shapes`: shape and dtype by key, as this rank holds them) cut from a checkpoint of another
     layout, "step" and the optimizer's counters (old rank 0's). Raises ValueError
     if an element would stay unset."""
     old = ShardedLayout.from_wire(meta["layout"])
@@ -68,10 +68,10 @@ def read_resharded(path: str, meta: Mapping[str, Any], new: ShardedLayout, rank:
     for kind in sorted({key.split("/", 1)[0] for key in shapes}):
         prefix = kind + "/"
         sources = {r: {k[len(prefix):]: t for k, t in f.items() if k.startswith(prefix)} for r, f in files.items()}
-        dtype = next((t.dtype for f in sources.values() for t in f.values()), None)
-        if dtype is None:
+        if not any(sources.values()):
             raise ValueError(f"checkpoint {path} holds no {kind!r} state (written by another optimizer?)")
-        dest = {k[len(prefix):]: torch.empty(shape, dtype=dtype) for k, shape in shapes.items() if k.startswith(prefix)}
+        dest = {k[len(prefix):]: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()
+                if k.startswith(prefix)}
         copies, old_layout, new_layout = (weights, None, None) if kind == "param" else (state, old, new)
         moved = apply_copies(copies, sources, rank, dest, old_layout, new_layout)
         expected = sum(t.numel() for t in dest.values())

@@ -243,7 +243,7 @@ class MegatronTrainer:
         if checkpoint.same_layout(meta, mine) and meta["layout"].get("flat", []) == self.layout().to_wire()["flat"]:
             tensors = checkpoint.read_own(path, self.rank, self.world_size)
         else:  # what this rank holds: its kinds and their shapes
-            shapes = {k: tuple(t.shape) for k, t in self.export_state_shard().items() if "/" in k}
+            shapes = {k: (tuple(t.shape), t.dtype) for k, t in self.export_state_shard().items() if "/" in k}
             tensors = checkpoint.read_resharded(path, meta, self.layout(), self.rank, shapes)
         self.import_state_shard(tensors)
         dist.barrier()
