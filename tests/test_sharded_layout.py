@@ -161,7 +161,7 @@ def test_the_distributed_optimizers_flat_ranges_reshard_from_tp2():
     for rank in range(2):
         ranges = tp1_dp2_ranges(rank)
         dest = {n: torch.full((f.end - f.start,), float("nan")) for n, f in ranges.items()}
-        moved = apply_copies(copies, sources, rank, dest, old, new)
+        moved = apply_copies(copies, sources, rank, dest, old, new, kind="exp_avg")
         assert moved == sum(f.end - f.start for f in ranges.values())
         wanted = {"col": full["col"], "row": full["row"], "norm": full["norm"],
                   "layers.0": full["stack"][0], "layers.1": full["stack"][1]}

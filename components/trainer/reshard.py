@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dynarl.components.trainer.base import STATE_NAMES
-from dynarl.components.trainer.megatron.layout import BoxCopy, ShardedLayout, plan_copies
+from dynarl.components.trainer.megatron.layout import WEIGHTS, BoxCopy, ShardedLayout, plan_copies
 from dynarl.components.trainer.megatron.sharded_state import box_view
 from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.core.reshard_plan import LayoutError, Shard, check_tiling
@@ -55,8 +55,7 @@ class ReshardableTrainer:
         if isinstance(layout, ShardedLayout):
             state = self.trainer.export_state_shard()
             return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(),
-                    "kinds": _kinds(state),
-                    "scalars": {k: int(v.reshape(-1)[0]) for k, v in state.items() if "/" not in k and k != "step"}}
+                    "kinds": _kinds(state), "scalars": _scalars(state)}
         return {"total_numel": layout.total_numel,
                 "ranges": {s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES}}
 
@@ -72,8 +71,8 @@ class ReshardableTrainer:
             for tag, kind, c in _box_plan(old, new):
                 if c.src_rank != me:
                     continue
-                flat = None if kind == "param" else layout.flat_range(me, c.src_param)
-                piece = box_view(state[f"{kind}/{c.src_param}"], c.src_box, flat).contiguous()
+                piece = box_view(state[f"{kind}/{c.src_param}"], c.src_box,
+                                 layout.flat_range(me, kind, c.src_param)).contiguous()
                 works.append(dist.isend(piece, group_dst=offset + c.dst_rank, group=pg, tag=tag))
                 sent += piece.numel()
             for w in works:
@@ -104,8 +103,7 @@ class ReshardableTrainer:
         def run() -> int:
             posted = []
             for tag, kind, c in copies:
-                flat = None if kind == "param" else layout.flat_range(me, c.dst_param)
-                dst = box_view(buffers[f"{kind}/{c.dst_param}"], c.dst_box, flat)
+                dst = box_view(buffers[f"{kind}/{c.dst_param}"], c.dst_box, layout.flat_range(me, kind, c.dst_param))
                 into = dst if dst.is_contiguous() else torch.empty_like(dst, memory_format=torch.contiguous_format)
                 posted.append((dist.irecv(into, group_src=c.src_rank, group=pg, tag=tag), into, dst))
             received = 0
@@ -202,13 +200,11 @@ class ReshardableTrainer:
             me = self.trainer.rank
             sums = {}
             for kind in _kinds(state):  # each element's one copy (replica 0), in its kind's geometry
-                pieces = layout.pieces[me] if kind == "param" else layout.state_layout().pieces[me]
                 sums[kind] = sum(float(box_view(state[f"{kind}/{p.param}"], p.param_box,
-                                                None if kind == "param" else layout.flat_range(me, p.param))
-                                       .double().sum()) for p in pieces if p.replica == 0)
+                                                layout.flat_range(me, kind, p.param)).double().sum())
+                                 for p in layout.geometry(kind).pieces[me] if p.replica == 0)
             return {"owned": sum(p.numel for p in layout.pieces[me] if p.replica == 0),
-                    "step": self.trainer.global_step, "sums": sums,
-                    "scalars": {k: int(v.reshape(-1)[0]) for k, v in state.items() if "/" not in k and k != "step"}}
+                    "step": self.trainer.global_step, "sums": sums, "scalars": _scalars(state)}
         start, end = self.trainer.layout().shards["master"][self.trainer.rank]
         return {"range": [start, end], "step": self.trainer.global_step,
                 "sums": {k: _sum(state[k]) for k in STATE_NAMES}}
@@ -233,8 +229,13 @@ def _box_plan(old: dict, new: dict) -> list[tuple[int, str, BoxCopy]]:
     a, b = ShardedLayout.from_wire(old["layout"]), ShardedLayout.from_wire(new["layout"])
     weights = plan_copies(a, b)
     state = plan_copies(a.state_layout(), b.state_layout()) if a.state or b.state else weights
-    plan = [(kind, c) for kind in old["kinds"] for c in (weights if kind == "param" else state)]
+    plan = [(kind, c) for kind in old["kinds"] for c in (weights if kind == WEIGHTS else state)]
     return [(tag, kind, c) for tag, (kind, c) in enumerate(plan)]
+
+
+def _scalars(state: dict[str, Any]) -> dict[str, int]:
+    """The optimizer's counters of a boxes shard ("adam_step"): keys without a kind, but the step."""
+    return {k: int(v.reshape(-1)[0]) for k, v in state.items() if "/" not in k and k != "step"}
 
 
 def _kinds(state: dict[str, Any]) -> list[str]:

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from ..native.checkpoint import read_versioned_meta, save_shard, shard_file, write_versioned_meta
 from ...model.config import ModelConfig
 from .convert import join_tp_shards, megatron_to_hf
-from .layout import ShardedLayout, plan_copies
+from .layout import WEIGHTS, ShardedLayout, plan_copies
 from .sharded_state import apply_copies
 
 META_FILE = "megatron.json"
@@ -72,8 +72,7 @@ def read_resharded(path: str, meta: Mapping[str, Any], new: ShardedLayout, rank:
             raise ValueError(f"checkpoint {path} holds no {kind!r} state (written by another optimizer?)")
         dest = {k[len(prefix):]: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()
                 if k.startswith(prefix)}
-        copies, old_layout, new_layout = (weights, None, None) if kind == "param" else (state, old, new)
-        moved = apply_copies(copies, sources, rank, dest, old_layout, new_layout)
+        moved = apply_copies(weights if kind == WEIGHTS else state, sources, rank, dest, old, new, kind)
         expected = sum(t.numel() for t in dest.values())
         if moved != expected:
             raise ValueError(f"checkpoint {path}: {kind} of rank {rank} got {moved} of {expected} elements")

@@ -36,6 +36,9 @@ from dynarl.core.reshard_plan import Shard
 
 from ..base import ParamSpec, check_param_offsets
 
+WEIGHTS = "param"
+"""The state kind of the weights themselves; every other kind is optimizer state."""
+
 Box = tuple[tuple[int, int], ...]
 """[start, stop) per dimension."""
 
@@ -155,10 +158,15 @@ class ShardedLayout:
         return ShardedLayout(self.params, self.total_numel, self.world_size, self.tensor_parallel_size,
                              self.pipeline_parallel_size, self.state)
 
-    def flat_range(self, rank: int, param: str) -> FlatRange | None:
-        """The flat range of `param` whose state `rank` holds (None: the state has the
-        weights' geometry, the whole parameter)."""
-        if not self.state:
+    def geometry(self, kind: str) -> "ShardedLayout":
+        """The boxes that state `kind` is held in: the weights' for WEIGHTS, else the
+        optimizer state's."""
+        return self if kind == WEIGHTS else self.state_layout()
+
+    def flat_range(self, rank: int, kind: str, param: str) -> FlatRange | None:
+        """Where `rank` keeps `kind` of `param`: None for the weights and for state of the
+        weights' geometry (the whole parameter); else the flat range it holds."""
+        if kind == WEIGHTS or not self.state:
             return None
         if (rank, param) not in self._flat_index:
             raise KeyError(f"rank {rank} holds no state range of {param!r}")

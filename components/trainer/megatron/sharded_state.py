@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..base import ParamSpec
-from .layout import Box, BoxCopy, FlatRange, Piece, ShardedLayout, box_slices, state_pieces
+from .layout import WEIGHTS, Box, BoxCopy, FlatRange, Piece, ShardedLayout, box_slices, state_pieces
 
 RankPieces = tuple[list[Piece], list[Piece], list[FlatRange], dict[str, tuple[tuple[int, ...], str]]]
 
@@ -128,16 +128,17 @@ def _all_gather_bytes(data: bytes, group: dist.ProcessGroup | None) -> list[byte
 
 def apply_copies(copies: Iterable[BoxCopy], sources: Mapping[int, Mapping[str, torch.Tensor]], dst_rank: int,
                  destination: MutableMapping[str, torch.Tensor], old: ShardedLayout | None = None,
-                 new: ShardedLayout | None = None) -> int:
+                 new: ShardedLayout | None = None, kind: str = WEIGHTS) -> int:
     """Execute, on tensors at hand, the copies into `dst_rank` (reading the old ranks'
-    parameters from `sources[src_rank][param]`); with the layouts given, flat-range
-    state shards are read and written where their layouts put them. Returns the
-    elements copied."""
+    parameters from `sources[src_rank][param]`); with the layouts given, state `kind`
+    is read and written where they put it (flat-range shards). Returns the elements
+    copied."""
     moved = 0
     for c in copies:
         if c.dst_rank != dst_rank:
             continue
-        src = box_view(sources[c.src_rank][c.src_param], c.src_box, old and old.flat_range(c.src_rank, c.src_param))
-        box_view(destination[c.dst_param], c.dst_box, new and new.flat_range(dst_rank, c.dst_param)).copy_(src)
+        src_range = old and old.flat_range(c.src_rank, kind, c.src_param)
+        src = box_view(sources[c.src_rank][c.src_param], c.src_box, src_range)
+        box_view(destination[c.dst_param], c.dst_box, new and new.flat_range(dst_rank, kind, c.dst_param)).copy_(src)
         moved += c.numel
     return moved
