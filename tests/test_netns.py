@@ -195,7 +195,9 @@ def test_netns_a_cut_link_mid_run_ends_the_train_job_naming_the_host(tmp_path):
     assert len(failures) == 1, failures  # one line (torchrun adds its own report of agent 0's exit)
     failed = failures[0]
     assert f"from node 1 ({hosts.addr[1]})" in failed and "no heartbeat" in failed, failed
-    assert ended_s < timeout_s + 3.0, ended_s
+    # the heartbeat timeout plus teardown; a hang would run into the 30 s waits above.
+    # Under the full suite on 2 cores the teardown took up to 3.1 s (5.14 s in all, once)
+    assert ended_s < timeout_s + 5.0, ended_s
     node1 = log_of(tmp_path, 1)
     assert "lost the controller" in node1 and "stopping its 2 worker(s)" in node1, node1[-2000:]
 
