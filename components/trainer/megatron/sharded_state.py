@@ -43,7 +43,8 @@ def rank_pieces(model: torch.nn.Module, ranges: Mapping[str, tuple[int, int]] | 
             if not isinstance(sh, ShardedTensor):
                 continue
             if sh.flattened_range is not None:
-                raise NotImplementedError(f"{sh.key}: flattened (optimizer-state) shards are not handled")
+                raise NotImplementedError(f"{sh.key}: weights in flattened shards (megatron's FSDP layouts) "
+                                          "are not handled")
             replica = sh.replica_id if isinstance(sh.replica_id, int) else int(any(sh.replica_id))
             # megatron's replica_id is (.., tp, dp): leaving the last axis out gives the
             # replica among model-parallel ranks (the distributed optimizer's state has no DP copies)
