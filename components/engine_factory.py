@@ -5,7 +5,7 @@ RolloutEngine, a trainer trainer/base.py's TrainerEngine. Backends with optional
 extras are imported only when selected (backends.py has already checked, at config
 load, that the extra is installed).
 
-    rollout    native (NativeRolloutEngine), sglang (SGLangRolloutEngine),
+    rollout    native (NativeRolloutEngine), sglang (SGLangRolloutEngine), vllm (VLLMRolloutEngine),
                emulated (EmulatedRolloutEngine: cost-model time, `dynarl sim`)
     inference  native (NativeInference), emulated (EmulatedInference)
     trainer    native (NativeTrainer), megatron (MegatronTrainer), emulated (EmulatedTrainer)
@@ -44,12 +44,17 @@ def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_con
         from .rollout.sglang.engine import SGLangRolloutEngine
 
         return SGLangRolloutEngine.start(sglang_config(model.path, backend_config), weight_version)
+    if backend == "vllm":
+        from .rollout.vllm.engine import VLLMRolloutEngine
+
+        config, owned = vllm_config(model, backend_config)
+        return VLLMRolloutEngine.start(config, weight_version, owned_dir=owned)
     if backend == "emulated":
         from .rollout.emulated.config import EmulatedRolloutConfig
         from .rollout.emulated.engine import EmulatedRolloutEngine
 
         return EmulatedRolloutEngine(backend_config or EmulatedRolloutConfig(), weight_version=weight_version)
-    raise ValueError(f"rollout backend {backend!r} has no engine here; choose 'native', 'sglang' or 'emulated'")
+    raise ValueError(f"rollout backend {backend!r} has no engine here; choose 'native', 'sglang', 'vllm' or 'emulated'")
 
 
 def make_inference_engine(backend: str, model: ModelSpec, micro_batch_size: int, emulated: Any = None,
@@ -78,6 +83,23 @@ def sglang_config(model_path: str | None, sglang: Any) -> Any:
     if not model_path:
         raise ValueError("rollout.sglang.model_path: SGLang needs an HF model folder; set it or model.path")
     return dataclasses.replace(sglang, model_path=model_path)
+
+
+def vllm_config(model: ModelSpec, vllm: Any) -> tuple[Any, str | None]:
+    """The VLLMConfig with model_path defaulting to the job's model.path; for a built-in
+    model (no folder) its seeded weights are written to a temporary HF folder, returned
+    second (the engine removes it at shutdown). vLLM reads the architecture there; the
+    trainer's weights replace the folder's at the first sync."""
+    from .model.io import save_pretrained
+    from .rollout.vllm.config import VLLMConfig
+
+    vllm = vllm or VLLMConfig()
+    if vllm.model_path or model.path:
+        return (vllm if vllm.model_path else dataclasses.replace(vllm, model_path=model.path)), None
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="dynarl-vllm-model-")
+    save_pretrained(build_model(model), folder)
+    return dataclasses.replace(vllm, model_path=folder), folder
 
 
 async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, backend_config: Any = None,

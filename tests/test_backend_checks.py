@@ -98,3 +98,29 @@ def test_example_configs_resolve_on_cpu(path):
     assert all(max(plan.rank_devices(c)) < cluster.num_devices for c in ranks)
     assert cluster.device_kind == "cuda"
     build(DynarlConfig, data["scheduler"].get("dynarl", {}), "scheduler.dynarl")
+
+
+@pytest.mark.skipif(extras.is_available("vllm"), reason="vllm is installed")
+def test_selecting_vllm_without_it_fails_at_load():
+    with pytest.raises(ConfigError, match=r"pip install 'dynarl\[vllm\]'") as info:
+        check_backends(rollout_backend="vllm", trainer_backend="native", model=QWEN_7B, rollout_ranks=1,
+                       trainer_ranks=1)
+    assert info.value.path == "rollout.backend"
+
+
+@pytest.mark.skipif(extras.is_available("vllm"), reason="vllm is installed")
+def test_dynarl_train_on_vllm_without_it_is_one_line_and_rc_2(tmp_path):
+    import subprocess
+    done = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "train", "rollout.backend=vllm", "run.steps=1",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rollout.backend" in lines[0] and "dynarl[vllm]" in lines[0], done.stderr
+
+
+def test_vllm_tp_must_divide_the_heads():
+    from dynarl.components.rollout.vllm.config import VLLMConfig
+    with pytest.raises(ConfigError, match="num_attention_heads=28") as info:
+        check_backends(rollout_backend="vllm", trainer_backend="native", model=QWEN_7B, rollout_ranks=1,
+                       trainer_ranks=1, vllm=VLLMConfig(tp_size=3), require_installed=False)
+    assert info.value.path == "rollout.vllm.tp_size"

