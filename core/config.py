@@ -15,12 +15,20 @@ class ClusterConfig:
     """emulated: devices that exist only in a simulation (`dynarl sim`): workers run
     emulated engines that spend cost-model time, and process groups are membership
     records with no collectives (transport/process_group.py EmulatedGroup)."""
+    device_memory_gb: float | None = None
+    """Memory of one device in GB (1e9 bytes), what the memory plan of `dynarl train`
+    fits each device's peak into. None: 80 for cuda (an H100 80GB), for cpu the
+    host's physical memory shared evenly by devices_per_node; emulated devices take
+    their cost model's."""
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
         if self.devices_per_node < 1:
             raise ValueError(f"devices_per_node must be >= 1, got {self.devices_per_node}")
+        if self.device_memory_gb is not None and (isinstance(self.device_memory_gb, bool)
+                                                  or not self.device_memory_gb > 0):
+            raise ValueError(f"device_memory_gb must be > 0 or null, got {self.device_memory_gb!r}")
 
     @property
     def num_devices(self) -> int:

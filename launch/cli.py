@@ -17,9 +17,9 @@ BENCHES = {
     "agentic": "dynarl.launch.bench.agentic",
     "hosts": "dynarl.launch.bench.hosts",
     "faults": "dynarl.launch.bench.faults",
-    "gpu": "dynarl.launch.bench.gpu",
     "async": "dynarl.launch.bench.overlap",
     "env": "dynarl.launch.bench.env",
+    "memory": "dynarl.launch.bench.memory",
 }
 
 
@@ -46,6 +46,7 @@ def _tool(argv: list[str]) -> int:
 
 COMMANDS = {
     "bench": _bench,
+    "doctor": lambda argv: importlib.import_module("dynarl.launch.doctor").main(argv),
     "eval": lambda argv: importlib.import_module("dynarl.launch.eval").main(argv),
     "export": lambda argv: importlib.import_module("dynarl.launch.export").main(argv),
     "tool": _tool,
@@ -56,8 +57,9 @@ COMMANDS = {
 
 
 SUMMARIES = {
-    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, gpu, async, env), "
+    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, async, env, memory), "
              "ratios measured side by side",
+    "doctor": "the production path on this machine's devices (--gpu: one CUDA GPU), one JSON report",
     "eval": "mean reward and pass@k of a run's checkpoint or an HF folder on held-out problems",
     "export": "a run's trained policy as an HF folder (transformers loads it)",
     "graph": "the static hypergraph of a workflow file (components and channels)",

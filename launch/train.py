@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
             return 0
         if dry_run:
             print(dry_run_report(*args))
+            check_memory(resolve_config(*args[:2], args[3]))
             return 0
         job = prepare(*args)
     except (UsageError, ConfigError) as exc:
@@ -86,7 +87,23 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
         lines.append(f"note: not trainable yet: {exc}")
     if cfg.task.kind == "dataset":
         lines.append(f"note: dataset {cfg.task.dataset.path} not read in a dry run")
+    from dynarl.components.memory.of_config import plan_of
+    from dynarl.components.memory.table import format_plan
+    plan = plan_of(cfg)
+    if plan is not None:
+        lines.append(format_plan(plan))
     return "\n".join(lines)
+
+
+def check_memory(cfg: Any) -> None:
+    """A planned peak over a device's memory stops the launch (memory.check), before
+    any worker starts: ConfigError naming the device, the component and the numbers."""
+    from dynarl.components.memory.of_config import plan_of
+    from dynarl.components.memory.table import refusal
+    plan = plan_of(cfg) if cfg.memory.check else None
+    message = refusal(plan) if plan is not None else None
+    if message is not None:
+        raise ConfigError("memory", message)
 
 
 def check_env(env_id: str) -> None:
@@ -192,6 +209,7 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
                              f"(e.g. run.steps={done + cfg.run.checkpoint_every})")
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
+    check_memory(cfg)
     if cfg.workflow == "embodied":
         check_env(cfg.embodied.env_id)
     from dynarl.launch.trackers import missing_packages

@@ -35,6 +35,7 @@ from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
 from dynarl.components.workflows.agentic_config import AgenticSection
 from dynarl.components.workflows.embodied_config import EmbodiedSection
+from dynarl.components.memory.config import MemorySection
 from dynarl.components.placement.plan import COMPONENTS, Placement, PlacementError, from_pools, pools_for
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.config_tree import apply_override, build, to_dict
@@ -331,6 +332,8 @@ class TrainConfig:
     agentic: AgenticSection = field(default_factory=AgenticSection)
     critic: CriticSection = field(default_factory=CriticSection)
     embodied: EmbodiedSection = field(default_factory=EmbodiedSection)
+    memory: MemorySection = field(default_factory=MemorySection)
+    """The memory plan `dynarl train` prints with --dry-run and checks before start (docs/memory.md)."""
 
     def __post_init__(self) -> None:
         emulated = self.runtime.cluster.device_kind == "emulated"

@@ -1,0 +1,1 @@
+"""The memory plan: per device, what each phase of a step needs (docs/memory.md)."""
