@@ -83,10 +83,14 @@ class VLLMRolloutEngine:
         return cls(engine, config, weight_version, owned_dir=owned_dir)
 
     def shutdown(self) -> None:
+        """Stop vLLM's processes (SIGTERM, then SIGKILL after config.shutdown_timeout_s).
+        The engine is unusable afterwards."""
         for entry in self._entries.values():
             entry.task.cancel()
+        engine, self.engine = self.engine, None
         try:
-            self.engine.shutdown()
+            if engine is not None:
+                engine.shutdown(timeout=self.config.shutdown_timeout_s)
         finally:
             if self._owned_dir:
                 shutil.rmtree(self._owned_dir, ignore_errors=True)
