@@ -192,3 +192,44 @@ async def test_import_of_a_complete_request_finishes_without_sglang(make):
     eng.import_inflight([done])
     assert [(r.request_id, r.finish_reason, r.output_token_ids) for r in await eng.step()] == [("full", "length", [7, 8])]
     assert tm.admitted_order == []
+
+
+# ---- what the real engine showed (tests/test_sglang_real_engine.py) -------------------
+
+async def test_a_stop_on_the_models_eos_that_is_not_listed_is_continued(make, monkeypatch):
+    """SGLang stops on the model's EOS as well as the listed ids once ignore_eos is off
+    (ignore_eos skips the listed ids too); dynarl stops only on the listed ones."""
+    from fakes import sglang_engine
+
+    real = sglang_engine.next_token
+    before_eos = [5, 6, 7] + expected([5, 6, 7], 3)[0]
+
+    def with_eos(seq):  # the 4th token of the continuation of [5, 6, 7] is the EOS
+        return (sglang_engine.EOS, -0.5) if seq == before_eos else real(seq)
+
+    uninterrupted = [5, 6, 7]
+    while len(uninterrupted) < 13:
+        uninterrupted.append(with_eos(uninterrupted)[0])
+    monkeypatch.setattr(sglang_engine, "next_token", with_eos)
+    eng, tm = make()
+    unlisted = next(t for t in range(127, 3, -1) if t not in uninterrupted)
+    [result] = await eng.generate([req("a", [5, 6, 7], 10, stop=(unlisted,))])
+    assert result.output_token_ids == uninterrupted[3:] and result.finish_reason == "length"
+    assert result.output_token_ids[3] == sglang_engine.EOS and len(result.output_logprobs) == 10
+    assert len(tm.received) == 2 and tm.received[0].params["ignore_eos"] is False
+
+
+async def test_load_while_paused_counts_the_retracted_requests_as_waiting(make):
+    """SGLang publishes no load snapshot while paused: the adapter reports what the
+    retract did (every request queued, its KV freed), not the snapshot from before."""
+    eng, tm = make()
+    for i in range(2):
+        eng.add_request(req(f"r{i}", [5, 6, 7], 40))
+    await ticks(8)
+    assert (await eng.load()).num_running == 2
+    await eng.pause()
+    eng.add_request(req("late", [5, 6], 4))
+    load = await eng.load()
+    assert (tm._snapshot.num_running_reqs, load.num_running, load.num_waiting, load.active_kv_tokens) == (2, 0, 3, 0)
+    await eng.resume()
+    await eng.abort(["r0", "r1", "late"])

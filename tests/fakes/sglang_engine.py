@@ -11,6 +11,9 @@ raises TypeError) and the behaviours the adapter must respect (BACKENDS.md A1-A9
 - a non-streaming request reports its tokens to the TokenizerManager only every
   force_stream_interval tokens (SGLANG_FORCE_STREAM_INTERVAL, 50) and at the end, so
   aborting a queued (e.g. retracted) request returns only the reported prefix.
+- ignore_eos skips every token-based stop, the listed stop ids too; without it the
+  model's EOS stops as well as the listed ids.
+- load snapshots are not refreshed while paused (the last one before the pause).
 - 0.5.23 refuses tensor updates outside begin/end_weight_update (the old-build variant
   has no session); an update waits for in-flight generations unless paused; an update
   or flush_cache with queued work reports success=False (queue ignored while paused).
@@ -83,6 +86,7 @@ class FakeTokenizerManagerOld:
         self._wake = asyncio.Event()
         self._cond = asyncio.Condition()
         self._ticker: asyncio.Task | None = None
+        self._snapshot: io.LoadSnapshot | None = None
 
     def auto_create_handle_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -148,7 +152,8 @@ class FakeTokenizerManagerOld:
             req.output_ids.append(token)
             req.logprobs.append(logprob)
             p = req.params
-            if token in (p.get("stop_token_ids") or ()) or (token == EOS and not p.get("ignore_eos")):
+            # as sglang's Req._check_token_based_finish: ignore_eos skips the stop ids too
+            if not p.get("ignore_eos") and (token in (p.get("stop_token_ids") or ()) or token == EOS):
                 self._finish(req, {"type": "stop", "matched": token})
             elif len(req.output_ids) >= p.get("max_new_tokens", 128):
                 self._finish(req, {"type": "length", "length": len(req.output_ids)})
@@ -198,6 +203,8 @@ class FakeTokenizerManagerOld:
     async def pause_generation(self, obj: io.PauseGenerationReqInput):
         assert isinstance(obj, io.PauseGenerationReqInput)
         async with self._cond:
+            if not self.is_pause:
+                self._publish()  # the last snapshot until continue_generation
             self.is_pause = True
             if obj.mode == "retract":
                 self.waiting[:0] = self.running  # back to the queue, KV freed
@@ -213,11 +220,18 @@ class FakeTokenizerManagerOld:
         self._wake.set()
 
     async def get_loads(self, include: list | None = None, dp_rank: int | None = None):
+        """The scheduler publishes its snapshot as it runs; while paused it publishes
+        none, so the last one before the pause is what comes back (sglang 0.5.23)."""
+        if not self.is_pause:
+            self._publish()
+        return [self._snapshot]
+
+    def _publish(self) -> None:
         used = self._used()
-        return [io.LoadSnapshot(dp_rank=0, num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
-                                num_used_tokens=used, num_total_tokens=used,
-                                max_total_num_tokens=self.max_total_num_tokens,
-                                token_usage=used / self.max_total_num_tokens)]
+        self._snapshot = io.LoadSnapshot(dp_rank=0, num_running_reqs=len(self.running),
+                                         num_waiting_reqs=len(self.waiting), num_used_tokens=used,
+                                         num_total_tokens=used, max_total_num_tokens=self.max_total_num_tokens,
+                                         token_usage=used / self.max_total_num_tokens)
 
     def _idle(self) -> bool:
         return not self.running and (self.is_pause or not self.waiting)

@@ -28,8 +28,8 @@ from ...extras import require_extra
 from ...trainer.base import bucket_by_bytes
 from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
 from .config import SGLangConfig
-from .requests import (Entry, RidAllocator, finished_before_start, generate_kwargs, local_result,
-                       remaining_tokens, result_from_output)
+from .requests import (Entry, RidAllocator, continue_after, finished_before_start, generate_kwargs, local_result,
+                       remaining_tokens, result_from_output, stopped_off_list)
 from .weights import BucketEncoder, NamedTensors, encode_buckets, flattened_bucket_encoder, push_payloads
 
 
@@ -98,10 +98,21 @@ class SGLangRolloutEngine:
         entry.task.add_done_callback(functools.partial(self._on_done, entry))
 
     async def _run(self, entry: Entry) -> GenerationResult:
-        await self._gate.wait()
-        entry.submitted = True  # no await between here and SGLang's pause check
-        out = await self.engine.async_generate(**generate_kwargs(entry, self._priority(entry.request)))
-        return result_from_output(entry, out, self.weight_version)
+        while True:
+            await self._gate.wait()
+            entry.submitted = True  # no await between here and SGLang's pause check
+            out = await self.engine.async_generate(**generate_kwargs(entry, self._priority(entry.request)))
+            result = result_from_output(entry, out, self.weight_version)
+            if not stopped_off_list(entry, result):
+                return result
+            # SGLang stops on the model's EOS as well as on the listed ids: go on from
+            # here under a new rid, as an imported request would (nothing awaits
+            # between the result and the next submit unless the gate is closed)
+            entry.submitted = False
+            continue_after(entry, result)
+            entry.rid = self._rids.next()
+            if (reason := finished_before_start(entry)) is not None:
+                return local_result(entry, reason, self.weight_version)
 
     def _priority(self, request: GenerationRequest) -> int | None:
         if self._queue_key is None or not self.config.enable_priority_scheduling:
@@ -176,10 +187,17 @@ class SGLangRolloutEngine:
         # Requests are not streamed back: tokens made so far are known only for the
         # imported part of a request (what another engine had made before the move).
         generated = sum(len(e.prior_ids) for e in self._entries.values())
-        return EngineLoad(active_kv_tokens=sum(s.num_used_tokens for s in snapshots),
+        running = sum(s.num_running_reqs for s in snapshots)
+        waiting = sum(s.num_waiting_reqs for s in snapshots)
+        active = sum(s.num_used_tokens for s in snapshots)
+        if self._paused:
+            # SGLang publishes no snapshot while paused: the last one is from before the
+            # pause. Its retract put every request back in the queue and freed their KV.
+            running, waiting, active = 0, len(self._entries) - parked, 0
+        return EngineLoad(active_kv_tokens=active,
                           kv_capacity_tokens=sum(s.max_total_num_tokens for s in snapshots),
-                          num_running=sum(s.num_running_reqs for s in snapshots),
-                          num_waiting=sum(s.num_waiting_reqs for s in snapshots) + parked,
+                          num_running=running,
+                          num_waiting=waiting + parked,
                           cache_hit_tokens=self._cache_hit_tokens, generated_tokens=generated,
                           budget_tokens=sum(remaining_tokens(e) for e in self._entries.values()),
                           devices=self.config.tp_size)

@@ -56,8 +56,11 @@ def generate_kwargs(entry: Entry, priority: int | None) -> dict[str, Any]:
     params: dict[str, Any] = {
         "max_new_tokens": remaining_tokens(entry), "temperature": s.temperature, "top_p": s.top_p,
         # dynarl stops only on the listed ids (as the native engine does) and keeps the
-        # stop token in the output: it is part of the trained response
-        "ignore_eos": True, "no_stop_trim": True,
+        # stop token in the output: it is part of the trained response. SGLang's
+        # ignore_eos skips stop_token_ids too, so it is on only when none is listed;
+        # a stop on the model's own EOS ids that are not listed is continued past
+        # (stopped_off_list, SGLangRolloutEngine._run)
+        "ignore_eos": not s.stop_token_ids, "no_stop_trim": True,
     }
     if s.top_k > 0:
         params["top_k"] = s.top_k
@@ -90,6 +93,17 @@ def result_from_output(entry: Entry, out: dict[str, Any], weight_version: int) -
         output_token_ids=entry.prior_ids + ids, output_logprobs=entry.prior_logprobs + logprobs,
         finish_reason=reason, weight_version=weight_version,
         cached_tokens=int(meta.get("cached_tokens", 0)))
+
+
+def stopped_off_list(entry: Entry, result: GenerationResult) -> bool:
+    """SGLang stopped on a token the request does not list (the model's EOS)."""
+    return (result.finish_reason == "stop" and bool(result.output_token_ids)
+            and result.output_token_ids[-1] not in entry.request.sampling.stop_token_ids)
+
+
+def continue_after(entry: Entry, result: GenerationResult) -> None:
+    """The entry goes on from `result`'s tokens, as an imported request does."""
+    entry.prior_ids, entry.prior_logprobs = list(result.output_token_ids), list(result.output_logprobs)
 
 
 def finish_reason(reason: dict[str, Any] | None) -> str:
