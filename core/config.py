@@ -45,12 +45,14 @@ class RuntimeConfig:
     """Address the controller's socket binds to. Loopback unless workers run on other
     nodes (then 0.0.0.0 or node 0's address; launch/node_host.py says what is advertised)."""
     heartbeat_interval_s: float = 0.5
+    """Seconds between a worker's heartbeats to the controller."""
     heartbeat_timeout_s: float = 5.0
     """A worker silent for this long is reported as WorkerLost."""
     hang_timeout_s: float = 300.0
     """A worker whose event loop has not ticked for this long is reported as WorkerLost.
     Generous by default: a long synchronous compute step blocks the loop legitimately."""
     spawn_timeout_s: float = 60.0
+    """How long a worker may take to start and report ready."""
     shutdown_grace_s: float = 3.0
     """How long a stopping worker may take before it is terminated, then killed."""
     max_message_bytes: int = 512 << 20

@@ -197,3 +197,11 @@ def test_plan_is_pure_and_sums_by_phase():
     assert dev.total("train") == sum(sum(p.values()) for p in train.values())
     assert "activations" in train["trainer.0"] or "optimizer step" in train["trainer.0"]
     assert "kv cache" not in train["rollout.0"] and "kv cache" in dev.phases["rollout"]["rollout.0"]
+
+
+def test_vllm_backend_is_planned(capsys):
+    """rollout.backend vllm: its gpu_memory_utilization of each GPU while it generates."""
+    assert main(["examples/grpo_qwen2.5_7b_8xh100.yaml", "--dry-run", "rollout.backend=vllm", "rollout.sglang=null",
+                 "rollout.vllm.gpu_memory_utilization=0.7", "scheduler.policy=static"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout     56.5  rollout.0 [weights 15.2, cuda context 0.5, vllm (kv cache) 40.8]" in out

@@ -49,9 +49,13 @@ class RolloutSection:
     samples_per_prompt: int = 8
     """GRPO group size."""
     temperature: float = 1.0
+    """Sampling temperature of the rollout engines (1: the policy's own distribution)."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1: off)."""
     top_k: int = 0
+    """Sample among the k most likely tokens only (0: off)."""
     max_new_tokens: int = 32
+    """Most tokens a response may have (the rollout stops it there)."""
     chunk_size: int = 4
     """Finished groups per channel item: the elastic-pipelining granularity (1 with
     partial rollout, whose batch closes on the N-th finished group)."""
@@ -96,9 +100,11 @@ class RolloutSection:
 @dataclass(kw_only=True, slots=True)
 class InferenceSection:
     num_ranks: int = 2
+    """Inference engines (log-probs of the old and reference policies), one per device."""
     micro_batch_size: int = 64
     """Sequences per forward pass."""
     backend: Literal["native", "emulated"] = "native"
+    """The engine behind the inference workers; emulated is what `dynarl sim` runs."""
     emulated: EmulatedInferenceConfig | None = None
     """The emulated engine's settings when backend is emulated."""
 
@@ -113,7 +119,9 @@ class WarmupSection:
     steps: int = 60
     """Supervised steps before RL (0 = none). Runs once, before step 0."""
     batch_size: int = 64
+    """Samples per supervised step."""
     lr: float = 1e-3
+    """Learning rate of the supervised steps."""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.lr < 0:
@@ -279,6 +287,7 @@ class RunSection:
     steps: int = 200
     """GRPO steps."""
     prompts_per_step: int = 32
+    """Prompts (groups of rollout.samples_per_prompt samples) per step."""
     seed: int = 0
     """Seeds the data stream and every sample's sampling seed."""
     checkpoint_every: int = 50
