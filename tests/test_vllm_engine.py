@@ -219,3 +219,16 @@ async def test_priority_orders_vllms_queue(engine_b):
         order += [r.request_id for r in await asyncio.wait_for(engine_b.step(), 60)]
     assert order == ["high", "mid", "low"]  # one runs at a time (max_num_seqs 1): more tool calls first
     engine_b.set_queue_key(None)
+
+
+@pytest.mark.parametrize("yields", [0, 1, 3])
+async def test_an_abort_right_after_the_request_was_added_comes_back(engine, yields):
+    """0 yields: still at our gate; 1 and 3: handed to vLLM, perhaps not registered yet
+    (an abort vLLM missed is repeated)."""
+    engine.add_request(GenerationRequest(f"r{yields}", PROMPTS[1], SamplingParams(max_new_tokens=1500, seed=2)))
+    for _ in range(yields):
+        await asyncio.sleep(0)
+    [res] = await asyncio.wait_for(engine.abort([f"r{yields}"]), 30)
+    assert res.finish_reason == "abort" and len(res.output_token_ids) < 1500
+    assert len(res.output_logprobs) == len(res.output_token_ids)
+    assert not engine.has_work()

@@ -53,6 +53,9 @@ class VLLMConfig:
     weight_transport: str = "file"
     weight_dir: str = "/dev/shm"
     """Where the "file" transport writes its temporary safetensors folder."""
+    abort_retry_s: float = 0.5
+    """abort()/export_inflight() repeat vLLM's abort at this period until every stream has
+    ended (a request still being added can miss one)."""
     shutdown_timeout_s: float = 2.0
     """shutdown() waits this long for vLLM's processes to exit after SIGTERM, then kills
     them (vLLM's own default, 5 s, outlasts the runtime's stop grace)."""
@@ -75,6 +78,8 @@ class VLLMConfig:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
         if self.weight_transport not in WEIGHT_TRANSPORTS:
             raise ValueError(f"weight_transport must be one of {WEIGHT_TRANSPORTS}, got {self.weight_transport!r}")
+        if self.abort_retry_s <= 0:
+            raise ValueError(f"abort_retry_s must be > 0, got {self.abort_retry_s}")
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
         if not self.weight_dir:

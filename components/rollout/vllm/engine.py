@@ -235,15 +235,24 @@ class VLLMRolloutEngine:
             inside = []
             for entry in targets:
                 if entry.submitted:
-                    inside.append(entry.vid)
+                    inside.append(entry)
                 else:
                     entry.task.cancel()
                     self._deliver(entry, result(entry, "abort", self.weight_version))
-            if inside:
-                await self.engine.abort(inside)  # each stream then ends with an 'abort' output
+            await self._abort_until_back(inside)
             return list(await asyncio.gather(*futures))
         finally:
             self._claimed.difference_update(e.request.request_id for e in targets)
+
+    async def _abort_until_back(self, entries: list[Entry]) -> None:
+        """Abort the entries in vLLM until each stream has ended (with 'abort', or
+        finished meanwhile). Repeated: a request vLLM is still adding (its generate() call
+        not yet registered) misses an abort, as it would miss SGLang's."""
+        pending = [(e.vid, self._futures[e.request.request_id]) for e in entries]
+        while pending:
+            await self.engine.abort([vid for vid, _ in pending])  # each stream ends with an 'abort' output
+            await asyncio.wait([f for _, f in pending], timeout=self.config.abort_retry_s)
+            pending = [(vid, f) for vid, f in pending if not f.done()]
 
     async def pause(self) -> None:
         """Stop generating: vLLM's pause_generation(mode="keep"): requests keep their
@@ -275,12 +284,11 @@ class VLLMRolloutEngine:
             inside = []
             for entry in entries:
                 if entry.submitted:
-                    inside.append(entry.vid)
+                    inside.append(entry)
                 else:
                     entry.task.cancel()
                     self._deliver(entry, result(entry, "abort", self.weight_version))
-            if inside:
-                await self.engine.abort(inside)
+            await self._abort_until_back(inside)
             results = await asyncio.gather(*futures.values())
             exported = []
             for entry, res in zip(entries, results):
