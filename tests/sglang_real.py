@@ -2,31 +2,36 @@
 in the SGLang venv): the CPU environment, a tiny random Qwen2 folder, the engine's
 settings, greedy references from transformers.
 
-Importing this module readies the environment for SGLang on a CPU: SGLANG_USE_CPU_ENGINE,
-and the test-only stand-ins of tests/sglang_cpu_site (for this process and, through
-PYTHONPATH, the processes SGLang spawns) unless .ci/engine_sglang set them already."""
+ready_cpu_env() readies the environment for SGLang on a CPU (start() calls it)."""
 import importlib.util
 import os
 import sys
 
 import torch
+import transformers
+
+from dynarl.components.model.tokenizer import CharTokenizer
+from dynarl.components.rollout.base import GenerationRequest, SamplingParams
+from dynarl.components.rollout.sglang.config import SGLangConfig
 
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_cpu_site")
 
-os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # else SGLang imports vllm for RoPE
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-if os.environ.get("DYNARL_TEST_SGLANG_CPU") != "1" or SITE not in sys.path:
+
+def ready_cpu_env() -> None:
+    """SGLang on a CPU: SGLANG_USE_CPU_ENGINE, and the test-only stand-ins of
+    tests/sglang_cpu_site for this process and (through PYTHONPATH) the processes SGLang
+    spawns, unless .ci/engine_sglang set them already. Called by the tests' fixtures,
+    not at import: the main run collects these files too (and deselects them)."""
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # else SGLang imports vllm for RoPE
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if os.environ.get("DYNARL_TEST_SGLANG_CPU") == "1" and SITE in sys.path:
+        return
     os.environ["DYNARL_TEST_SGLANG_CPU"] = "1"
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SITE, os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, SITE)
-    _spec = importlib.util.spec_from_file_location("sglang_cpu_site", os.path.join(SITE, "sitecustomize.py"))
-    _spec.loader.exec_module(importlib.util.module_from_spec(_spec))  # the import hook, in this process
+    spec = importlib.util.spec_from_file_location("sglang_cpu_site", os.path.join(SITE, "sitecustomize.py"))
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # the import hook, in this process
 
-import transformers  # noqa: E402
-
-from dynarl.components.model.tokenizer import CharTokenizer  # noqa: E402
-from dynarl.components.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
-from dynarl.components.rollout.sglang.config import SGLangConfig  # noqa: E402
 
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
@@ -82,6 +87,17 @@ async def until_generating(engine, timeout_s: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def until_kv_tokens(engine, tokens: int, timeout_s: float = 120.0) -> None:
+    """Until the engine's running requests hold at least `tokens` tokens of KV (prompt
+    and output: how far they got, whatever the machine's speed)."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await engine.load()).active_kv_tokens < tokens:
+        assert asyncio.get_running_loop().time() < deadline, f"the requests did not reach {tokens} tokens"
+        await asyncio.sleep(0.05)
+
+
 def start(config):
     """An SGLangRolloutEngine on a real engine, and the processes SGLang started for it.
     Call inside the running loop the engine will serve."""
@@ -89,6 +105,7 @@ def start(config):
 
     from dynarl.components.rollout.sglang.engine import SGLangRolloutEngine
 
+    ready_cpu_env()
     before = set(psutil.Process().children(recursive=True))
     engine = SGLangRolloutEngine.start(config)
     return engine, [p for p in psutil.Process().children(recursive=True) if p not in before]

@@ -72,8 +72,7 @@ async def test_weights_from_the_trainer_change_the_output_and_equal_the_referenc
 
 async def test_abort_returns_the_tokens_so_far(engine, reference):
     engine.add_request(H.req("long", PROMPTS[2], 2000))
-    await H.until_generating(engine)
-    await asyncio.sleep(1.0)
+    await H.until_kv_tokens(engine, len(PROMPTS[2]) + 20)
     [result] = await engine.abort(["long"])
     n = len(result.output_token_ids)
     assert result.finish_reason == "abort" and 0 < n < 2000 and len(result.output_logprobs) == n
