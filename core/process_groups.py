@@ -70,9 +70,12 @@ class ProcessGroups:
         # group's key prefix: a TCPStore takes any client that reaches its port (another
         # user of the host too), so the keys are ones only the members are told.
         prefix = f"dynarl/{name}/{generation}/{secrets.token_hex(16)}"
+        # Each member's device: where two share one, the group hands over locally within
+        # a device and runs collectives only between devices (transport/device_group.py).
+        devices = [h.spec.devices[0] if h.spec.devices else None for h in handles]
         await gather_or_cancel([
             h.call("__pg_join__", [name, prefix, rank, len(handles), host, port, backend, timeout_s,
-                                   node_address(h.spec.node)])
+                                   node_address(h.spec.node), devices])
             for rank, h in enumerate(handles)])
         group = self.active[name] = RuntimeProcessGroup(self, name, handles, generation, backend,
                                                                None if backend == "emulated" else (host, port))

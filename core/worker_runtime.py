@@ -178,7 +178,8 @@ class WorkerRuntime:
         return store.port
 
     async def _pg_join(self, name: str, prefix: str, rank: int, size: int, host: str, port: int,
-                       backend: str, timeout_s: float, own_host: str) -> None:
+                       backend: str, timeout_s: float, own_host: str,
+                       devices: list[int | None] | None = None) -> None:
         if name in self._groups:
             await self._pg_leave(name)
         if backend == "emulated":  # membership only: nothing blocks
@@ -186,7 +187,7 @@ class WorkerRuntime:
             return
         store = self._hosted_stores.get(name) if rank == 0 else None
         self._groups[name] = await asyncio.to_thread(
-            join_group, name, prefix, rank, size, host, port, backend, timeout_s, store, own_host)
+            join_group, name, prefix, rank, size, host, port, backend, timeout_s, store, own_host, devices)
 
     async def _pg_leave(self, name: str) -> None:
         membership = self._groups.pop(name, None)

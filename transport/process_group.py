@@ -24,7 +24,7 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 
 @dataclass(slots=True)
@@ -70,7 +70,8 @@ def host_store(host: str) -> Any:
 
 
 def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: int,
-               backend: str, timeout_s: float, store: Any = None, own_host: str | None = None) -> GroupMembership:
+               backend: str, timeout_s: float, store: Any = None, own_host: str | None = None,
+               devices: Sequence[int | None] | None = None) -> GroupMembership:
     """Joins group `name` as `rank` of `size`, rendezvous at the store on host:port
     under the key `prefix`: fresh for each build of the group (a rebuilt group's keys
     stay apart from the old one's) and secret (the controller makes it and tells only
@@ -78,34 +79,87 @@ def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: in
     `own_host`: this rank's node address as its peers reach it. Gloo's pairs listen on
     it and advertise it; left to itself gloo takes the address the machine's hostname
     resolves to, which is loopback on many hosts (Debian's /etc/hosts maps the
-    hostname to 127.0.1.1), and the peers on other hosts are refused."""
+    hostname to 127.0.1.1), and the peers on other hosts are refused.
+    `devices`: each member's device (global id; None: none). Where two members share
+    one, the group is a SharedDeviceGroup (device_group.py): collectives only between
+    distinct devices, local hand-offs within one, as NCCL requires."""
+    if not timeout_s or timeout_s <= 0:
+        raise ValueError(f"process group {name!r}: timeout_s must be > 0 (got {timeout_s!r}); a collective "
+                         "with no timeout hangs the job instead of failing it")
     if backend == "emulated":
         return GroupMembership(name, rank, size, EmulatedGroup(name, rank, size), None)
     import torch.distributed as dist
+
+    from .device_group import SharedDeviceGroup, has_shared_device, leaders_of
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore(prefix, store)
+    if devices is not None and has_shared_device(devices):
+        leaders = leaders_of(devices)
+        full, device = _group(prefixed, rank, size, backend, timeout, own_host)
+        inner = None
+        if rank in leaders and len(leaders) > 1:
+            try:
+                inner, _ = _group(dist.PrefixStore("leaders", prefixed), leaders.index(rank), len(leaders),
+                                  backend, timeout, own_host)
+            except BaseException:
+                unregister(full)
+                raise
+        group = SharedDeviceGroup(prefixed, rank, devices, full, inner, device, timeout)
+        _register(group, size, backend, prefixed)
+    else:
+        group, _ = _group(prefixed, rank, size, backend, timeout, own_host)
+    return GroupMembership(name, rank, size, group, store)
+
+
+def _group(store: Any, rank: int, size: int, backend: str, timeout: datetime.timedelta,
+           own_host: str | None) -> tuple[Any, Any]:
+    """A ProcessGroup of one backend, registered with c10d (so the standard calls take
+    it with group-relative ranks), and the device its tensors are on."""
+    import torch.distributed as dist
+    impl, backend_type, device = _backend(store, rank, size, backend, timeout, own_host)
+    group = dist.ProcessGroup(store, rank, size)
+    group._set_default_backend(backend_type)
+    group._register_backend(device, backend_type, impl)
+    _register(group, size, backend, store)
+    return group, device
+
+
+def _register(group: Any, size: int, backend: str, store: Any) -> None:
+    import torch.distributed as dist
+    c10d = dist.distributed_c10d
+    c10d._world.pg_group_ranks[group] = {r: r for r in range(size)}
+    c10d._world.pg_map[group] = (backend, store)
+
+
+def unregister(group: Any) -> None:
+    import torch.distributed as dist
+    c10d = dist.distributed_c10d
+    c10d._world.pg_group_ranks.pop(group, None)
+    c10d._world.pg_map.pop(group, None)
+
+
+def _backend(store: Any, rank: int, size: int, backend: str, timeout: datetime.timedelta,
+             own_host: str | None) -> tuple[Any, Any, Any]:
+    """The backend (gloo, nccl) of one group: (impl, its BackendType, the device its tensors are on).
+    Both get the group's timeout (NCCL's own default is 10 minutes, after which its
+    watchdog kills the process instead of letting the caller roll back)."""
     import torch
+    import torch.distributed as dist
     kind = dist.ProcessGroup.BackendType
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._devices = [_gloo_device(own_host)]
         options._threads = 2  # what the (store, rank, size, timeout) constructor uses for one device
-        impl, backend_type, device = dist.ProcessGroupGloo(prefixed, rank, size, options), kind.GLOO, "cpu"
-    elif backend == "nccl":
+        return dist.ProcessGroupGloo(store, rank, size, options), kind.GLOO, torch.device("cpu")
+    if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
-        impl, backend_type, device = dist.ProcessGroupNCCL(prefixed, rank, size, options), kind.NCCL, "cuda"
-    else:
-        raise ValueError(f"unknown backend {backend!r}; choose gloo, nccl or emulated")
-    group = dist.ProcessGroup(prefixed, rank, size)
-    group._set_default_backend(backend_type)
-    group._register_backend(torch.device(device), backend_type, impl)
-    c10d = dist.distributed_c10d
-    c10d._world.pg_group_ranks[group] = {r: r for r in range(size)}
-    c10d._world.pg_map[group] = (backend, prefixed)
-    return GroupMembership(name, rank, size, group, store)
+        options._timeout = timeout
+        device = torch.device("cuda", torch.cuda.current_device())
+        return dist.ProcessGroupNCCL(store, rank, size, options), kind.NCCL, device
+    raise ValueError(f"unknown backend {backend!r}; choose gloo, nccl or emulated")
 
 
 def _gloo_device(own_host: str | None) -> Any:
@@ -123,10 +177,7 @@ def _gloo_device(own_host: str | None) -> Any:
 def leave_group(membership: GroupMembership) -> None:
     if isinstance(membership.group, EmulatedGroup):
         return
-    import torch.distributed as dist
-    c10d = dist.distributed_c10d
-    c10d._world.pg_group_ranks.pop(membership.group, None)
-    c10d._world.pg_map.pop(membership.group, None)
+    unregister(membership.group)
     shutdown = getattr(membership.group, "shutdown", None)
     if shutdown is not None:
         try:
