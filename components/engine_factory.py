@@ -26,20 +26,21 @@ from typing import Any
 
 import torch
 
-from .model.spec import ModelSpec, build_model
+from .model.spec import ModelSpec, build_model, meta_model
 from .trainer.base import TrainerConfig
 
 
 def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_config: Any = None,
-                        weight_version: int = -1) -> Any:
+                        weight_version: int = -1, device: str = "cpu") -> Any:
     """A rollout engine holding weight version `weight_version` (-1: none synced yet):
-    native (`engine`, a NativeEngineConfig), sglang (`backend_config`, an SGLangConfig)
-    or emulated (an EmulatedRolloutConfig). sglang: call inside the worker's running
-    loop (its TokenizerManager binds to it)."""
+    native (`engine`, a NativeEngineConfig; its model on `device` in model.dtype), sglang
+    (`backend_config`, an SGLangConfig) or emulated (an EmulatedRolloutConfig). sglang:
+    call inside the worker's running loop (its TokenizerManager binds to it)."""
     if backend == "native":
         from .rollout.native.engine import NativeRolloutEngine
 
-        return NativeRolloutEngine(build_model(model), engine, weight_version=weight_version)
+        dtype = model.engine_dtype(torch.device(device).type)
+        return NativeRolloutEngine(build_model(model, device, dtype), engine, weight_version=weight_version)
     if backend == "sglang":
         from .rollout.sglang.engine import SGLangRolloutEngine
 
@@ -59,12 +60,13 @@ def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_con
 
 def make_inference_engine(backend: str, model: ModelSpec, micro_batch_size: int, emulated: Any = None,
                           device: str = "cpu") -> Any:
-    """An inference engine (inference/base.py) holding no policy weights yet (version -1);
-    `emulated`: an EmulatedInferenceConfig."""
+    """An inference engine (inference/base.py) holding no policy weights yet (version -1),
+    on `device` in model.dtype; `emulated`: an EmulatedInferenceConfig."""
     if backend == "native":
         from .inference.native import NativeInference
 
-        return NativeInference(build_model(model), micro_batch_size, device)
+        return NativeInference(build_model(model, device, model.engine_dtype(torch.device(device).type)),
+                               micro_batch_size, device)
     if backend == "emulated":
         from .inference.emulated import EmulatedInference, EmulatedInferenceConfig
 
@@ -103,8 +105,10 @@ def vllm_config(model: ModelSpec, vllm: Any) -> tuple[Any, str | None]:
 
 
 async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, backend_config: Any = None,
-                       group: Any = None, *, rank: int = 0, world_size: int = 1, head: str = "policy") -> Any:
-    """One trainer rank, behind the async TrainerEngine contract. Collective over
+                       group: Any = None, *, rank: int = 0, world_size: int = 1, head: str = "policy",
+                       device: str = "cpu") -> Any:
+    """One trainer rank, behind the async TrainerEngine contract, its float32 weights on
+    `device` (megatron places its own). Collective over
     `group` (the trainer's data-parallel runtime group, None for a single rank).
     `backend_config`: a MegatronConfig or an EmulatedTrainerConfig. `head` "value": a
     critic (trainer/native/critic.py) on `model`'s decoder, native or emulated."""
@@ -117,7 +121,7 @@ async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, ba
         from .trainer.threaded import ThreadedTrainer
 
         return ThreadedTrainer(await asyncio.to_thread(
-            lambda: NativeCritic(value_head(build_model(model)), config, group)))
+            lambda: NativeCritic(value_head(build_model(model, device)), config, group)))
     if backend == "emulated":  # (a critic's is the same: the cost model times a value head as an LM head)
         from .trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 
@@ -126,14 +130,16 @@ async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, ba
                                rank=group.rank() if group is not None else 0, world_size=size)
     from .trainer.threaded import ThreadedTrainer
 
-    return ThreadedTrainer(await asyncio.to_thread(_blocking_trainer, backend, model, config, backend_config, group))
+    return ThreadedTrainer(await asyncio.to_thread(_blocking_trainer, backend, model, config, backend_config,
+                                                   group, device))
 
 
-def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, megatron: Any, group: Any) -> Any:
+def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, megatron: Any, group: Any,
+                      device: str) -> Any:
     if backend == "native":
         from .trainer.native.trainer import NativeTrainer
 
-        return NativeTrainer(build_model(spec), config, group)
+        return NativeTrainer(build_model(spec, device), config, group)
     if backend == "megatron":
         from .model.io import read_state_dict
         from .trainer.megatron.config import MegatronConfig
@@ -180,10 +186,11 @@ def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> torch.nn.Modu
     return native
 
 
-def weights_template(engine: Any, model: ModelSpec) -> torch.nn.Module | None:
-    """The module weight_sync.receive plans its buckets from (names and shapes, in the
-    native model's order): the native engine's own model, or for an engine that holds
-    no torch model (sglang) the native architecture on the meta device (no memory);
+def weights_template(engine: Any, model: ModelSpec, device_kind: str = "cpu") -> torch.nn.Module | None:
+    """The module weight_sync.receive plans its buckets from (names, shapes and dtype, in
+    the native model's order): the native engine's own model, or for an engine that holds
+    no torch model (sglang) the native architecture on the meta device (no memory) in
+    model.dtype;
     None for an emulated engine (its weights are a byte count)."""
     from .rollout.emulated.engine import EmulatedRolloutEngine
 
@@ -192,10 +199,7 @@ def weights_template(engine: Any, model: ModelSpec) -> torch.nn.Module | None:
     own = getattr(engine, "model", None)
     if isinstance(own, torch.nn.Module):
         return own
-    from .model.qwen2 import Qwen2ForCausalLM
-
-    with torch.device("meta"):
-        return Qwen2ForCausalLM(model.config())
+    return meta_model(model, model.engine_dtype(device_kind))
 
 
 # --- what the DynaRL scheduler needs to know of the configured engines (workflows/dynamic.py)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from dynarl.core.worker import Worker
 
@@ -88,7 +89,8 @@ class ProbeWorker(Worker):
         from dynarl.components.trainer.base import bucket_by_bytes
         buckets = list(bucket_by_bytes(_model_of(mb).named_parameters(), bucket_bytes))
         for version in range(1, repeats + 1):
-            await weight_sync.send_async(self.process_group(group), buckets, version)
+            await weight_sync.send_async(self.process_group(group), *weight_sync.unbucket(buckets), version,
+                                         device=self.device)
 
     async def weights_receive(self, group: str, mb: int, repeats: int, bucket_bytes: int) -> list[float]:
         """The weight sync's receiver; seconds per sync."""
@@ -96,7 +98,8 @@ class ProbeWorker(Worker):
         model, times = _model_of(mb), []
         for version in range(1, repeats + 1):
             start = time.perf_counter()
-            await weight_sync.receive_async(self.process_group(group), model, bucket_bytes, version - 1, version)
+            await weight_sync.receive_async(self.process_group(group), model, bucket_bytes, version - 1, version,
+                                            _discard, self.device)
             times.append(time.perf_counter() - start)
         return times
 
@@ -108,3 +111,7 @@ def _model_of(mb: int):
     for i in range(max(1, mb // 4)):
         model.register_parameter(f"w{i}", torch.nn.Parameter(torch.ones(1 << 20), requires_grad=False))
     return model
+
+
+async def _discard(named: Any, version: int) -> None:
+    """A probe's receiver keeps nothing: the transfer is what it measures."""

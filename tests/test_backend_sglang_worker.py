@@ -47,6 +47,8 @@ def worker(fake_sglang, monkeypatch):
     monkeypatch.setattr(sys.modules["sglang"], "Engine", engine, raising=False)
     # the fake package has no import spec for find_spec; the extra check is tested elsewhere
     monkeypatch.setattr(sglang_engine, "require_extra", lambda *args: None)
+    # built here, not by the runtime (which binds a rank's device before __init__): a CPU rank
+    monkeypatch.setattr(RolloutWorker, "device_kind", "cpu", raising=False)
     workers = []
 
     def build(**init):
@@ -137,7 +139,7 @@ async def test_receive_weights_pushes_the_trainers_broadcast_into_sglang(worker)
     for t in threads:
         t.join(30)
     w.process_group = lambda name: members[1].group
-    sender = threading.Thread(target=weight_sync.send, args=(members[0].group, buckets, 3))
+    sender = threading.Thread(target=weight_sync.send, args=(members[0].group, *weight_sync.unbucket(buckets), 3))
     sender.start()
     try:
         assert await w.receive_weights("sync", 3) == 3

@@ -116,11 +116,14 @@ def test_engines_without_a_torch_model_get_a_meta_template_with_the_native_plan(
     """weight_sync receivers plan buckets from names and shapes; the sglang rank has no
     torch model, so it plans from the native architecture on the meta device."""
     template = weights_template(object(), ModelSpec(name="tiny-1m"))
-    assert all(p.device.type == "meta" for p in template.parameters())
+    assert all(p.device.type == "meta" and p.dtype == torch.float32 for p in template.parameters())
     native = Qwen2ForCausalLM(TINY_CONFIGS["tiny-1m"])
     for bucket_bytes in (1 << 16, 1 << 20):
-        assert fingerprint(plan_buckets(template.named_parameters(), bucket_bytes)) == \
-            fingerprint(plan_buckets(native.named_parameters(), bucket_bytes))
+        assert fingerprint(plan_buckets(template.named_parameters(), bucket_bytes), torch.float32) == \
+            fingerprint(plan_buckets(native.named_parameters(), bucket_bytes), torch.float32)
+    # on a GPU the engines (and so the sync) run in bf16 by default (model.dtype auto)
+    assert {p.dtype for p in weights_template(object(), ModelSpec(name="tiny-1m"), "cuda").parameters()} \
+        == {torch.bfloat16}
 
 
 def test_sglang_model_path_defaults_to_the_job_model():

@@ -115,8 +115,10 @@ def test_weight_sync_buckets_match_the_trainers_named_weights():
     for bucket_bytes in (1024, 300_000, 1 << 30):
         sent = [[(n, tuple(t.shape)) for n, t in b] for b in trainer.named_weights(bucket_bytes)]
         assert sent == weight_sync.plan_buckets(receiver.named_parameters(), bucket_bytes)
-    assert weight_sync.fingerprint(sent) == weight_sync.fingerprint(
-        weight_sync.plan_buckets(receiver.named_parameters(), 1 << 30))
+    plan = weight_sync.plan_buckets(receiver.named_parameters(), 1 << 30)
+    assert weight_sync.fingerprint(sent, torch.float32) == weight_sync.fingerprint(plan, torch.float32)
+    # a receiver in another dtype than the one sent is told apart (it would misread the bytes)
+    assert weight_sync.fingerprint(sent, torch.bfloat16) != weight_sync.fingerprint(plan, torch.float32)
 
 
 def test_train_batch_is_canonical_whatever_the_arrival_order():

@@ -17,6 +17,7 @@ the time and the bytes are the real run's.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import dynarl
 from dynarl.components import costmodel as cm
@@ -60,11 +61,13 @@ class EmulatedPolicyWorker(dynarl.Worker):
 
     async def receive_weights(self, group: str, version: int) -> int:
         """The whole model over one link (an emulated group moves nothing)."""
-        await weight_sync.receive_async(self.process_group(group), None, 0, self.weight_version, version)
-        d = cm.get_device(self.emulated.device)
-        seconds = cm.weight_sync_time(cm.get_model(self.emulated.model).weight_bytes, d.link_bandwidth)
-        await asyncio.sleep(seconds * self.emulated.time_scale)
-        self.weight_version = version
+        async def load(_: Any, at: int) -> None:
+            d = cm.get_device(self.emulated.device)
+            seconds = cm.weight_sync_time(cm.get_model(self.emulated.model).weight_bytes, d.link_bandwidth)
+            await asyncio.sleep(seconds * self.emulated.time_scale)
+            self.weight_version = at
+
+        await weight_sync.receive_async(self.process_group(group), None, 0, self.weight_version, version, load)
         return version
 
     async def onload(self) -> None:

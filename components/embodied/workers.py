@@ -108,13 +108,16 @@ class PolicyWorker(dynarl.Worker):
         return Action(actions.tolist(), logprobs.tolist(), clip(self.spec, actions))
 
     async def receive_weights(self, group: str, version: int) -> int:
-        named = await weight_sync.receive_async(self.process_group(group), self.actor, BUCKET_BYTES,
-                                                self.weight_version, version)
-        with torch.no_grad():
-            params = dict(self.actor.named_parameters())
-            for name, tensor in named:
-                params[name].copy_(tensor)
-        self.weight_version = version
+        params = dict(self.actor.named_parameters())
+
+        async def load(named: list, at: int) -> None:
+            with torch.no_grad():
+                for name, tensor in named:
+                    params[name].copy_(tensor)
+            self.weight_version = at
+
+        await weight_sync.receive_async(self.process_group(group), self.actor, BUCKET_BYTES, self.weight_version,
+                                        version, load, self.device)
         return version
 
 
@@ -190,7 +193,8 @@ class LearnerWorker(dynarl.Worker):
     async def send_weights(self, group: str, version: int) -> int:
         buckets = [[(name, p.detach()) for name, p in bucket] for bucket in
                    _buckets(self.actor.named_parameters())]
-        return await weight_sync.send_async(self.process_group(group), buckets, version)
+        return await weight_sync.send_async(self.process_group(group), *weight_sync.unbucket(buckets), version,
+                                            device=self.device)
 
     async def save_checkpoint(self, path: str) -> int:
         """One safetensors file: actor, critic, Adam's per-parameter state and the RNG

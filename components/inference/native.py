@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
+from dynarl.components.device_memory import release_cached_memory
 from dynarl.components.inference.logprobs import response_logprobs
 from dynarl.components.model.io import load_pretrained, load_weights
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
@@ -37,17 +38,21 @@ class NativeInference:
                                        micro_batch_size=self.micro_batch_size)
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:
-        load_weights(self.model, named_tensors, strict=True)
+        """Any subset of the parameters (the weight sync loads one bucket at a time)."""
+        load_weights(self.model, named_tensors)
         self.weight_version = version
 
     async def load_reference(self, path: str) -> None:
-        self.ref = load_pretrained(path).eval()
+        """On the policy's device, in its dtype."""
+        weight = next(self.model.parameters())
+        self.ref = load_pretrained(path, dtype=weight.dtype, device=weight.device).eval()
 
     async def onload(self) -> None:
         self._move(self.device)
 
     async def offload(self) -> None:
         self._move("cpu")
+        release_cached_memory()
 
     def _move(self, device: str) -> None:
         for m in (self.model, self.ref):

@@ -61,9 +61,8 @@ class InferenceWorker(dynarl.Worker):
         return self.engine.weight_version
 
     async def receive_weights(self, group: str, version: int) -> int:
-        named = await weight_sync.receive_async(self.process_group(group), self.engine.weights_template,
-                                                self.bucket_bytes, self.engine.weight_version, version)
-        await self.engine.update_weights(named, version)
+        await weight_sync.receive_async(self.process_group(group), self.engine.weights_template, self.bucket_bytes,
+                                        self.engine.weight_version, version, self.engine.update_weights, self.device)
         return version
 
     async def load_reference(self, path: str) -> None:

@@ -14,6 +14,9 @@ from .tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from dynarl.core.config_tree import wire_config
 
 
+DTYPES = ("auto", "float32", "bfloat16")
+
+
 @wire_config(20)
 @dataclass(kw_only=True, slots=True)
 class ModelSpec:
@@ -23,8 +26,14 @@ class ModelSpec:
     """An HF-format folder (config.json, *.safetensors, tokenizer) to start from."""
     init_seed: int = 0
     """Seeds the random initialisation of a built-in config."""
+    dtype: str = "auto"
+    """The dtype of the rollout and inference engines' weights, and so of the weight sync:
+    auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16. The native trainer
+    keeps float32 weights and casts them for the sync."""
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.path is None and self.name not in TINY_CONFIGS:
             raise ValueError(f"unknown model {self.name!r}; choose from {', '.join(map(repr, TINY_CONFIGS))} "
                              "or set model.path to an HF folder")
@@ -33,6 +42,12 @@ class ModelSpec:
         if self.path is not None:
             self.config()  # an architecture the native model does not implement fails here, at load
 
+    def engine_dtype(self, device_kind: str) -> Any:
+        """The torch dtype of the engines' weights on a `device_kind` device (cuda, cpu, emulated)."""
+        import torch
+        name = self.dtype if self.dtype != "auto" else ("bfloat16" if device_kind == "cuda" else "float32")
+        return getattr(torch, name)
+
     def config(self) -> ModelConfig:
         if self.path is None:
             return TINY_CONFIGS[self.name]
@@ -40,17 +55,30 @@ class ModelSpec:
         return read_config(self.path)
 
 
-def build_model(spec: ModelSpec) -> Any:
-    """The model on CPU in float32: seeded random weights, or the folder's weights."""
+def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = None) -> Any:
+    """The model on `device` in `dtype` (default float32): seeded random weights (drawn
+    on the CPU in float32, so every device and dtype starts from the same values), or
+    the folder's weights."""
     import torch
 
     from .io import load_pretrained
     from .qwen2 import Qwen2ForCausalLM
+    dtype = dtype or torch.float32
     if spec.path is not None:
-        return load_pretrained(spec.path, dtype=torch.float32)
+        return load_pretrained(spec.path, dtype=dtype, device=device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.init_seed)
-        return Qwen2ForCausalLM(TINY_CONFIGS[spec.name])
+        return Qwen2ForCausalLM(TINY_CONFIGS[spec.name]).to(device=device, dtype=dtype)
+
+
+def meta_model(spec: ModelSpec, dtype: Any) -> Any:
+    """The architecture on the meta device in `dtype`: names, shapes and dtype, no memory
+    (what a weight sync plans its buckets from where no model is held)."""
+    import torch
+
+    from .qwen2 import Qwen2ForCausalLM
+    with torch.device("meta"):
+        return Qwen2ForCausalLM(spec.config()).to(dtype)
 
 
 def build_tokenizer(spec: ModelSpec) -> CharTokenizer | HFTokenizer:

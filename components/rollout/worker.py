@@ -46,8 +46,10 @@ class RolloutWorker(dynarl.Worker):
         rank taking them in moves each one's KV when that costs less than prefilling it
         again ("cost", kv_choice.py), or always ("always")."""
         # engine_factory picks the backend; -1: no policy weights until the first sync
-        self.engine = make_rollout_engine(backend, model, engine, backend_config, weight_version=-1)
-        self.weights_template = weights_template(self.engine, model)  # weight_sync plans buckets from it
+        self.engine = make_rollout_engine(backend, model, engine, backend_config, weight_version=-1,
+                                          device=self.device)
+        # weight_sync plans its buckets (and their dtype) from it
+        self.weights_template = weights_template(self.engine, model, self.device_kind)
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
         self.move_kv = move_kv
@@ -116,9 +118,9 @@ class RolloutWorker(dynarl.Worker):
         return self.engine.weight_version
 
     async def receive_weights(self, group: str, version: int) -> int:
-        named = await weight_sync.receive_async(self.process_group(group), self.weights_template,
-                                                self.bucket_bytes, self.engine.weight_version, version)
-        await self.engine.update_weights(named, version)
+        # each bucket goes into the engine as it arrives (the engine holds one bucket more, not a model)
+        await weight_sync.receive_async(self.process_group(group), self.weights_template, self.bucket_bytes,
+                                        self.engine.weight_version, version, self.engine.update_weights, self.device)
         return version
 
     # --- the scheduler's view (core/scheduler/manager.py) ---------------------------

@@ -342,14 +342,20 @@ class TrainerEngine(Protocol):
         """This rank's owned ranges of STATE_NAMES, plus 'step'."""
     async def import_state_shard(self, shard: Mapping[str, Any]) -> None:
         """Collective. Install an exported shard for this rank's range, rebuild full weights."""
-    async def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, Any]]]:
-        """Full weights for the rollout engine, in buckets of at most bucket_bytes."""
+    def weight_stream(self, bucket_bytes: int) -> Iterator[tuple[str, Any]]:
+        """Full weights for the rollout engines, (HF name, tensor) in the native model's
+        order, made as they are taken (blocking: consume it in a thread; collective over
+        megatron's TP group, every TP rank consumes it). Emulated: (name, num_bytes)."""
     async def save_checkpoint(self, path: str) -> None:
         """Collective. Each rank writes its shard; rank 0 the metadata."""
     async def load_checkpoint(self, path: str) -> None:
         """Collective. Works across world sizes (re-slices the shards)."""
     async def onload(self) -> None: ...
     async def offload(self) -> None: ...
+    @property
+    def is_onloaded(self) -> bool:
+        """Whether its state is on the device (an offloaded megatron trainer's weights are
+        not readable: their device storage is freed)."""
     async def close(self) -> None:
         """Let go of what the engine holds in the process beyond its tensors (megatron:
         its parallel state), so a later engine there may take another layout."""

@@ -9,7 +9,9 @@ state to a new set of ranks:
   that every element arrives exactly once;
 - new ranks `reshard_install` the received shard (a collective over their new
   DP group that also rebuilds the full weights), then confirm.
-All transfers are posted at once (isend/irecv), so no ordering can deadlock.
+All transfers are posted at once, in an order every rank agrees on
+(transport/device_group.post_all: by peer pair; local hand-offs between ranks on
+one device), so no ordering can deadlock.
 With a standby pool, old ranks `reshard_retire` after the switch: they drop their
 state and wait, parked, to be adopted by a later migration (`start` rebuilds).
 
@@ -30,7 +32,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dynarl.components.device_memory import release_cached_memory
 from dynarl.components.trainer.base import STATE_NAMES
+from dynarl.components.trainer.residency import Residency, on_device
+from dynarl.transport.device_group import post_all
 from dynarl.components.trainer.megatron.layout import WEIGHTS, BoxCopy, ShardedLayout, plan_copies
 from dynarl.components.trainer.megatron.sharded_state import box_view
 from dynarl.components.trainer.threaded import ThreadedTrainer
@@ -41,10 +46,11 @@ Transfer = list
 group and the tag is the transfer's index in the whole plan, unique per message."""
 
 
-class ReshardableTrainer:
+class ReshardableTrainer(Residency):
     trainer: Any
     _received: dict[str, torch.Tensor] | None = None
 
+    @on_device
     async def reshard_layout(self) -> dict:
         """What the planner needs: the flat extent and this rank's range per state; or
         for a model-parallel trainer (collective over its world) the boxes layout and
@@ -59,6 +65,7 @@ class ReshardableTrainer:
         return {"total_numel": layout.total_numel,
                 "ranges": {s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES}}
 
+    @on_device
     async def reshard_send_boxes(self, group: str, old: dict, new: dict, offset: int) -> int:
         """An old rank sends every box the plan reads from it (each state kind), to new
         rank r at rank offset + r of the transfer group. Returns the elements sent."""
@@ -67,15 +74,15 @@ class ReshardableTrainer:
         state = self.trainer.export_state_shard()
 
         def run() -> int:
-            works, sent = [], 0
+            ops, sent = [], 0
             for tag, kind, c in _box_plan(old, new):
                 if c.src_rank != me:
                     continue
                 piece = box_view(state[f"{kind}/{c.src_param}"], c.src_box,
                                  layout.flat_range(me, kind, c.src_param)).contiguous()
-                works.append(dist.isend(piece, group_dst=offset + c.dst_rank, group=pg, tag=tag))
+                ops.append(dist.P2POp(dist.isend, piece, group=pg, tag=tag, group_peer=offset + c.dst_rank))
                 sent += piece.numel()
-            for w in works:
+            for w in post_all(ops):
                 w.wait()
             return sent
         return await asyncio.to_thread(run)
@@ -101,22 +108,23 @@ class ReshardableTrainer:
         buffers.update({k: torch.tensor([v], dtype=torch.int64) for k, v in old.get("scalars", {}).items()})
 
         def run() -> int:
-            posted = []
+            ops, copied = [], []
             for tag, kind, c in copies:
                 dst = box_view(buffers[f"{kind}/{c.dst_param}"], c.dst_box, layout.flat_range(me, kind, c.dst_param))
                 into = dst if dst.is_contiguous() else torch.empty_like(dst, memory_format=torch.contiguous_format)
-                posted.append((dist.irecv(into, group_src=c.src_rank, group=pg, tag=tag), into, dst))
-            received = 0
-            for work, into, dst in posted:
+                ops.append(dist.P2POp(dist.irecv, into, group=pg, tag=tag, group_peer=c.src_rank))
+                copied.append((into, dst))
+            for work in post_all(ops):
                 work.wait()
+            for into, dst in copied:
                 if into is not dst:
                     dst.copy_(into)
-                received += into.numel()
-            return received
+            return sum(into.numel() for into, _ in copied)
         received = await asyncio.to_thread(run)
         self._received = buffers
         return received
 
+    @on_device
     async def reshard_send(self, group: str, transfers: list[Transfer]) -> int:
         """Sends this old rank's slices. Returns the elements sent."""
         state = self.trainer.export_state_shard()
@@ -126,12 +134,12 @@ class ReshardableTrainer:
         start = self.trainer.layout().shards["master"][self.trainer.rank][0]
 
         def run() -> int:
-            works, sent = [], 0
+            ops, sent = [], 0
             for key, _, dst, offset, length, tag in transfers:
                 piece = state[key][offset - start: offset - start + length].contiguous()
-                works.append(dist.isend(piece, group_dst=dst, group=pg, tag=tag))
+                ops.append(dist.P2POp(dist.isend, piece, group=pg, tag=tag, group_peer=dst))
                 sent += length
-            for w in works:
+            for w in post_all(ops):
                 w.wait()
             return sent
         return await asyncio.to_thread(run)
@@ -156,11 +164,9 @@ class ReshardableTrainer:
         buffers = {key: torch.empty(size, dtype=torch.float32, device=device) for key in STATE_NAMES}
 
         def run() -> int:
-            works = []
-            for key, src, _, offset, length, tag in transfers:
-                view = buffers[key][offset - start: offset - start + length]
-                works.append(dist.irecv(view, group_src=src, group=pg, tag=tag))
-            for w in works:
+            ops = [dist.P2POp(dist.irecv, buffers[key][offset - start: offset - start + length], group=pg, tag=tag,
+                              group_peer=src) for key, src, _, offset, length, tag in transfers]
+            for w in post_all(ops):
                 w.wait()
             return sum(t[4] for t in transfers)
         received = await asyncio.to_thread(run)
@@ -190,7 +196,9 @@ class ReshardableTrainer:
             await self.trainer.close()
         self.trainer = None
         self._received = None
+        release_cached_memory()  # (a new rank on this device allocates what this one held)
 
+    @on_device
     async def state_digest(self) -> dict:
         """Per state: this rank's range and a float64 sum of it (a cheap confirmation);
         boxes: the elements it holds as the one copy of (replica 0) and their sums."""
@@ -209,6 +217,7 @@ class ReshardableTrainer:
         return {"range": [start, end], "step": self.trainer.global_step,
                 "sums": {k: _sum(state[k]) for k in STATE_NAMES}}
 
+    @on_device
     async def full_state(self) -> dict:
         """Rank's state ranges and weights as tensors (tests compare them bitwise); boxes:
         its whole state shard by key."""

@@ -5,7 +5,7 @@ channels) while torch works."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .base import StateLayout, TrainBatch, TrainerConfig
 
@@ -68,8 +68,8 @@ class ThreadedTrainer:
     async def import_state_shard(self, shard: Mapping[str, Any]) -> None:
         await asyncio.to_thread(self.engine.import_state_shard, shard)
 
-    async def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, Any]]]:
-        return await asyncio.to_thread(lambda: list(self.engine.named_weights(bucket_bytes)))
+    def weight_stream(self, bucket_bytes: int) -> Iterator[tuple[str, Any]]:
+        return (pair for bucket in self.engine.named_weights(bucket_bytes) for pair in bucket)
 
     async def save_checkpoint(self, path: str) -> None:
         await asyncio.to_thread(self.engine.save_checkpoint, path)
@@ -85,7 +85,11 @@ class ThreadedTrainer:
             await asyncio.to_thread(close)
 
     async def onload(self) -> None:
-        self.engine.onload()
+        await asyncio.to_thread(self.engine.onload)  # (megatron's moves: off the event loop)
+
+    @property
+    def is_onloaded(self) -> bool:
+        return self.engine.is_onloaded
 
     async def offload(self) -> None:
-        self.engine.offload()
+        await asyncio.to_thread(self.engine.offload)

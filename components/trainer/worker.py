@@ -27,6 +27,7 @@ on a CPU device they already live in host memory, so the move costs nothing).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import importlib
 from typing import Any
@@ -41,6 +42,8 @@ from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.reshard import ReshardableTrainer
+from dynarl.components.trainer.residency import on_device
+from dynarl.transport.process_group import EmulatedGroup
 
 
 class TrainerWorker(ReshardableTrainer, dynarl.Worker):
@@ -84,16 +87,17 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
             from dynarl.components.trainer.megatron.config import MegatronConfig
             backend_config = dataclasses.replace(backend_config or MegatronConfig(),
                                                  tensor_parallel_size=tensor_parallel_size)
-        self.trainer = await make_trainer(self.backend, model, self.config, backend_config, group, head=self.head)
+        self.trainer = await make_trainer(self.backend, model, self.config, backend_config, group, head=self.head,
+                                          device=self.device)
         return self.model.config().num_parameters if self.backend != "emulated" else 0
 
     async def onload(self) -> None:
         if self.shares_device:
-            await self.trainer.onload()
+            await self.set_resident(True)
 
     async def offload(self) -> None:
         if self.shares_device:
-            await self.trainer.offload()
+            await self.set_resident(False)
 
     async def train(self, batch: dict) -> dict:
         """Collective. One GRPO step on this rank's part of the global batch."""
@@ -165,31 +169,40 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         and size: tensor-parallel ranks of one DP rank train on the same part."""
         return [self.trainer.dp_rank, self.trainer.dp_size]
 
-    async def send_weights(self, group: str, version: int) -> int:
-        """The trainer's first rank (member 0 of `group`) broadcasts the full weights over
-        `group`; returns the bytes sent. Other ranks are called only when the export is
+    @on_device
+    async def send_weights(self, name: str, version: int) -> int:
+        """The trainer's first rank (member 0 of the group `name`) broadcasts the full weights over
+        it; returns the bytes sent. Other ranks are called only when the export is
         collective (megatron gathers its TP slices): they build the same buckets with
         rank 0 and return 0. (Member 0, not this process's spawn rank: a rank adopted
-        from a standby pool keeps the rank it was spawned with.)"""
-        buckets = await self.trainer.weight_buckets(self.bucket_bytes)
+        from a standby pool keeps the rank it was spawned with.)
+        The weights stream from the engine into the broadcast, bucket by bucket, in
+        model.dtype: no rank holds a second copy of the whole model."""
+        tensors = self.trainer.weight_stream(self.bucket_bytes)
         try:
-            sender = self.process_group_rank(group) == 0
-        except KeyError:  # a TP rank outside the sync group: it only took part in the gather
-            sender = False
-        if not sender:
+            group = self.process_group(name)
+        except KeyError:  # a TP rank outside the sync group: it only takes part in the gathers
+            group = None
+        if group is None or group.rank() != 0:
+            await asyncio.to_thread(collections.deque, tensors, 0)
             return 0
-        return await weight_sync.send_async(self.process_group(group), buckets, version)
+        dtype = self.model.engine_dtype(self.device_kind)
+        plan = [] if isinstance(group, EmulatedGroup) else weight_sync.model_plan(self.model, self.bucket_bytes, dtype)
+        return await weight_sync.send_async(group, plan, tensors, version, dtype, self.device)
 
+    @on_device
     async def save_checkpoint(self, path: str) -> int:
         """Collective. Returns the optimizer step saved."""
         await self.trainer.save_checkpoint(path)
         return self.trainer.global_step
 
+    @on_device
     async def load_checkpoint(self, path: str) -> int:
         """Collective. Returns the optimizer step loaded."""
         await self.trainer.load_checkpoint(path)
         return self.trainer.global_step
 
+    @on_device
     async def save_model(self, path: str) -> None:
         """Rank 0 writes the current weights as an HF folder (the reference policy after
         warm start); other ranks are called only when the export is collective (TP)."""

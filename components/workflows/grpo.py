@@ -124,6 +124,8 @@ class GRPO:
         """algorithm.max_staleness 1: the next step's rollout runs while a step trains (overlap.py)."""
         self.survival = survival.Survival(self) if survival.applies(cfg) and not self.multi_turn else None
         """run.survive: a lost rollout, reward or inference rank is replaced within the step (survival.py)."""
+        self.sync_bytes = 0
+        """Bytes the last weight sync sent (the trainer's rank 0: one copy of the model in model.dtype)."""
 
     # --- the algorithm ---------------------------------------------------------------
     def commit_step(self, step: int, ids: list[str], trained: experience.Trained) -> None:
@@ -316,7 +318,7 @@ class GRPO:
         await self.weight_sync_group()
         async with self._busy("trainer"), self._busy("rollout"):  # nor is a weight sync
             try:
-                await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
+                sent, _, _ = await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
                     g.trainer.call("send_weights", "weight_sync", version, ranks=self.export_ranks),
                     g.rollout.call("receive_weights", "weight_sync", version),
                     g.inference.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
@@ -327,8 +329,10 @@ class GRPO:
                     raise
                 await held(self.ctl, g.trainer, self.clock, label, "sync",
                            lambda: self.survival.refit(version), lock=False, component="sync")
+                sent = [0]  # (the refit's bytes are not counted)
         for h in (*g.rollout.handles, *g.inference.handles):
             h.weight_version = version
+        self.sync_bytes = sum(sent)
 
     def fleet_metrics(self, version: int) -> dict[str, Any]:
         """How many ranks are healthy, suspect, stale (weights older than `version`) or
@@ -386,6 +390,7 @@ class GRPO:
             start = await self.restore(*resume)
         for step in range(start, self.cfg.run.steps):
             metrics = await self.step(step)
+            metrics["sync_bytes"] = self.sync_bytes  # the weight sync that ended the step
             if (step + 1) % self.cfg.run.checkpoint_every == 0 or step + 1 == self.cfg.run.steps:
                 begun = time.perf_counter()
                 await self.checkpoint(step + 1)

@@ -232,8 +232,8 @@ class EmulatedTrainer:
         if bucket:
             yield bucket
 
-    async def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, int]]]:
-        return list(self.named_weights(bucket_bytes))
+    def weight_stream(self, bucket_bytes: int) -> Iterator[tuple[str, int]]:
+        return (pair for bucket in self.named_weights(bucket_bytes) for pair in bucket)
 
     async def offload(self) -> None:
         self._onloaded = False

@@ -190,18 +190,21 @@ class MegatronTrainer:
     def local_weights(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by local name (what a layout's Piece.param names): live
         views, for executing a reshard plan's copies."""
+        self._require_onloaded("its weights")
         return {name: p.detach() for name, p in self.model.named_parameters()}
 
     def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Collective over TP. Full weights with HF names for the rollout engines, in
         buckets of at most bucket_bytes; every TP rank gets the same buckets. In
-        float32 whatever the model's dtype: weight_sync's receivers (native models,
-        float32) plan the same buckets from their own parameters, and it sends float32."""
+        float32 whatever the model's dtype (the sync casts each bucket to the receivers'
+        dtype, model.dtype); each TP rank holds them whole meanwhile."""
+        self._require_onloaded("its weights for a sync")
         return hf_buckets(self.model, self.model_config, bucket_bytes, dtype=torch.float32)
 
     def export_state_shard(self) -> dict[str, Any]:
         """This rank's weights ("param/<local name>", its TP slice), optimizer state and
         "step": live views, copy them before the next train_step if they must outlive it."""
+        self._require_onloaded("its state")
         state = self._stateful("export_state_shard").state_tensors()
         shard = {f"param/{name}": w for name, w in self.local_weights().items()}
         shard.update(state)
@@ -228,6 +231,7 @@ class MegatronTrainer:
 
     def save_checkpoint(self, path: str) -> None:
         """Collective. Every rank writes its own file; rank 0 the layout (see checkpoint.py)."""
+        self._require_onloaded("a checkpoint of it")
         shard = self.export_state_shard()
         checkpoint.save(path, self.rank, self.world_size, shard,
                         {**self._checkpoint_layout(), "step": self.global_step, "config": self.config.to_wire(),
@@ -297,6 +301,14 @@ class MegatronTrainer:
     @property
     def is_onloaded(self) -> bool:
         return self._onloaded
+
+    def _require_onloaded(self, what: str) -> None:
+        """Offloaded, the weights' and optimizer's device storage is freed (on a GPU; the
+        same is refused on a CPU, where offload keeps it, so the tests see what a GPU
+        would): reading them gives nothing. The trainer worker onloads around such
+        reads (reshard.on_device)."""
+        if not self._onloaded:
+            raise RuntimeError(f"read of {what} while the megatron trainer is offloaded: onload() first")
 
     def _move_params(self, to_cpu: bool) -> None:
         """The distributed optimizer keeps the weights in DDP's contiguous param buffers
