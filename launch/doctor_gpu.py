@@ -1,42 +1,26 @@
-"""`dynarl bench gpu`: the checks that need one CUDA GPU, as one command (under 8
-minutes on an H200). Each part runs on its own and reports `ok` or its error, so one
-failure does not hide the others:
+"""The parts of `dynarl doctor --gpu` that only a CUDA GPU can answer (launch/doctor.py
+runs each in a process of its own). Written against torch's and megatron-core's CUDA
+APIs; none has run yet where no GPU was lent (README, "What is verified where").
 
-    native      the native Qwen2 model, rollout engine and trainer on CUDA (bf16 model,
-                a generate and a GRPO step)
-    device_lock the rollout engine's release_memory/resume_memory and the trainer's
-                offload/onload: device memory in use (torch.cuda.mem_get_info) before,
-                released and back
-    costmodel   prefill and decode-step times of the native engine at Qwen2.5-0.5B and
-                -1.5B shapes (random weights, bf16) beside components/costmodel.py's
-                prediction for the device (`--device`, default h200)
-    megatron    (with dynarl[megatron]) a megatron-core GPTModel with megatron's own
-                optimizer: a GRPO step, offload/onload memory, and its state
-                exported and imported again (what a P2P reshard moves) unchanged
-    p2p         two processes on the one GPU: a CUDA tensor sent peer-to-peer over NCCL
-                (which may refuse two ranks on one device: "needs 2 GPUs"), and over gloo
-                staged through host memory, as dynarl's gloo groups carry CUDA state
-
-    dynarl bench gpu [--json] [--out FILE] [--parts native,device_lock,...] [--device h200]
-
-Nothing here has run yet: no GPU was available when it was written (README, "What is
-verified where").
+    device_lock     the rollout engine's release_memory/resume_memory and the trainer's
+                    offload/onload: device memory in use before, released and back
+    costmodel       prefill and decode-step times of the native engine at the Qwen2.5-0.5B
+                    and -1.5B shapes beside components/costmodel.py's prediction (h100-80gb)
+    megatron_state  megatron's own optimizer: a step, offload/onload memory, its state
+                    exported and imported again (what a P2P reshard moves) unchanged
+    megatron_1p5b   a megatron trainer at the Qwen2.5-1.5B shape: step time, MFU, peak
+                    memory beside the memory plan's
+    memory_release  memory a process frees is allocatable by the next process
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
-import socket
-import sys
 import time
-import traceback
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-PARTS = ("native", "device_lock", "costmodel", "megatron", "p2p")
+COSTMODEL_DEVICE = "h100-80gb"
 SHAPES = {  # Qwen2.5 config.json values (HF Qwen/Qwen2.5-0.5B, -1.5B)
     "qwen2.5-0.5b": dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
@@ -87,25 +71,7 @@ def _batch(vocab: int, rows: int = 8, length: int = 64) -> Any:
                       prompt_lens=[length // 2] * rows, advantages=[1.0 if i % 2 else -1.0 for i in range(rows)])
 
 
-def part_native(_: argparse.Namespace) -> dict:
-    from dynarl.components.trainer.base import TrainerConfig
-    from dynarl.components.trainer.native.trainer import NativeTrainer
-
-    model = _model()
-    engine = _engine(model, 16, 96)
-    begun = time.perf_counter()
-    results = asyncio.run(engine.generate(_requests(16, 32, 64, model.config.vocab_size)))
-    generate_s = time.perf_counter() - begun
-    trainer_model = _model(dtype=torch.float32).train()
-    trainer = NativeTrainer(trainer_model, TrainerConfig(micro_batch_size=4))
-    begun = time.perf_counter()
-    metrics = trainer.train_step(_batch(model.config.vocab_size))
-    torch.cuda.synchronize()
-    return {"generate_s": round(generate_s, 4), "tokens": sum(len(r.output_token_ids) for r in results),
-            "train_step_s": round(time.perf_counter() - begun, 4), "loss": metrics["loss"]}
-
-
-def part_device_lock(_: argparse.Namespace) -> dict:
+def part_device_lock(gpu: bool) -> dict:
     from dynarl.components.trainer.base import TrainerConfig
     from dynarl.components.trainer.native.trainer import NativeTrainer
 
@@ -133,10 +99,10 @@ def part_device_lock(_: argparse.Namespace) -> dict:
     return out
 
 
-def part_costmodel(args: argparse.Namespace) -> dict:
+def part_costmodel(gpu: bool) -> dict:
     from dynarl.components import costmodel
 
-    device = costmodel.get_device(args.device)
+    device = costmodel.get_device(COSTMODEL_DEVICE)
     out = {}
     for name in SHAPES:
         model = _model(name)
@@ -181,7 +147,7 @@ def _engine_time(model: Any, batch: int, context: int) -> float:
     return time.perf_counter() - begun
 
 
-def part_megatron(_: argparse.Namespace) -> dict:
+def part_megatron_state(gpu: bool) -> dict:
     from dynarl.components.engine_factory import init_default_group
     from dynarl.components.model.config import TINY_CONFIGS
     from dynarl.components.trainer.base import TrainerConfig
@@ -218,86 +184,117 @@ def part_megatron(_: argparse.Namespace) -> dict:
     return out
 
 
-def _p2p_rank(rank: int, port: int, backend: str, numel: int, result: Any) -> None:
-    import torch.distributed as dist
+def part_megatron_1p5b(gpu: bool) -> dict:
+    import torch
 
-    torch.cuda.set_device(0)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    t = torch.full((numel,), float(rank + 1), device="cuda")
-    staged = backend == "gloo"  # gloo's send/recv take host tensors
-    dist.barrier()
-    begun = time.perf_counter()
-    if rank == 0:
-        dist.send(t.cpu() if staged else t, dst=1)
-    else:
-        into = torch.empty(numel, dtype=t.dtype) if staged else t
-        dist.recv(into, src=0)
-        if staged:
-            t.copy_(into)
+    from dynarl.components import costmodel
+    from dynarl.components.engine_factory import init_default_group
+    from dynarl.components.model.config import ModelConfig
+    from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+    from dynarl.components.trainer.megatron.config import MegatronConfig
+    from dynarl.components.trainer.megatron.trainer import MegatronTrainer
+
+    init_default_group(None)
+    config = ModelConfig(max_position_embeddings=4096, **SHAPES["qwen2.5-1.5b"])
+    micro, rows, length = 4, 16, 1024
+    trainer = MegatronTrainer(config, TrainerConfig(micro_batch_size=micro), MegatronConfig())
+    g = torch.Generator().manual_seed(1)
+    batch = TrainBatch(input_ids=[torch.randint(3, config.vocab_size, (length,), generator=g).tolist()
+                                  for _ in range(rows)], prompt_lens=[length // 2] * rows,
+                       advantages=[1.0 if i % 2 else -1.0 for i in range(rows)])
+    try:
+        trainer.train_step(batch)  # warm-up
         torch.cuda.synchronize()
-        result.put({"backend": backend, "staged_through_host": staged, "mb": numel * 4 / 2**20,
-                    "seconds": time.perf_counter() - begun, "received_ok": bool((t == 1.0).all().item())})
-    dist.destroy_process_group()
-
-
-def part_p2p(_: argparse.Namespace) -> dict:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    out: dict[str, Any] = {}
-    for backend in ("nccl", "gloo"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        result = ctx.Queue()
-        procs = [ctx.Process(target=_p2p_rank, args=(r, port, backend, 64 << 20, result)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=45)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        if all(p.exitcode == 0 for p in procs) and not result.empty():
-            row = result.get()
-            out[backend] = {**row, "mb_per_s": round(row["mb"] / row["seconds"], 1)}
-        else:
-            out[backend] = {"failed": [p.exitcode for p in procs],
-                            "note": "NCCL refuses two ranks on one GPU: needs 2 GPUs" if backend == "nccl" else ""}
-    if not any("received_ok" in row for row in out.values()):
-        raise RuntimeError(f"no backend moved the tensor between two processes on one GPU: {out}")
+        torch.cuda.reset_peak_memory_stats()
+        begun = time.perf_counter()
+        trainer.train_step(batch)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - begun
+        peak = torch.cuda.max_memory_allocated()
+    finally:
+        trainer.close()
+    params = config.num_parameters
+    flops = 6 * params * rows * length  # forward and backward, dense layers (attention not counted)
+    device = costmodel.get_device("h100-80gb")
+    out = {"params": params, "tokens": rows * length, "step_s": round(seconds, 3),
+           "mfu": round(flops / seconds / device.bf16_flops, 4), "peak_gb": round(peak / 1e9, 3)}
+    plan = planned_trainer_bytes(config, micro, length)
+    if plan is not None:
+        out["planned_gb"] = round(plan / 1e9, 3)
+        out["peak_over_plan"] = round(peak / plan, 3)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dynarl bench gpu", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default=",".join(PARTS))
-    parser.add_argument("--device", default="h200", help="the cost model's device to compare with")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", help="also write the report here")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("dynarl bench gpu: no CUDA device here", file=sys.stderr)
-        return 2
-    parts: dict[str, Callable[[argparse.Namespace], dict]] = {
-        "native": part_native, "device_lock": part_device_lock, "costmodel": part_costmodel,
-        "megatron": part_megatron, "p2p": part_p2p}
-    report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    for name in args.parts.split(","):
-        begun = time.perf_counter()
-        try:
-            report[name] = {"ok": True, **parts[name](args)}
-        except Exception as exc:
-            report[name] = {"ok": False, "error": f"{exc!r}", "trace": traceback.format_exc()[-2000:]}
-        report[name]["seconds"] = round(time.perf_counter() - begun, 2)
-        torch.cuda.empty_cache()
-        print(f"{name}: {'ok' if report[name]['ok'] else 'FAILED ' + report[name]['error']} "
-              f"({report[name]['seconds']} s)", file=sys.stderr, flush=True)
-    text = json.dumps(report, indent=None if args.json else 2, default=str)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0 if all(report[n]["ok"] for n in args.parts.split(",")) else 1
+def planned_trainer_bytes(config: Any, micro_batch: int, seq_len: int) -> int:
+    """The memory plan's train-phase bytes of this one megatron rank (components/memory/),
+    from a `dynarl train` config of the same shape on one GPU."""
+    import json
+    import tempfile
+
+    from dynarl.components.memory.of_config import plan_of
+    from dynarl.launch.train import resolve_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        with open(f"{folder}/config.json", "w") as f:
+            json.dump(config.to_hf_dict(), f)
+        new_tokens = 64
+        cfg = resolve_config(None, [
+            ("model.path", folder), ("runtime.cluster.device_kind", "cuda"), ("runtime.cluster.devices_per_node", 1),
+            ("placement.mode", "temporal"), ("rollout.num_ranks", 1), ("inference.num_ranks", 1),
+            ("trainer.num_ranks", 1), ("trainer.backend", "megatron"), ("trainer.engine.micro_batch_size", micro_batch),
+            ("rollout.max_new_tokens", new_tokens), ("memory.prompt_tokens", seq_len - new_tokens)], None)
+        plan = plan_of(cfg)
+    return sum(plan.devices[0].phases["train"]["trainer.0"].values())
+
+
+def _hold_and_free(gb: float, hold: Any, freed: Any, queue: Any) -> None:
+    """Allocates `gb`, signals `hold`, waits for `freed`, then drops it and gives the
+    cached blocks back (release_cached_memory) and reports; stays alive meanwhile."""
+    import torch
+
+    from dynarl.components.device_memory import release_cached_memory
+
+    t = torch.empty(int(gb * 1e9), dtype=torch.uint8, device="cuda")
+    hold.set()
+    freed.wait(20)
+    del t
+    release_cached_memory()
+    queue.put(round(torch.cuda.mem_get_info()[0] / 1e9, 3))
+    freed.wait(20)  # alive (its CUDA context too) until the second process has allocated
+
+
+def _allocate(gb: float, queue: Any) -> None:
+    import torch
+
+    torch.empty(int(gb * 1e9), dtype=torch.uint8, device="cuda")
+    queue.put(True)
+
+
+def part_memory_release(gpu: bool) -> dict:
+    """More than half the GPU held by a first process, released while it stays alive,
+    then allocated by a second: it fits only if the first gave the memory back."""
+    import multiprocessing as mp
+
+    total = torch.cuda.mem_get_info()[1]
+    gb = round(total * 0.55 / 1e9, 1)
+    ctx = mp.get_context("spawn")
+    hold, freed, report, got = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    first = ctx.Process(target=_hold_and_free, args=(gb, hold, freed, report))
+    first.start()
+    try:
+        if not hold.wait(30):
+            raise RuntimeError(f"the first process could not allocate {gb} GB")
+        freed.set()
+        free_after = report.get(timeout=20)
+        second = ctx.Process(target=_allocate, args=(gb, got))
+        second.start()
+        second.join(30)
+        if second.exitcode != 0:
+            raise RuntimeError(f"the second process could not allocate {gb} GB after the first released it "
+                               f"(exit {second.exitcode}; {free_after} GB free)")
+    finally:
+        first.join(25)
+        if first.is_alive():
+            first.kill()
+    return {"total_gb": round(total / 1e9, 3), "each_gb": gb, "free_after_release_gb": free_after,
+            "second_allocated": got.get(timeout=5)}
