@@ -205,3 +205,12 @@ def test_vllm_backend_is_planned(capsys):
                  "rollout.vllm.gpu_memory_utilization=0.7", "scheduler.policy=static"]) == 0
     out = capsys.readouterr().out
     assert "rollout     56.5  rollout.0 [weights 15.2, cuda context 0.5, vllm (kv cache) 40.8]" in out
+
+
+def test_megatron_without_its_section_is_planned_with_the_backends_defaults():
+    """trainer.backend=megatron alone (no trainer.megatron section): the plan takes
+    MegatronConfig's defaults, as the engine factory does, instead of failing."""
+    cfg = load_config(None, [("trainer.backend", "megatron")])
+    plan = plan_of(cfg)
+    trainer = plan.devices[0].phases["train"]["trainer.0"]
+    assert trainer["weights"] > 0 and trainer["optimizer state"] > 0

@@ -110,7 +110,9 @@ def megatron_trainer(cfg: Any, m: ModelConfig, s: Shape, world: int) -> tuple[di
     the fp32 main weights and Adam's moments, divided by n with the distributed
     optimizer ("6 + 12/d"); fp32 weights need no main copy (4 + 4 + 8). All of it over
     t. Activations: formulas.activation_bytes at t, bf16 (flash attention)."""
-    mc = cfg.trainer.megatron
+    from dynarl.components.trainer.megatron.config import MegatronConfig
+
+    mc = cfg.trainer.megatron or MegatronConfig()  # (the backend's defaults, as engine_factory builds it)
     t = mc.tensor_parallel_size
     n = max(1, world // t)
     d = f.DTYPE_BYTES[mc.dtype]
