@@ -83,14 +83,23 @@ def test_an_env_that_does_not_exist_is_refused_at_load_naming_the_field(tmp_path
     assert info.value.path == "embodied.env_id" and "cannot import" in str(info.value)
 
 
-@pytest.mark.parametrize("mode, workers, devices, env, rollout, trainer", [
-    ("hybrid", 2, 3, (0, 1), (2,), (2,)),    # envs apart, rollout and trainer time-share the last device
-    ("spatial", 2, 4, (0, 1), (2,), (3,)),
-    ("temporal", 3, 2, (0, 1, 0), (0,), (0,)),
+@pytest.mark.parametrize("mode, workers, devices, learners, env, rollout, trainer", [
+    ("hybrid", 2, 3, 1, (0, 1), (2,), (2,)),    # envs apart, rollout and trainer time-share the last device
+    ("spatial", 2, 4, 1, (0, 1), (2,), (3,)),
+    ("temporal", 3, 2, 1, (0, 1, 0), (0,), (0,)),
+    # a data-parallel learner: one rank per device (NCCL), wrapping onto the env workers' devices
+    ("hybrid", 2, 3, 2, (0, 1), (2,), (2, 0)),
+    ("spatial", 2, 4, 3, (0, 1), (2,), (3, 0, 1)),
+    ("temporal", 3, 2, 2, (0, 1, 0), (0,), (0, 1)),
 ])
-def test_place(mode, workers, devices, env, rollout, trainer):
-    p = place(mode, workers, devices)
+def test_place(mode, workers, devices, learners, env, rollout, trainer):
+    p = place(mode, workers, devices, learner_ranks=learners)
     assert (p.env, p.rollout, p.trainer) == (env, rollout, trainer)
+
+
+def test_more_learner_ranks_than_devices_is_refused():
+    with pytest.raises(ValueError, match="one rank per device"):
+        place("hybrid", 2, 3, learner_ranks=4)
 
 
 @pytest.mark.parametrize("extra, field, fragment", [

@@ -111,18 +111,28 @@ def _span(devices: tuple[int, ...]) -> str:
 def place(mode: str, env_workers: int, num_devices: int, stages: int = 1, learner_ranks: int = 1
           ) -> EmbodiedPlacement:
     """Pure: the devices of each component of `dynarl train`'s embodied job (one policy
-    rank; the learner's ranks on one device; see the module's docstring)."""
+    rank; see the module's docstring). The learner's data-parallel ranks each on a
+    device of their own, from its first device on (wrapping round the cluster, sharing
+    devices with env workers): NCCL takes no two members of its gradient group on one GPU."""
+    if learner_ranks > num_devices:
+        raise ValueError(f"embodied.learner_ranks {learner_ranks}: one rank per device, the cluster has "
+                         f"{num_devices}")
     if mode == "temporal":
         return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,),
-                                 (0,) * learner_ranks, stages=stages)
+                                 _learner(0, learner_ranks, num_devices), stages=stages)
     need = env_workers + (1 if mode == "hybrid" else 2)
     if mode not in ("hybrid", "spatial"):
         raise ValueError(f"the embodied workflow places envs temporal, hybrid or spatial, not {mode!r}")
     if num_devices < need:
         raise ValueError(f"{mode} placement of {env_workers} env workers needs {need} devices, the cluster has "
                          f"{num_devices}")
+    first = env_workers + (0 if mode == "hybrid" else 1)
     return EmbodiedPlacement(mode, tuple(range(env_workers)), (env_workers,),
-                             (env_workers + (0 if mode == "hybrid" else 1),) * learner_ranks, stages=stages)
+                             _learner(first, learner_ranks, num_devices), stages=stages)
+
+
+def _learner(first: int, ranks: int, num_devices: int) -> tuple[int, ...]:
+    return tuple((first + i) % num_devices for i in range(ranks))
 
 
 @dataclass(frozen=True, slots=True)
