@@ -214,3 +214,28 @@ def test_megatron_without_its_section_is_planned_with_the_backends_defaults():
     plan = plan_of(cfg)
     trainer = plan.devices[0].phases["train"]["trainer.0"]
     assert trainer["weights"] > 0 and trainer["optimizer state"] > 0
+
+
+@pytest.mark.parametrize("devices, extra_gb, fits", [
+    ([2], 1.0, True),        # a rollout GPU at 68.5 GB
+    ([2, 3], 11.0, True),
+    ([2], 12.0, False),      # 68.5 + 12 > 80
+    ([0], 2.0, False),       # a GPU the trainer grows onto peaks at 78.3
+    ([2, 0], 1.0, True),
+    ([2, 0], 2.0, False),    # every device must have the room
+])
+def test_a_throwaway_trainer_fits_beside_the_job_only_with_room(devices, extra_gb, fits):
+    from dynarl.components.memory.plan import fits_beside
+    plan = plan_of(load_config(_yaml("examples/grpo_qwen2.5_7b_8xh100.yaml"), []))
+    assert fits_beside(plan, devices, int(extra_gb * 1e9)) is fits
+
+
+def test_the_7b_jobs_trainer_profile_fits_nowhere():
+    """scheduler.dynarl's start-up profile builds a throwaway trainer: at 7B no GPU of
+    the example has room for one (it learns the trainer's rate from its first step)."""
+    from dynarl.components.memory.plan import fits_beside, trainer_rank_bytes
+    cfg = load_config(_yaml("examples/grpo_qwen2.5_7b_8xh100.yaml"), [])
+    plan = plan_of(cfg)
+    for world in (4, 5, 6, 7):
+        devices = list(range(4, 8)) + list(range(world - 4))
+        assert not fits_beside(plan, devices, trainer_rank_bytes(cfg, cfg.model.config(), plan, world))

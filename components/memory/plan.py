@@ -22,7 +22,7 @@ same sum applies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from dynarl.components.model.config import ModelConfig
 
@@ -174,3 +174,19 @@ def _add_move(cfg: Any, model: ModelConfig, shape: e.Shape, prints: list[e.Footp
     for dev in set(devices["trainer"]) | set(devices["rollout"]):
         if shape.gpu:
             phases[dev]["move"]["standby"] = {"2 warm standbys": 2 * e.CUDA_CONTEXT_BYTES}
+
+
+def trainer_rank_bytes(cfg: Any, model: ModelConfig, plan: MemoryPlan, world: int) -> int:
+    """What one trainer rank of `world` ranks holds and works with (its train phase)."""
+    shape = e.Shape(plan.device_kind, plan.device_bytes, plan.seq_len)
+    trainer = e.megatron_trainer if cfg.trainer.backend == "megatron" else e.native_trainer
+    held, working = trainer(cfg, model, shape, world)
+    return sum(held.values()) + sum(working.values()) + sum(shape.context.values())
+
+
+def fits_beside(plan: MemoryPlan, devices: Sequence[int], extra_bytes: int) -> bool:
+    """Whether `extra_bytes` more on each of `devices` (a throwaway trainer rank of the
+    DynaRL profile, beside the job's own components) stays within every device's
+    memory at the device's planned peak."""
+    peaks = {d.device: d.peak for d in plan.devices}
+    return all(peaks.get(d, 0) + extra_bytes <= plan.device_bytes for d in devices)

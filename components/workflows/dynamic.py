@@ -260,7 +260,10 @@ class DynamicScheduling:
         """Profiled points at start: one step of a step-sized batch (`batch`) on warm
         standby ranks at every device count the trainer may come to hold (its own
         devices plus 0..all-but-one of rollout's; scheduler.dynarl.trainer_profile
-        home: its own only, linear beyond), each on a throwaway model; tokens/s."""
+        home: its own only, linear beyond), each on a throwaway model; tokens/s. On GPUs
+        only the device counts where the memory plan has room for that model beside the
+        job's own components (a 7B job's GPUs have none: its rate then comes from the
+        first step, and the trainer takes no devices before it)."""
         pool = self.scheduler.managers["trainer"].spec.standby
         home, rollout = self.mover.home["trainer"], self.mover.home["rollout"]
         tokens = sum(len(ids) for ids in batch.input_ids)
@@ -269,6 +272,8 @@ class DynamicScheduling:
         unit = engine_factory.trainer_unit(self.cfg)
         for extra in range(0, len(rollout), unit) if every else [0]:
             devices = home + rollout[:extra]
+            if not self._profile_fits(devices):
+                continue
             group = pool.adopt(devices, f"trainer~profile{len(devices)}")
             dp = f"trainer_profile@{len(devices)}" if len(devices) > 1 else None
             try:
@@ -284,7 +289,20 @@ class DynamicScheduling:
                     await self.ctl.process_groups.destroy(dp)
                 await group.call("reshard_retire")
                 await pool.park(group)
-        self.rates.profile_trainer(points)
+        if points:  # (none fit on the GPUs: the trainer's rate is learned from its first step)
+            self.rates.profile_trainer(points)
+
+    def _profile_fits(self, devices: list[int]) -> bool:
+        """On GPUs, whether a throwaway trainer of `devices` ranks fits beside the job's
+        own components on each of them (the memory plan); CPU memory is the host's."""
+        if self.cfg.runtime.cluster.device_kind != "cuda":
+            return True
+        from dynarl.components.memory.of_config import plan_of
+        from dynarl.components.memory.plan import fits_beside, trainer_rank_bytes
+
+        plan = plan_of(self.cfg)
+        return plan is None or fits_beside(plan, devices, trainer_rank_bytes(
+            self.cfg, self.cfg.model.config(), plan, len(devices)))
 
     def _step_sized_batch(self) -> TrainBatch:
         """As many samples as a GRPO step trains, of the task's real lengths: the warm

@@ -100,7 +100,10 @@ class MeasuredRates:
         stays) and of inference (its model: linear from there)."""
         if step_s:
             self.step_s = step_s
-        if trainer is not None and "trainer" in self.models and trainer[1] > 0:
-            self.models["trainer"].observe(*trainer)
+        if trainer is not None and trainer[1] > 0:
+            if "trainer" in self.models:
+                self.models["trainer"].observe(*trainer)
+            else:  # no profile (none fit beside the job): linear from the first step's
+                self.models["trainer"] = ThroughputModel([trainer])
         if inference is not None and inference[1] > 0:
             self.models["inference"] = ThroughputModel([inference])
