@@ -33,6 +33,10 @@ from .requests import (Entry, IdAllocator, finish_reason, finished_before_start,
                        sampling_kwargs, take_delta)
 from . import weights
 
+ABORT_LIMIT_S = 120.0
+"""abort()/export_inflight() give up (RuntimeError) when vLLM has not ended every
+aborted stream by then: a stuck engine is an error, not a hang."""
+
 
 class VLLMRolloutEngine:
     def __init__(self, engine: Any, config: VLLMConfig, weight_version: int = 0, *,
@@ -249,7 +253,11 @@ class VLLMRolloutEngine:
         finished meanwhile). Repeated: a request vLLM is still adding (its generate() call
         not yet registered) misses an abort, as it would miss SGLang's."""
         pending = [(e.vid, self._futures[e.request.request_id]) for e in entries]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ABORT_LIMIT_S
         while pending:
+            if loop.time() > deadline:
+                raise RuntimeError(f"vLLM did not end {len(pending)} aborted requests in {ABORT_LIMIT_S:.0f} s")
             await self.engine.abort([vid for vid, _ in pending])  # each stream ends with an 'abort' output
             await asyncio.wait([f for _, f in pending], timeout=self.config.abort_retry_s)
             pending = [(vid, f) for vid, f in pending if not f.done()]
