@@ -33,9 +33,12 @@ if TYPE_CHECKING:
 def worker_environment(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
-    # Same import path as the controller, so classes in tests and user scripts resolve.
+    # Same import path as the controller, so classes in tests and user scripts resolve;
+    # less any folder that holds a `dynarl` directory other than this package (a run
+    # directory named dynarl in the working directory would otherwise be imported as a
+    # namespace package ahead of an editable install, and no worker would start).
     paths = [p or os.getcwd() for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in dict.fromkeys(paths) if not _shadows_dynarl(p))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -48,12 +51,20 @@ def bootstrap_line_for(ctl_address: str, secret: bytes, spec: "WorkerSpec", hear
                         "data_host": data_host}) + "\n").encode()
 
 
+def _shadows_dynarl(path: str) -> bool:
+    import dynarl
+    found = os.path.join(path, "dynarl")
+    return os.path.isdir(found) and os.path.realpath(found) != os.path.realpath(os.path.dirname(dynarl.__file__))
+
+
 async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio.subprocess.Process:
     # The worker checks that this process is still its parent once it has armed
     # PR_SET_PDEATHSIG: a parent that died during its imports is then noticed too.
     env = {**env, PARENT_PID_ENV: str(os.getpid())}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dynarl.launch.worker_main", stdin=asyncio.subprocess.PIPE,
+        # -P: not the working directory first on the path (python -m would put it there,
+        # ahead of the import path worker_environment gives)
+        sys.executable, "-P", "-m", "dynarl.launch.worker_main", stdin=asyncio.subprocess.PIPE,
         env=env, start_new_session=True)
     proc.stdin.write(bootstrap)
     await proc.stdin.drain()

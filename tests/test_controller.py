@@ -2,6 +2,7 @@ NUM_GPUS = 0
 
 import asyncio
 import os
+import sys
 
 import pytest
 
@@ -180,3 +181,24 @@ async def test_trace_written(tmp_path):
     events = json.loads(path.read_text())["traceEvents"]
     names = {e["name"] for e in events}
     assert {"hello", "spawn", "lock_wait", "onload", "offload", "stopped"} <= names
+
+
+def test_a_folder_named_dynarl_in_the_working_directory_does_not_shadow_the_package(tmp_path, monkeypatch):
+    """A run directory called dynarl beside the job: the workers' import path leaves that
+    folder's parent out (it would import as a namespace package ahead of an editable
+    install), and keeps the other entries."""
+    from dynarl.launch.local import worker_environment
+    (tmp_path / "dynarl").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", *sys.path])
+    paths = worker_environment({})["PYTHONPATH"].split(os.pathsep)
+    assert str(tmp_path) not in paths and sys.path[1] in paths
+
+
+async def test_workers_start_beside_a_folder_named_dynarl(tmp_path, monkeypatch):
+    """The same, end to end: a worker process started in that directory imports dynarl."""
+    (tmp_path / "dynarl").mkdir()
+    monkeypatch.chdir(tmp_path)
+    async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
+        group = await ctl.spawn(Echo, num_ranks=1)
+        assert [r["x"] for r in await group.call("hello", 7)] == [7]
