@@ -164,8 +164,8 @@ async def send_async(group: Any, plan: Plan, tensors: Iterable[tuple[str, Any]],
                      dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> int:
     """`send` in a thread (where `tensors` is consumed); on an emulated group nothing
     moves and the bytes `tensors` describe ((name, num_bytes) pairs) are returned."""
-    if isinstance(group, EmulatedGroup):
-        return await asyncio.to_thread(lambda: sum(int(n) for _, n in tensors))
+    if isinstance(group, EmulatedGroup):  # (sizes only: no thread, the virtual clock stays exact)
+        return sum(int(n) for _, n in tensors)
     return await asyncio.to_thread(send, group, plan, tensors, version, dtype, device)
 
 

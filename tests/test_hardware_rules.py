@@ -163,6 +163,8 @@ def test_3_engines_are_built_on_the_ranks_device_in_the_models_dtype():
 class _OffloadingEngine:
     """An engine whose reads are refused while offloaded (megatron's rule)."""
 
+    frees_offloaded_state = True
+
     def __init__(self):
         self.is_onloaded, self.calls = False, []
 
@@ -197,6 +199,11 @@ def test_4_reads_outside_the_device_lock_onload_around_them():
     assert engine.calls == ["onload", "offload"] and not engine.is_onloaded  # offloaded again after
     engine.is_onloaded, engine.calls = True, []
     assert asyncio.run(_Worker(engine).export()) == ("state", "state") and engine.calls == []  # resident: untouched
+    # an engine whose offloaded state stays readable (native: host memory) is not moved for a read
+    engine.is_onloaded, engine.frees_offloaded_state = False, False
+    with pytest.raises(RuntimeError, match="while offloaded"):  # (this stand-in still refuses, so it shows)
+        asyncio.run(_Worker(engine).export())
+    assert engine.calls == []
 
 
 def test_4_reads_at_once_and_the_device_lock_never_offload_under_a_read():

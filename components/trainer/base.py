@@ -354,8 +354,11 @@ class TrainerEngine(Protocol):
     async def offload(self) -> None: ...
     @property
     def is_onloaded(self) -> bool:
-        """Whether its state is on the device (an offloaded megatron trainer's weights are
-        not readable: their device storage is freed)."""
+        """Whether its state is on the device."""
+    frees_offloaded_state: bool
+    """Offloaded, its state cannot be read (megatron frees the device storage): reads
+    outside the device_lock onload it first (trainer/residency.py). A native trainer's
+    offloaded state is in host memory and read from there."""
     async def close(self) -> None:
         """Let go of what the engine holds in the process beyond its tensors (megatron:
         its parallel state), so a later engine there may take another layout."""

@@ -136,7 +136,8 @@ class ReshardableTrainer(Residency):
         def run() -> int:
             ops, sent = [], 0
             for key, _, dst, offset, length, tag in transfers:
-                piece = state[key][offset - start: offset - start + length].contiguous()
+                # (an offloaded native trainer's state is in host memory: onto the device for the wire)
+                piece = state[key][offset - start: offset - start + length].contiguous().to(self.device)
                 ops.append(dist.P2POp(dist.isend, piece, group=pg, tag=tag, group_peer=dst))
                 sent += length
             for w in post_all(ops):

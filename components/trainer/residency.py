@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 class Residency:
     """Mixin of a trainer worker whose engine (`self.trainer`: onload, offload,
-    is_onloaded) may be offloaded."""
+    is_onloaded, frees_offloaded_state) may be offloaded."""
     trainer: Any
     _residency: asyncio.Lock | None = None
 
@@ -32,8 +32,8 @@ class Residency:
         """The engine's state on its device while the body runs: onloaded if it was
         offloaded, and offloaded again after."""
         async with self._residency_lock():
-            if self.trainer is None or self.trainer.is_onloaded:
-                yield
+            if self.trainer is None or self.trainer.is_onloaded or not self.trainer.frees_offloaded_state:
+                yield  # (a native trainer's offloaded state is readable in host memory)
                 return
             await self.trainer.onload()
             try:

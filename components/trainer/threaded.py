@@ -91,5 +91,9 @@ class ThreadedTrainer:
     def is_onloaded(self) -> bool:
         return self.engine.is_onloaded
 
+    @property
+    def frees_offloaded_state(self) -> bool:
+        return self.engine.frees_offloaded_state
+
     async def offload(self) -> None:
         await asyncio.to_thread(self.engine.offload)

@@ -43,6 +43,7 @@ from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.reshard import ReshardableTrainer
 from dynarl.components.trainer.residency import on_device
+from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.transport.process_group import EmulatedGroup
 
 
@@ -183,8 +184,9 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
             group = self.process_group(name)
         except KeyError:  # a TP rank outside the sync group: it only takes part in the gathers
             group = None
-        if group is None or group.rank() != 0:
-            await asyncio.to_thread(collections.deque, tensors, 0)
+        if group is None or group.rank() != 0:  # its part of megatron's gathers (off the loop; sizes: here)
+            if isinstance(self.trainer, ThreadedTrainer):
+                await asyncio.to_thread(collections.deque, tensors, 0)
             return 0
         dtype = self.model.engine_dtype(self.device_kind)
         plan = [] if isinstance(group, EmulatedGroup) else weight_sync.model_plan(self.model, self.bucket_bytes, dtype)

@@ -69,6 +69,8 @@ def megatron_optimizer(ddp_model: Any, config: TrainerConfig, megatron: Megatron
 class MegatronTrainer:
     """Collective methods (train_step, layout, named_weights and the constructor) must
     be called on every rank."""
+    frees_offloaded_state = True
+    """(trainer/base.py TrainerEngine)"""
 
     def __init__(self, model_config: ModelConfig, config: TrainerConfig, megatron: MegatronConfig, *,
                  hf_weights: Mapping[str, torch.Tensor] | None = None,

@@ -41,6 +41,8 @@ class NativeTrainer:
     """One data-parallel rank. Collective methods (train_step, import_state_shard,
     save/load_checkpoint, and the constructor, which broadcasts rank 0's weights)
     must be called on every rank of `process_group`."""
+    frees_offloaded_state = False
+    """(trainer/base.py TrainerEngine)"""
 
     TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
     """The loss terms a step reports (token-means over the global batch)."""
