@@ -236,17 +236,22 @@ class VLLMRolloutEngine:
         futures = [self._futures[e.request.request_id] for e in targets]
         self._claimed.update(e.request.request_id for e in targets)
         try:
-            inside = []
-            for entry in targets:
-                if entry.submitted:
-                    inside.append(entry)
-                else:
-                    entry.task.cancel()
-                    self._deliver(entry, result(entry, "abort", self.weight_version))
-            await self._abort_until_back(inside)
+            await self._abort_all(targets)
             return list(await asyncio.gather(*futures))
         finally:
             self._claimed.difference_update(e.request.request_id for e in targets)
+
+    async def _abort_all(self, entries: list[Entry]) -> None:
+        """Every entry ends with its partial result: one not yet handed to vLLM here and
+        now, the others by vLLM's abort (repeated until each is back)."""
+        inside = []
+        for entry in entries:
+            if entry.submitted:
+                inside.append(entry)
+            else:
+                entry.task.cancel()
+                self._deliver(entry, result(entry, "abort", self.weight_version))
+        await self._abort_until_back(inside)
 
     async def _abort_until_back(self, entries: list[Entry]) -> None:
         """Abort the entries in vLLM until each stream has ended (with 'abort', or
@@ -289,14 +294,7 @@ class VLLMRolloutEngine:
         self._exporting = True
         self._update_gate()
         try:
-            inside = []
-            for entry in entries:
-                if entry.submitted:
-                    inside.append(entry)
-                else:
-                    entry.task.cancel()
-                    self._deliver(entry, result(entry, "abort", self.weight_version))
-            await self._abort_until_back(inside)
+            await self._abort_all(entries)
             results = await asyncio.gather(*futures.values())
             exported = []
             for entry, res in zip(entries, results):
