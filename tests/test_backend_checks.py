@@ -44,11 +44,34 @@ def test_find_spec_does_not_import_the_backend():
     assert "sglang" not in sys.modules or not hasattr(sys.modules["sglang"], "Engine")
 
 
+@pytest.mark.parametrize("version, release", [
+    ("0.5.23", (0, 5, 23)), ("0.5.23.post1", (0, 5, 23)), ("0.32.0+cpu", (0, 32, 0)), ("0.17.0rc1", (0, 17, 0)),
+    ("1.0.0.dev3", (1, 0, 0)), ("2", (2,)),
+])
+def test_a_release_is_read_from_the_version(version, release):
+    assert extras.release(version) == release
+
+
+@pytest.mark.parametrize("backend, version, ok", [
+    ("sglang", "0.5.23", True), ("sglang", "0.5.24.post2", True), ("sglang", "0.5.22", False),
+    ("sglang", "0.6.0", False), ("vllm", "0.32.0+cpu", True), ("vllm", "0.32.1", True), ("vllm", "0.11.0", False),
+    ("vllm", "0.33.0rc1", False), ("megatron", "0.16.1", True), ("megatron", "0.17.0", False),
+    ("native", "9.9", True),
+])
+def test_supported_releases(backend, version, ok):
+    problem = extras.version_problem(backend, version)
+    assert (problem is None) == ok
+    if not ok:
+        assert version in problem and ">=" in problem and f"dynarl[{backend}]" in problem
+
+
 @pytest.mark.skipif(not extras.is_available("megatron"), reason="megatron-core not installed")
-def test_an_untested_megatron_version_warns(monkeypatch):
-    monkeypatch.setitem(extras.TESTED_VERSIONS, "megatron-core", ("0.0.1",))
-    with pytest.warns(UserWarning, match="tested with 0.0.1"):
+def test_an_installed_release_outside_the_range_fails_at_load_naming_the_field(monkeypatch):
+    extras.require_extra("megatron", "trainer.backend")  # the one CI installs
+    monkeypatch.setitem(extras.SUPPORTED, "megatron", ((0, 1), (0, 2)))
+    with pytest.raises(ConfigError, match=r"supports >=0.1,<0.2") as info:
         extras.require_extra("megatron", "trainer.backend")
+    assert info.value.path == "trainer.backend"
 
 
 @pytest.mark.skipif(extras.is_available("sglang"), reason="sglang is installed")
@@ -124,3 +147,45 @@ def test_vllm_tp_must_divide_the_heads():
         check_backends(rollout_backend="vllm", trainer_backend="native", model=QWEN_7B, rollout_ranks=1,
                        trainer_ranks=1, vllm=VLLMConfig(tp_size=3), require_installed=False)
     assert info.value.path == "rollout.vllm.tp_size"
+
+
+def _folder(tmp_path, name, model="tiny-1m", weights=True, edit=None):
+    from dynarl.components.model.io import save_pretrained
+    from dynarl.components.model.spec import ModelSpec, build_model
+    folder = tmp_path / name
+    save_pretrained(build_model(ModelSpec(name=model)), folder)
+    if not weights:
+        for f in folder.glob("*.safetensors"):
+            f.unlink()
+    if edit:
+        import json
+        config = json.loads((folder / "config.json").read_text())
+        config.update(edit)
+        (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda tmp: _folder(tmp, "ok"), None),
+    (lambda tmp: str(tmp / "missing"), "is not a folder"),
+    (lambda tmp: (tmp / "empty").mkdir() or str(tmp / "empty"), "no config.json"),
+    (lambda tmp: _folder(tmp, "gpt2", edit={"model_type": "gpt2"}), "model_type 'gpt2' is not supported"),
+    (lambda tmp: _folder(tmp, "noweights", weights=False), "no *.safetensors"),
+    (lambda tmp: _folder(tmp, "other", model="tiny-4m"), "hidden_size"),
+], ids=["ok", "missing", "no-config", "architecture", "no-weights", "other-shape"])
+def test_an_engine_model_the_engine_cannot_serve_is_named(tmp_path, make, fragment):
+    from dynarl.components.backends import served_model_problem
+    from dynarl.components.model.config import TINY_CONFIGS
+    problem = served_model_problem(make(tmp_path), TINY_CONFIGS["tiny-1m"])
+    assert problem is None if fragment is None else fragment in problem, problem
+
+
+@pytest.mark.parametrize("backend", ["sglang", "vllm"])
+def test_an_engine_model_path_is_checked_at_load(tmp_path, backend):
+    from dynarl.components.model.config import TINY_CONFIGS
+    from dynarl.components.rollout.vllm.config import VLLMConfig
+    engine = {f"{backend}": (SGLangConfig if backend == "sglang" else VLLMConfig)(model_path=str(tmp_path / "no"))}
+    with pytest.raises(ConfigError, match="is not a folder") as info:
+        check_backends(rollout_backend=backend, trainer_backend="native", model=TINY_CONFIGS["tiny-1m"],
+                       rollout_ranks=1, trainer_ranks=1, require_installed=False, **engine)
+    assert info.value.path == f"rollout.{backend}.model_path"

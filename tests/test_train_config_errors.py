@@ -34,6 +34,23 @@ def test_config_errors_name_the_field(override, path, fragment):
     assert fragment in str(info.value)
 
 
+AGENTIC = [("workflow", "agentic"), ("task.kind", "calc")]
+
+
+@pytest.mark.parametrize("overrides,path", [
+    pytest.param([("rollout.backend", "sglang")], "rollout.sglang.enable_priority_scheduling", id="sglang"),
+    pytest.param([("rollout.backend", "vllm")], "rollout.vllm.scheduling_policy", id="vllm"),
+])
+def test_the_agentic_priority_queue_needs_the_engines_priority_mode(overrides, path):
+    with pytest.raises(ConfigError, match="FCFS") as info:
+        load_config(None, AGENTIC + overrides)
+    assert info.value.path == path
+    load_config(None, AGENTIC + overrides + [("agentic.queue", "fifo")])  # FCFS asked for: fine
+    mode = {"sglang": ("rollout.sglang.enable_priority_scheduling", True),
+            "vllm": ("rollout.vllm.scheduling_policy", "priority")}[overrides[0][1]]
+    load_config(None, AGENTIC + overrides + [mode])
+
+
 def test_missing_dataset_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as info:
         prepare(None, [("task.kind", "dataset"), ("task.dataset.path", str(tmp_path / "nope.jsonl"))],

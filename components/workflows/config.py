@@ -517,6 +517,21 @@ class TrainConfig:
                                            f"not {self.task.kind!r}")
         if self.task.kind == "calc" and self.workflow != "agentic":
             raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
+        if self.workflow == "agentic" and self.agentic.queue == "priority":
+            self._check_engine_priority()
+
+    def _check_engine_priority(self) -> None:
+        """agentic.queue priority orders each engine's waiting requests; SGLang and vLLM
+        take a request's priority only in their priority mode, else serve FCFS."""
+        backend = self.rollout.backend
+        if backend == "sglang" and not (self.rollout.sglang and self.rollout.sglang.enable_priority_scheduling):
+            raise ConfigError("rollout.sglang.enable_priority_scheduling",
+                              "agentic.queue priority needs it true (else SGLang serves its queue FCFS); "
+                              "or set agentic.queue fifo")
+        if backend == "vllm" and (self.rollout.vllm is None or self.rollout.vllm.scheduling_policy != "priority"):
+            raise ConfigError("rollout.vllm.scheduling_policy",
+                              "agentic.queue priority needs 'priority' (else vLLM serves its queue FCFS); "
+                              "or set agentic.queue fifo")
 
     def _check_embodied(self) -> None:
         """Env workers, the policy and its learner on the cluster's devices (components/placement/embodied.py place);

@@ -18,6 +18,10 @@ raises TypeError) and the behaviours the adapter must respect (BACKENDS.md A1-A9
   has no session); an update waits for in-flight generations unless paused; an update
   or flush_cache with queued work reports success=False (queue ignored while paused).
 - release_memory_occupation asserts the scheduler is idle (queue ignored while paused).
+  The batch that finished the last request stays the scheduler's last batch until its
+  loop runs once more with nothing to do, and idle needs no last batch (seen on the
+  real engine: a release right after the last result arrived failed the assertion);
+  a retract pause or a flush clears it; flush_cache(timeout_s) waits for idle.
 
 Tokens are a deterministic function of the whole sequence, so a request continued on
 another engine yields exactly the tokens of an uninterrupted run.
@@ -25,6 +29,7 @@ another engine yields exactly the tokens of an uninterrupted run.
 from __future__ import annotations
 
 import asyncio
+import time
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -87,6 +92,7 @@ class FakeTokenizerManagerOld:
         self._cond = asyncio.Condition()
         self._ticker: asyncio.Task | None = None
         self._snapshot: io.LoadSnapshot | None = None
+        self.last_batch = False  # a batch ran in the scheduler's last loop iteration
 
     def auto_create_handle_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -135,6 +141,7 @@ class FakeTokenizerManagerOld:
 
     def _tick(self) -> bool:
         if self.is_pause or self.released or not (self.waiting or self.running):
+            self.last_batch = False
             return False
         key = (lambda r: (-(r.priority or 0), r.arrival)) if self.enable_priority_scheduling else (lambda r: r.arrival)
         for req in sorted(self.waiting, key=key):
@@ -159,6 +166,7 @@ class FakeTokenizerManagerOld:
                 self._finish(req, {"type": "length", "length": len(req.output_ids)})
             elif len(req.output_ids) % self.force_stream_interval == 0:
                 req.sent = len(req.output_ids)  # a non-streaming request still reports every N tokens
+        self.last_batch = True
         return True
 
     def _cached_prefix(self, ids: list[int]) -> int:
@@ -209,6 +217,7 @@ class FakeTokenizerManagerOld:
             if obj.mode == "retract":
                 self.waiting[:0] = self.running  # back to the queue, KV freed
                 self.running.clear()
+                self.last_batch = False
             elif obj.mode == "abort":
                 self.abort_request(abort_all=True)
 
@@ -234,12 +243,21 @@ class FakeTokenizerManagerOld:
                                          token_usage=used / self.max_total_num_tokens)
 
     def _idle(self) -> bool:
-        return not self.running and (self.is_pause or not self.waiting)
+        return not self.running and not self.last_batch and (self.is_pause or not self.waiting)
 
     async def flush_cache(self, timeout_s: float | None = None):
-        if not self._idle():
+        """timeout_s > 0: waits up to that long for the scheduler to be idle (sglang's
+        SchedulerFlushWrapper defers the flush; its idle check counts the queue even
+        while paused)."""
+        idle = lambda: not self.running and not self.last_batch and not self.waiting  # noqa: E731
+        deadline = time.monotonic() + (timeout_s or 0.0)
+        while not (idle() if timeout_s else self._idle()) and timeout_s and time.monotonic() < deadline:
+            self._wake.set()
+            await asyncio.sleep(0.001)
+        if not (idle() if timeout_s else self._idle()):
             return io.FlushCacheReqOutput(success=False, message="Cache not flushed: pending requests")
         self.finished_seqs.clear()
+        self.last_batch = False
         return io.FlushCacheReqOutput(success=True)
 
     async def _writer_lock(self) -> None:

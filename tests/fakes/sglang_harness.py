@@ -43,10 +43,10 @@ class Payloads:
 def make(fake_sglang):
     engines = []
 
-    def build(tm_cls=FakeTokenizerManager, capacity=256, stream_interval=50, **config):
+    def build(tm_cls=FakeTokenizerManager, capacity=256, stream_interval=50, tick_s=0.0, **config):
         payloads = Payloads()
         tm = tm_cls(max_total_num_tokens=capacity, decode=payloads.decode, tp_size=config.get("tp_size", 1),
-                    force_stream_interval=stream_interval,
+                    force_stream_interval=stream_interval, tick_s=tick_s,
                     enable_priority_scheduling=config.get("enable_priority_scheduling", False))
         tm.encode = payloads.encode  # what a trainer process would run (encode_buckets)
         engine = FakeEngine(tm)

@@ -4,6 +4,7 @@ installed, and the keyword arguments for `sglang.Engine(**kwargs)`.
 Field names and rules follow sglang 0.5.23 (docs/BACKENDS.md A2, A9)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 from dynarl.core.config_tree import wire_config
@@ -91,3 +92,18 @@ class SGLangConfig:
         if include_extra:
             kwargs.update(self.server_args)
         return kwargs
+
+
+CPU_SERVER_ARGS: dict[str, Any] = {"device": "cpu", "attention_backend": "torch_native",
+                                   "disable_overlap_schedule": True}
+"""SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1, set by the engine's start): the
+attention backend that needs no CUDA kernels; the overlap scheduler is CUDA-only."""
+
+
+def for_device(config: SGLangConfig, device_kind: str, dtype: str) -> SGLangConfig:
+    """`config` for an engine on a `device_kind` device ("cuda" or "cpu") serving `dtype`
+    (the dtype the trainer's weights arrive in): on a CPU, CPU_SERVER_ARGS and no memory
+    saver (torch_memory_saver is CUDA-only). Fields the user gave in server_args win."""
+    extra = {"dtype": dtype, **(CPU_SERVER_ARGS if device_kind == "cpu" else {}), **config.server_args}
+    saver = config.enable_memory_saver and device_kind != "cpu"
+    return dataclasses.replace(config, server_args=extra, enable_memory_saver=saver)

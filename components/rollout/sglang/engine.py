@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import os
+import shutil
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Sequence
 
@@ -32,11 +34,17 @@ from .requests import (Entry, RidAllocator, continue_after, finished_before_star
                        remaining_tokens, result_from_output, stopped_off_list)
 from .weights import BucketEncoder, NamedTensors, encode_buckets, flattened_bucket_encoder, push_payloads
 
+IDLE_WAIT_S = 60.0
+"""How long release_memory waits for SGLang's scheduler to go idle."""
+
 
 class SGLangRolloutEngine:
     def __init__(self, engine: Any, config: SGLangConfig, weight_version: int = 0, *,
                  encode_bucket: BucketEncoder = flattened_bucket_encoder,
-                 priority_of: Callable[[GenerationRequest], int] = lambda r: r.tool_count) -> None:
+                 priority_of: Callable[[GenerationRequest], int] = lambda r: r.tool_count,
+                 owned_dir: str | None = None) -> None:
+        """`engine`: a started sglang.Engine. `owned_dir`: a model folder made for this
+        engine, removed at shutdown."""
         self.engine, self.tm, self.config = engine, engine.tokenizer_manager, config
         self.io = importlib.import_module("sglang.srt.managers.io_struct")
         self.weight_version = weight_version
@@ -55,20 +63,31 @@ class SGLangRolloutEngine:
         self._gate.set()
         self._progress = asyncio.Event()  # wakes step()
         self._cache_hit_tokens = 0
+        self._owned_dir = owned_dir
 
     @classmethod
-    def start(cls, config: SGLangConfig, weight_version: int = 0) -> "SGLangRolloutEngine":
-        """Launch SGLang (its scheduler processes, on GPUs). Call inside the worker's
-        running loop: the TokenizerManager binds to the loop it first runs on."""
+    def start(cls, config: SGLangConfig, weight_version: int = 0,
+              owned_dir: str | None = None) -> "SGLangRolloutEngine":
+        """Launch SGLang (its scheduler processes; on a CPU when server_args' device is
+        "cpu", which needs SGLang's CPU kernels, sgl-kernel built from source). Call
+        inside the worker's running loop: the TokenizerManager binds to the loop it
+        first runs on."""
         require_extra("sglang", "rollout.backend")
+        kwargs = config.engine_kwargs()
+        if kwargs.get("device") == "cpu":
+            os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # else SGLang's RoPE imports vllm's CUDA ops
         import sglang
 
-        return cls(sglang.Engine(**config.engine_kwargs()), config, weight_version)
+        return cls(sglang.Engine(**kwargs), config, weight_version, owned_dir=owned_dir)
 
     def shutdown(self) -> None:
         for entry in self._entries.values():
             entry.task.cancel()
-        self.engine.shutdown()
+        try:
+            self.engine.shutdown()
+        finally:
+            if self._owned_dir:
+                shutil.rmtree(self._owned_dir, ignore_errors=True)
 
     # -- requests -------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
@@ -337,7 +356,9 @@ class SGLangRolloutEngine:
     async def release_memory(self, tags: Sequence[str] | None = None) -> None:
         """Free GPU memory (device_lock): the given tags, or config.offload_tags. SGLang
         asserts it is idle, which a retract-paused engine is; otherwise abort or export
-        requests first."""
+        requests first. Unpaused, it first waits for SGLang's scheduler to go idle (a
+        flush): the batch that finished the last request stays its last batch, not idle,
+        until its loop turns once more, and the assertion would kill the scheduler."""
         in_sglang = sum(1 for e in self._entries.values() if e.submitted)
         if in_sglang and not self._paused:
             raise RuntimeError(f"release_memory with {in_sglang} requests in SGLang; pause(), abort or "
@@ -347,6 +368,11 @@ class SGLangRolloutEngine:
         self._released.update(tags)
         self._update_gate()  # first, so nothing new reaches SGLang while it releases
         try:
+            if not self._paused:
+                flushed = await self.tm.flush_cache(timeout_s=IDLE_WAIT_S)
+                if not flushed.success:
+                    raise RuntimeError(f"SGLang did not go idle within {IDLE_WAIT_S} s before releasing memory: "
+                                       f"{flushed.message}")
             await self.tm.release_memory_occupation(self.io.ReleaseMemoryOccupationReqInput(tags=tags), None)
         except BaseException:  # SGLang kept its memory: so does this engine (and its gate reopens)
             self._released.difference_update(new)
