@@ -19,7 +19,7 @@ from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.rollout.sglang import engine as sglang_engine
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.native.engine import NativeEngineConfig
-from dynarl.components.rollout.sglang.config import SGLangConfig
+from dynarl.components.rollout.sglang.config import SGLangConfig, for_device
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import bucket_by_bytes
 from dynarl.transport.process_group import join_group, leave_group
@@ -65,7 +65,9 @@ def worker(fake_sglang, monkeypatch):
 
 async def test_the_worker_starts_sglang_with_the_configured_server_args(worker):
     w, made = worker()
-    assert made["kwargs"] == SGLangConfig(**SGLANG).engine_kwargs()
+    # a CPU rank: SGLang's CPU engine settings, serving the model's dtype there (float32)
+    assert made["kwargs"] == for_device(SGLangConfig(**SGLANG), "cpu", "float32").engine_kwargs()
+    assert made["kwargs"]["device"] == "cpu" and made["kwargs"]["enable_memory_saver"] is False
     assert made["kwargs"]["skip_tokenizer_init"] is True and w.engine.weight_version == -1
     await w.teardown()
     assert made["engine"].shut_down

@@ -19,7 +19,6 @@ in one step of the loop (nothing in between awaits), so no pause slips between t
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib
 import os
 import shutil
@@ -30,39 +29,30 @@ from ...extras import require_extra
 from ...trainer.base import bucket_by_bytes
 from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
 from .config import SGLangConfig
-from .requests import (Entry, RidAllocator, continue_after, finished_before_start, generate_kwargs, local_result,
-                       remaining_tokens, result_from_output, stopped_off_list)
+from ..external import ExternalEngine, finished_before_start
+from .requests import (Entry, RidAllocator, continue_after, generate_kwargs, local_result, remaining_tokens,
+                       result_from_output, stopped_off_list)
 from .weights import BucketEncoder, NamedTensors, encode_buckets, flattened_bucket_encoder, push_payloads
 
 IDLE_WAIT_S = 60.0
 """How long release_memory waits for SGLang's scheduler to go idle."""
 
 
-class SGLangRolloutEngine:
+class SGLangRolloutEngine(ExternalEngine):
     def __init__(self, engine: Any, config: SGLangConfig, weight_version: int = 0, *,
                  encode_bucket: BucketEncoder = flattened_bucket_encoder,
                  priority_of: Callable[[GenerationRequest], int] = lambda r: r.tool_count,
                  owned_dir: str | None = None) -> None:
         """`engine`: a started sglang.Engine. `owned_dir`: a model folder made for this
         engine, removed at shutdown."""
+        super().__init__()
         self.engine, self.tm, self.config = engine, engine.tokenizer_manager, config
         self.io = importlib.import_module("sglang.srt.managers.io_struct")
         self.weight_version = weight_version
         self._encode, self._priority_of = encode_bucket, priority_of
         self._queue_key: QueueKey | None = None
         self._rids = RidAllocator()
-        self._entries: dict[str, Entry] = {}
-        self._futures: dict[str, asyncio.Future] = {}
-        self._watched: set[str] = set()   # ids a generate() call returns itself
-        self._claimed: set[str] = set()   # ids an abort()/export_inflight() call collects
-        self._finished: list[GenerationResult] = []
-        self._errors: list[BaseException] = []
-        self._paused = self._exporting = False
         self._released: set[str] = set()
-        self._gate = asyncio.Event()
-        self._gate.set()
-        self._progress = asyncio.Event()  # wakes step()
-        self._cache_hit_tokens = 0
         self._owned_dir = owned_dir
 
     @classmethod
@@ -81,40 +71,21 @@ class SGLangRolloutEngine:
         return cls(sglang.Engine(**kwargs), config, weight_version, owned_dir=owned_dir)
 
     def shutdown(self) -> None:
-        for entry in self._entries.values():
-            entry.task.cancel()
+        self._cancel_all()
         try:
             self.engine.shutdown()
         finally:
             if self._owned_dir:
                 shutil.rmtree(self._owned_dir, ignore_errors=True)
 
-    # -- requests -------------------------------------------------------------------
-    def add_request(self, request: GenerationRequest) -> None:
-        self._add(Entry(request, self._rids.next()))
+    # -- requests (the books: ExternalEngine) -----------------------------------------
+    def _entry(self, request: GenerationRequest, prior_ids: list[int] | None = None,
+               prior_logprobs: list[float] | None = None) -> Entry:
+        """SGLang gets prompt + tokens so far as its input (an imported request's prior)."""
+        return Entry(request, self._rids.next(), prior_ids or [], prior_logprobs or [])
 
-    def import_inflight(self, items: Sequence[InflightRequest]) -> None:
-        """Continue requests exported by another engine: SGLang gets prompt + tokens so
-        far as its input and the remaining max_new_tokens."""
-        if len({item.request.request_id for item in items}) != len(items):
-            raise ValueError("request ids in one import_inflight() call must be unique")
-        for item in items:
-            self._add(Entry(item.request, self._rids.next(), list(item.output_token_ids),
-                            list(item.output_logprobs)))
-
-    def _add(self, entry: Entry) -> None:
-        rid = entry.request.request_id
-        if rid in self._entries:
-            raise ValueError(f"request_id {rid!r} is already in this engine")
-        loop = asyncio.get_running_loop()
-        self._futures[rid] = loop.create_future()
-        reason = finished_before_start(entry)
-        if reason is not None:  # imported already complete: nothing for SGLang to do
-            self._deliver(entry, local_result(entry, reason, self.weight_version))
-            return
-        self._entries[rid] = entry
-        entry.task = loop.create_task(self._run(entry))
-        entry.task.add_done_callback(functools.partial(self._on_done, entry))
+    def _local_result(self, entry: Entry, reason: str) -> GenerationResult:
+        return local_result(entry, reason, self.weight_version)
 
     async def _run(self, entry: Entry) -> GenerationResult:
         while True:
@@ -137,65 +108,6 @@ class SGLangRolloutEngine:
         if self._queue_key is None or not self.config.enable_priority_scheduling:
             return None
         return int(self._priority_of(request))
-
-    def _on_done(self, entry: Entry, task: asyncio.Task) -> None:
-        if task.cancelled():
-            return  # cancelled before SGLang saw it; whoever cancelled delivered the result
-        if task.exception() is not None:
-            rid = entry.request.request_id
-            self._entries.pop(rid, None)
-            future = self._futures.pop(rid)
-            if rid in self._watched or rid in self._claimed:
-                future.set_exception(task.exception())  # raised by generate()/abort()/export
-            else:
-                future.cancel()
-                self._errors.append(task.exception())  # raised by step()
-                self._progress.set()
-            return
-        result = task.result()
-        self._cache_hit_tokens += result.cached_tokens
-        self._deliver(entry, result)
-
-    def _deliver(self, entry: Entry, result: GenerationResult) -> None:
-        rid = entry.request.request_id
-        self._entries.pop(rid, None)
-        self._futures.pop(rid).set_result(result)
-        if rid not in self._watched and rid not in self._claimed:
-            self._finished.append(result)
-        self._progress.set()
-
-    def has_work(self) -> bool:
-        return bool(self._finished or self._errors or (self._entries and self._gate.is_set()))
-
-    async def step(self) -> list[GenerationResult]:
-        """Results of requests that finished since the last step; waits for one if none
-        has. Raises the error of a request SGLang refused."""
-        if not (self._finished or self._errors):
-            if self._entries and self._gate.is_set():
-                self._progress.clear()
-                await self._progress.wait()  # a result, an error, or a pause/resume
-            else:
-                await asyncio.sleep(0)
-        if self._errors:
-            raise self._errors.pop(0)
-        results, self._finished = self._finished, []
-        return results
-
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Add the requests and return their results in the order given. A request
-        exported meanwhile comes back as its partial output with finish_reason 'abort'."""
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            raise ValueError("request ids in one generate() call must be unique")
-        self._watched.update(ids)
-        try:
-            futures = []
-            for request in requests:
-                self.add_request(request)
-                futures.append(self._futures[request.request_id])
-            return list(await asyncio.gather(*futures))
-        finally:
-            self._watched.difference_update(ids)
 
     # -- control --------------------------------------------------------------------
     async def load(self) -> EngineLoad:
@@ -221,26 +133,19 @@ class SGLangRolloutEngine:
                           budget_tokens=sum(remaining_tokens(e) for e in self._entries.values()),
                           devices=self.config.tp_size)
 
-    def running_request_ids(self) -> list[str]:
-        """Requests handed to SGLang (past our gate); SGLang does not say which of them
-        its scheduler has admitted, so a queued one counts as running here."""
-        return [rid for rid, e in self._entries.items() if e.submitted]
-
-    async def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
-        """Abort the given requests (unknown ids are ignored); returns their partial results."""
-        targets = [self._entries[rid] for rid in request_ids if rid in self._entries]
-        futures = [self._futures[e.request.request_id] for e in targets]
-        self._claimed.update(e.request.request_id for e in targets)
-        try:
-            for entry in targets:
-                if entry.submitted:
-                    self.tm.abort_request(rid=entry.rid)  # synchronous; the result comes back via async_generate
-                else:
-                    entry.task.cancel()
-                    self._deliver(entry, local_result(entry, "abort", self.weight_version))
-            return list(await asyncio.gather(*futures))
-        finally:
-            self._claimed.difference_update(e.request.request_id for e in targets)
+    async def _abort_inside(self, entries: list[Entry], everything: bool) -> None:
+        """abort_request is synchronous; each result comes back through async_generate.
+        `everything` (export): abort-all, repeated until every request is back (one still
+        being tokenized can miss an abort, as in SGLang's own pause)."""
+        futures = [self._futures[e.request.request_id] for e in entries]
+        if not everything:
+            for entry in entries:
+                self.tm.abort_request(rid=entry.rid)
+            await asyncio.wait(futures)
+            return
+        while not all(f.done() for f in futures):
+            self.tm.abort_request(abort_all=True)
+            await asyncio.wait([f for f in futures if not f.done()], timeout=self.config.abort_retry_s)
 
     async def pause(self) -> None:
         """Stop generating: running requests go back to SGLang's queue and free their KV
@@ -259,65 +164,14 @@ class SGLangRolloutEngine:
         self._update_gate()
 
     async def export_inflight(self) -> list[InflightRequest]:
-        """Take every unfinished request out: prompt + tokens so far, for another engine's
-        import_inflight(). SGLang's requests are aborted (abort-all, repeated until all are
-        back); one that finished meanwhile stays a normal result of step().
+        """Take every unfinished request out (ExternalEngine.export_inflight).
 
         "So far" is what SGLang has reported: a running request's abort carries all its
         tokens, but a queued one (after pause(), which retracts) carries only those a
         non-streaming request already reported, every SGLANG_FORCE_STREAM_INTERVAL (50)
         tokens. The importing engine regenerates the rest: still a correct continuation,
         up to that many tokens of work lost. Export before pausing to keep them."""
-        entries = list(self._entries.values())
-        ids = [e.request.request_id for e in entries]
-        futures = {rid: self._futures[rid] for rid in ids}
-        self._claimed.update(ids)
-        self._exporting = True
-        self._update_gate()
-        try:
-            for entry in entries:
-                if not entry.submitted:
-                    entry.task.cancel()
-                    self._deliver(entry, local_result(entry, "abort", self.weight_version))
-            remote = [futures[e.request.request_id] for e in entries if e.submitted]
-            while not all(f.done() for f in remote):
-                self.tm.abort_request(abort_all=True)
-                await asyncio.wait([f for f in remote if not f.done()], timeout=self.config.abort_retry_s)
-            results = [futures[e.request.request_id].result() for e in entries]  # raises before any is taken
-            exported = []
-            for entry, result in zip(entries, results):
-                if result.finish_reason == "abort":
-                    exported.append(InflightRequest(entry.request, result.output_token_ids, result.output_logprobs))
-                elif entry.request.request_id not in self._watched:
-                    self._finished.append(result)
-            return exported
-        except BaseException:
-            # Some may be aborted already (SGLang answers now or later): each goes back in
-            # with its tokens so far once its result is in, one that finished is a result of
-            # step(); until then it stays claimed, so no abort result reaches step().
-            kept = [e for e in entries if e.request.request_id not in self._watched]
-            for entry in kept:
-                futures[entry.request.request_id].add_done_callback(functools.partial(self._take_back, entry))
-            ids = [rid for rid in ids if rid in self._watched]
-            raise
-        finally:
-            self._claimed.difference_update(ids)
-            self._exporting = False
-            self._update_gate()
-
-    def _take_back(self, entry: Entry, future: asyncio.Future) -> None:
-        """After a failed export: `entry`'s result is in; an abort continues here."""
-        self._claimed.discard(entry.request.request_id)
-        if future.cancelled():
-            return
-        if future.exception() is not None:
-            self._errors.append(future.exception())
-        elif (result := future.result()).finish_reason == "abort":
-            self._add(Entry(entry.request, self._rids.next(), list(result.output_token_ids),
-                            list(result.output_logprobs)))
-        else:
-            self._finished.append(result)
-        self._progress.set()
+        return await super().export_inflight()
 
     async def export_kv(self, item: InflightRequest) -> None:
         """SGLang exports no KV: a moved request is re-prefilled where it goes."""

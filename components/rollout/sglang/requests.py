@@ -36,18 +36,12 @@ class Entry:
     """Handed to SGLang (past our pause gate)."""
     task: Any = None
 
+    def remaining(self) -> int:
+        return remaining_tokens(self)
+
 
 def remaining_tokens(entry: Entry) -> int:
     return entry.request.sampling.max_new_tokens - len(entry.prior_ids)
-
-
-def finished_before_start(entry: Entry) -> str | None:
-    """'stop' or 'length' when the imported tokens already complete the request."""
-    if entry.prior_ids and entry.prior_ids[-1] in entry.request.sampling.stop_token_ids:
-        return "stop"
-    if remaining_tokens(entry) <= 0:
-        return "length"
-    return None
 
 
 def generate_kwargs(entry: Entry, priority: int | None) -> dict[str, Any]:

@@ -20,17 +20,16 @@ follow vllm 0.32's API and have not run on hardware here.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import shutil
 from collections.abc import Mapping
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ...extras import require_extra
 from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
 from .config import VLLMConfig
-from .requests import (Entry, IdAllocator, finish_reason, finished_before_start, remaining_tokens, result,
-                       sampling_kwargs, take_delta)
+from ..external import ExternalEngine
+from .requests import Entry, IdAllocator, finish_reason, remaining_tokens, result, sampling_kwargs, take_delta
 from . import weights
 
 ABORT_LIMIT_S = 120.0
@@ -38,7 +37,7 @@ ABORT_LIMIT_S = 120.0
 aborted stream by then: a stuck engine is an error, not a hang."""
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(ExternalEngine):
     def __init__(self, engine: Any, config: VLLMConfig, weight_version: int = 0, *,
                  priority_of: Callable[[GenerationRequest], int] = lambda r: -r.tool_count,
                  owned_dir: str | None = None) -> None:
@@ -49,6 +48,7 @@ class VLLMRolloutEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        super().__init__()
         self.engine, self.config = engine, config
         self._sampling, self._delta = SamplingParams, RequestOutputKind.DELTA
         self.weight_version = weight_version
@@ -56,18 +56,7 @@ class VLLMRolloutEngine:
         self._owned_dir = owned_dir
         self._queue_key: QueueKey | None = None
         self._ids = IdAllocator()
-        self._entries: dict[str, Entry] = {}
-        self._futures: dict[str, asyncio.Future] = {}
-        self._watched: set[str] = set()   # ids a generate() call returns itself
-        self._claimed: set[str] = set()   # ids an abort()/export_inflight() call collects
-        self._finished: list[GenerationResult] = []
-        self._errors: list[BaseException] = []
-        self._paused = self._exporting = False
         self._asleep: set[str] = set()    # what release_memory put to sleep: "weights", "kv_cache"
-        self._gate = asyncio.Event()
-        self._gate.set()
-        self._progress = asyncio.Event()  # wakes step()
-        self._cache_hit_tokens = 0
         self._ipc_ready = False
         cache = engine.vllm_config.cache_config
         self._kv_capacity = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
@@ -89,8 +78,7 @@ class VLLMRolloutEngine:
     def shutdown(self) -> None:
         """Stop vLLM's processes (SIGTERM, then SIGKILL after config.shutdown_timeout_s).
         The engine is unusable afterwards."""
-        for entry in self._entries.values():
-            entry.task.cancel()
+        self._cancel_all()
         engine, self.engine = self.engine, None
         try:
             if engine is not None:
@@ -99,36 +87,18 @@ class VLLMRolloutEngine:
             if self._owned_dir:
                 shutil.rmtree(self._owned_dir, ignore_errors=True)
 
-    # -- requests -------------------------------------------------------------------
-    def add_request(self, request: GenerationRequest) -> None:
-        self._add(Entry(request, self._ids.next()))
+    # -- requests (the books: ExternalEngine) -----------------------------------------
+    def _entry(self, request: GenerationRequest, prior_ids: list[int] | None = None,
+               prior_logprobs: list[float] | None = None) -> Entry:
+        """vLLM prefills prompt + tokens so far (an imported request's prior; its prefix
+        cache serves what it already holds)."""
+        return Entry(request, self._ids.next(), prior_ids or [], prior_logprobs or [])
 
-    def import_inflight(self, items: Sequence[InflightRequest]) -> None:
-        """Continue requests exported by another engine: vLLM prefills prompt + tokens
-        so far (its prefix cache serves what it already holds) and generates the
-        remaining max_new_tokens; the result counts the imported tokens as output."""
-        if len({item.request.request_id for item in items}) != len(items):
-            raise ValueError("request ids in one import_inflight() call must be unique")
-        for item in items:
-            if len(item.output_token_ids) != len(item.output_logprobs):
-                raise ValueError(f"request {item.request.request_id}: {len(item.output_token_ids)} tokens but "
-                                 f"{len(item.output_logprobs)} logprobs")
-            self._add(Entry(item.request, self._ids.next(), list(item.output_token_ids),
-                            list(item.output_logprobs)))
+    def _local_result(self, entry: Entry, reason: str) -> GenerationResult:
+        return result(entry, reason, self.weight_version)
 
-    def _add(self, entry: Entry) -> None:
-        rid = entry.request.request_id
-        if rid in self._entries:
-            raise ValueError(f"request_id {rid!r} is already in this engine")
-        loop = asyncio.get_running_loop()
-        self._futures[rid] = loop.create_future()
-        reason = finished_before_start(entry)
-        if reason is not None:  # imported already complete: nothing for vLLM to do
-            self._deliver(entry, result(entry, reason, self.weight_version))
-            return
-        self._entries[rid] = entry
-        entry.task = loop.create_task(self._run(entry))
-        entry.task.add_done_callback(functools.partial(self._on_done, entry))
+    def _serving(self) -> bool:
+        return self._gate.is_set() and not self._paused  # paused: requests wait in vLLM
 
     async def _run(self, entry: Entry) -> GenerationResult:
         await self._gate.wait()
@@ -145,70 +115,12 @@ class VLLMRolloutEngine:
                 reason = finish_reason(completion.finish_reason)
         if reason is None:
             raise RuntimeError(f"request {entry.request.request_id}: vLLM's stream ended unfinished")
-        self._cache_hit_tokens += cached or 0
-        return result(entry, reason, self.weight_version)
+        return result(entry, reason, self.weight_version, cached or 0)
 
     def _priority(self, request: GenerationRequest) -> int:
         if self._queue_key is None or self.config.scheduling_policy != "priority":
             return 0
         return int(self._priority_of(request))
-
-    def _on_done(self, entry: Entry, task: asyncio.Task) -> None:
-        if task.cancelled():
-            return  # cancelled before vLLM saw it; whoever cancelled delivered the result
-        rid = entry.request.request_id
-        if task.exception() is not None:
-            self._entries.pop(rid, None)
-            future = self._futures.pop(rid)
-            if rid in self._watched or rid in self._claimed:
-                future.set_exception(task.exception())  # raised by generate()/abort()/export
-            else:
-                future.cancel()
-                self._errors.append(task.exception())  # raised by step()
-                self._progress.set()
-            return
-        self._deliver(entry, task.result())
-
-    def _deliver(self, entry: Entry, res: GenerationResult) -> None:
-        rid = entry.request.request_id
-        self._entries.pop(rid, None)
-        self._futures.pop(rid).set_result(res)
-        if rid not in self._watched and rid not in self._claimed:
-            self._finished.append(res)
-        self._progress.set()
-
-    def has_work(self) -> bool:
-        return bool(self._finished or self._errors or (self._entries and self._gate.is_set() and not self._paused))
-
-    async def step(self) -> list[GenerationResult]:
-        """Results of requests that finished since the last step; waits for one if none
-        has. Raises the error of a request vLLM refused."""
-        if not (self._finished or self._errors):
-            if self._entries and self._gate.is_set() and not self._paused:
-                self._progress.clear()
-                await self._progress.wait()  # a result, an error, or a pause/resume
-            else:
-                await asyncio.sleep(0)
-        if self._errors:
-            raise self._errors.pop(0)
-        results, self._finished = self._finished, []
-        return results
-
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Add the requests and return their results in the order given. A request
-        exported meanwhile comes back as its partial output with finish_reason 'abort'."""
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            raise ValueError("request ids in one generate() call must be unique")
-        self._watched.update(ids)
-        try:
-            futures = []
-            for request in requests:
-                self.add_request(request)
-                futures.append(self._futures[request.request_id])
-            return list(await asyncio.gather(*futures))
-        finally:
-            self._watched.difference_update(ids)
 
     # -- control --------------------------------------------------------------------
     async def load(self) -> EngineLoad:
@@ -225,35 +137,7 @@ class VLLMRolloutEngine:
             generated_tokens=sum(len(e.output_ids()) for e in self._entries.values()),
             budget_tokens=sum(remaining_tokens(e) for e in self._entries.values()), devices=self.config.tp_size)
 
-    def running_request_ids(self) -> list[str]:
-        """Requests handed to vLLM (past our gate); a queued one counts as running here."""
-        return [rid for rid, e in self._entries.items() if e.submitted]
-
-    async def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
-        """Abort the given requests (unknown ids are ignored); returns their partial
-        results (finish_reason 'abort', the tokens streamed back so far)."""
-        targets = [self._entries[rid] for rid in request_ids if rid in self._entries]
-        futures = [self._futures[e.request.request_id] for e in targets]
-        self._claimed.update(e.request.request_id for e in targets)
-        try:
-            await self._abort_all(targets)
-            return list(await asyncio.gather(*futures))
-        finally:
-            self._claimed.difference_update(e.request.request_id for e in targets)
-
-    async def _abort_all(self, entries: list[Entry]) -> None:
-        """Every entry ends with its partial result: one not yet handed to vLLM here and
-        now, the others by vLLM's abort (repeated until each is back)."""
-        inside = []
-        for entry in entries:
-            if entry.submitted:
-                inside.append(entry)
-            else:
-                entry.task.cancel()
-                self._deliver(entry, result(entry, "abort", self.weight_version))
-        await self._abort_until_back(inside)
-
-    async def _abort_until_back(self, entries: list[Entry]) -> None:
+    async def _abort_inside(self, entries: list[Entry], everything: bool) -> None:
         """Abort the entries in vLLM until each stream has ended (with 'abort', or
         finished meanwhile). Repeated: a request vLLM is still adding (its generate() call
         not yet registered) misses an abort, as it would miss SGLang's."""
@@ -282,31 +166,6 @@ class VLLMRolloutEngine:
         await self.engine.resume_generation()
         self._paused = False
         self._progress.set()
-
-    async def export_inflight(self) -> list[InflightRequest]:
-        """Take every unfinished request out: prompt + tokens so far (every token vLLM
-        streamed back), for another engine's import_inflight(). vLLM's requests are
-        aborted; one that finished meanwhile stays a normal result of step()."""
-        entries = list(self._entries.values())
-        ids = [e.request.request_id for e in entries]
-        futures = {rid: self._futures[rid] for rid in ids}
-        self._claimed.update(ids)
-        self._exporting = True
-        self._update_gate()
-        try:
-            await self._abort_all(entries)
-            results = await asyncio.gather(*futures.values())
-            exported = []
-            for entry, res in zip(entries, results):
-                if res.finish_reason == "abort":
-                    exported.append(InflightRequest(entry.request, res.output_token_ids, res.output_logprobs))
-                elif entry.request.request_id not in self._watched:
-                    self._finished.append(res)
-            return exported
-        finally:
-            self._claimed.difference_update(ids)
-            self._exporting = False
-            self._update_gate()
 
     async def export_kv(self, item: InflightRequest) -> None:
         """vLLM exports no KV through this adapter: a moved request is prefilled where it

@@ -39,6 +39,9 @@ class Entry:
     """Handed to vLLM (past our gate)."""
     task: Any = None
 
+    def remaining(self) -> int:
+        return remaining_tokens(self)
+
     def output_ids(self) -> list[int]:
         return self.prior_ids + self.ids
 
@@ -48,15 +51,6 @@ class Entry:
 
 def remaining_tokens(entry: Entry) -> int:
     return entry.request.sampling.max_new_tokens - len(entry.prior_ids) - len(entry.ids)
-
-
-def finished_before_start(entry: Entry) -> str | None:
-    """'stop' or 'length' when the imported tokens already complete the request."""
-    if entry.prior_ids and entry.prior_ids[-1] in entry.request.sampling.stop_token_ids:
-        return "stop"
-    if remaining_tokens(entry) <= 0:
-        return "length"
-    return None
 
 
 def continued_seed(seed: int, done: int) -> int:
@@ -103,9 +97,10 @@ def finish_reason(reason: str | None) -> str:
     return reason
 
 
-def result(entry: Entry, reason: str, weight_version: int) -> GenerationResult:
-    """The request's result so far (imported tokens count as output too)."""
+def result(entry: Entry, reason: str, weight_version: int, cached_tokens: int = 0) -> GenerationResult:
+    """The request's result so far (imported tokens count as output too); cached_tokens:
+    prompt tokens vLLM's prefix cache served."""
     return GenerationResult(
         request_id=entry.request.request_id, prompt_token_ids=list(entry.request.prompt_token_ids),
         output_token_ids=entry.output_ids(), output_logprobs=entry.output_logprobs(),
-        finish_reason=reason, weight_version=weight_version)
+        finish_reason=reason, weight_version=weight_version, cached_tokens=cached_tokens)
