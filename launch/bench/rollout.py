@@ -13,6 +13,9 @@ machine may be shared.
 A second workload, 16 four-turn conversations (each turn's prompt = the previous
 prompt + answer + a new user message, all after a shared system prompt), measures the
 share of prefill tokens served from the prefix cache.
+
+`--backends native,vllm,sglang` instead runs the rollout engines side by side, each
+through its dynarl adapter in an interpreter that imports it (rollout_backends.py).
 """
 from __future__ import annotations
 
@@ -117,9 +120,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-len", type=int, default=384, help="cap of the output-length long tail")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for both sides (1 keeps a shared 2-core machine's numbers stable)")
+                        help="torch threads for both sides (1 keeps a shared 2-core machine's numbers stable); "
+                             "--backends: OMP_NUM_THREADS of every engine process")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated rollout backends (native, vllm, sglang) to compare instead, same "
+                             "model, prompts and output lengths, each in an interpreter that imports it")
+    parser.add_argument("--temperature", type=float, default=1.0, help="--backends only: 0 is greedy")
+    parser.add_argument("--timeout-s", type=float, default=1800.0,
+                        help="--backends only: a backend's measurement (start included) is stopped after this")
     args = parser.parse_args(argv)
+    if args.backends is not None:
+        from .rollout_backends import run
+        return run(args)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
