@@ -161,6 +161,69 @@ async def test_memfd_memory_cannot_get_around_the_memory_limit(sandbox):
     assert result.error is not None and "PermissionError" in result.error, result
 
 
+SYSV_SHM_HOG = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+def shmem_mb():  # the host's: /proc/meminfo is not namespaced
+    return int(next(line for line in open('/proc/meminfo') if line.startswith('Shmem:')).split()[1]) >> 10
+before, held = shmem_mb(), 0
+for _ in range(8):
+    segment = libc.shmget(0, 256 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    if segment < 0:
+        print('shmget', ctypes.get_errno())
+        break
+    address = libc.shmat(segment, None, 0)
+    if address in (None, 2 ** 64 - 1):
+        print('shmat', ctypes.get_errno())
+        break
+    ctypes.memset(address, 1, 256 << 20)
+    libc.shmdt(ctypes.c_void_p(address))  # the segment outlives its mapping
+    held += 1
+print(held, shmem_mb() - before)
+"""
+
+
+async def test_sysv_shared_memory_cannot_get_around_the_memory_limit():
+    """A System V segment is not in the address space once detached: 8 x 256 MB held
+    under a 512 MB RLIMIT_AS (host Shmem +2,048 MB per call) before the filter refused
+    System V IPC."""
+    box = PythonSandbox(ToolConfig(timeout_s=20.0, memory_mb=512))
+    try:
+        result = await box.run(SYSV_SHM_HOG)
+    finally:
+        box.close()
+    assert_reaped(list(box.started_pids))
+    refused, tally = result.stdout.splitlines()
+    assert refused == "shmget 1", result  # EPERM, from the filter
+    held, grown_mb = map(int, tally.split())
+    assert held == 0 and grown_mb < 128, result  # other jobs on the host move Shmem a little
+
+
+@pytest.mark.parametrize("nr, name", [(29, "shmget"), (30, "shmat"), (64, "semget"), (68, "msgget")])
+async def test_seccomp_refuses_sysv_ipc(sandbox, nr, name):
+    if os.uname().machine != "x86_64":
+        pytest.skip("x86_64 syscall numbers")
+    result = await sandbox.run("import ctypes\n"
+                               "libc = ctypes.CDLL(None, use_errno=True)\n"
+                               f"print(libc.syscall({nr}, 0, 4096, 0o1600, 0), ctypes.get_errno())  # {name}")
+    assert result.stdout == "-1 1\n", result
+
+
+async def test_posix_shared_memory_is_the_bounded_dev_shm(sandbox):
+    """shm_open (multiprocessing's shared memory) makes files in /dev/shm: its tmpfs
+    bounds them (disk_mb, 64 MB here) where the address-space limit does not (each
+    block unmapped once filled)."""
+    result = await sandbox.run("from multiprocessing import shared_memory\n"
+                               "for i in range(8):\n"
+                               "    block = shared_memory.SharedMemory(name=f'hog{i}', create=True, size=12 << 20)\n"
+                               "    block.buf[:] = b'x' * (12 << 20)\n"
+                               "    block.close()\n"
+                               "    print(i, flush=True)\n")
+    assert result.stdout.split() == ["0", "1", "2", "3", "4"], result  # 60 MB held, the 6th block does not fit
+    assert result.error == "crashed: SIGBUS", result  # a page of a full tmpfs, touched through the mapping
+
+
 async def test_fork_bomb_hits_the_process_limit(sandbox):
     started = time.perf_counter()
     result = await sandbox.run("import os\nwhile True:\n    os.fork()")

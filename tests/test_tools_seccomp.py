@@ -41,7 +41,12 @@ X86, ARM = seccomp.AUDIT_ARCH["x86_64"], seccomp.AUDIT_ARCH["aarch64"]
     ("x86_64", X86, 0, ALLOW),        # read
     ("x86_64", X86, 56, ALLOW),       # clone (fork stays: the process limit bounds it)
     ("x86_64", X86, 435, ALLOW),      # clone3 (glibc's threads and fork)
-    ("x86_64", X86, 279, ALLOW),      # x86_64's 279 is mq_notify, not memfd_create
+    ("x86_64", X86, 279, ALLOW),      # x86_64's 279 is move_pages, not memfd_create
+    ("x86_64", X86, 29, EPERM),       # shmget: System V IPC, refused whole
+    ("x86_64", X86, 30, EPERM),       # shmat
+    ("x86_64", X86, 64, EPERM),       # semget
+    ("x86_64", X86, 68, EPERM),       # msgget
+    ("x86_64", X86, 240, ALLOW),      # mq_open: POSIX queues, bounded by RLIMIT_MSGQUEUE
     ("x86_64", X86, 0x40000000 + 1, EPERM),  # x32 ABI: refused whole
     ("x86_64", 0x40000003, 3, KILL),  # i386 (int 0x80): another table, killed
     ("aarch64", ARM, 279, EPERM),     # memfd_create
@@ -49,6 +54,10 @@ X86, ARM = seccomp.AUDIT_ARCH["x86_64"], seccomp.AUDIT_ARCH["aarch64"]
     ("aarch64", ARM, 97, EPERM),      # unshare
     ("aarch64", ARM, 319, ALLOW),     # aarch64 has none above 294 but the unified ones: not denied
     ("aarch64", ARM, 63, ALLOW),      # read
+    ("aarch64", ARM, 194, EPERM),     # shmget
+    ("aarch64", ARM, 196, EPERM),     # shmat
+    ("aarch64", ARM, 186, EPERM),     # msgget
+    ("aarch64", ARM, 29, ALLOW),      # aarch64's 29 is ioctl
     ("aarch64", X86, 425, KILL),
 ])
 def test_the_filter_refuses_what_it_lists_and_nothing_else(machine, arch, nr, expected):

@@ -105,8 +105,15 @@ def safe_decode(tokenizer: CharTokenizer | HFTokenizer, ids: list[int]) -> str:
 
 
 def prompt_check(tokenizer: CharTokenizer | HFTokenizer, max_prompt_tokens: int):
-    """A dataset row check: the prompt must encode and fit."""
+    """A dataset row check: the prompt must encode and fit. A text too long to fit however
+    it tokenizes is refused by its length, before encoding (whose ids take many times
+    the text's memory)."""
+    max_chars = max_prompt_tokens * tokenizer.max_chars_per_token
+
     def check(text: str) -> str | None:
+        if len(text) > max_chars:
+            return (f"prompt has {len(text)} characters, more than the {max_prompt_tokens} tokens allowed "
+                    f"can hold (at most {tokenizer.max_chars_per_token} characters a token)")
         try:
             n = len(tokenizer.encode(text, add_bos=True))
         except ValueError as exc:

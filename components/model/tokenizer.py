@@ -20,6 +20,7 @@ class CharTokenizer:
     pad_id, bos_id, eos_id = 0, 1, 2
     num_special = 3
     chat_template = None
+    max_chars_per_token = 1
 
     def __init__(self, alphabet: str = DEFAULT_ALPHABET):
         if len(set(alphabet)) != len(alphabet):
@@ -84,6 +85,7 @@ class HFTokenizer:
         if self.chat_template is None and (folder / "chat_template.jinja").is_file():
             self.chat_template = (folder / "chat_template.jinja").read_text()
         self._chat_render = None
+        self._max_chars_per_token: int | None = None
         self.bos_id = self._find("bos", named.get("bos"))
         self.eos_id = self._find("eos", named.get("eos"))
         pad = self._find("pad", named.get("pad"))
@@ -99,6 +101,17 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def max_chars_per_token(self) -> int:
+        """The most characters of a text one token can stand for: its longest vocabulary
+        entry (a byte-level entry's characters are bytes, at least the text's characters),
+        times 4 where a normalizer may compose characters (NFC joins up to four into one).
+        A normalizer or pre-tokenizer that deletes characters outright is not counted."""
+        if self._max_chars_per_token is None:
+            longest = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
+            self._max_chars_per_token = longest * (4 if self._tok.normalizer is not None else 1)
+        return self._max_chars_per_token
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """add_bos: a BOS first, unless the text begins with one (a chat-formatted prompt does)."""

@@ -1,12 +1,14 @@
 """Real data: JSONL or Parquet files, or folders written by `datasets`' save_to_disk,
 whose rows have a prompt and an answer.
 
-Malformed rows (not UTF-8, not JSON, not an object, a missing or non-text field,
-an empty prompt, a reference answer the preset cannot find, a prompt the tokenizer
-cannot encode or that is too long) are skipped and counted, each with its row
-number and reason, and the load reports them; a file with no usable row is an
-error. Row numbers are 1-based lines for JSONL and 0-based row indices for Parquet
-and saved folders.
+Malformed rows (longer than max_row_bytes, not UTF-8, not JSON or JSON the parser
+cannot hold, not an object, a missing or non-text field, an empty prompt, a
+reference answer the preset cannot find, a prompt the tokenizer cannot encode or
+that is too long) are skipped and counted, each with its row number and reason,
+and the load reports them; so is a row that raises anything else on its way to a
+problem: no single row ends the load. A file with no usable row is an error. Row
+numbers are 1-based lines for JSONL and 0-based row indices for Parquet and saved
+folders; rows.py reads them, within max_row_bytes.
 
 Presets (`preset`) set in one word what a known format needs, for every field left
 at its default: the fields, the prompt template and how the reference answer is
@@ -14,12 +16,12 @@ taken from the answer field (PRESETS).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Literal
 
 from .problem import Problem
+from .rows import Malformed, jsonl_rows, parquet_rows, saved_rows
 
 Check = Callable[[str], str | None]
 """Returns why a prompt is unusable (e.g. "character 'é' is not in the alphabet"), or None."""
@@ -71,8 +73,15 @@ class DatasetConfig:
     extract: Extract | None = None
     """How the reference answer is taken from the answer field: none (as it is), gsm8k
     (after the last '####', commas dropped), boxed (the last \\boxed{...}); default: the preset's, else none."""
+    max_row_bytes: int = 16 << 20
+    """A longer row is skipped unread and counted: a JSONL line (read in bounded pieces,
+    never held whole), or a Parquet/saved row's text columns together. Bounds the
+    memory one row costs while loading."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_row_bytes, int) or isinstance(self.max_row_bytes, bool) \
+                or self.max_row_bytes < 1:
+            raise ValueError(f"max_row_bytes must be an integer >= 1, got {self.max_row_bytes!r}")
         preset = PRESETS[self.preset] if self.preset is not None else DEFAULTS
         for name in ("prompt_field", "answer_field", "template"):
             if getattr(self, name) == getattr(DEFAULTS, name):
@@ -94,6 +103,10 @@ class DatasetConfig:
             return "parquet"
         raise ValueError(f"cannot tell the format of {self.path!r} from its extension; "
                          "set task.dataset.format to 'jsonl', 'parquet' or 'saved'")
+
+
+MAX_REASON = 300
+"""Characters of a skip reason kept (one naming a row's fields could be as long as the row)."""
 
 
 @dataclass(slots=True)
@@ -121,14 +134,17 @@ def load_dataset(config: DatasetConfig, check: Check | None = None, chat: Chat |
                          "chat_template or chat_template.jinja); the built-in model has none")
     if not os.path.exists(config.path):
         raise FileNotFoundError(f"dataset file {config.path!r} does not exist")
-    kind = config.resolved_format()
-    rows = (_jsonl_rows(config.path) if kind == "jsonl" else _parquet_rows(config.path) if kind == "parquet"
-            else _saved_rows(config.path, config.split))
+    kind, cap = config.resolved_format(), config.max_row_bytes
+    rows = (jsonl_rows(config.path, cap) if kind == "jsonl" else parquet_rows(config.path, cap)
+            if kind == "parquet" else saved_rows(config.path, config.split, cap))
     dataset = Dataset([])
     for number, row in rows:
-        problem, why = _problem(number, row, config, check, chat if config.chat else None)
+        try:
+            problem, why = _problem(number, row, config, check, chat if config.chat else None)
+        except Exception as exc:  # whatever one row raises (a template, a tokenizer) skips that row only
+            problem, why = None, f"{type(exc).__name__}: {exc}"
         if problem is None:
-            dataset.skipped.append((number, why))
+            dataset.skipped.append((number, why if len(why) <= MAX_REASON else why[:MAX_REASON - 3] + "..."))
         else:
             dataset.problems.append(problem)
     if not dataset.problems:
@@ -138,7 +154,7 @@ def load_dataset(config: DatasetConfig, check: Check | None = None, chat: Chat |
 
 def _problem(number: int, row: Any, config: DatasetConfig, check: Check | None,
              chat: Chat | None) -> tuple[Problem | None, str]:
-    if isinstance(row, _Malformed):
+    if isinstance(row, Malformed):
         return None, row.reason
     if not isinstance(row, dict):
         return None, f"expected an object, got {type(row).__name__}"
@@ -200,66 +216,3 @@ def missing_field(name: str, row: dict) -> str:
     fits = [p for p, preset in PRESETS.items() if preset.prompt_field in row and preset.answer_field in row]
     hint = f"; task.dataset.preset={fits[0]} reads these rows" if fits else ""
     return f"missing field {name!r} (the row has: {', '.join(map(str, row)) or 'no field'}{hint})"
-
-
-class _Malformed:
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def _jsonl_rows(path: str) -> Iterator[tuple[int, Any]]:
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield number, _Malformed(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
-                continue
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield number, _Malformed(f"not valid JSON ({exc.msg})")
-
-
-def _parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ValueError("reading Parquet needs pyarrow (pip install pyarrow)") from None
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises its own types for a corrupt file
-        raise ValueError(f"cannot read Parquet file {path!r}: {exc}") from None
-    yield from enumerate(table.to_pylist())
-
-
-def _saved_rows(path: str, split: str) -> Iterator[tuple[int, Any]]:
-    """The rows of a `datasets` save_to_disk folder: state.json lists its Arrow files
-    (Arrow IPC streams); a DatasetDict folder has one such folder per split."""
-    import pyarrow as pa
-    splits_file = os.path.join(path, "dataset_dict.json")
-    if os.path.isfile(splits_file):
-        with open(splits_file) as f:
-            splits = json.load(f).get("splits", [])
-        if split not in splits:
-            raise ValueError(f"{path!r} has the splits {', '.join(splits)}, not {split!r}: set task.dataset.split")
-        path = os.path.join(path, split)
-    try:
-        with open(os.path.join(path, "state.json")) as f:
-            files = [entry["filename"] for entry in json.load(f)["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path!r} is not a datasets save_to_disk folder (state.json: {exc})") from None
-    number = 0
-    for name in files:
-        try:
-            with pa.memory_map(os.path.join(path, name)) as source:
-                table = pa.ipc.open_stream(source).read_all()
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise ValueError(f"cannot read {name} of {path!r}: {exc}") from None
-        for row in table.to_pylist():
-            yield number, row
-            number += 1

@@ -6,7 +6,13 @@ They are the kernel interfaces the namespaces and rlimits do not contain, or tha
 no checked-in Python needs:
 
 - memory the limits do not count: memfd_create / memfd_secret (a memfd's pages
-  are not the process's address space, so RLIMIT_AS does not see them), userfaultfd;
+  are not the process's address space, so RLIMIT_AS does not see them), userfaultfd,
+  and System V IPC whole (shared memory, semaphores, message queues): a segment
+  outlives its mapping, so 8 x 256 MB segments were held under a 512 MB RLIMIT_AS,
+  and the sandbox's own IPC namespace starts with the kernel's defaults (shmmax and
+  shmall unbounded, 32000 message queues of 16 KB). POSIX shared memory and
+  semaphores (shm_open, sem_open: what multiprocessing uses) are files in the
+  sandbox's /dev/shm, bounded by its tmpfs;
 - io_uring (its own path into the kernel, source of many privilege escalations),
   bpf, perf_event_open, the keyrings, ptrace and cross-process memory access;
 - mounts, namespaces, modules, kexec, swap, reboot, accounting, quotas, and file
@@ -20,7 +26,9 @@ from __future__ import annotations
 import errno
 import struct
 
-DENIED = ("memfd_create", "memfd_secret", "userfaultfd",
+SYSV_IPC = ("shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
+            "msgget", "msgsnd", "msgrcv", "msgctl")
+DENIED = ("memfd_create", "memfd_secret", "userfaultfd", *SYSV_IPC,
           "io_uring_setup", "io_uring_enter", "io_uring_register",
           "bpf", "perf_event_open", "keyctl", "add_key", "request_key",
           "ptrace", "process_vm_readv", "process_vm_writev",
@@ -39,7 +47,9 @@ NUMBERS = {
                    move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, init_module=175,
                    finit_module=313, delete_module=176, kexec_load=246, kexec_file_load=320, swapon=167,
                    swapoff=168, reboot=169, acct=163, quotactl=179, name_to_handle_at=303,
-                   open_by_handle_at=304, fanotify_init=300),
+                   open_by_handle_at=304, fanotify_init=300, shmget=29, shmat=30, shmctl=31, shmdt=67,
+                   semget=64, semop=65, semctl=66, semtimedop=220, msgget=68, msgsnd=69, msgrcv=70,
+                   msgctl=71),
     "aarch64": dict(memfd_create=279, memfd_secret=447, userfaultfd=282, io_uring_setup=425,
                     io_uring_enter=426, io_uring_register=427, bpf=280, perf_event_open=241, keyctl=219,
                     add_key=217, request_key=218, ptrace=117, process_vm_readv=270, process_vm_writev=271,
@@ -47,7 +57,9 @@ NUMBERS = {
                     move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, init_module=105,
                     finit_module=273, delete_module=106, kexec_load=104, kexec_file_load=294, swapon=224,
                     swapoff=225, reboot=142, acct=89, quotactl=60, name_to_handle_at=264,
-                    open_by_handle_at=265, fanotify_init=262),
+                    open_by_handle_at=265, fanotify_init=262, msgget=186, msgctl=187, msgrcv=188,
+                    msgsnd=189, semget=190, semctl=191, semtimedop=192, semop=193, shmget=194, shmctl=195,
+                    shmat=196, shmdt=197),
 }
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_SYSCALL_BIT = 0x40000000
