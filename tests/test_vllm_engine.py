@@ -246,3 +246,15 @@ async def test_an_abort_right_after_the_request_was_added_comes_back(engine, yie
     assert res.finish_reason == "abort" and len(res.output_token_ids) < 1500
     assert len(res.output_logprobs) == len(res.output_token_ids)
     assert not engine.has_work()
+
+
+async def test_seeded_prompts_over_one_steps_token_budget_generate(engine):
+    """48 seeded prompts of 64 tokens at once: more prompt tokens than vLLM's default
+    batch budget on a CPU (2048). A prefill split over steps rewinds the request's
+    generator, which a CPU generator refuses, and vLLM's engine died; the engine runs
+    whole prefills on a CPU."""
+    requests = [GenerationRequest(f"seeded{i}", [3 + (i * 7 + j) % 100 for j in range(64)],
+                                  SamplingParams(temperature=1.0, max_new_tokens=4, seed=i)) for i in range(48)]
+    results = await asyncio.wait_for(engine.generate(requests), 600)
+    assert [len(r.output_token_ids) for r in results] == [4] * 48
+    assert {r.finish_reason for r in results} == {"length"}

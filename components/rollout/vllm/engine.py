@@ -70,9 +70,17 @@ class VLLMRolloutEngine(ExternalEngine):
         if config.cpu_kvcache_space_gib is not None:  # read by the engine's processes (CPU only)
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config.engine_kwargs()))
+        kwargs = config.engine_kwargs()
+        if current_platform.is_cpu():
+            # A prefill split over steps rewinds a seeded request's generator
+            # (set_offset), which a CPU generator refuses ("CPU Generator does not use
+            # offset"): vLLM's engine dies. Whole prefills only (the batch budget then
+            # defaults to at least max_model_len).
+            kwargs.setdefault("enable_chunked_prefill", False)
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         return cls(engine, config, weight_version, owned_dir=owned_dir)
 
     def shutdown(self) -> None:
