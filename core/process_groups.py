@@ -67,8 +67,9 @@ class ProcessGroups:
         host = node_address(handles[0].spec.node)
         port = 0 if backend == "emulated" else await handles[0].call("__pg_listen__", [name, host])
         # Each rank's own node address (the one its peers reach gloo's pairs at), and the
-        # group's key prefix: a TCPStore takes any client that reaches its port (another
-        # user of the host too), so the keys are ones only the members are told.
+        # group's key prefix, fresh per build: the members seal the store's names and
+        # values under a key of the job secret and this prefix (transport/sealed_store.py),
+        # as a TCPStore takes any client that reaches its port (another user of the host too).
         prefix = f"dynarl/{name}/{generation}/{secrets.token_hex(16)}"
         # Each member's device: where two share one, the group hands over locally within
         # a device and runs collectives only between devices (transport/device_group.py).

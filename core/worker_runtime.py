@@ -7,6 +7,7 @@ same call semantics.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -31,10 +32,12 @@ class WorkerRuntime:
     def __init__(self, spec: WorkerSpec, call_controller: Call,
                  spawn: Callable[[Awaitable[Any]], asyncio.Task], cls: type[Worker] | None = None,
                  payloads: PayloadServer | None = None, fetcher: PayloadFetcher | None = None,
-                 share_items: bool = False) -> None:
+                 share_items: bool = False, secret: bytes | None = None) -> None:
         """`share_items`: channel items are not encoded (ranks in the controller's own
-        loop and memory: the inproc launcher)."""
+        loop and memory: the inproc launcher). `secret`: the job secret, which seals
+        the stores of the process groups this rank joins (none: it joins none)."""
         self.spec = spec
+        self._secret = secret
         self._share_items = share_items
         self._cls = cls
         self._payloads = payloads
@@ -183,11 +186,15 @@ class WorkerRuntime:
         if name in self._groups:
             await self._pg_leave(name)
         if backend == "emulated":  # membership only: nothing blocks
-            self._groups[name] = join_group(name, prefix, rank, size, host, port, backend, timeout_s)
+            self._groups[name] = join_group(name, prefix, rank, size, host, port, backend, timeout_s,
+                                            secret=b"")
             return
+        if self._secret is None:
+            raise RuntimeError(f"process group {name!r}: this rank has no job secret to seal the group's store")
         store = self._hosted_stores.get(name) if rank == 0 else None
-        self._groups[name] = await asyncio.to_thread(
-            join_group, name, prefix, rank, size, host, port, backend, timeout_s, store, own_host, devices)
+        self._groups[name] = await asyncio.to_thread(functools.partial(
+            join_group, name, prefix, rank, size, host, port, backend, timeout_s, store, own_host, devices,
+            secret=self._secret))
 
     async def _pg_leave(self, name: str) -> None:
         membership = self._groups.pop(name, None)

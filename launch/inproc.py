@@ -62,7 +62,7 @@ class InprocLauncher(Launcher):
             return send
 
         runtime = WorkerRuntime(handle.spec, lambda m, a, kw: endpoints["worker"].call(m, a, kw),
-                                ctl.spawn_task, cls=handle.cls, share_items=True)
+                                ctl.spawn_task, cls=handle.cls, share_items=True, secret=ctl.secret)
         # Plain calls both ways are answered where they arrive, with no task per call
         # (the RPC fast path, as the ZMQ worker has): the worker's plain methods, and
         # the controller's channel operations that need no wait.

@@ -77,7 +77,7 @@ async def serve(boot: dict) -> None:
             endpoint: RpcEndpoint
             fetcher = PayloadFetcher(codec, tg.create_task)
             runtime = WorkerRuntime(spec, lambda m, a, kw: endpoint.call(m, a, kw), tg.create_task,
-                                    payloads=payloads, fetcher=fetcher)
+                                    payloads=payloads, fetcher=fetcher, secret=secret)
             endpoint = RpcEndpoint("controller", dealer.send, serve=runtime.serve, spawn=tg.create_task,
                                    plain_method=runtime.plain_method, send_now=dealer.send_nowait)
             background = [tg.create_task(dealer.serve(endpoint.handle)), tg.create_task(ticker.run()),

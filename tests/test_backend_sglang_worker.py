@@ -133,7 +133,8 @@ async def test_receive_weights_pushes_the_trainers_broadcast_into_sglang(worker)
     members = [None, None]
 
     def join(rank):
-        members[rank] = join_group("sync", "dynarl/sync/0/", rank, 2, "127.0.0.1", 0, "gloo", 30.0, store=store)
+        members[rank] = join_group("sync", "dynarl/sync/0/", rank, 2, "127.0.0.1", 0, "gloo", 30.0, store=store,
+                                    secret=b"k" * 32)
 
     threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
     for t in threads:

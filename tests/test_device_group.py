@@ -38,7 +38,7 @@ def _run_group(devices, body, timeout_s=20.0):
         member = None
         try:
             member = join_group("t", "dynarl/t/0/x", rank, len(devices), "127.0.0.1", store.port, "gloo", timeout_s,
-                                store=store if rank == 0 else None, devices=devices)
+                                store=store if rank == 0 else None, devices=devices, secret=b"k" * 32)
             results[rank] = body(rank, member.group)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -108,7 +108,7 @@ def test_distinct_devices_keep_the_plain_group():
 
 def test_a_group_without_a_timeout_is_refused():
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
-        join_group("t", "p", 0, 1, "127.0.0.1", 0, "gloo", 0)
+        join_group("t", "p", 0, 1, "127.0.0.1", 0, "gloo", 0, secret=b"k" * 32)
 
 
 def test_post_all_exchanges_every_pair_at_once():

@@ -78,7 +78,7 @@ def _pair(body, timeout_s=20.0):
 
     def run(rank):
         member = join_group("s", "dynarl/s/0/k", rank, 2, "127.0.0.1", store.port, "gloo", timeout_s,
-                            store=store if rank == 0 else None)
+                            store=store if rank == 0 else None, secret=b"k" * 32)
         try:
             out[rank] = body(rank, member.group)
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -143,7 +143,8 @@ def test_6_a_group_gets_its_timeout():
     store = host_store("127.0.0.1")
     begun = time.monotonic()
     with pytest.raises(Exception):
-        join_group("lonely", "dynarl/lonely/0/k", 0, 2, "127.0.0.1", store.port, "gloo", 1.0, store=store)
+        join_group("lonely", "dynarl/lonely/0/k", 0, 2, "127.0.0.1", store.port, "gloo", 1.0, store=store,
+                   secret=b"k" * 32)
     assert time.monotonic() - begun < 15
 
 

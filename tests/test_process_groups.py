@@ -3,8 +3,11 @@ NUM_GPUS = 0
 import asyncio
 import os
 
+import pytest
+
 import dynarl
 from dynarl import ClusterConfig, RuntimeConfig
+from dynarl.transport.errors import RemoteError
 from workers import Collective
 
 
@@ -74,11 +77,13 @@ async def test_a_single_host_jobs_sockets_listen_on_loopback_only():
             assert set(_tcp_listeners(pid)) <= loopback, (pid, _tcp_listeners(pid))
 
 
-async def test_a_groups_store_keys_are_secret_to_its_members():
-    """A TCPStore serves any client that reaches its port (another user of the host):
-    the group's keys live under a prefix only the members are told, not under its
-    name and generation."""
+async def test_an_outsider_gets_nothing_from_a_groups_store():
+    """A TCPStore serves any client that reaches its port (another user of the host)
+    and lists its keys to it: the names it lists are hashes, the values ciphertext
+    under a key drawn from the job secret, and a value it moves is refused by the
+    members (transport/sealed_store.py), while the group goes on working."""
     import datetime
+    import re
     import torch.distributed as dist
     async with dynarl.Controller(RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))) as ctl:
         group = await ctl.spawn(Collective, num_ranks=2)
@@ -86,8 +91,16 @@ async def test_a_groups_store_keys_are_secret_to_its_members():
         assert await group.call("all_reduce", "dp", 1) == [[2.0] * 4] * 2
         host, port = pg.store
         assert ("0100007F", port) in _tcp_listeners(group.pids[0], ports=True)
+        addresses = await group.call("store_value", "dp", "0/0")  # gloo's rendezvous, as members read it
+        assert len(addresses[0]) > 8 and addresses[0] == addresses[1]
         outsider = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=5))
-        assert outsider.num_keys() >= 2  # gloo's rendezvous keys, one per rank
-        guessable = f"dynarl/dp/{pg.generation}"
-        guesses = [f"{guessable}//0/0", f"{guessable}//0/1", f"{guessable}/0/0", "0/0"]
-        assert not any(outsider.check([key]) for key in guesses)  # (check() of a list: all of them)
+        names = outsider.list_keys()
+        assert len(names) >= 2  # gloo's rendezvous keys, one per rank
+        assert all(re.fullmatch("[0-9a-f]{32}", name) for name in names), names
+        values = [outsider.get(name) for name in names]
+        assert not any(addresses[0] in value or b"dynarl" in value for value in values)
+        assert await group.call("all_reduce", "dp", 3) == [[6.0] * 4] * 2
+        for name, value in zip(names, values[1:] + values[:1]):  # each key gets another's sealed value
+            outsider.set(name, value)
+        with pytest.raises(RemoteError, match="StoreTampered"):
+            await group.call("store_value", "dp", "0/1")

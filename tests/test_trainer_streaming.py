@@ -67,7 +67,8 @@ def test_uneven_parts_on_two_ranks_equal_the_whole_batch_on_one():
 
     def rank(r: int, my_parts: list[TrainBatch], store, model) -> None:
         try:
-            member = join_group("stream", "dynarl/stream/0/", r, 2, "127.0.0.1", 0, "gloo", 30.0, store=store)
+            member = join_group("stream", "dynarl/stream/0/", r, 2, "127.0.0.1", 0, "gloo", 30.0, store=store,
+                                secret=b"k" * 32)
             trainer = NativeTrainer(model, make_config(eps=1e-4), member.group)
             for part in my_parts:
                 trainer.accumulate(part)

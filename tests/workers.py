@@ -180,6 +180,12 @@ class Collective(dynarl.Worker):
     async def group_rank(self, group):
         return [self.process_group(group).rank(), self.process_group(group).size()]
 
+    async def store_value(self, group, key):
+        """`key` of the group's store as this member reads it (gloo's rendezvous: "0/<rank>")."""
+        import torch.distributed as dist
+        _, store = dist.distributed_c10d._world.pg_map[self.process_group(group)]
+        return await asyncio.to_thread(store.get, key)
+
     async def send_big(self, group, dst, numel, seed):
         import torch
         import torch.distributed as dist

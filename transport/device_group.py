@@ -16,9 +16,9 @@ another member of its own device is handed over locally:
     the rest    refused (`SharedDevice`): a reduction over members of one device
                 has no meaning NCCL would accept
 
-A local hand-off goes through the group's TCPStore under a key only the two members
-compute (the group's key prefix is secret). On a CPU device the key holds the
-tensor's bytes. On a GPU it holds a CUDA IPC handle of the sender's tensor (what
+A local hand-off goes through the group's store (sealed under the job secret:
+sealed_store.py). On a CPU device the key holds the tensor's bytes. On a GPU it
+holds a CUDA IPC handle of the sender's tensor (what
 `torch.multiprocessing` shares, as plain fields, never a pickle); the receiver copies
 from it and acknowledges, and only then does the sender's call return, so the sender
 may reuse the tensor. The CUDA path follows torch's IPC API and has not run on a GPU.

@@ -1,9 +1,11 @@
 """torch.distributed process groups created and destroyed while the job runs.
 
-Each group gets its own TCPStore (hosted by its rank 0) and key prefix, and is
-built directly rather than through init_process_group (which allows one default
-group per process): a process can then belong to many groups at once and leave
-and rejoin with a different member set, which trainer resharding needs.
+Each group gets its own TCPStore (hosted by its rank 0) and key prefix, sealed
+with a key drawn from the job secret (sealed_store.py: an outsider who connects to
+the store reads and forges nothing), and is built directly rather than through
+init_process_group (which allows one default group per process): a process can
+then belong to many groups at once and leave and rejoin with a different member
+set, which trainer resharding needs.
 
 The backend is wrapped in a ProcessGroup and its rank map registered with c10d,
 as `new_group` does internally, so the standard calls work with group-relative
@@ -34,6 +36,7 @@ class GroupMembership:
     size: int
     group: Any
     store: Any
+    """The group's SealedStore over its TCPStore (None: emulated); leave_group closes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +74,12 @@ def host_store(host: str) -> Any:
 
 def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: int,
                backend: str, timeout_s: float, store: Any = None, own_host: str | None = None,
-               devices: Sequence[int | None] | None = None) -> GroupMembership:
+               devices: Sequence[int | None] | None = None, *, secret: bytes) -> GroupMembership:
     """Joins group `name` as `rank` of `size`, rendezvous at the store on host:port
-    under the key `prefix`: fresh for each build of the group (a rebuilt group's keys
-    stay apart from the old one's) and secret (the controller makes it and tells only
-    the members: the store takes any client that reaches its port).
+    under the key `prefix`, fresh for each build of the group (a rebuilt group's keys
+    stay apart from the old one's). `secret`: the job secret; the store takes any
+    client that reaches its port and lists its keys to it, so every name and value
+    in it is sealed under build_key(secret, prefix) (sealed_store.py).
     `own_host`: this rank's node address as its peers reach it. Gloo's pairs listen on
     it and advertise it; left to itself gloo takes the address the machine's hostname
     resolves to, which is loopback on many hosts (Debian's /etc/hosts maps the
@@ -91,10 +95,12 @@ def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: in
     import torch.distributed as dist
 
     from .device_group import SharedDeviceGroup, has_shared_device, leaders_of
+    from .sealed_store import SealedStore, build_key
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-    prefixed = dist.PrefixStore(prefix, store)
+    sealed = SealedStore(store, build_key(secret, prefix))  # open until leave_group (sealed_store.py)
+    prefixed = dist.PrefixStore(prefix, sealed)
     if devices is not None and has_shared_device(devices):
         leaders = leaders_of(devices)
         full, device = _group(prefixed, rank, size, backend, timeout, own_host)
@@ -110,7 +116,7 @@ def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: in
         _register(group, size, backend, prefixed)
     else:
         group, _ = _group(prefixed, rank, size, backend, timeout, own_host)
-    return GroupMembership(name, rank, size, group, store)
+    return GroupMembership(name, rank, size, group, sealed)
 
 
 def _group(store: Any, rank: int, size: int, backend: str, timeout: datetime.timedelta,
@@ -184,3 +190,4 @@ def leave_group(membership: GroupMembership) -> None:
             shutdown()
         except Exception:
             pass  # best effort: a peer may already be gone
+    membership.store.close()
