@@ -69,6 +69,20 @@ def test_broadcast_reaches_every_member(root):
     assert _run_group([0, 0, 1, 0], body) == [[0.0, 10.0, 20.0, 30.0, 40.0, 50.0]] * 4
 
 
+def test_a_hand_off_larger_than_a_store_value_arrives_whole():
+    """The TCPStore refuses a value over 8 MiB: a 20 MiB tensor handed to a rank on the
+    same device goes in pieces (a weight-sync bucket of a real model on a CPU host)."""
+    n = 5 * (1 << 20) + 3  # 20 MiB of float32 and a tail
+    sent = torch.arange(n, dtype=torch.float32)
+
+    def body(rank, group):
+        t = sent.clone() if rank == 0 else torch.zeros(n)
+        dist.broadcast(t, group_src=0, group=group)
+        return bool(torch.equal(t, sent))
+
+    assert _run_group([0, 0], body, timeout_s=60.0) == [True, True]
+
+
 def test_point_to_point_within_and_across_devices():
     def body(rank, group):
         got = torch.zeros(4)

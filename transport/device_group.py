@@ -37,6 +37,12 @@ import torch
 import torch.distributed as dist
 
 
+STORE_PIECE_BYTES = 4 << 20
+"""A CPU hand-off goes through the store in pieces of at most this many bytes: the
+TCPStore server refuses a value over 8 MiB ("Invalid payload size"), and sealing adds
+a little to each."""
+
+
 class SharedDevice(RuntimeError):
     """A collective that would put two members of one device in one communicator."""
 
@@ -232,7 +238,11 @@ class SharedDeviceGroup(dist.ProcessGroup):
         for its receipt (on a GPU the receiver copies from the sender's memory: until
         then the tensor must not change)."""
         if tensor.device.type != "cuda":
-            self.store.set(key, tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            data = tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+            pieces = range(0, len(data), STORE_PIECE_BYTES)
+            for i, start in enumerate(pieces):
+                self.store.set(f"{key}/{i}", data[start:start + STORE_PIECE_BYTES])
+            self.store.set(key, str(len(pieces)).encode())  # last: the receiver waits for it
             return lambda: None
         self.store.set(key, msgpack.packb([os.getpid(), list(tensor.shape), str(tensor.dtype), cuda_handle(tensor)]))
 
@@ -258,6 +268,10 @@ class SharedDeviceGroup(dist.ProcessGroup):
             torch.cuda.current_stream().synchronize()
             self.store.set(f"{key}/ack", b"1")
             return
+        parts = [f"{key}/{i}" for i in range(int(data))]
+        data = b"".join(self.store.get(part) for part in parts)
+        for part in parts:
+            self.store.delete_key(part)
         expected = tensor.numel() * tensor.element_size()
         if len(data) != expected:
             raise ValueError(f"a local hand-off from rank {frm} brought {len(data)} bytes, this tensor holds {expected}")
