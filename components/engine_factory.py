@@ -26,12 +26,15 @@ from typing import Any
 
 import torch
 
+from .inference.base import InferenceEngine
 from .model.spec import ModelSpec, build_model, meta_model
-from .trainer.base import TrainerConfig
+from .rollout.base import RolloutEngine
+from .trainer.base import TrainerConfig, TrainerEngine
+from .trainer.threaded import BlockingTrainer
 
 
 def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_config: Any = None,
-                        weight_version: int = -1, device: str = "cpu") -> Any:
+                        weight_version: int = -1, device: str = "cpu") -> RolloutEngine:
     """A rollout engine holding weight version `weight_version` (-1: none synced yet):
     native (`engine`, a NativeEngineConfig; its model on `device` in model.dtype), sglang
     (`backend_config`, an SGLangConfig) or emulated (an EmulatedRolloutConfig). sglang:
@@ -63,7 +66,7 @@ def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_con
 
 
 def make_inference_engine(backend: str, model: ModelSpec, micro_batch_size: int, emulated: Any = None,
-                          device: str = "cpu") -> Any:
+                          device: str = "cpu") -> InferenceEngine:
     """An inference engine (inference/base.py) holding no policy weights yet (version -1),
     on `device` in model.dtype; `emulated`: an EmulatedInferenceConfig."""
     if backend == "native":
@@ -104,7 +107,7 @@ def served_by(model: ModelSpec, config: Any) -> tuple[Any, str | None]:
 
 async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, backend_config: Any = None,
                        group: Any = None, *, rank: int = 0, world_size: int = 1, head: str = "policy",
-                       device: str = "cpu") -> Any:
+                       device: str = "cpu") -> TrainerEngine:
     """One trainer rank, behind the async TrainerEngine contract, its float32 weights on
     `device` (megatron places its own). Collective over
     `group` (the trainer's data-parallel runtime group, None for a single rank).
@@ -133,7 +136,7 @@ async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, ba
 
 
 def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, megatron: Any, group: Any,
-                      device: str) -> Any:
+                      device: str) -> BlockingTrainer:
     if backend == "native":
         from .trainer.native.trainer import NativeTrainer
 
@@ -160,6 +163,7 @@ def init_default_group(group: Any) -> None:
 
     if dist.is_initialized():
         return
+    store: dist.Store
     if group is None:
         store, rank, size = dist.HashStore(), 0, 1
     else:

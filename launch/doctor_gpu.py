@@ -160,7 +160,7 @@ def part_megatron_state(gpu: bool) -> dict:
     out: dict[str, Any] = {}
     try:
         begun = time.perf_counter()
-        out["loss"] = trainer.train_step(_batch(config.vocab_size))["loss"]
+        out["loss"] = trainer.train_step(_batch(config.vocab_size)).loss
         torch.cuda.synchronize()
         out["train_step_s"] = round(time.perf_counter() - begun, 4)
         out["gb"] = [used_gb()]

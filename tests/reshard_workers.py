@@ -9,6 +9,7 @@ import dynarl
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.trainer.reshard import ReshardableTrainer
 from dynarl.components.trainer.threaded import ThreadedTrainer
@@ -42,7 +43,7 @@ class ReshardTrainer(ReshardableTrainer, dynarl.Worker):
         group = self.process_group(dp_group) if dp_group else None
         self.trainer = ThreadedTrainer(await asyncio.to_thread(NativeTrainer, model, TrainerConfig(lr=1e-3), group))
 
-    async def train(self, batch: dict) -> dict:
+    async def train(self, batch: dict) -> TrainMetrics:
         return await self.trainer.train_step(TrainBatch.from_wire(batch))
 
     async def reshard_recv(self, group, transfers, start, end):

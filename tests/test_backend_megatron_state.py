@@ -10,8 +10,9 @@ on CPU; megatron-core's own allocates on "cuda") on two spawned gloo ranks, TP=2
   reshard     the TP=2 checkpoint loaded at TP=1 x DP=2: the joined slices, exactly
 
 tests/megatron_cpu.py's CUDA shims are applied only inside the spawned ranks."""
-import json
 import asyncio
+import dataclasses
+import json
 import os
 
 import pytest
@@ -88,9 +89,10 @@ def _ranks(rank: int, world: int, out: str) -> None:
                **{f"imported.{n}": w for n, w in weights(imported).items()}},
               os.path.join(out, f"rank{rank}.safetensors"))
     with open(os.path.join(out, f"metrics_rank{rank}.json"), "w") as f:
-        json.dump({"first": first, "second": second, "second_reloaded": second_reloaded,
-                   "second_imported": second_imported, "loaded_step": loaded_step, "same_start": same_start,
-                   "second_tp1": second_tp1}, f)
+        json.dump({"first": dataclasses.asdict(first), "second": dataclasses.asdict(second),
+                   "second_reloaded": dataclasses.asdict(second_reloaded),
+                   "second_imported": dataclasses.asdict(second_imported), "loaded_step": loaded_step,
+                   "same_start": same_start, "second_tp1": dataclasses.asdict(second_tp1)}, f)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +128,8 @@ def test_one_step_matches_the_native_trainer(run):
     expected = native.train_step(make_batch(FIRST))
     for metrics in run["metrics"]:
         for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "tokens", "grad_norm"):
-            assert metrics["first"][key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
-    assert expected["grad_norm"] > make_config().grad_clip  # the clipped path was taken
+            assert metrics["first"][key] == pytest.approx(getattr(expected, key), rel=1e-5, abs=1e-7), key
+    assert expected.grad_norm > make_config().grad_clip  # the clipped path was taken
     after = load_file(str(run["out"] / "after_first.safetensors"))
     reference = dict(model.named_parameters())
     assert set(after) == set(reference)

@@ -70,7 +70,7 @@ def _ranks(rank: int, world: int, out: str) -> None:
                    **{f"grad.{n}": g for n, g in trainer.optimizer.grads.items()}},
                   os.path.join(out, f"{name}.rank{rank}.safetensors"))
         with open(os.path.join(out, f"{name}.rank{rank}.json"), "w") as f:
-            json.dump({"metrics": metrics, "order": list(exported)}, f)
+            json.dump({"metrics": dataclasses.asdict(metrics), "order": list(exported)}, f)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def run(tmp_path_factory):
         metrics = trainer.train_step(make_batch(BATCH_SEED))
         flat = trainer.export_state_shard()["grad"]
         grads = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in trainer.layout().params}
-        native[name] = {"hf": hf, "logits": logits, "metrics": metrics,
+        native[name] = {"hf": hf, "logits": logits, "metrics": dataclasses.asdict(metrics),
                         "grads": dict(hf_to_megatron(grads, config))}
     result = spawn_ranks(_ranks, 2, str(out), error_dir=str(out), timeout_s=150)
     if result["exitcodes"] != [0, 0]:

@@ -18,6 +18,7 @@ memory is a GPU-only path, not checked here.
 dist_checkpointing pickles (torch.save) internally; it is used only here, as the
 reference for the TP=2 -> TP=1 reshard, never in product code.
 """
+import dataclasses
 import json
 import os
 
@@ -105,7 +106,8 @@ def _ranks(rank: int, world: int, out: str) -> None:
                **{f"grad.{n}": g for n, g in from_hf.optimizer.grads.items()}},
               os.path.join(out, f"tp1_rank{rank}.results.safetensors"))
     with open(os.path.join(out, f"metrics_rank{rank}.json"), "w") as f:
-        json.dump({"tp2": metrics2, "tp1": metrics1, "offloaded_step_refused": refused,
+        json.dump({"tp2": dataclasses.asdict(metrics2), "tp1": dataclasses.asdict(metrics1),
+                   "offloaded_step_refused": refused,
                    "dp": [from_hf.dp_rank, from_hf.dp_size]}, f)
 
 
@@ -135,7 +137,8 @@ def native(run):
     metrics = trainer.train_step(make_batch(BATCH_SEED))
     flat = trainer.export_state_shard()["grad"]
     grads = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in trainer.layout().params}
-    return {"hf": hf, "logits": logits, "metrics": metrics, "grads": dict(hf_to_megatron(grads, MODEL))}
+    return {"hf": hf, "logits": logits, "metrics": dataclasses.asdict(metrics),
+            "grads": dict(hf_to_megatron(grads, MODEL))}
 
 
 def _load(run, name):

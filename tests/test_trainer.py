@@ -12,6 +12,7 @@ import torch
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.base import STATE_NAMES, TrainBatch, TrainerConfig
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native.adamw import adamw_update
 from dynarl.components.trainer.native.losses import grpo_advantages
 from dynarl.components.trainer.native.trainer import NativeTrainer
@@ -67,7 +68,7 @@ def flat_params(trainer: NativeTrainer) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float() for _, p in trainer.model.named_parameters()])
 
 
-def run_steps(trainer: NativeTrainer, seeds, rank: int = 0, world: int = 1) -> list[dict]:
+def run_steps(trainer: NativeTrainer, seeds, rank: int = 0, world: int = 1) -> list[TrainMetrics]:
     return [trainer.train_step(make_batch(s).shard(rank, world)) for s in seeds]
 
 
@@ -142,11 +143,11 @@ def test_metrics_are_token_means_over_the_batch():
     # On-policy: ratio 1, so pg_loss = -sum_i A_i * n_i / N with n_i = sample i's loss tokens.
     adv = grpo_advantages(torch.tensor(batch.rewards), torch.tensor(batch.group_ids), 1e-6).tolist()
     counts = [sum(m) for m in batch.response_mask]
-    assert metrics["tokens"] == sum(counts)
-    assert metrics["pg_loss"] == pytest.approx(-sum(a * n for a, n in zip(adv, counts)) / sum(counts), abs=1e-6)
-    assert metrics["clip_frac"] == 0.0 and metrics["kl"] == 0.0
-    assert metrics["entropy"] == pytest.approx(math.log(VOCAB), rel=0.02)  # near-uniform at init
-    assert metrics["grad_norm"] > 0 and metrics["step"] == 1
+    assert metrics.tokens == sum(counts)
+    assert metrics.pg_loss == pytest.approx(-sum(a * n for a, n in zip(adv, counts)) / sum(counts), abs=1e-6)
+    assert metrics.clip_frac == 0.0 and metrics.kl == 0.0
+    assert metrics.entropy == pytest.approx(math.log(VOCAB), rel=0.02)  # near-uniform at init
+    assert metrics.grad_norm > 0 and metrics.step == 1
 
 
 def test_bf16_model_keeps_fp32_master():
@@ -181,7 +182,7 @@ def test_micro_batch_accumulation_equals_one_big_batch():
     for seed in [1, 2, 3]:
         a, b = big.train_step(make_batch(seed)), small.train_step(make_batch(seed))
         for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):
-            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-6), key
+            assert getattr(a, key) == pytest.approx(getattr(b, key), rel=1e-6, abs=1e-6), key
         torch.testing.assert_close(small.export_state_shard()["grad"], big.export_state_shard()["grad"],
                                    rtol=0, atol=1e-6)
     torch.testing.assert_close(flat_params(small), flat_params(big), rtol=0, atol=1e-6)

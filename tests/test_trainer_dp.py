@@ -4,6 +4,7 @@ against a single-process run of the same global batch. The ranks run once per
 module (fixture) and write their results as safetensors/JSON for the tests."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -59,7 +60,7 @@ def _dp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     out["from_dp1_ckpt"] = flat_params(loaded)
     save_file(out, os.path.join(out_dir, f"rank{rank}.safetensors"))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(metrics, f)
+        json.dump([dataclasses.asdict(m) for m in metrics], f)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +125,8 @@ def test_dp2_matches_dp1_on_the_same_global_batch(dp_run):
     assert rank0["state.step"].item() == rank1["state.step"].item() == len(DP_STEPS)
     for m0, m1, ref in zip(*dp_run["metrics"], dp_run["ref_metrics"]):
         assert m0 == m1  # metrics are global: both ranks report the same numbers
-        for key in ref:
-            assert m0[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-6), key
+        for key, value in dataclasses.asdict(ref).items():
+            assert m0[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
 
 
 def test_dp2_export_import_on_fresh_ranks_gives_identical_next_step(dp_run):

@@ -49,7 +49,7 @@ def test_parts_on_one_rank_equal_the_whole_batch():
     got = streamed.apply()
     torch.testing.assert_close(flat_params(streamed), flat_params(whole), **TOL)
     for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "tokens"):
-        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+        assert getattr(got, key) == pytest.approx(getattr(expected, key), rel=1e-5, abs=1e-7), key
     assert streamed.global_step == whole.global_step == 1
     # the next step starts from nothing accumulated
     streamed.accumulate(batch)

@@ -101,4 +101,4 @@ class EmulatedLearner(TrainerWorker):
             metrics = await self.trainer.train_step(batch)
         finally:
             self.training = False
-        return {"loss": metrics["loss"], "sequences": float(sequences), "time_s": loop.time() - begun}
+        return {"loss": metrics.loss, "sequences": float(sequences), "time_s": loop.time() - begun}

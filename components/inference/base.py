@@ -12,12 +12,13 @@ from typing import Any, Protocol, Sequence
 class InferenceEngine(Protocol):
     weight_version: int
     """-1 until the first weight update."""
-    weights_template: Any
-    """The module weight_sync.receive plans its buckets from; None when the engine
-    takes weights as a byte count (emulated)."""
+    @property
+    def weights_template(self) -> Any:
+        """The module weight_sync.receive plans its buckets from; None when the engine
+        takes weights as a byte count (emulated)."""
 
     async def logprobs(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                       reference: bool = False) -> list[Sequence[float]]:
+                       reference: bool = False) -> Sequence[Sequence[float]]:
         """One log-prob per response token, per response (the reference policy's with
         `reference`)."""
     async def update_weights(self, named_tensors: Any, version: int) -> None: ...

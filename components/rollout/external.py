@@ -95,14 +95,14 @@ class ExternalEngine:
         if task.cancelled():
             return  # cancelled before the engine saw it; whoever cancelled delivered the result
         rid = entry.request.request_id
-        if task.exception() is not None:
+        if (error := task.exception()) is not None:
             self._entries.pop(rid, None)
             future = self._futures.pop(rid)
             if rid in self._watched or rid in self._claimed:
-                future.set_exception(task.exception())  # raised by generate()/abort()/export
+                future.set_exception(error)  # raised by generate()/abort()/export
             else:
                 future.cancel()
-                self._errors.append(task.exception())  # raised by step()
+                self._errors.append(error)  # raised by step()
                 self._progress.set()
             return
         result = task.result()
@@ -223,8 +223,8 @@ class ExternalEngine:
         self._claimed.discard(entry.request.request_id)
         if future.cancelled():
             return
-        if future.exception() is not None:
-            self._errors.append(future.exception())
+        if (error := future.exception()) is not None:
+            self._errors.append(error)
         elif (result := future.result()).finish_reason == "abort":
             self._add(self._entry(entry.request, list(result.output_token_ids), list(result.output_logprobs)))
         else:

@@ -8,8 +8,14 @@ emulated twin uses them without tensors, and the P2P reshard planner reads a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence
+
 from dynarl.core.config_tree import wire_config
+
+from .metrics import TrainMetrics
+
+if TYPE_CHECKING:
+    from .megatron.layout import ShardedLayout
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
 """The sharded per-element state of a ZeRO-1 rank: fp32 master copy of the
@@ -100,7 +106,7 @@ class TrainBatch:
 
     def select(self, indices: Sequence[int]) -> "TrainBatch":
         """A batch of the samples at `indices`, in that order."""
-        picked = {}
+        picked: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             picked[f.name] = None if value is None else [value[i] for i in indices]
@@ -218,7 +224,7 @@ class StateLayout:
 
     def __post_init__(self) -> None:
         self.params = tuple(self.params)
-        self.shards = {k: tuple(tuple(r) for r in v) for k, v in self.shards.items()}
+        self.shards = {k: tuple((start, end) for start, end in v) for k, v in self.shards.items()}
         check_param_offsets(self.params, self.total_numel)
         for state, ranges in self.shards.items():
             if len(ranges) != self.world_size:
@@ -281,13 +287,13 @@ class TrainerConfig:
     before the loss takes the worse of the clipped and unclipped errors. Must be > 0."""
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
         if not self.value_clip > 0:
             raise ValueError(f"value_clip must be > 0, got {self.value_clip}")
         if self.lr < 0:
             raise ValueError(f"lr must be >= 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two values in [0, 1), got {self.betas}")
+        self.betas = (self.betas[0], self.betas[1])  # (a list from a config file)
         for name in ("eps", "adv_eps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -318,26 +324,37 @@ class TrainerEngine(Protocol):
     wrapped in threaded.ThreadedTrainer, the emulated one spends cost-model time on
     the loop. Methods marked collective must be called on every rank of the group."""
 
-    rank: int
-    world_size: int
-    global_step: int
-    dp_rank: int
-    dp_size: int
-    """Data-parallel rank and size (tensor-parallel ranks of one DP rank share a part)."""
-    needs_token_ids: bool
-    """False: the engine reads only lengths (emulated), so batches may carry ranges."""
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (a checkpoint's or an imported shard's on load)."""
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank (tensor-parallel ranks of one DP rank share a part)."""
+    @property
+    def dp_size(self) -> int: ...
+    @property
+    def needs_token_ids(self) -> bool:
+        """False: the engine reads only lengths (emulated), so batches may carry ranges."""
 
-    async def train_step(self, batch: TrainBatch, config: TrainerConfig | None = None) -> dict[str, float]:
+    async def train_step(self, batch: TrainBatch, config: TrainerConfig | None = None) -> TrainMetrics:
         """Collective. One optimizer step on this rank's part of the global batch (with
-        `config` instead of the engine's own, e.g. the warm start's). Returns global
-        metrics: loss, pg_loss, kl, entropy, grad_norm, tokens, clip_frac."""
+        `config` instead of the engine's own, e.g. the warm start's). Returns the step's
+        global metrics."""
     async def accumulate(self, batch: TrainBatch) -> None:
         """Streaming: forward/backward of one part of this step's batch (its advantages
         precomputed), added to the gradients. Not collective: ranks take parts as they come."""
-    async def apply(self) -> dict[str, float]:
+    async def apply(self) -> TrainMetrics:
         """Collective. The optimizer step over everything accumulated since the last one:
         the token-mean loss of the whole step, as train_step on the same samples."""
-    def layout(self) -> StateLayout: ...
+    async def values(self, batch: TrainBatch) -> list[list[float]] | None:
+        """A critic's values per response token of this rank's part (None: an emulated
+        critic's, lengths only). Not collective."""
+    def layout(self) -> StateLayout | ShardedLayout:
+        """Where the state lives: ZeRO-1 ranges (native, emulated) or megatron's boxes."""
     def export_state_shard(self) -> dict[str, Any]:
         """This rank's owned ranges of STATE_NAMES, plus 'step'."""
     async def import_state_shard(self, shard: Mapping[str, Any]) -> None:
@@ -355,10 +372,11 @@ class TrainerEngine(Protocol):
     @property
     def is_onloaded(self) -> bool:
         """Whether its state is on the device."""
-    frees_offloaded_state: bool
-    """Offloaded, its state cannot be read (megatron frees the device storage): reads
-    outside the device_lock onload it first (trainer/residency.py). A native trainer's
-    offloaded state is in host memory and read from there."""
+    @property
+    def frees_offloaded_state(self) -> bool:
+        """Offloaded, its state cannot be read (megatron frees the device storage): reads
+        outside the device_lock onload it first (trainer/residency.py). A native trainer's
+        offloaded state is in host memory and read from there."""
     async def close(self) -> None:
         """Let go of what the engine holds in the process beyond its tensors (megatron:
         its parallel state), so a later engine there may take another layout."""

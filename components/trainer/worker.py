@@ -41,6 +41,7 @@ from dynarl.components import experience
 from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.reshard import ReshardableTrainer
 from dynarl.components.trainer.residency import on_device
 from dynarl.components.trainer.threaded import ThreadedTrainer
@@ -100,7 +101,7 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         if self.shares_device:
             await self.set_resident(False)
 
-    async def train(self, batch: dict) -> dict:
+    async def train(self, batch: dict) -> TrainMetrics:
         """Collective. One GRPO step on this rank's part of the global batch."""
         batch = TrainBatch.from_wire(batch)
         self.training = True
@@ -120,7 +121,8 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
     async def train_stream(self, get: str, put: str | None = None, *, with_ref: bool = False,
                            behaviour: bool = False) -> dict:
         """Collective at its end. Chunks of scored groups (each sample with its
-        advantage) from `get` until END, accumulated as they come; then the step.
+        advantage) from `get` until END, accumulated as they come; then the step
+        (its TrainMetrics under "metrics").
         `behaviour`: the samples' own log-probs are the behaviour policy's (decoupled PPO)."""
         inbox, loop = self.channel(get), asyncio.get_running_loop()
         busy, trained = BusyLog(), experience.Trained()
@@ -161,7 +163,7 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         await self.trainer.train_step(probe)
         await self.reshard_retire()
 
-    async def warmup_step(self, batch: dict) -> dict:
+    async def warmup_step(self, batch: dict) -> TrainMetrics:
         """Collective. One supervised step (advantage 1 on every response token)."""
         return await self.trainer.train_step(TrainBatch.from_wire(batch), self.warmup_config)
 

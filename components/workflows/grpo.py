@@ -36,6 +36,7 @@ from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.tasks.prompts import TaskPrompts
 from dynarl.components.tasks.source import ProblemSource
 from dynarl.components.trainer.base import TrainBatch, data_parts
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.auto_placement import auto_placement
@@ -299,7 +300,7 @@ class GRPO:
             first = first or asyncio.get_running_loop().time()
         return groups, first
 
-    async def train(self, batch: TrainBatch, label: str, method: str = "train") -> dict[str, float]:
+    async def train(self, batch: TrainBatch, label: str, method: str = "train") -> TrainMetrics:
         async with self._busy("trainer"):  # a train step is not interruptible
             trainer = self.g.trainer
             shards = [[batch.shard(*part).to_wire()] for part in data_parts(trainer.world_size, self.tensor_parallel)]

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from dynarl.components.trainer.base import TrainBatch
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native.losses import explained_variance, gae
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
@@ -181,7 +182,7 @@ class PPO(GRPO):
         await self.rejoin()
         return metrics | self.critic_metrics | {"critic_s": self.clock.durations(f"step {step}").get("critic", 0.0)}
 
-    async def train(self, batch: TrainBatch, label: str, method: str = "train") -> dict[str, float]:
+    async def train(self, batch: TrainBatch, label: str, method: str = "train") -> TrainMetrics:
         """The policy's step on GAE advantages and the critic's on the returns."""
         if method != "train":  # the warm start: the policy alone
             return await super().train(batch, label, method)
@@ -190,7 +191,7 @@ class PPO(GRPO):
         values = await self.values(batch, label)
         if self.lengths_only:  # emulated engines (dynarl sim): the passes' time, no values to learn from
             policy, critic = await gather_or_cancel([super().train(batch, label), self.train_critic(batch, label)])
-            self.critic_metrics = {"critic_grad_norm": critic["grad_norm"]}
+            self.critic_metrics = {"critic_grad_norm": critic.grad_norm}
             return policy
         targets = gae_targets(batch.rewards, values, batch.response_mask, gamma=c.gamma, lam=c.lam, whiten=c.whiten)
         policy_batch = dataclasses.replace(batch, advantages=targets.advantages)
@@ -200,8 +201,8 @@ class PPO(GRPO):
         policy, critic = await gather_or_cancel([super().train(policy_batch, label),
                                                  self.train_critic(critic_batch, label)])
         n = sum(len(v) for v in values) or 1
-        self.critic_metrics = {"value_loss": critic["loss"], "value_clip_frac": critic["value_clip_frac"],
-                               "critic_grad_norm": critic["grad_norm"], "explained_var": targets.explained_variance,
+        self.critic_metrics = {"value_loss": critic.loss, "value_clip_frac": critic.value_clip_frac,
+                               "critic_grad_norm": critic.grad_norm, "explained_var": targets.explained_variance,
                                "value_mean": sum(map(sum, values)) / n}
         return policy
 
@@ -234,7 +235,7 @@ class PPO(GRPO):
     def worker_groups(self) -> list[WorkerGroup]:
         return [*super().worker_groups(), self.critic]
 
-    async def train_critic(self, batch: TrainBatch, label: str) -> dict[str, float]:
+    async def train_critic(self, batch: TrainBatch, label: str) -> TrainMetrics:
         critic = self.critic
         size = critic.world_size
         shards = [[batch.shard(rank, size).to_wire()] for rank in range(size)]

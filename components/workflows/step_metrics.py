@@ -5,12 +5,13 @@ import time
 from typing import Any, Sequence
 
 from dynarl.components.experience import Trained
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.core.scheduler.log import DeviceCounts, device_stats
 
 STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 
 
-def step_metrics(step: int, trained: Trained, train: dict[str, float], rollout_stats: Sequence[dict],
+def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats: Sequence[dict],
                  reward_stats: Sequence[dict], stage_s: dict[str, float], step_time_s: float) -> dict[str, Any]:
     rewards = trained.rewards
     lengths = sorted(trained.lengths)
@@ -37,8 +38,8 @@ def step_metrics(step: int, trained: Trained, train: dict[str, float], rollout_s
         # how many versions older than the trainer's (`step`) each sample's generating weights were
         "staleness_max": max(step - v for v in trained.versions),
         "staleness_mean": sum(step - v for v in trained.versions) / n,
-        "loss": train["loss"], "entropy": train["entropy"], "grad_norm": train["grad_norm"],
-        "kl": train["kl"], "clip_frac": train["clip_frac"],
+        "loss": train.loss, "entropy": train.entropy, "grad_norm": train.grad_norm,
+        "kl": train.kl, "clip_frac": train.clip_frac,
         "verifier": reward_stats[0]["verifier"],
         "time": time.time(),
     }

@@ -70,7 +70,7 @@ def _timed_steps(args: argparse.Namespace, trainer, rank: int, world: int, barri
     barrier()
     start, tokens = time.perf_counter(), 0
     for step in range(1, args.steps + 1):
-        tokens += int(trainer.train_step(_batch(args, step, vocab).shard(rank, world))["tokens"])
+        tokens += trainer.train_step(_batch(args, step, vocab).shard(rank, world)).tokens
     barrier()
     return time.perf_counter() - start, tokens
 

@@ -86,8 +86,8 @@ class EmulatedRolloutEngine:
         self._prefill_s_per_token = scale * costmodel.prefill_time(self.model, self.device, 1, tp)
         self._kv_move_s_per_token = scale * costmodel.kv_transfer_time(self.model, self.device, 1, tp,
                                                                        across_nodes=True)
-        if self.config.queue != "fifo":  # the native engine's key function, not a copy of it
-            self.set_queue_key(make_queue_key(self.config.queue, PriorityConfig(
+        if self.config.queue == "priority":  # the native engine's key function, not a copy of it
+            self.set_queue_key(make_queue_key("priority", PriorityConfig(
                 max_bonus_s=self.config.priority_window_s)))
 
     # --- requests in ------------------------------------------------------------

@@ -163,7 +163,7 @@ class NativeRolloutEngine:
                     await asyncio.sleep(0)  # let pause/abort/export callers in between steps
                 else:
                     await asyncio.sleep(0.001)
-            return [self._watched[rid] for rid in ids]
+            return [result for rid in ids if (result := self._watched[rid]) is not None]  # (all of them)
         finally:
             for rid in ids:
                 self._watched.pop(rid, None)

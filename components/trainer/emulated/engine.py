@@ -11,8 +11,8 @@ It meets the async TrainerEngine contract (base.py) directly: train_step and
 accumulate sleep train_time() on the running loop; onload and offload are half a
 role switch each (docs/COSTMODEL.md §3). Differences from the native trainer, all
 because there is no computation:
-- Loss metrics are 0.0; "tokens" counts this rank's loss tokens (native: global),
-  and "time_s" is the cost-model time of the step.
+- Loss metrics are 0.0; `tokens` counts this rank's loss tokens (native: global),
+  and `time_s` is the cost-model time of the step (TrainMetrics).
 - Ranks never talk: a collective step's wait for the slowest rank is the caller's
   gather over ranks. Gradient reduce-scatter / all-gather time is taken as part of
   the MFU rather than modelled separately.
@@ -27,6 +27,7 @@ from typing import Any, Iterator, Mapping
 
 from dynarl.components import costmodel
 from dynarl.components.trainer.base import STATE_NAMES, StateLayout, TrainBatch, TrainerConfig
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.core.files import atomic_open
 
 from .layout import build_layout
@@ -107,7 +108,7 @@ class EmulatedTrainer:
 
     # ---- training ---------------------------------------------------------------
 
-    async def train_step(self, batch: TrainBatch, config: TrainerConfig | None = None) -> dict[str, float]:
+    async def train_step(self, batch: TrainBatch, config: TrainerConfig | None = None) -> TrainMetrics:
         """One optimizer step on this rank's part of the batch: sleeps train_time over
         its prompt + response tokens, with the token-weighted mean sequence length
         (attention cost grows with each sequence's own length)."""
@@ -120,7 +121,7 @@ class EmulatedTrainer:
         self._accumulated += batch.num_loss_tokens()
         await self._forward_backward(batch, self.config)
 
-    async def apply(self) -> dict[str, float]:
+    async def apply(self) -> TrainMetrics:
         """The optimizer step over what was accumulated. Its time (the gradient
         reduction, the AdamW update) is folded into the MFU, as train_step's."""
         tokens, self._accumulated = self._accumulated, 0
@@ -154,9 +155,8 @@ class EmulatedTrainer:
         await asyncio.sleep(dt * self.emulation.time_scale)
         return dt
 
-    def _metrics(self, loss_tokens: int, dt: float) -> dict[str, float]:
-        return {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0,
-                "tokens": float(loss_tokens), "step": float(self.global_step), "time_s": dt}
+    def _metrics(self, loss_tokens: int, dt: float) -> TrainMetrics:
+        return TrainMetrics(loss=0.0, grad_norm=0.0, tokens=loss_tokens, step=self.global_step, time_s=dt)
 
     def step_time(self, seq_lens: list[int]) -> float:
         tokens = sum(seq_lens)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ...extras import require_extra
 from ...model.config import ModelConfig
 from ..base import TrainBatch, TrainerConfig
+from ..metrics import TrainMetrics
 from ..native.losses import micro_batch_loss, step_advantages
 from ..native.micro_batch import MicroBatch, build_micro_batch
 from . import checkpoint
@@ -116,7 +117,7 @@ class MegatronTrainer:
 
     # ---- training ---------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """Collective. One optimizer step on this rank's part of the global batch: the
         caller passes `batch.shard(dp_rank, dp_size)`; TP ranks of one DP rank get the
         same part. Metrics are global and equal on every rank."""
@@ -146,9 +147,16 @@ class MegatronTrainer:
         self._dp_sum(sums)
         self.global_step += 1
         loss, pg_loss, kl, entropy, clip_frac = sums.tolist()
-        return {"loss": loss, "pg_loss": pg_loss, "kl": kl, "entropy": entropy, "clip_frac": clip_frac,
-                "grad_norm": float(grad_norm if grad_norm is not None else float("nan")),
-                "tokens": float(num_tokens), "step": float(self.global_step), "update_skipped": float(not success)}
+        return TrainMetrics(loss=loss, pg_loss=pg_loss, kl=kl, entropy=entropy, clip_frac=clip_frac,
+                            grad_norm=float(grad_norm if grad_norm is not None else float("nan")),
+                            tokens=num_tokens, step=self.global_step, update_skipped=not success)
+
+    def accumulate(self, batch: TrainBatch) -> None:
+        """Streaming is the native trainer's (the config refuses trainer.streaming here)."""
+        raise NotImplementedError("the megatron trainer steps on whole batches: set trainer.streaming false")
+
+    def apply(self) -> TrainMetrics:
+        raise NotImplementedError("the megatron trainer steps on whole batches: set trainer.streaming false")
 
     def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
         cfg = self.config

@@ -23,8 +23,10 @@ def value_head(model: nn.Module) -> nn.Module:
     """`model` (a causal LM with an `lm_head`) as a value model: the LM head becomes a
     zero-initialised [hidden -> 1] linear layer (every value starts at 0, as the
     critic of a reward-agnostic start should), untied from the embeddings."""
-    hidden = model.lm_head.in_features
-    head = nn.Linear(hidden, 1, bias=True)
+    lm_head = model.lm_head
+    if not isinstance(lm_head, nn.Linear):
+        raise ValueError(f"the model's lm_head is a {type(lm_head).__name__}, not a linear layer")
+    head = nn.Linear(lm_head.in_features, 1, bias=True)
     with torch.no_grad():
         head.weight.zero_()
         head.bias.zero_()
@@ -37,9 +39,10 @@ class NativeCritic(NativeTrainer):
     take a batch with `returns` and `old_values`; `values` computes V per response token."""
 
     TERMS = ("loss", "value_clip_frac")
+    """(TrainMetrics fields: the value loss and the fraction of values clipped)"""
 
     def __init__(self, model: nn.Module, config: TrainerConfig, process_group=None) -> None:
-        if getattr(model, "lm_head", None) is None or model.lm_head.out_features != 1:
+        if getattr(getattr(model, "lm_head", None), "out_features", None) != 1:
             raise ValueError("the critic's model needs a scalar head: build it with critic.value_head(model)")
         super().__init__(model, config, process_group)
 
@@ -50,6 +53,7 @@ class NativeCritic(NativeTrainer):
         return [0.0] * len(batch)
 
     def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
+        assert mb.old_values is not None and mb.returns is not None  # (_advantages checked the batch)
         values = self._values(mb)
         loss = value_loss(values, mb.old_values, mb.returns, torch.ones_like(values),
                           self.config.value_clip, num_tokens)

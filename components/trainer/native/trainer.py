@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..base import STATE_NAMES, ParamSpec, StateLayout, TrainBatch, TrainerConfig, bucket_by_bytes
+from ..metrics import TrainMetrics
 from . import checkpoint
 from .adamw import adamw_update
 from .losses import entropy_from_logprobs, micro_batch_loss, step_advantages
@@ -44,8 +45,8 @@ class NativeTrainer:
     frees_offloaded_state = False
     """(trainer/base.py TrainerEngine)"""
 
-    TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
-    """The loss terms a step reports (token-means over the global batch)."""
+    TERMS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
+    """The loss terms a step reports (token-means over the global batch; TrainMetrics fields)."""
 
     def __init__(self, model: torch.nn.Module, config: TrainerConfig,
                  process_group: dist.ProcessGroup | None = None) -> None:
@@ -90,7 +91,7 @@ class NativeTrainer:
 
     # ---- training ---------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """Collective. One AdamW step on this rank's part of the global batch (see
         `TrainBatch.shard`). Loss is the token-mean over the whole global batch."""
         advantages = self._advantages(batch)
@@ -118,7 +119,7 @@ class NativeTrainer:
         self._pending["tokens"] += batch.num_loss_tokens()
         self._pending["sums"] += self._backward(batch, self._advantages(batch), 1)
 
-    def apply(self) -> dict[str, float]:
+    def apply(self) -> TrainMetrics:
         """Collective. The optimizer step over every part accumulated since the last
         step, on every rank (one that took no part joins with zero gradients)."""
         pending = self._pending or {"tokens": 0, "sums": self._zero_terms()}
@@ -134,13 +135,13 @@ class NativeTrainer:
                 p.grad.div_(num_tokens)
         return self._step(pending["sums"] / num_tokens, num_tokens)
 
-    def _step(self, sums: torch.Tensor, num_tokens: int) -> dict[str, float]:
+    def _step(self, sums: torch.Tensor, num_tokens: int) -> TrainMetrics:
         """The optimizer step on the gradients in the parameters; the global metrics."""
         grad_norm = self._update()
         self._all_reduce(sums)
         self.global_step += 1
-        return dict(zip(self.TERMS, sums.tolist())) | {
-            "grad_norm": grad_norm, "tokens": float(num_tokens), "step": float(self.global_step)}
+        terms: dict[str, Any] = dict(zip(self.TERMS, sums.tolist()))
+        return TrainMetrics(**terms, grad_norm=grad_norm, tokens=num_tokens, step=self.global_step)
 
     def _advantages(self, batch: TrainBatch) -> list:
         """What the loss of `batch` weighs its tokens by: GRPO's (or the batch's own) advantages."""
@@ -149,7 +150,7 @@ class NativeTrainer:
     def _zero_terms(self) -> torch.Tensor:
         return torch.zeros(len(self.TERMS), dtype=torch.float64, device=self.device)
 
-    def _backward(self, batch: TrainBatch, advantages: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    def _backward(self, batch: TrainBatch, advantages: Sequence[Any], num_tokens: int) -> torch.Tensor:
         """Forward/backward of `batch` micro-batch by micro-batch, the loss divided by
         `num_tokens`; gradients add up in the parameters. Returns the loss terms' sums."""
         cfg = self.config
@@ -275,6 +276,9 @@ class NativeTrainer:
     @property
     def is_onloaded(self) -> bool:
         return self._onloaded
+
+    def close(self) -> None:
+        """Nothing beyond its tensors."""
 
     def _move_to(self, device: torch.device) -> None:
         self.model.to(device)  # keeps the Parameter objects, so self._params stays valid
