@@ -106,7 +106,7 @@ async def test_same_tokens_whatever_the_batch(model, expected, settings):
     check([r for r in results if not r.request_id.startswith("x")], expected)
     assert all(r.finish_reason == "length" for r in results)
     if settings.get("num_blocks") == 14:
-        assert e.stats()["preemptions"] > 0
+        assert e.stats().preemptions > 0
     if settings == {}:
         assert {r.request_id: r.cached_tokens for r in results if r.request_id in ("t1", "topp")} == {"t1": 12, "topp": 12}
 
@@ -150,9 +150,9 @@ async def test_capacity_never_exceeded_under_a_flood(model):
         results += await e.step()
         load = await e.load()
         assert load.active_kv_tokens <= load.kv_capacity_tokens == 80
-        assert e.stats()["used_blocks"] <= 20
+        assert e.stats().used_blocks <= 20
         assert 0.0 <= load.utilization <= 1.0
-    assert e.stats()["preemptions"] > 0
+    assert e.stats().preemptions > 0
     roomy = await engine(model).generate(requests)
     assert sorted((r.request_id, r.output_token_ids) for r in results) == \
         sorted((r.request_id, r.output_token_ids) for r in roomy)
@@ -340,15 +340,15 @@ async def test_a_request_moved_with_its_kv_continues_to_the_same_tokens(model, e
     results, installed, stats = await _moved(model, move_kv=True)
     assert sorted(r.request_id for r in results) == sorted(r.request_id for r in REQUESTS)
     check(results, expected)  # the same tokens as an unmoved run
-    assert sum(installed) > 0 and stats["kv_imported_tokens"] == sum(installed) and stats["kv_refused"] == 0
+    assert sum(installed) > 0 and stats.kv_imported_tokens == sum(installed) and stats.kv_refused == 0
     _, _, re_prefilled = await _moved(model, move_kv=False)
     # with the KV only each request's last partial block (< 4 tokens) is computed again
-    assert stats["reprefill_tokens"] < 4 * len(REQUESTS) <= re_prefilled["reprefill_tokens"]
+    assert stats.reprefill_tokens < 4 * len(REQUESTS) <= re_prefilled.reprefill_tokens
 
 
 async def test_kv_of_other_weights_is_refused_and_the_request_re_prefilled(model, expected):
     results, installed, stats = await _moved(model, move_kv=True, version=3)  # the importer holds v3
-    assert installed and not any(installed) and stats["kv_refused"] == len(installed)
+    assert installed and not any(installed) and stats.kv_refused == len(installed)
     check(results, expected)
     _, _, re_prefilled = await _moved(model, move_kv=False)
-    assert stats["reprefill_tokens"] == re_prefilled["reprefill_tokens"]
+    assert stats.reprefill_tokens == re_prefilled.reprefill_tokens

@@ -50,7 +50,7 @@ def run_native(model, prompts, lengths, block_size: int = 16) -> tuple[float, in
     results = asyncio.run(engine.generate(requests))
     elapsed = time.perf_counter() - start
     assert [len(r.output_token_ids) for r in results] == lengths
-    return elapsed, engine.stats()["preemptions"]
+    return elapsed, engine.stats().preemptions
 
 
 def hf_model(model: Qwen2ForCausalLM):
@@ -107,8 +107,8 @@ def run_multiturn(model, rng: random.Random, vocab: int, conversations: int = 16
             history[c] += r.output_token_ids
         cached_by_turn.append(sum(r.cached_tokens for r in results))
     stats = engine.stats()
-    return {"prefill_saved_frac": stats["cached_prefill_tokens"] / stats["prefill_tokens"],
-            "prefill_tokens": stats["prefill_tokens"], "cached_prefill_tokens": stats["cached_prefill_tokens"],
+    return {"prefill_saved_frac": stats.cached_prefill_tokens / stats.prefill_tokens,
+            "prefill_tokens": stats.prefill_tokens, "cached_prefill_tokens": stats.cached_prefill_tokens,
             "cached_tokens_by_turn": cached_by_turn}
 
 

@@ -64,6 +64,20 @@ class NativeEngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
+@dataclass(frozen=True, slots=True)
+class NativeEngineStats:
+    """The native engine's counters beyond EngineLoad (read in its own process: benchmarks, tests)."""
+    prefill_tokens: int
+    cached_prefill_tokens: int
+    """Prompt tokens the prefix cache served."""
+    preemptions: int
+    used_blocks: int
+    reprefill_tokens: int
+    """Tokens computed again for requests moved here without their KV."""
+    kv_imported_tokens: int
+    kv_refused: int
+
+
 class NativeRolloutEngine:
     def __init__(self, model: Qwen2ForCausalLM, config: NativeEngineConfig | None = None, weight_version: int = 0):
         self.config = config = config or NativeEngineConfig()
@@ -195,13 +209,13 @@ class NativeRolloutEngine:
                           budget_tokens=sum(max(q.request.sampling.max_new_tokens - q.num_output_tokens, 0)
                                             for q in held))
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> NativeEngineStats:
         """Counters beyond EngineLoad (benchmarks: prefix-cache savings, preemptions)."""
         s = self.scheduler
-        return {"prefill_tokens": s.num_prefill_tokens, "cached_prefill_tokens": s.num_cached_tokens,
-                "preemptions": s.num_preemptions, "used_blocks": s.blocks.num_used_blocks,
-                "reprefill_tokens": s.num_reprefill_tokens, "kv_imported_tokens": self.kv_imported_tokens,
-                "kv_refused": self.kv_refused}
+        return NativeEngineStats(prefill_tokens=s.num_prefill_tokens, cached_prefill_tokens=s.num_cached_tokens,
+                                 preemptions=s.num_preemptions, used_blocks=s.blocks.num_used_blocks,
+                                 reprefill_tokens=s.num_reprefill_tokens, kv_imported_tokens=self.kv_imported_tokens,
+                                 kv_refused=self.kv_refused)
 
     async def abort(self, request_ids: Seq[str]) -> list[GenerationResult]:
         results = []
