@@ -71,6 +71,10 @@ class Controller:
         self._shutdown: asyncio.Future | None = None
         self._starting: set[WorkerHandle] = set()
         """Ranks being started (not in their group yet): watched for liveness too."""
+        self._pids: set[int] = set()
+        """Every worker process started: their temp dirs are swept at exit (tempdirs)."""
+        self.swept: list[str] = []
+        """Temp dirs of dead processes removed at start."""
 
     # --- lifecycle ---------------------------------------------------------------
     async def __aenter__(self) -> "Controller":
@@ -78,8 +82,9 @@ class Controller:
         await self._tg.__aenter__()
         try:
             with contextlib.suppress(OSError):  # the dead's temp dirs: never a reason not to start
-                for path in tempdirs.sweep():
-                    log.info("removed %s: its owner process is gone", path)
+                self.swept = tempdirs.sweep()
+            for path in self.swept:
+                log.info("removed %s: its owner process is gone", path)
             if getattr(self.launcher, "uses_sockets", True):
                 # TCP only where workers on other hosts need it: a local job's workers
                 # use the 0700 IPC socket, and a TCP port would let any local user in
@@ -117,6 +122,8 @@ class Controller:
                 self.channel_service.fetcher.close()
             if self.router is not None:
                 self.router.close()
+            with contextlib.suppress(OSError):  # a worker killed after its grace could not remove its own
+                tempdirs.sweep(owners=self._pids)
             if self.config.trace_path:
                 try:
                     self.tracer.write(self.config.trace_path)
@@ -222,7 +229,10 @@ class Controller:
         self._starting.update(handles)  # a setup() that blocks its loop or dies is reported
         try:
             async with asyncio.timeout(self.config.spawn_timeout_s):
-                await gather_or_cancel([self.launcher.spawn(h) for h in handles])
+                try:
+                    await gather_or_cancel([self.launcher.spawn(h) for h in handles])
+                finally:
+                    self._pids.update(h.pid for h in handles if h.pid)
                 await gather_or_cancel([_connected(h) for h in handles])
             await gather_or_cancel([h.call("__start__") for h in handles])
         except BaseException as exc:

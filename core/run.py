@@ -16,20 +16,30 @@ Workflow = Callable[[Controller], Awaitable[Any]]
 
 
 def run(workflow: Workflow, config: RuntimeConfig | None = None, *, virtual_time: bool = False) -> Any:
+    """SIGINT raises KeyboardInterrupt and SIGTERM CancelledError here, each once the
+    workers were stopped in order (OrderedStop: later signals do not cut that short)."""
     config = config or RuntimeConfig()
+    stop = OrderedStop("dynarl", bound_s=config.shutdown_grace_s + 1.0)  # (+ a reap's SIGTERM wait)
 
     async def main() -> Any:
-        cancel_on_sigterm()
+        stop.attach()
         async with Controller(config) as ctl:
             return await workflow(ctl)
 
-    if virtual_time:
-        if config.launcher != "inproc":
-            raise ValueError("virtual time needs launcher='inproc' (real processes and sockets run in real time)")
-        from dynarl.core.virtual_time import run_virtual
-        return run_virtual(main())
+    if virtual_time and config.launcher != "inproc":
+        raise ValueError("virtual time needs launcher='inproc' (real processes and sockets run in real time)")
+    import signal
+
     import uvloop
-    return uvloop.run(main())
+
+    from dynarl.core.virtual_time import run_virtual
+    try:
+        with stop:
+            return run_virtual(main()) if virtual_time else uvloop.run(main())
+    except asyncio.CancelledError:
+        if stop.received == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise
 
 
 def cancel_on_sigterm() -> None:
@@ -52,6 +62,78 @@ def cancel_on_sigterm() -> None:
         loop.add_signal_handler(signal.SIGTERM, once)
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
         pass
+
+
+class OrderedStop:
+    """SIGINT and SIGTERM for a job whose controller stops its workers in order. The
+    first one cancels the job's main task (the controller's exit then runs the ordered
+    stop); each later one only prints that the stop is under way and about how long it
+    has left: the stop runs to its end however many come (a second Ctrl-C included,
+    which asyncio's own handler would raise as KeyboardInterrupt inside the stop).
+    `kill -9` still ends the process at once; its temp dirs go at the next start.
+
+        with OrderedStop("dynarl train", bound_s=...) as stop:
+            uvloop.run(main())   # main() calls stop.attach() first
+        stop.received            # the first signal, or None
+
+    Signals that already have a handler other than the default (an embedding
+    program's) are left to it, as are all of them off the main thread."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self, name: str, bound_s: float) -> None:
+        self.name, self.bound_s = name, bound_s
+        self.received: int | None = None
+        self._since = 0.0
+        self._task: asyncio.Task | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "OrderedStop":
+        import signal
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (getattr(signal, n) for n in self.SIGNALS):
+            if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # (also over what the closed loop left installed)
+        self._previous.clear()
+
+    def attach(self) -> None:
+        """From the main task, in its loop: that task is what the first signal cancels
+        (at once if one came before). Its signals now wake the loop at once."""
+        loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        for sig in self._previous:
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig, None)
+            except (NotImplementedError, RuntimeError, ValueError):  # this loop has none: the handler still runs
+                pass
+        if self.received is not None:
+            self._task.cancel()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        import os
+        import signal
+        import time
+        if self._task is not None and self._task.done():
+            return  # the job has ended: nothing left to stop
+        if self.received is None:
+            self.received, self._since = signum, time.monotonic()
+            what = "stopping the workers in order"
+            if self._task is not None:
+                self._task.get_loop().call_soon_threadsafe(self._task.cancel)
+        else:
+            left = max(0.0, self.bound_s - (time.monotonic() - self._since))
+            what = (f"already stopping the workers in order, about {left:.0f} s left (kill -9 {os.getpid()} "
+                    "ends it now; its temp dirs then go at the next start)")
+        # os.write: this may run between any two bytecodes, print could re-enter stderr's buffer
+        os.write(2, f"{self.name}: {signal.Signals(signum).name}: {what}\n".encode())
 
 
 def dump_tasks_on_sigusr1() -> None:

@@ -18,7 +18,8 @@ The run directory holds: config.yaml (resolved), metrics.jsonl (one object per
 step), ledger.jsonl (samples trained per step), graph.json (the runtime hypergraph
 after the last step), placement.json (placement.mode=auto: profile and plan),
 data_report.json, trace.json (Perfetto / chrome://tracing), timeline.png,
-checkpoints/, summary.json.
+checkpoints/, summary.json, run.lock (its owner: one job at a time trains in it,
+launch/run_dir.py).
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ class UsageError(Exception):
     pass
 
 
+class RunDirUnwritable(OSError):
+    """The run directory cannot be made or locked (read-only, no space, refused): exit 1."""
+
+
 def main(argv: list[str]) -> int:
     dry_run = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
@@ -58,6 +63,9 @@ def main(argv: list[str]) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"dynarl train: error: {exc}", file=sys.stderr)
         return 2
+    except RunDirUnwritable as exc:
+        print(f"dynarl train: failed: {exc}", file=sys.stderr)
+        return 1
     return job.run()
 
 
@@ -181,6 +189,31 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[tuple[str, Any]], str 
 
 def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
             resume: str | None) -> "Job":
+    """The validated job, owning its run directory until its run ends (launch/run_dir.py):
+    --resume takes the directory before its checkpoint is read, a new run once its
+    config is valid; a directory another live job holds is refused (UsageError)."""
+    from dynarl.launch import run_dir as owned
+    lock = None
+    try:
+        if resume is not None and os.path.isfile(os.path.join(resume, "config.yaml")):
+            lock = _claim(resume)
+        job = _prepare(config_path, overrides, run_dir, resume)
+        if lock is None:
+            lock = _claim(job.run_dir)
+            if not owned.is_empty(job.run_dir):  # filled by a job that ended between the check and the claim
+                raise _not_empty(job.run_dir)
+    except owned.RunDirBusy as exc:
+        raise UsageError(str(exc)) from None
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    job.lock = lock
+    return job
+
+
+def _prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
+             resume: str | None) -> "Job":
     from dynarl.components.workflows import checkpoints as ckpt
     from dynarl.components.workflows.partial import resume_refused
 
@@ -217,12 +250,37 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
     if missing:
         raise ConfigError("run.loggers", missing[0])
     source, tokenizer = _task(cfg)
-    if run_dir is None:
-        run_dir = os.path.join("runs", time.strftime(f"{cfg.workflow}-%Y%m%d-%H%M%S"))
-    if resume is None and os.path.isdir(run_dir) and os.listdir(run_dir):
-        raise UsageError(f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it "
-                         "or choose another --run-dir")
+    if resume is None:
+        run_dir = _new_run_dir(run_dir, cfg.workflow)
     return Job(cfg, source, tokenizer, run_dir, checkpoint)
+
+
+def _claim(run_dir: str) -> Any:
+    from dynarl.launch import run_dir as owned
+    try:
+        return owned.claim(run_dir)
+    except OSError as exc:
+        raise RunDirUnwritable(f"cannot write the run directory {run_dir}: {exc.strerror or exc}") from None
+
+
+def _new_run_dir(run_dir: str | None, workflow: str) -> str:
+    """`run_dir` if nothing is in it yet, else UsageError; by default runs/<workflow>-<time>,
+    made here, of this job alone (-2, -3, ... when another job took the name first)."""
+    from dynarl.launch import run_dir as owned
+    if run_dir is None:
+        try:
+            return owned.new_default("runs", time.strftime(f"{workflow}-%Y%m%d-%H%M%S"))
+        except OSError as exc:
+            raise RunDirUnwritable(f"cannot make a run directory in runs: {exc.strerror or exc}") from None
+    if not owned.is_empty(run_dir):
+        owner = owned.owner_of(run_dir)
+        raise _not_empty(run_dir) if owner is None else owned.RunDirBusy(run_dir, owner)
+    return run_dir
+
+
+def _not_empty(run_dir: str) -> UsageError:
+    return UsageError(f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it "
+                      "or choose another --run-dir")
 
 
 def _read_yaml(path: str) -> Any:
@@ -300,6 +358,8 @@ class Job:
         self.cfg, self.source, self.tokenizer = cfg, source, tokenizer
         self.run_dir, self.checkpoint = run_dir, checkpoint
         self.workflow: Any = None
+        self.lock: Any = None
+        """The run directory's lock (launch/run_dir.py), held until run() ends."""
 
     def _how_to_continue(self) -> str:
         from dynarl.components.workflows import checkpoints as ckpt
@@ -311,8 +371,23 @@ class Job:
 
     def run(self, controller: Any = None) -> int:
         """controller(runtime): an async context manager giving the Controller; None =
-        `Controller(runtime)` (the node agent passes one built on its AgentLauncher)."""
+        `Controller(runtime)` (the node agent passes one built on its AgentLauncher).
+        The first SIGINT or SIGTERM from here on stops the workers in order, later ones
+        change nothing (OrderedStop). The run directory is released when it returns."""
+        from dynarl.core.run import OrderedStop
+        from dynarl.launch.local import TERM_WAIT_S
+
+        stop = OrderedStop("dynarl train", bound_s=self.cfg.runtime.shutdown_grace_s + TERM_WAIT_S)
+        try:
+            with stop:
+                return self._run(controller, stop)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _run(self, controller: Any, stop: Any) -> int:
         import dataclasses
+        import signal
 
         import uvloop
 
@@ -344,13 +419,14 @@ class Job:
             if self.source.report:
                 progress.note(f"dataset: {self.source.report}")
             try:
-                uvloop.run(self._main(runtime, progress, controller))
-            except KeyboardInterrupt:
+                uvloop.run(self._main(runtime, progress, controller, stop))
+            except KeyboardInterrupt:  # (SIGINT where OrderedStop left it to asyncio: not the main thread)
                 print(f"dynarl train: interrupted; {self._how_to_continue()}", file=sys.stderr)
                 return 130
-            except asyncio.CancelledError:  # SIGTERM (core/run.py cancel_on_sigterm): workers were stopped in order
-                print(f"dynarl train: terminated; {self._how_to_continue()}", file=sys.stderr)
-                return 143
+            except asyncio.CancelledError:  # the first SIGINT or SIGTERM: workers were stopped in order
+                how = "interrupted" if stop.received == signal.SIGINT else "terminated"
+                print(f"dynarl train: {how}; {self._how_to_continue()}", file=sys.stderr)
+                return 130 if how == "interrupted" else 143
             except (DynarlError, OSError) as exc:  # a worker failed or was lost: its own traceback is in the message
                 disk = disk_failure(exc)
                 if disk is not None:
@@ -374,7 +450,7 @@ class Job:
               f"run directory {self.run_dir}")
         return 0
 
-    async def _main(self, runtime: Any, progress: Any, controller: Any) -> None:
+    async def _main(self, runtime: Any, progress: Any, controller: Any, stop: Any) -> None:
         """The workflow in a controller; a lost worker restarts both from the newest
         checkpoint (launch/recovery.py), up to run.max_restarts times. A node agent's
         controller (multi-node) is entered once: there a lost worker ends the run."""
@@ -383,11 +459,11 @@ class Job:
         from dynarl.components.workflows import checkpoints as ckpt
         from dynarl.core.config_tree import to_dict
         from dynarl.core.controller import Controller
-        from dynarl.core.run import cancel_on_sigterm, dump_tasks_on_sigusr1
+        from dynarl.core.run import dump_tasks_on_sigusr1
         from dynarl.launch.recovery import lost_workers, restart_note
         from dynarl.launch.trackers import tracked
 
-        cancel_on_sigterm()
+        stop.attach()  # the first SIGINT or SIGTERM cancels this task: the controller stops the workers in order
         dump_tasks_on_sigusr1()
         progress = tracked(progress, self.cfg.run.loggers, self.run_dir, to_dict(self.cfg))
         max_restarts = self.cfg.run.max_restarts if controller is None else 0
@@ -397,6 +473,8 @@ class Job:
                 attempt = runtime if restart == 0 else dataclasses.replace(
                     runtime, trace_path=runtime.trace_path.removesuffix(".json") + f"-restart-{restart}.json")
                 async with (controller or Controller)(attempt) as ctl:
+                    if getattr(ctl, "swept", None):
+                        progress.note(swept_note(ctl.swept))
                     self.workflow = workflow_class(self.cfg)(ctl, self.cfg, self.source, self.tokenizer,
                                                              self.run_dir, progress)
                     try:
@@ -444,6 +522,13 @@ def disk_failure(exc: BaseException) -> str | None:
                     return os.strerror(code).lower()
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def swept_note(paths: list[str]) -> str:
+    """The temp dirs of dead processes the controller removed at start, in one line."""
+    shown = ", ".join(os.path.basename(p) for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
+    return (f"removed {len(paths)} temp dir{'s' if len(paths) > 1 else ''} that dead dynarl processes left "
+            f"in {os.path.dirname(paths[0])} ({shown})")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -109,7 +109,7 @@ def test_resume_with_other_data_settings_fails_before_anything_is_rewritten(tmp_
 def test_an_interrupted_run_says_how_to_continue_only_when_it_can(tmp_path):
     from dynarl.components.workflows import checkpoints as ckpt
     job = prepare(None, [], str(tmp_path / "run"), None)
-    os.makedirs(job.run_dir)
+    os.makedirs(job.run_dir, exist_ok=True)  # (prepare made it: the job owns it)
     assert "nothing to resume" in job._how_to_continue() and "--resume" not in job._how_to_continue()
     os.makedirs(ckpt.checkpoint_dir(job.run_dir, 0))
     ckpt.write_state(ckpt.checkpoint_dir(job.run_dir, 0), ckpt.CheckpointState(0, 0, 0, job.cfg.run.prompts_per_step))

@@ -4,7 +4,9 @@ A directory is named `dynarl-<kind>-<pid namespace>-<pid>-<random>` (made 0700 b
 mkdtemp): the IPC sockets of a controller and of a worker's payload server, a tool
 sandbox's stage. Its owner removes it on a clean exit; a SIGKILLed process cannot,
 so every controller start sweeps the system temp dir: a directory of this user,
-from this pid namespace, whose owner process is gone, is removed. A tool stage is
+from this pid namespace, whose owner process is gone, is removed (`dynarl train`
+says how many). A controller's exit sweeps those of its own workers too (one
+SIGKILLed when its grace ran out). A tool stage is
 emptied with rmdir only, never rmtree (a bind mount must not be emptied through it).
 A reused pid keeps a dead owner's directory until that process is gone too.
 """
@@ -16,6 +18,7 @@ import re
 import shutil
 import stat
 import tempfile
+from typing import Collection
 
 _NAME = re.compile(r"^dynarl-([a-z0-9]+)-(\d+)-(\d+)-[A-Za-z0-9_]+$")
 
@@ -32,14 +35,17 @@ def make(kind: str) -> str:
     return tempfile.mkdtemp(prefix=f"dynarl-{kind}-{_pid_namespace()}-{os.getpid()}-")
 
 
-def sweep(root: str | None = None) -> list[str]:
-    """Removes the directories under `root` (the system temp dir) whose owner died;
-    returns them."""
+def sweep(root: str | None = None, owners: Collection[int] | None = None) -> list[str]:
+    """Removes the directories under `root` (the system temp dir) whose owner died
+    (`owners`: only those of these pids); returns them."""
     root = root or tempfile.gettempdir()
     namespace, removed = _pid_namespace(), []
     for name in os.listdir(root):
         match = _NAME.match(name)
-        if match is None or int(match.group(2)) != namespace or _alive(int(match.group(3))):
+        if match is None or int(match.group(2)) != namespace:
+            continue
+        pid = int(match.group(3))
+        if (owners is not None and pid not in owners) or _alive(pid):
             continue
         path = os.path.join(root, name)
         try:
