@@ -67,3 +67,32 @@ def same_samples(static, moved) -> None:
     """Each step of the moved run trained the static run's samples, each once."""
     for s, d in zip(static, moved, strict=True):
         assert sorted(d.sample_ids) == sorted(s.sample_ids) and len(set(d.sample_ids)) == len(d.sample_ids)
+
+
+def moves_and_trains_the_static_runs_samples(tmp_path, train_fn, *args, steps: int = 2) -> list[dict]:
+    """`train_fn(run, *args, steps=)` static, then with scheduler.policy=dynarl moving
+    engines mid-step (FAST): some step moved rollout requests (Workload), and each step
+    trained the static run's samples, once. The static run's rows."""
+    rows, static = train_fn(tmp_path / "static", *args, steps=steps)
+    moved_rows, moved = train_fn(tmp_path / "dynarl", *args, "scheduler.policy=dynarl", *FAST, steps=steps)
+    assert any(r["migrations"].get("workload:rollout") for r in moved_rows), [r["migrations"] for r in moved_rows]
+    same_samples(static, moved)
+    return rows
+
+
+def agentic_args(prompts: int, samples: int) -> list[str]:
+    """The agentic workflow (tool episodes, DynaRL's priority queue) on MOVING's devices."""
+    return ["workflow=agentic", "task.kind=calc", "agentic.queue=priority", f"run.prompts_per_step={prompts}",
+            f"rollout.samples_per_prompt={samples}", "rollout.max_new_tokens=16", *MOVING[:5]]
+
+
+def refuses_a_model_it_cannot_serve(tmp_path, backend: str) -> None:
+    """rollout.<backend>.model_path naming a folder without the model: one line at config
+    load, rc 2."""
+    (tmp_path / "empty").mkdir()
+    done = run_cli(tmp_path / "run", f"rollout.backend={backend}",
+                   f"rollout.{backend}.model_path={tmp_path / 'empty'}", timeout_s=120)
+    assert done.returncode == 2, done.stdout[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert lines == [f"dynarl train: error: rollout.{backend}.model_path: the engine cannot load the model in "
+                     f"'{tmp_path / 'empty'}': no config.json in {tmp_path / 'empty'}"], lines

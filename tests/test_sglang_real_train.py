@@ -9,7 +9,8 @@ scheduler and detokenizer processes) outlives it. Run by .ci/engine_sglang; the 
 run deselects it."""
 import pytest
 
-from engine_train import FAST, MOVING, run_cli, same_samples, train
+from engine_train import (MOVING, agentic_args, moves_and_trains_the_static_runs_samples,
+                          refuses_a_model_it_cannot_serve, train)
 
 pytestmark = pytest.mark.real_engine
 
@@ -40,36 +41,18 @@ def test_dynarl_moves_sglang_engines_and_trains_the_static_runs_samples(tmp_path
     """scheduler.policy=dynarl releases SGLang engines mid-step: their requests, tokens so
     far, move to the kept engines (export_inflight / import_inflight on real SGLang) while
     the trainer takes their devices; each step trains the static run's samples, once."""
-    _, static = _train(tmp_path / "static", *MOVING, steps=2)
-    rows, moved = _train(tmp_path / "dynarl", *MOVING, "scheduler.policy=dynarl", *FAST, steps=2)
-    assert any(r["migrations"].get("workload:rollout") for r in rows), [r["migrations"] for r in rows]
-    same_samples(static, moved)
-
-
-AGENTIC = ["workflow=agentic", "task.kind=calc", "agentic.queue=priority",
-           "rollout.sglang.enable_priority_scheduling=true", f"run.prompts_per_step={PROMPTS}",
-           f"rollout.samples_per_prompt={SAMPLES}", "rollout.max_new_tokens=16"]
+    moves_and_trains_the_static_runs_samples(tmp_path, _train, *MOVING)
 
 
 def test_the_agentic_workflow_on_sglang_with_its_priority_queue_and_dynarl(tmp_path):
     """Multi-turn tool episodes through SGLang (each turn a request; tool-count priority
     reaching SGLang's priority scheduling), static, then with scheduler.policy=dynarl
     moving engines mid-step: each step trains the static run's episodes, once."""
-    agentic = AGENTIC + MOVING[:5]
-    rows, static = _train(tmp_path / "static", *agentic, steps=2)
+    rows = moves_and_trains_the_static_runs_samples(tmp_path, _train, *agentic_args(PROMPTS, SAMPLES),
+                                                    "rollout.sglang.enable_priority_scheduling=true")
     for r in rows:
         assert r["episodes"] == PROMPTS * SAMPLES and r["episodes"] <= r["turns"] <= 3 * r["episodes"]
-    moved_rows, moved = _train(tmp_path / "dynarl", *agentic, "scheduler.policy=dynarl", *FAST, steps=2)
-    assert any(r["migrations"].get("workload:rollout") for r in moved_rows), [r["migrations"] for r in moved_rows]
-    same_samples(static, moved)
 
 
 def test_a_model_sglang_cannot_serve_is_one_line_and_rc_2(tmp_path):
-    """rollout.sglang.model_path naming a folder without the model: refused at config load."""
-    (tmp_path / "empty").mkdir()
-    done = run_cli(tmp_path / "run", "rollout.backend=sglang", f"rollout.sglang.model_path={tmp_path / 'empty'}",
-                   timeout_s=120)
-    assert done.returncode == 2, done.stdout[-2000:]
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    assert lines == [f"dynarl train: error: rollout.sglang.model_path: the engine cannot load the model in "
-                     f"'{tmp_path / 'empty'}': no config.json in {tmp_path / 'empty'}"], lines
+    refuses_a_model_it_cannot_serve(tmp_path, "sglang")
