@@ -29,19 +29,26 @@ class ExportError(ValueError):
 
 
 def pick_checkpoint(run_dir: str, step: int | None) -> tuple[str, object]:
-    """The checkpoint of RL step `step` (trained steps 0..step-1), or the newest."""
-    from dynarl.components.workflows.checkpoints import complete_checkpoints
-    found = complete_checkpoints(run_dir)
+    """The checkpoint of RL step `step` (trained steps 0..step-1), or the newest that
+    verifies (components/workflows/checkpoints.py); one that does not is refused."""
+    from dynarl.components.workflows import checkpoints as ckpt
+    found = [f for f in ckpt.scan(run_dir) if f.status != "incomplete"]
     if not found:
         raise ExportError(f"{run_dir} has no complete checkpoint (run.checkpoint_every sets how often one is "
                           "written; the last step always gets one)")
     if step is None:
-        return found[-1]
-    for path, state in found:
-        if state.step == step:
-            return path, state
+        chosen = ckpt.choose_resume(found, ckpt.problem).chosen
+        if chosen is None:
+            raise ExportError(f"no checkpoint in {run_dir} verifies: {ckpt.problem(found[-1])} ({found[-1].path})")
+        return chosen.path, ckpt.read_state(chosen.path)
+    for f in found:
+        if f.step == step:
+            wrong = ckpt.problem(f)
+            if wrong is not None:
+                raise ExportError(f"checkpoint {f.path} failed verification: {wrong}")
+            return f.path, ckpt.read_state(f.path)
     raise ExportError(f"no checkpoint of step {step} in {run_dir}; there are: "
-                      f"{', '.join(str(s.step) for _, s in found)}")
+                      f"{', '.join(str(f.step) for f in found)}")
 
 
 def policy_weights(path: str, model: object) -> list[tuple[str, object]]:

@@ -222,7 +222,10 @@ def _prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir:
         config_path = os.path.join(resume, "config.yaml")
         if not os.path.isfile(config_path):
             raise UsageError(f"--resume {resume}: no config.yaml there (not a run directory)")
-        checkpoint = ckpt.latest_checkpoint(resume)
+        try:  # each checkpoint passed over (failed verification) gets a line
+            checkpoint = ckpt.resume_checkpoint(resume, lambda line: print(f"dynarl train: {line}", file=sys.stderr))
+        except ValueError as exc:
+            raise UsageError(f"--resume {resume}: {exc}") from None
         if checkpoint is None:
             raise UsageError(f"--resume {resume}: no complete checkpoint to resume from")
         run_dir = resume
@@ -487,7 +490,7 @@ class Job:
                         failure = exc
                 # every worker of the failed attempt is stopped (the controller's exit)
                 restart += 1
-                checkpoint = ckpt.latest_checkpoint(self.run_dir)
+                checkpoint = ckpt.resume_checkpoint(self.run_dir, progress.note)
                 progress.note(restart_note(lost, failure, restart, max_restarts,
                                            None if checkpoint is None else checkpoint[1].step))
         finally:

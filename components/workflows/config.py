@@ -147,12 +147,22 @@ class TrainerSection:
     """true: each rank accumulates the gradients of chunks as inference finishes them
     and the step comes after the last (so a trainer on devices of its own starts during
     the rollout's tail); false: one step on the whole batch once it is complete."""
+    nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose loss or gradient norm is not finite (nan, inf): stop ends the run
+    after its metrics row, before its checkpoint and pruning, so the checkpoints on disk
+    hold the last finite state; skip goes on without the batch (the native trainer
+    leaves a non-finite update out) and counts it (metrics skipped_batches). skip needs
+    the native trainer: megatron's optimizer applies such an update unless fp16 loss
+    scaling catches it."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
             raise ValueError(f"num_ranks must be >= 1, got {self.num_ranks}")
         if self.sync_bucket_bytes < 1024:
             raise ValueError(f"sync_bucket_bytes must be >= 1024, got {self.sync_bucket_bytes}")
+        if self.nonfinite == "skip" and self.backend == "megatron":
+            raise ValueError("nonfinite skip needs the native trainer (megatron's optimizer applies a non-finite "
+                             "update unless fp16 loss scaling catches it): use stop")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -293,7 +303,8 @@ class RunSection:
     checkpoint_every: int = 50
     """Checkpoint after every this many steps (and after the warm start and the last step)."""
     keep_checkpoints: int = 2
-    """Newest checkpoints kept on disk."""
+    """Newest checkpoints kept on disk; pruning also keeps the newest one that verifies
+    (its manifest; components/workflows/checkpoints.py), whatever is newer."""
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     """Where each step's metrics go besides metrics.jsonl (always written): tensorboard,
     wandb (offline), mlflow (a local file store); launch/trackers.py."""

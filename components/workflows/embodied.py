@@ -307,10 +307,11 @@ class Embodied:
 
     async def checkpoint(self, step: int) -> None:
         path = ckpt.checkpoint_dir(self.run_dir, step)
+        ckpt.begin(path)
         steps = await self.learner.call("save_checkpoint", path)
         ckpt.write_state(path, ckpt.CheckpointState(step=step, trainer_step=steps[0], seed=self.cfg.run.seed,
                                                     prompts_per_step=self.cfg.run.prompts_per_step))
-        ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints)
+        ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints, verified=path)
 
     async def restore(self, path: str, state: ckpt.CheckpointState) -> int:
         """The learner's actor, critic and optimizer from a checkpoint; metrics of later

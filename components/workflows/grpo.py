@@ -42,7 +42,7 @@ from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.auto_placement import auto_placement
 from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling
-from dynarl.components.workflows import jsonl
+from dynarl.components.workflows import jsonl, nonfinite
 from dynarl.components.workflows.ledger import SampleLedger, StepEntry, append_entry
 from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
@@ -392,13 +392,16 @@ class GRPO:
         for step in range(start, self.cfg.run.steps):
             metrics = await self.step(step)
             metrics["sync_bytes"] = self.sync_bytes  # the weight sync that ended the step
-            if (step + 1) % self.cfg.run.checkpoint_every == 0 or step + 1 == self.cfg.run.steps:
+            stop = nonfinite.check(step, metrics, self.cfg.trainer.nonfinite, self.grad_norm_known)
+            if stop is None and ((step + 1) % self.cfg.run.checkpoint_every == 0 or step + 1 == self.cfg.run.steps):
                 begun = time.perf_counter()
                 await self.checkpoint(step + 1)
                 metrics["checkpoint_s"] = time.perf_counter() - begun
             jsonl.append(os.path.join(self.run_dir, "metrics.jsonl"), metrics)
             self.save_graph()
             self.progress.step(metrics)
+            if stop is not None:
+                raise stop
 
     async def plan_placement(self) -> None:
         """placement.mode auto: time the components, let rlinf-auto's planner place them
@@ -476,6 +479,11 @@ class GRPO:
         return {}
 
     @property
+    def grad_norm_known(self) -> bool:
+        """Whether a step's grad_norm is the engine's (megatron computes none without clipping)."""
+        return self.cfg.trainer.backend != "megatron" or self.cfg.trainer.engine.grad_clip > 0
+
+    @property
     def tensor_parallel(self) -> int:
         megatron = self.cfg.trainer.megatron
         return megatron.tensor_parallel_size if self.cfg.trainer.backend == "megatron" and megatron else 1
@@ -521,6 +529,7 @@ class GRPO:
 
     async def checkpoint(self, step: int) -> None:
         path = ckpt.checkpoint_dir(self.run_dir, step)
+        ckpt.begin(path)
         trainer = self.g.trainer
         steps = await held(self.ctl, trainer, self.clock, f"checkpoint {step}", "save_checkpoint",
                            lambda: trainer.call("save_checkpoint", path), component="trainer")
@@ -534,7 +543,7 @@ class GRPO:
         await self.save_components(path)
         ckpt.write_state(path, ckpt.CheckpointState(step=step, trainer_step=steps[0], seed=self.cfg.run.seed,
                                                     prompts_per_step=self.cfg.run.prompts_per_step))
-        ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints)
+        ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints, verified=path)
 
     async def restore(self, path: str, state: ckpt.CheckpointState) -> int:
         """Trainer state, ledger and data cursor from a checkpoint; steps after it are rolled back."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
@@ -180,16 +181,21 @@ class NativeTrainer:
 
     def _update(self) -> float:
         """Reduce gradients, clip by the global norm, AdamW on the owned range,
-        all-gather the new weights. Returns the pre-clip global grad norm."""
+        all-gather the new weights. Returns the pre-clip global grad norm. A norm that
+        is not finite leaves the state as it was (on every rank: the norm is global):
+        the update would turn the weights and both moments to nan for good, and the
+        workflow decides whether the run stops or goes on (trainer.nonfinite)."""
         cfg = self.config
         flat = flatten([p.grad for p in self._params], self._numels, device=self.device)
         for p in self._params:
             p.grad = None
         grad = self._reduce_scatter(flat)
         del flat
-        self._state["grad"].copy_(grad)  # kept pre-clip: the summed gradient of this step
         sumsq = torch.sum(grad * grad, dtype=torch.float64).reshape(1)
         grad_norm = float(self._all_reduce(sumsq).sqrt().item())
+        if not math.isfinite(grad_norm):
+            return grad_norm
+        self._state["grad"].copy_(grad)  # kept pre-clip: the summed gradient of this step
         if cfg.grad_clip > 0:
             coef = cfg.grad_clip / (grad_norm + 1e-6)
             if coef < 1.0:
