@@ -1,6 +1,7 @@
-"""`dynarl bench transport`: RPC round trip, channel throughput, runtime-group
-tensor bandwidth, the floor under the round trip (a bare ZeroMQ echo, zmq_floor.py),
-and Ray's actor round trip side by side when Ray is importable.
+"""`dynarl bench transport`: RPC round trip (also under a flood of unauthenticated
+frames), channel throughput, runtime-group tensor bandwidth, the floor under the round
+trip (a bare ZeroMQ echo, zmq_floor.py), and Ray's actor round trip side by side when
+Ray is importable.
 
 All figures come from one run on this machine, so ratios are like for like.
 """
@@ -10,6 +11,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -17,6 +19,37 @@ from dynarl.core.config import RuntimeConfig
 from dynarl.core.controller import Controller
 from dynarl.components.probe import ProbeWorker
 from dynarl.launch.bench.zmq_floor import measure_zmq_floor
+
+FLOOD = r"""
+import os, signal, sys, time, zmq
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+ctx = zmq.Context()
+sock = ctx.socket(zmq.DEALER)
+sock.connect(sys.argv[1])
+frame, sent, end = b"DRL\x00" + os.urandom(59), 0, time.monotonic() + float(sys.argv[2])
+while not stop and time.monotonic() < end:
+    try:
+        sock.send(frame, zmq.NOBLOCK)
+        sent += 1
+    except zmq.Again:
+        time.sleep(0.0005)
+print(sent, flush=True)
+sock.close(0)
+ctx.term()
+"""
+"""A peer that sends frames of protocol version 0 (each one rejected as wrong_version) as
+fast as it can, until SIGTERM or argv[2] seconds; it prints how many it sent."""
+
+
+def start_flood(address: str, max_s: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", FLOOD, address, str(max_s)], stdout=subprocess.PIPE, text=True)
+
+
+def stop_flood(flood: subprocess.Popen) -> int:
+    """Ends the flood; how many frames it sent."""
+    flood.terminate()
+    return int(flood.communicate(timeout=60)[0] or 0)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -60,6 +93,18 @@ async def measure(args: argparse.Namespace) -> dict:
                                         workers.call("p2p_send", "bench", numel, args.p2p_repeats, ranks=[0]))
         out["p2p_tensor_mb_per_s"] = round(100 / statistics.median(times[0]))
         _progress(f"p2p: {out['p2p_tensor_mb_per_s']} MB/s for 100 MB over gloo")
+
+        flood = start_flood(ctl.router.local_address, 600)
+        try:
+            while ctl.router.rejects.total < 1000:  # the flood has begun
+                if flood.poll() is not None:
+                    raise RuntimeError("the flood ended before its frames arrived")
+                await asyncio.sleep(0.01)
+            flooded = await round_trips(one, "noop", args.rpc_calls)
+        finally:
+            stop_flood(flood)
+        out["rpc_rtt_us_p99_under_flood"] = round(percentile(flooded, 0.99), 1)
+        _progress(f"rpc under a flood of unauthenticated frames: p99 {out['rpc_rtt_us_p99_under_flood']} us")
     return out
 
 
