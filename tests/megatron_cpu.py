@@ -58,9 +58,9 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: t
     torch.set_num_threads(1)
     try:
         apply_cpu_shims()
-        store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+        store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300))
         torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                             timeout=timedelta(seconds=60))
+                                             timeout=timedelta(seconds=300))
         fn(rank, world, *args)
     except BaseException:
         with open(os.path.join(error_dir, f"rank{rank}.err"), "w") as f:
@@ -71,7 +71,7 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: t
             torch.distributed.destroy_process_group()
 
 
-def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any, error_dir: str, timeout_s: float = 120.0
+def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any, error_dir: str, timeout_s: float = 600.0
                 ) -> dict[str, Any]:
     """Run fn(rank, world, *args) on `world` spawned processes with a gloo default group.
     Returns exit codes, pids (all joined), errors (tracebacks by rank) and the wall time."""
@@ -81,7 +81,7 @@ def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any, error_dir: str, 
     # The store's server lives here, on a port the OS picks while binding it: no window
     # in which another process on this busy machine could take a port we chose.
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                       timeout=timedelta(seconds=60))
+                                       timeout=timedelta(seconds=300))
     port = store.port
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, fn, args, error_dir)) for r in range(world)]
     started = time.monotonic()

@@ -125,7 +125,8 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
                            "version": 6, "cached_tokens": 0, "wait_s": 0.0})
         await asyncio.wait_for(run, 1.0)
         assert last.finished == [eps[0]] and eps[0].response == [7, 7, 8, 2, 0, 9]
-    asyncio.run(main())
+    from dynarl.core.virtual_time import run_virtual
+    run_virtual(main())  # virtual time: a sleep lets all that can run run first; no wall-clock bound
 
 
 def test_the_plan_restarts_a_stale_episode_from_its_first_turn_and_resumes_a_fresh_one():

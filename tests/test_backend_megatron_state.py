@@ -102,7 +102,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron_state")
     save_file(dict(make_model(5).state_dict()), str(out / "start.safetensors"))
     save_pretrained(make_model(5), out / "hf_folder")
-    result = spawn_ranks(_ranks, 2, str(out), error_dir=str(out), timeout_s=150)
+    result = spawn_ranks(_ranks, 2, str(out), error_dir=str(out), timeout_s=600)  # a hang bound
     if result["exitcodes"] != [0, 0]:
         pytest.fail(f"ranks failed: {result['exitcodes']}\n" + "\n".join(result["errors"].values()))
     result["out"] = out

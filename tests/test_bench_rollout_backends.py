@@ -59,7 +59,7 @@ def test_a_child_past_its_timeout_is_stopped_with_its_processes(tmp_path):
     python.chmod(0o755)
     start = time.monotonic()
     result = rollout_backends.run_child("vllm", str(python), dict(os.environ), {}, timeout_s=2)
-    assert "no result in 2 s" in result["error"] and time.monotonic() - start < 15
+    assert "no result in 2 s" in result["error"] and time.monotonic() - start < 120  # not the child's 300 s
     os.unlink(result["error"].rsplit("log ", 1)[1].rstrip(")"))
     group = int(pids.read_text().split()[0])
     assert not rollout_backends.group_alive(group)

@@ -126,24 +126,26 @@ async def test_cancelling_a_call_cancels_the_remote_task(launcher):
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
         pending = asyncio.ensure_future(group.call("sleep", 60))
-        await asyncio.sleep(0.2)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while (await group.call("sleeps_begun"))[0] == 0:  # the remote task is under way
+            assert loop.time() < deadline, "the call never reached the worker"
+            await asyncio.sleep(0.01)
         pending.cancel()
         with pytest.raises(asyncio.CancelledError):
             await pending
-        for _ in range(100):
-            if (await group.call("get_events"))[0] == ["cancelled"]:
-                break
+        deadline = loop.time() + 60
+        while (await group.call("get_events"))[0] != ["cancelled"]:
+            assert loop.time() < deadline, await group.call("get_events")
             await asyncio.sleep(0.01)
-        assert (await group.call("get_events"))[0] == ["cancelled"]
 
 
 async def test_concurrent_calls_overlap():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        await asyncio.gather(*(group.call("sleep", 0.3) for _ in range(5)))
-        assert loop.time() - start < 1.2  # five 0.3 s calls ran concurrently, not in series
+        # each call returns only once all five are under way: run in series, they would hang
+        meeting = asyncio.gather(*(group.call("meet", 5) for _ in range(5)))
+        assert await asyncio.wait_for(meeting, 60) == [[5]] * 5
 
 
 async def test_torchrun_environment_and_placement():

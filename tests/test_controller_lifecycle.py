@@ -23,7 +23,7 @@ async def test_a_setup_that_blocks_its_loop_is_reported_not_waited_for():
         started = time.monotonic()
         with pytest.raises(dynarl.WorkerLost, match="event loop blocked"):
             await ctl.spawn(BlockingSetup, num_ranks=1)
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < 45  # at the 1 s hang bound, not after setup's 60 s
         assert "blockingsetup" not in ctl.groups
         pids = [h.pid for h in ctl._starting]  # nothing left being started
         assert pids == []

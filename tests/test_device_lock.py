@@ -38,18 +38,21 @@ async def test_groups_on_disjoint_devices_do_not_wait_for_each_other():
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         a = await ctl.spawn(Echo, devices=[0])
         b = await ctl.spawn(Echo, devices=[1])
-        inside = asyncio.Event()
+        inside, b_done = asyncio.Event(), asyncio.Event()
 
         async def hold_a():
             async with a.device_lock():
                 inside.set()
-                await asyncio.sleep(0.2)
+                await b_done.wait()  # a's lock is held until b has had its own
 
         task = asyncio.ensure_future(hold_a())
         await inside.wait()
-        async with asyncio.timeout(0.1):
-            async with b.device_lock():
-                pass
+        try:
+            async with asyncio.timeout(60):  # waiting for a's lock would never end
+                async with b.device_lock():
+                    pass
+        finally:
+            b_done.set()
         await task
 
 

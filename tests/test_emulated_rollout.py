@@ -447,13 +447,13 @@ def test_rejects_duplicate_ids():
 
 
 def test_time_scale_shrinks_real_sleeps():
-    model_time = alone_time(1000, 30)  # ~0.25 s of model time
+    model_time = alone_time(1000, 3000)  # ~24 s of model time: ~0.24 s of real sleep at time_scale 0.01
 
     async def main():
         eng = engine(time_scale=0.01)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await eng.generate([request("a", prompt_of(1000), 30)])
+        await eng.generate([request("a", prompt_of(1000), 3000)])
         return loop.time() - t0
 
     elapsed = asyncio.run(main())  # a real loop

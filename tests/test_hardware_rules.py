@@ -145,7 +145,7 @@ def test_6_a_group_gets_its_timeout():
     with pytest.raises(Exception):
         join_group("lonely", "dynarl/lonely/0/k", 0, 2, "127.0.0.1", store.port, "gloo", 1.0, store=store,
                    secret=b"k" * 32)
-    assert time.monotonic() - begun < 15
+    assert time.monotonic() - begun < 60  # a hang bound: given up at its 1 s, not never
 
 
 def test_3_engines_are_built_on_the_ranks_device_in_the_models_dtype():

@@ -38,29 +38,33 @@ def test_limits_from_the_runtime_config():
     assert HealthLimits.of(0.5, 1.0, 300.0).suspect_after_s == 1.0  # never later than the loss
 
 
+async def until_state(ctl, name, state, weights=None, timeout_s=60.0):
+    """Polls the fleet until the rank `name` is in `state` (a loaded machine delays
+    heartbeats and lags loops: a look at one moment may catch a suspect)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while ctl.fleet(weights)[name] != state:
+        assert loop.time() < deadline, ctl.fleet(weights)[name]
+        await asyncio.sleep(0.1)
+
+
 async def test_a_paused_worker_is_suspect_then_healthy_again():
-    config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=3.0)
+    # lost only after 20 s of silence: far past any pause a loaded machine adds
+    config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=20.0)
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2)
         pid = (await group.call("hello", 0, ranks=[1]))[0]["pid"]
         name = group.handles[1].name
-        await asyncio.sleep(0.5)
-        assert ctl.fleet()[name] == "healthy"
+        await until_state(ctl, name, "healthy")
         os.kill(pid, signal.SIGSTOP)
         try:
-            for _ in range(40):  # suspect after 0.6 s of silence, lost only after 3 s
-                await asyncio.sleep(0.1)
-                if ctl.fleet()[name] != "healthy":
-                    break
-            assert ctl.fleet()[name] == "suspect" and group.handles[1].lost is None
+            await until_state(ctl, name, "suspect", timeout_s=15.0)  # after 0.6 s of silence
+            assert group.handles[1].lost is None
         finally:
             os.kill(pid, signal.SIGCONT)
-        for _ in range(40):
-            await asyncio.sleep(0.1)
-            if ctl.fleet()[name] == "healthy":
-                break
-        assert ctl.fleet()[name] == "healthy" and group.handles[1].lost is None
+        await until_state(ctl, name, "healthy", timeout_s=15.0)
+        assert group.handles[1].lost is None
         assert await group.call("hello", 1, ranks=[1])  # it serves again
         group.handles[0].weight_version = 3
-        assert ctl.fleet(weights=4)[group.handles[0].name] == "stale"
+        await until_state(ctl, group.handles[0].name, "stale", weights=4)
     assert_reaped([pid])

@@ -90,21 +90,21 @@ def test_cli_lists_and_draws_a_workflow_file(tmp_path):
     path = tmp_path / "wf.py"
     path.write_text(WORKFLOW)
     out = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", str(path)],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "gen --[samples]--> scorer" in out.stdout and "warning:" in out.stdout
     dot = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", str(path), "--dot"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=300)
     assert dot.stdout.startswith("digraph")
     missing = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", str(tmp_path / "nope.py")],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
 def test_cli_reads_the_builtin_grpo_workflow():
     import dynarl.components.workflows.grpo as grpo
     out = subprocess.run([sys.executable, "-m", "dynarl.launch.cli", "graph", grpo.__file__],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     edges = {}  # "src --[channel]--> dst,dst" lines; the workflow modules it uses (overlap.py) included
     for line in out.stdout.splitlines():

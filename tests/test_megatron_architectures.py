@@ -91,7 +91,7 @@ def run(tmp_path_factory):
         grads = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in trainer.layout().params}
         native[name] = {"hf": hf, "logits": logits, "metrics": dataclasses.asdict(metrics),
                         "grads": dict(hf_to_megatron(grads, config))}
-    result = spawn_ranks(_ranks, 2, str(out), error_dir=str(out), timeout_s=150)
+    result = spawn_ranks(_ranks, 2, str(out), error_dir=str(out), timeout_s=600)  # a hang bound
     if result["exitcodes"] != [0, 0]:
         pytest.fail(f"ranks failed: {result['exitcodes']}\n" + "\n".join(result["errors"].values()))
     result.update(out=out, native=native)

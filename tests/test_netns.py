@@ -54,7 +54,7 @@ def wait_all(procs: list[subprocess.Popen], tmp_path, timeout_s: float, while_ru
 
 def assert_nothing_left(hosts: netns.Hosts, nodes: int) -> None:
     """No process is left in the hosts' namespaces (agents, workers, torchrun)."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while any(hosts.pids(k) for k in range(nodes)):
         assert time.monotonic() < deadline, {k: hosts.pids(k) for k in range(nodes)}
         time.sleep(0.1)
@@ -185,19 +185,20 @@ def test_netns_a_cut_link_mid_run_ends_the_train_job_naming_the_host(tmp_path):
         cut = time.monotonic()
         hosts.cut(1)
         while "dynarl train: failed:" not in log_of(tmp_path, 0):
-            assert time.monotonic() < cut + 30, log_of(tmp_path, 0)[-3000:]
+            assert time.monotonic() < cut + 60, log_of(tmp_path, 0)[-3000:]
             time.sleep(0.05)
         ended_s = time.monotonic() - cut
-        assert procs[1].wait(timeout=30) == 1
-        assert procs[0].wait(timeout=30) == 1
+        assert procs[1].wait(timeout=60) == 1
+        assert procs[0].wait(timeout=60) == 1
         assert_nothing_left(hosts, 2)
     failures = [line for line in log_of(tmp_path, 0).splitlines() if line.startswith("dynarl train: failed:")]
     assert len(failures) == 1, failures  # one line (torchrun adds its own report of agent 0's exit)
     failed = failures[0]
     assert f"from node 1 ({hosts.addr[1]})" in failed and "no heartbeat" in failed, failed
-    # the heartbeat timeout plus teardown; a hang would run into the 30 s waits above.
-    # Under the full suite on 2 cores the teardown took up to 3.1 s (5.14 s in all, once)
-    assert ended_s < timeout_s + 5.0, ended_s
+    # the heartbeat timeout plus teardown; a hang would run into the 60 s waits above.
+    # Under the full suite on 2 cores the teardown took up to 3.1 s (5.14 s in all, once):
+    # the margin is for a machine loaded more than that
+    assert ended_s < timeout_s + 20.0, ended_s
     node1 = log_of(tmp_path, 1)
     assert "lost the controller" in node1 and "stopping its 2 worker(s)" in node1, node1[-2000:]
 

@@ -232,7 +232,7 @@ async def test_pause_abort_and_generate(model):
     aborted = await e.abort(["topk", "missing"])
     assert [(r.request_id, r.finish_reason, r.output_token_ids) for r in aborted] == [("topk", "abort", [])]
     await e.resume()
-    for _ in range(2000):  # generate() steps the engine in between our awaits
+    for _ in range(10_000):  # generate() steps the engine in between our awaits
         await asyncio.sleep(0.001)
         if (await e.load()).num_running and all(s.num_output_tokens >= 2 for s in e.scheduler.running):
             break
@@ -249,7 +249,7 @@ async def test_export_while_generate_waits(model):
     task = asyncio.create_task(e.generate(REQUESTS[:2]))
     await asyncio.sleep(0.01)
     exported = await e.export_inflight()
-    results = await asyncio.wait_for(task, 5)
+    results = await asyncio.wait_for(task, 30)
     assert [r.finish_reason for r in results] == ["abort", "abort"] and len(exported) == 2
 
 

@@ -30,7 +30,7 @@ def test_each_node_gets_its_own_rank_and_the_arguments_reach_the_agent(tmp_path)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RECORD=str(record), HOME=str(tmp_path),
                SLURM_JOB_NODELIST="node-[a-b]", SLURM_NNODES="2", SLURM_NODEID="0", SLURM_JOB_ID="7")
     out = subprocess.run(["bash", str(ROOT / "launch/slurm/dynarl.sbatch"), "job.yaml", "run.steps=3",
-                          "--run-dir", "runs/x"], env=env, capture_output=True, text=True, timeout=30)
+                          "--run-dir", "runs/x"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     calls = record.read_text().splitlines()
     assert len(calls) == 2
@@ -43,5 +43,5 @@ def test_each_node_gets_its_own_rank_and_the_arguments_reach_the_agent(tmp_path)
 
 def test_the_template_needs_a_config():
     out = subprocess.run(["bash", str(ROOT / "launch/slurm/dynarl.sbatch")], capture_output=True, text=True,
-                         timeout=30, env=dict(os.environ, SLURM_JOB_NODELIST="n"))
+                         timeout=300, env=dict(os.environ, SLURM_JOB_NODELIST="n"))
     assert out.returncode != 0 and "usage" in out.stderr

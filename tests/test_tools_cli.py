@@ -8,7 +8,7 @@ CLI = [sys.executable, "-m", "dynarl.launch.cli", "tool"]
 
 
 def run_cli(args, stdin=""):
-    done = subprocess.run(CLI + args, input=stdin, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(CLI + args, input=stdin, capture_output=True, text=True, timeout=300)
     return done.returncode, json.loads(done.stdout), done.stderr
 
 
@@ -26,7 +26,7 @@ def test_python_error_and_timeout():
 
 def test_python_without_bwrap_refuses(tmp_path):
     # The CLI has no --bwrap flag; an empty PATH leaves the sandbox without bubblewrap.
-    done = subprocess.run(CLI + ["python"], input="print(1)", capture_output=True, text=True, timeout=60,
+    done = subprocess.run(CLI + ["python"], input="print(1)", capture_output=True, text=True, timeout=300,
                           env={"PATH": str(tmp_path)})
     out = json.loads(done.stdout)
     assert done.returncode == 2 and not out["ok"]

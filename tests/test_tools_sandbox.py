@@ -28,7 +28,7 @@ exec "$python" "$@"
 
 @pytest.fixture
 async def sandbox():
-    box = PythonSandbox(ToolConfig(timeout_s=5.0, max_concurrency=16))
+    box = PythonSandbox(ToolConfig(timeout_s=60.0, max_concurrency=16))  # a hang bound (16 starts at once)
     yield box
     box.close()
     assert_reaped(list(box.started_pids))

@@ -37,7 +37,7 @@ def test_inproc_run_in_virtual_time_is_fast_and_deterministic():
     events_b, end_b = simulate(seed=1)
     events_c, _ = simulate(seed=2)
     assert len(events_a) == 64 * 20
-    assert end_a > 200  # hundreds of simulated seconds ...
-    assert wall < 5     # ... in a few real ones
+    assert end_a > 200        # hundreds of simulated seconds ...
+    assert wall < end_a / 10  # ... never waited for in real time
     assert (events_a, end_a) == (events_b, end_b)
     assert events_a != events_c

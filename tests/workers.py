@@ -9,6 +9,9 @@ class Echo(dynarl.Worker):
     def __init__(self, tag: str = "t") -> None:
         self.tag = tag
         self.events: list[str] = []
+        self.num_sleeps = 0
+        self.num_met = 0
+        self.all_met = asyncio.Event()
 
     async def hello(self, x):
         return {"rank": self.rank, "world": self.world_size, "pid": os.getpid(), "x": x, "tag": self.tag}
@@ -23,12 +26,25 @@ class Echo(dynarl.Worker):
         raise ValueError("bad things happened here")
 
     async def sleep(self, seconds):
+        self.num_sleeps += 1
         try:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             self.events.append("cancelled")
             raise
         return self.rank
+
+    def sleeps_begun(self):
+        return self.num_sleeps
+
+    async def meet(self, n):
+        """Returns once `n` calls of it are under way at the same time: calls run one
+        after another never return."""
+        self.num_met += 1
+        if self.num_met == n:
+            self.all_met.set()
+        await self.all_met.wait()
+        return self.num_met
 
     async def block(self, seconds):
         import time
@@ -216,11 +232,15 @@ class Hoarder(dynarl.Worker):
         """Bytes of payloads this rank still holds for consumers."""
         return self._runtime._payloads.held_bytes
 
-    def freeze(self, seconds):
-        """Blocks this rank's loop (a long native call): its payloads go unanswered."""
+    def freeze(self, started, release, max_s=120.0):
+        """Blocks this rank's loop (a long native call: its payloads go unanswered) from
+        the moment it writes the file `started` until the file `release` exists."""
         import time
-        time.sleep(seconds)
-        return seconds
+        open(started, "w").close()
+        deadline = time.monotonic() + max_s
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return os.path.exists(release)
 
 
 class Counter(dynarl.Worker):
