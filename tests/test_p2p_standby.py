@@ -42,8 +42,8 @@ async def test_standby_ranks_are_adopted_and_parked_and_the_state_moves_bitwise(
         assert_bitwise_equal(before, await gathered(back.group))
         await back.group.scatter("train", [[make_batch(9)]] * 2)  # and trains on
         assert {g for g in ctl.groups} == {back.group.name, pool.name}
-        # (how long a warm move takes is a benchmark figure, not a bound here: a loaded
-        # machine stretches it; that no process starts is what the pids above show)
+        # (how long a warm move takes is printed, not bounded: a loaded machine stretches
+        # it; that no process starts is what the pids above show)
         print(f"standby p2p 2->3 {out_s:.3f} s {out.phases}, 3->2 {back_s:.3f} s {back.phases}")
     assert_reaped(everyone)
 
