@@ -38,6 +38,16 @@ def test_a_faulty_run_is_charged_against_the_fault_free_one(faulty, expected):
         assert report[key] == value, (key, report)
 
 
+@pytest.mark.parametrize("clean", [run([], rc=1), run([[f"{s}-0"] for s in range(STEPS - 1)])],
+                         ids=["failed", "a-step-short"])
+def test_no_figure_is_charged_against_a_fault_free_run_that_did_not_finish(clean):
+    """A fault-free run that failed (a loaded machine missing a heartbeat at start)
+    leaves nothing to compare: no vacuous "0 lost", and the bench fails."""
+    report = faults.compare("kill-moving", CLEAN, clean)
+    assert report["baseline_failed"] and report["survived"]
+    assert report["samples_lost"] is report["samples_duplicated"] is report["same_tokens"] is None
+
+
 def test_unknown_kinds_are_a_usage_error(capsys):
     with pytest.raises(SystemExit) as info:
         faults.main(["--kinds", "kill-everything"])

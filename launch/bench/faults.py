@@ -157,14 +157,24 @@ def run_job(run_dir: str, args: list[str], component: str | None = None, sig: st
             "recovery_s": recoveries, "rows": rows, "entries": entries, "restarts": restarts}
 
 
+def finished(run: dict) -> bool:
+    """The job ended well and trained every step."""
+    return run["rc"] == 0 and [r["step"] for r in run["rows"]] == list(range(STEPS))
+
+
 def compare(kind: str, faulty: dict, clean: dict) -> dict:
     ids = [i for e in faulty["entries"] for i in e.sample_ids]
     expected = {i for e in clean["entries"] for i in e.sample_ids}
-    steps = [r["step"] for r in faulty["rows"]]
     last = lambda run: statistics.fmean(r["reward_mean"] for r in run["rows"][-2:]) if run["rows"] else float("nan")
     rec = faulty["recovery_s"]
+    if not finished(clean):  # nothing to compare with: no figure rather than a vacuous "0 lost"
+        return {"kind": kind, "injected": faulty["injected"], "survived": finished(faulty),
+                "recovery_s_p50": statistics.median(rec) if rec else None, "recovery_s_max": max(rec) if rec else None,
+                "samples_lost": None, "samples_duplicated": None, "reward_delta": None, "same_tokens": None,
+                "in_place": sum(r.get("survived", 0) for r in faulty["rows"]), "restarts": faulty.get("restarts", 0),
+                "wall_s": faulty["wall_s"], "baseline_failed": True}
     return {"kind": kind, "injected": faulty["injected"],
-            "survived": faulty["rc"] == 0 and steps == list(range(STEPS)),
+            "survived": finished(faulty),
             "recovery_s_p50": statistics.median(rec) if rec else None, "recovery_s_max": max(rec) if rec else None,
             "samples_lost": len(expected - set(ids)), "samples_duplicated": len(ids) - len(set(ids)),
             "reward_delta": last(faulty) - last(clean),
@@ -192,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             config = JOB + (DYNARL if dynarl else [])
             print(f"fault-free run{' (dynarl)' if dynarl else ''}", file=sys.stderr, flush=True)
             clean[dynarl] = run_job(os.path.join(tmp, f"clean-{int(dynarl)}"), config)
+            if not finished(clean[dynarl]):
+                print(f"the fault-free run{' (dynarl)' if dynarl else ''} failed (rc {clean[dynarl]['rc']}): its "
+                      "kinds are reported without lost/duplicated/token figures, and the bench fails",
+                      file=sys.stderr, flush=True)
         for kind in kinds:
             component, sig, dynarl = KINDS[kind]
             print(f"{kind}: {args.injections} injections", file=sys.stderr, flush=True)
@@ -204,10 +218,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'kind':<16}{'injected':>9}{'survived':>9}{'in place':>9}{'restarts':>9}{'recov p50':>10}"
               f"{'recov max':>10}{'lost':>6}{'dup':>5}{'reward Δ':>10}{'same tokens':>12}")
         for r in report:
+            void = r.get("baseline_failed", False)
             print(f"{r['kind']:<16}{r['injected']:>9}{str(r['survived']):>9}{r['in_place']:>9}{r['restarts']:>9}"
-                  f"{r['recovery_s_p50'] or 0:>10.1f}{r['recovery_s_max'] or 0:>10.1f}{r['samples_lost']:>6}"
-                  f"{r['samples_duplicated']:>5}{r['reward_delta']:>10.4f}{str(r['same_tokens']):>12}")
-    return 0 if all(r["survived"] and r["injected"] == args.injections for r in report) else 1
+                  f"{r['recovery_s_p50'] or 0:>10.1f}{r['recovery_s_max'] or 0:>10.1f}"
+                  + ("   (the fault-free run failed: nothing to compare)" if void else
+                     f"{r['samples_lost']:>6}{r['samples_duplicated']:>5}{r['reward_delta']:>10.4f}"
+                     f"{str(r['same_tokens']):>12}"))
+    return 0 if all(r["survived"] and r["injected"] == args.injections and not r.get("baseline_failed")
+                    for r in report) else 1
 
 
 if __name__ == "__main__":
