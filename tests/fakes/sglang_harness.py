@@ -90,13 +90,13 @@ def sglang_workers(fake_sglang, monkeypatch):
     Yields the fake TokenizerManagers made, in order."""
     made, payloads = [], Payloads()
 
-    def start(cls, config, weight_version=0):
+    def start(cls, config, weight_version=0, owned_dir=None):
         kwargs = config.engine_kwargs()
         tm_cls = BrokenAbortTokenizerManager if len(made) in broken_abort else FakeTokenizerManager
         tm = tm_cls(max_total_num_tokens=256, decode=payloads.decode, tp_size=kwargs["tp_size"],
                     enable_priority_scheduling=kwargs["enable_priority_scheduling"], tick_s=0.002)
         made.append(tm)
-        return cls(FakeEngine(tm), config, weight_version, encode_bucket=payloads.encode)
+        return cls(FakeEngine(tm), config, weight_version, encode_bucket=payloads.encode, owned_dir=owned_dir)
 
     monkeypatch.setattr(SGLangRolloutEngine, "start", classmethod(start))
     yield made
