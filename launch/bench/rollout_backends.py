@@ -12,9 +12,9 @@ timed generate() calls, after the engine has started (start and the first, warm-
 generate are reported apart).
 
 SGLang on a CPU needs SGLang's CPU kernels (sgl-kernel built from source; PyPI has no
-CPU build). Where its interpreter has no `sgl_kernel`, the bench runs SGLang with the
-test-only stand-in of tests/sglang_cpu_site (stand-in functions raise if called; none
-is called for Qwen2 with torch_native attention) and says so in its output.
+CPU build). Without them the bench refuses SGLang, naming the test-only stand-in a
+checkout has (tests/sglang_cpu_site: put it first on PYTHONPATH with
+DYNARL_TEST_SGLANG_CPU=1); run with the stand-in, its output says so.
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ BUILT_BY = {"vllm": ".ci/engine_vllm", "sglang": ".ci/engine_sglang"}
 DEFAULT_VENVS = "/root/.cache/dynarl/engines"
 REPO = os.path.dirname(os.path.abspath(dynarl.__file__))
 """The `dynarl` package the parent runs (in a checkout: its root)."""
-STAND_IN = os.path.join(REPO, "tests", "sglang_cpu_site")
 STAND_IN_NOTE = ("SGLang's CPU kernels are not installed (PyPI has no CPU build of sgl-kernel): it ran with the "
                  "test-only stand-in tests/sglang_cpu_site, whose sgl_kernel functions raise if called "
                  "(none is, for Qwen2 with torch_native attention)")
@@ -94,7 +93,7 @@ def interpreter(backend: str) -> str:
 def child_env(backend: str, python: str, threads: int, path: str) -> dict[str, str]:
     """The child's environment. `path` (first on PYTHONPATH) holds this checkout as
     `dynarl`, so every child runs the code the parent runs, whatever dynarl its venv
-    has installed. SGLang gets the stand-in sgl_kernel where it has no real one."""
+    has installed."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
     if backend == "vllm":  # as .ci/engine_vllm runs it
@@ -103,12 +102,10 @@ def child_env(backend: str, python: str, threads: int, path: str) -> dict[str, s
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # its worker's threads: OMP_NUM_THREADS
     if backend == "sglang":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
-        kernels = probe(python, "sgl_kernel")
-        if kernels is None or is_stand_in(kernels):
-            if not os.path.isdir(STAND_IN):
-                raise BenchError(f"--backends: sglang: no sgl_kernel for {python} and no stand-in at {STAND_IN}")
-            env["DYNARL_TEST_SGLANG_CPU"] = "1"
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [STAND_IN, env.get("PYTHONPATH")]))
+        if probe(python, "sgl_kernel") is None:
+            raise BenchError(f"--backends: sglang: {python} has no sgl_kernel (SGLang's CPU kernels are a source "
+                             "build); a checkout's test-only stand-in: PYTHONPATH=tests/sglang_cpu_site "
+                             "DYNARL_TEST_SGLANG_CPU=1")
     return env
 
 
