@@ -15,6 +15,7 @@ is a result of step()), so nothing is lost or delivered twice.
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import functools
 from typing import Any, Sequence
@@ -22,7 +23,7 @@ from typing import Any, Sequence
 from .base import GenerationRequest, GenerationResult, InflightRequest
 
 
-class ExternalEngine:
+class ExternalEngine(abc.ABC):
     weight_version: int
 
     def __init__(self) -> None:
@@ -39,26 +40,31 @@ class ExternalEngine:
         self._cache_hit_tokens = 0
 
     # -- the subclass's ---------------------------------------------------------------
+    @abc.abstractmethod
     def _entry(self, request: GenerationRequest, prior_ids: list[int] | None = None,
                prior_logprobs: list[float] | None = None) -> Any:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     async def _run(self, entry: Any) -> GenerationResult:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _local_result(self, entry: Any, reason: str) -> GenerationResult:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     async def _abort_inside(self, entries: list[Any], everything: bool) -> None:
         """Abort `entries` (all handed to the engine) until each one's result is in.
         `everything`: they are all the engine has (export)."""
-        raise NotImplementedError
+        ...
 
     def _serving(self) -> bool:
         return self._gate.is_set()
 
+    @abc.abstractmethod
     def _update_gate(self) -> None:
-        raise NotImplementedError
+        ...
 
     # -- requests ---------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
