@@ -234,7 +234,7 @@ class Controller:
                 finally:
                     self._pids.update(h.pid for h in handles if h.pid)
                 await gather_or_cancel([_connected(h) for h in handles])
-            await gather_or_cancel([h.call("__start__") for h in handles])
+            await gather_or_cancel([h.send("__start__") for h in handles])
         except BaseException as exc:
             await _best_effort(f"clean up ranks of {name}", self._stop_handles(handles))
             if isinstance(exc, TimeoutError):
@@ -264,7 +264,7 @@ class Controller:
             h.stopping = True
         if live:
             await _best_effort("stop ranks", asyncio.wait_for(
-                asyncio.gather(*(h.call("__stop__") for h in live), return_exceptions=True), grace))
+                asyncio.gather(*(h.send("__stop__") for h in live), return_exceptions=True), grace))
         # A rank that was lost or never connected gets no grace: it won't exit by itself;
         # nor one that went silent or exited while asked (its endpoint failed meanwhile).
         await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(

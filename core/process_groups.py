@@ -65,7 +65,7 @@ class ProcessGroups:
         self._generations[name] = generation
         node_address = self._ctl.launcher.node_address
         host = node_address(handles[0].spec.node)
-        port = 0 if backend == "emulated" else await handles[0].call("__pg_listen__", [name, host])
+        port = 0 if backend == "emulated" else await handles[0].send("__pg_listen__", [name, host])
         # Each rank's own node address (the one its peers reach gloo's pairs at), and the
         # group's key prefix, fresh per build: the members seal the store's names and
         # values under a key of the job secret and this prefix (transport/sealed_store.py),
@@ -75,7 +75,7 @@ class ProcessGroups:
         # a device and runs collectives only between devices (transport/device_group.py).
         devices = [h.spec.devices[0] if h.spec.devices else None for h in handles]
         await gather_or_cancel([
-            h.call("__pg_join__", [name, prefix, rank, len(handles), host, port, backend, timeout_s,
+            h.send("__pg_join__", [name, prefix, rank, len(handles), host, port, backend, timeout_s,
                                    node_address(h.spec.node), devices])
             for rank, h in enumerate(handles)])
         group = self.active[name] = RuntimeProcessGroup(self, name, handles, generation, backend,
@@ -89,7 +89,7 @@ class ProcessGroups:
         if group is None:
             return
         live = [h for h in group.members if h.alive]
-        await asyncio.gather(*(h.call("__pg_leave__", [name]) for h in live), return_exceptions=True)
+        await asyncio.gather(*(h.send("__pg_leave__", [name]) for h in live), return_exceptions=True)
         self._ctl.tracer.instant(f"pg {name} destroyed", "lifecycle", "process_groups",
                                  asyncio.get_running_loop().time())
 

@@ -1,17 +1,22 @@
 """WorkerGroup: the controller's handle on the ranks of one component.
 
-    results = await group.call("generate", prompts)        # every rank, rank order
-    first = await group.call("state", ranks=[0])           # chosen ranks
-    per_rank = await group.scatter("train", [b0, b1])      # one argument list per rank
-    results = await group.generate(prompts)                # sugar for call()
-    async with group.device_lock(): ...                    # time-share devices
+    results = await group.call(RolloutWorker.generate, prompts)      # every rank, rank order
+    first = await group.on([0]).call(TrainerWorker.state)             # chosen ranks
+    per_rank = await group.scatter(TrainerWorker.train, [[b0], [b1]])  # one argument list per rank
+    async with group.device_lock(): ...                               # time-share devices
+
+A remote call names its method by reference (the worker class's, or the role
+Protocol's that core/ calls: core/roles.py), so an editor, mypy and a rename follow
+it; what crosses the wire is the method's name (remote.py).
 """
 from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
+from dynarl.core.remote import Method, P, R, method_name
+from dynarl.core.worker import Worker
 from dynarl.core.worker_handle import WorkerHandle
 
 if TYPE_CHECKING:
@@ -38,29 +43,33 @@ class WorkerGroup:
     def pids(self) -> list[int | None]:
         return [h.pid for h in self.handles]
 
-    async def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> list[Any]:
-        """Calls `method` with the same arguments on `ranks` (default: all);
-        results in rank order. If one rank fails, the others' calls are cancelled
-        and that first error is raised."""
-        chosen = range(self.world_size) if ranks is None else ranks
-        return await gather_or_cancel([self.handles[r].call(method, args, kwargs) for r in chosen])
+    async def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """Calls `method` with the same arguments on every rank; results in rank
+        order. If one rank fails, the others' calls are cancelled and that first
+        error is raised."""
+        if isinstance(method, str):  # TRANSITION: string calls go away with this shim
+            ranks = kwargs.pop("ranks", None)
+            chosen = range(self.world_size) if ranks is None else ranks
+            return await gather_or_cancel([self.handles[r].send(method, args, kwargs) for r in chosen])
+        return await self.on(None).call(method, *args, **kwargs)
 
-    async def scatter(self, method: str, per_rank_args: Sequence[Sequence[Any]],
-                      ranks: Sequence[int] | None = None) -> list[Any]:
+    async def scatter(self, method: Callable[..., Any], per_rank_args: Sequence[Sequence[Any]]) -> list[Any]:
         """Calls `method` on each rank with its own positional arguments."""
-        chosen = list(range(self.world_size) if ranks is None else ranks)
-        if len(per_rank_args) != len(chosen):
-            raise ValueError(f"{len(per_rank_args)} argument lists for {len(chosen)} ranks")
-        return await gather_or_cancel([self.handles[r].call(method, list(a), {})
-                                       for r, a in zip(chosen, per_rank_args)])
+        if isinstance(method, str):  # TRANSITION
+            return await gather_or_cancel([h.send(method, list(a), {}) for h, a in zip(self.handles, per_rank_args)])
+        return await self.on(None).scatter(method, per_rank_args)
 
-    def __getattr__(self, method: str) -> Any:
+    def __getattr__(self, method: str) -> Any:  # TRANSITION: sugar goes away
         if method.startswith("_"):
             raise AttributeError(method)
 
         async def call_all(*args: Any, **kwargs: Any) -> list[Any]:
             return await self.call(method, *args, **kwargs)
         return call_all
+
+    def on(self, ranks: Sequence[int] | None) -> "Ranks":
+        """The group's ranks at these positions (None: all), to call."""
+        return Ranks(self, list(range(self.world_size) if ranks is None else ranks))
 
     @asynccontextmanager
     async def device_lock(self) -> AsyncIterator[None]:
@@ -74,21 +83,21 @@ class WorkerGroup:
             got = loop.time()
             self._ctl.tracer.complete("lock_wait", "device_lock", self.name, 0, asked, got)
             holders = list(self.handles)
-            await self._on_live("onload")
+            await self._on_live(Worker.onload)
             try:
                 yield
             finally:
                 held = set(map(id, holders))
-                await self._on_live("offload", held)
+                await self._on_live(Worker.offload, held)
                 self._ctl.tracer.complete("device_held", "device_lock", self.name, 0, got, loop.time())
 
-    async def _on_live(self, method: str, among: set[int] | None = None) -> None:
+    async def _on_live(self, method: Callable[..., Awaitable[None]], among: set[int] | None = None) -> None:
         """`method` on the ranks not lost (of those in `among`, by id): a lost rank has no
         memory to move, and the work it misses fails where the work is asked of it
         (or is survived there: components/workflows/survival.py). A rank lost during the
         call is skipped too; any other failure is raised."""
         chosen = [h for h in self.handles if h.lost is None and (among is None or id(h) in among)]
-        results = await asyncio.gather(*(h.call(method, [], {}) for h in chosen), return_exceptions=True)
+        results = await asyncio.gather(*(h.call(method) for h in chosen), return_exceptions=True)
         for h, result in zip(chosen, results):
             if isinstance(result, BaseException) and h.lost is None:
                 raise result
@@ -98,6 +107,25 @@ class WorkerGroup:
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, {self.cls.__name__}, ranks={self.world_size})"
+
+
+class Ranks:
+    """Some of a group's ranks, by position: `group.on([0]).call(...)`."""
+
+    def __init__(self, group: WorkerGroup, positions: list[int]) -> None:
+        self.group = group
+        self.positions = positions
+
+    async def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        name = method_name(method, self.group.cls)
+        return await gather_or_cancel([self.group.handles[r].send(name, args, kwargs) for r in self.positions])
+
+    async def scatter(self, method: Callable[..., Any], per_rank_args: Sequence[Sequence[Any]]) -> list[Any]:
+        if len(per_rank_args) != len(self.positions):
+            raise ValueError(f"{len(per_rank_args)} argument lists for {len(self.positions)} ranks")
+        name = method_name(method, self.group.cls)
+        return await gather_or_cancel([self.group.handles[r].send(name, list(a), {})
+                                       for r, a in zip(self.positions, per_rank_args)])
 
 
 async def gather_or_cancel(calls: Sequence[Awaitable[Any]]) -> list[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from dynarl.core.remote import Method, P, R, method_name
 from dynarl.core.worker import WorkerSpec
 from dynarl.transport.errors import WorkerLost
 from dynarl.transport.rpc import RpcEndpoint
@@ -49,7 +50,15 @@ class WorkerHandle:
         if name == "heartbeat" and isinstance(data, dict):
             self.loop_lag_s = float(data.get("lag", 0.0))
 
-    async def call(self, method: str, args: list | tuple = (), kwargs: dict | None = None) -> Any:
+    async def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """`method` (a reference: core/remote.py) on this rank."""
+        if isinstance(method, str):  # TRANSITION
+            return await self.send(method, *args, **kwargs)
+        return await self.send(method_name(method, self.cls), args, kwargs)
+
+    async def send(self, method: str, args: list | tuple = (), kwargs: dict | None = None) -> Any:
+        """The call as it goes on the wire, by name: `call`'s, and the worker runtime's
+        own verbs (core/worker_runtime.py: __start__, __stop__, __pg_join__, ...)."""
         if self.lost is not None:
             raise self.lost
         if self.endpoint is None:
