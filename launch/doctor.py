@@ -124,16 +124,16 @@ async def _p2p_move(gpu: bool) -> dict:
                        advantages=[1.0, -1.0] * 4).to_wire()
     async with dynarl.Controller(config) as ctl:
         old = await ctl.spawn(TrainerWorker, name="trainer", devices=[0], init=init)
-        await old.call("start", None)
-        await old.call("train", batch)
-        before = (await old.call("state_digest"))[0]
+        await old.call(TrainerWorker.start, None)
+        await old.call(TrainerWorker.train, batch)
+        before = (await old.call(TrainerWorker.state_digest))[0]
         begun = time.perf_counter()
         moved = await p2p_migrate(ctl, old, [0], init)  # the new rank on the old one's device
         seconds = time.perf_counter() - begun
-        after = (await moved.group.call("state_digest"))[0]
+        after = (await moved.group.call(TrainerWorker.state_digest))[0]
         if before["sums"] != after["sums"] or before["step"] != after["step"]:
             raise RuntimeError(f"the state changed in the move: {before} -> {after}")
-        await moved.group.call("train", batch)  # and it trains on
+        await moved.group.call(TrainerWorker.train, batch)  # and it trains on
     return {"elements_moved": moved.elements_moved, "seconds": round(seconds, 3),
             "phases_s": {k: round(v, 3) for k, v in moved.phases.items()}, "state_equal": True}
 

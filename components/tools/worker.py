@@ -1,7 +1,7 @@
 """ToolWorker: the tool component as a runtime worker.
 
     tools = await ctl.spawn(ToolWorker, num_ranks=1, init={"config": {"max_concurrency": 16}})
-    [result] = await tools.call("python", "print(1 + 1)", 5.0)   # {"ok": True, "stdout": "2\\n", ...}
+    [result] = await tools.call(ToolWorker.python, "print(1 + 1)", 5.0)   # {"ok": True, "stdout": "2\\n", ...}
 
 setup() proves the sandbox works, so a node without a usable bubblewrap fails at
 spawn with the reason instead of at the first agent turn. Python calls run

@@ -37,15 +37,15 @@ async def pair_throughput(ctl: Controller, devices: list[int] | None, mb_items: 
     ProbeWorker pair on `devices` (None: two ranks where the launcher puts them)."""
     workers = await (ctl.spawn(ProbeWorker, devices=devices) if devices else ctl.spawn(ProbeWorker, num_ranks=2))
     try:
-        consumed, _ = await asyncio.gather(workers.call("consume", "large", mb_items, 8, ranks=[1]),
-                                           workers.call("produce", "large", mb_items, 1 << 20, ranks=[0]))
+        consumed, _ = await asyncio.gather(workers.on([1]).call(ProbeWorker.consume, "large", mb_items, 8),
+                                           workers.on([0]).call(ProbeWorker.produce, "large", mb_items, 1 << 20))
         await ctl.process_group("bench", [workers])
         numel = P2P_MB * (1 << 20) // 4
-        times, _ = await asyncio.gather(workers.call("p2p_recv", "bench", numel, p2p_repeats, ranks=[1]),
-                                        workers.call("p2p_send", "bench", numel, p2p_repeats, ranks=[0]))
+        times, _ = await asyncio.gather(workers.on([1]).call(ProbeWorker.p2p_recv, "bench", numel, p2p_repeats),
+                                        workers.on([0]).call(ProbeWorker.p2p_send, "bench", numel, p2p_repeats))
         synced, _ = await asyncio.gather(
-            workers.call("weights_receive", "bench", P2P_MB, p2p_repeats, SYNC_BUCKET_BYTES, ranks=[1]),
-            workers.call("weights_send", "bench", P2P_MB, p2p_repeats, SYNC_BUCKET_BYTES, ranks=[0]))
+            workers.on([1]).call(ProbeWorker.weights_receive, "bench", P2P_MB, p2p_repeats, SYNC_BUCKET_BYTES),
+            workers.on([0]).call(ProbeWorker.weights_send, "bench", P2P_MB, p2p_repeats, SYNC_BUCKET_BYTES))
         await ctl.process_groups.destroy("bench")
         return {"channel_mb_per_s": round(consumed[0]["bytes"] / (1 << 20) / consumed[0]["seconds"]),
                 "tensor_mb_per_s": round(P2P_MB / statistics.median(times[0])),

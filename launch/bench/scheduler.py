@@ -61,7 +61,7 @@ async def reshard_bandwidth(model: str) -> dict:
     async with Controller(config) as ctl:
         old = await ctl.spawn(TrainerWorker, name="trainer", devices=[0, 1], init=init)
         await ctl.process_group("trainer_dp", [old])
-        total = (await old.call("start", "trainer_dp"))[0]
+        total = (await old.call(TrainerWorker.start, "trainer_dp"))[0]
         result = await p2p_migrate(ctl, old, [2], init)
         moved_mb = result.elements_moved * 4 / 2**20
         reshard_s = result.phases["transfer"]
@@ -69,9 +69,9 @@ async def reshard_bandwidth(model: str) -> dict:
         peers = await ctl.spawn(ProbeWorker, name="raw", devices=[0, 1, 2])
         await ctl.process_group("raw", [peers])
         half = result.elements_moved // 2
-        raw = await asyncio.gather(peers.call("raw_recv", "raw", [0, 1], half, ranks=[2]),
-                                   peers.call("raw_send", "raw", 2, half, ranks=[0]),
-                                   peers.call("raw_send", "raw", 2, result.elements_moved - half, ranks=[1]))
+        raw = await asyncio.gather(peers.on([2]).call(ProbeWorker.raw_recv, "raw", [0, 1], half),
+                                   peers.on([0]).call(ProbeWorker.raw_send, "raw", 2, half),
+                                   peers.on([1]).call(ProbeWorker.raw_send, "raw", 2, result.elements_moved - half))
     raw_s = raw[0][0]
     return {"reshard_mb": round(moved_mb, 1), "reshard_params": total,
             "reshard_mb_per_s": round(moved_mb / reshard_s), "raw_gloo_mb_per_s": round(moved_mb / raw_s),

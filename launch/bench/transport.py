@@ -63,34 +63,35 @@ async def measure(args: argparse.Namespace) -> dict:
         workers = await ctl.spawn(ProbeWorker, num_ranks=2)
         one = workers.handles[0]
         for _ in range(200):  # warm up
-            await one.call("noop")
-        worker_before, here_before = await one.call("cpu_times"), (time.process_time(), time.thread_time())
-        rtts = await round_trips(one, "noop", args.rpc_calls)
-        here_after, worker_after = (time.process_time(), time.thread_time()), await one.call("cpu_times")
+            await one.call(ProbeWorker.noop)
+        worker_before, here_before = await one.call(ProbeWorker.cpu_times), (time.process_time(), time.thread_time())
+        rtts = await round_trips(one, ProbeWorker.noop, args.rpc_calls)
+        here_after, worker_after = (time.process_time(), time.thread_time()), await one.call(ProbeWorker.cpu_times)
         out["rpc_rtt_us_p50"] = round(percentile(rtts, 0.50), 1)
         out["rpc_rtt_us_p99"] = round(percentile(rtts, 0.99), 1)
         out["rpc_cpu_us_per_call"] = cpu_split(here_before, here_after, worker_before, worker_after, args.rpc_calls)
         # the same with an `async def` no-op: it runs as a task on the worker (no fast path)
-        out["rpc_async_rtt_us_p50"] = round(percentile(await round_trips(one, "noop_async", args.rpc_calls), 0.50), 1)
+        rtts = await round_trips(one, ProbeWorker.noop_async, args.rpc_calls)
+        out["rpc_async_rtt_us_p50"] = round(percentile(rtts, 0.50), 1)
         _progress(f"rpc: p50 {out['rpc_rtt_us_p50']} us (async method {out['rpc_async_rtt_us_p50']} us) "
                   f"over {args.rpc_calls} calls")
 
         n = args.small_items
-        consumed, _ = await asyncio.gather(workers.call("consume", "small", n, 64, ranks=[1]),
-                                           workers.call("produce", "small", n, 8, ranks=[0]))
+        consumed, _ = await asyncio.gather(workers.on([1]).call(ProbeWorker.consume, "small", n, 64),
+                                           workers.on([0]).call(ProbeWorker.produce, "small", n, 8))
         out["channel_items_per_s"] = round(consumed[0]["items"] / consumed[0]["seconds"])
         _progress(f"channel: {out['channel_items_per_s']} small items/s")
 
         n = args.mb_items
-        consumed, _ = await asyncio.gather(workers.call("consume", "large", n, 8, ranks=[1]),
-                                           workers.call("produce", "large", n, 1 << 20, ranks=[0]))
+        consumed, _ = await asyncio.gather(workers.on([1]).call(ProbeWorker.consume, "large", n, 8),
+                                           workers.on([0]).call(ProbeWorker.produce, "large", n, 1 << 20))
         out["channel_mb_per_s"] = round(consumed[0]["bytes"] / (1 << 20) / consumed[0]["seconds"])
         _progress(f"channel: {out['channel_mb_per_s']} MB/s with 1 MB items")
 
         await ctl.process_group("bench", [workers])
         numel = 100 * (1 << 20) // 4
-        times, _ = await asyncio.gather(workers.call("p2p_recv", "bench", numel, args.p2p_repeats, ranks=[1]),
-                                        workers.call("p2p_send", "bench", numel, args.p2p_repeats, ranks=[0]))
+        times, _ = await asyncio.gather(workers.on([1]).call(ProbeWorker.p2p_recv, "bench", numel, args.p2p_repeats),
+                                        workers.on([0]).call(ProbeWorker.p2p_send, "bench", numel, args.p2p_repeats))
         out["p2p_tensor_mb_per_s"] = round(100 / statistics.median(times[0]))
         _progress(f"p2p: {out['p2p_tensor_mb_per_s']} MB/s for 100 MB over gloo")
 
@@ -100,7 +101,7 @@ async def measure(args: argparse.Namespace) -> dict:
                 if flood.poll() is not None:
                     raise RuntimeError("the flood ended before its frames arrived")
                 await asyncio.sleep(0.01)
-            flooded = await round_trips(one, "noop", args.rpc_calls)
+            flooded = await round_trips(one, ProbeWorker.noop, args.rpc_calls)
         finally:
             stop_flood(flood)
         out["rpc_rtt_us_p99_under_flood"] = round(percentile(flooded, 0.99), 1)
@@ -124,7 +125,7 @@ def measure_floors_and_ray(out: dict, args: argparse.Namespace) -> None:
         out["zmq_loop_floor_speedup_vs_ray"] = round(ray_p50 / out["zmq_loop_floor_rtt_us_p50"], 2)  # ... from a loop
 
 
-async def round_trips(handle, method: str, calls: int) -> list[float]:
+async def round_trips(handle, method, calls: int) -> list[float]:
     """Microseconds per call, one call at a time."""
     rtts = []
     for _ in range(calls):
