@@ -108,8 +108,8 @@ async def test_worker_to_worker_through_channel(launcher):
         producer = await ctl.spawn(Producer, num_ranks=1)
         consumers = await ctl.spawn(Consumer, num_ranks=2)
         items = [{"i": i, "text": "x" * i} for i in range(40)]
-        consumed, produced = await asyncio.gather(consumers.call("consume", "work", 20, prefetch=4),
-                                                  producer.call("produce", "work", items))
+        consumed, produced = await asyncio.gather(consumers.call(Consumer.consume, "work", 20, prefetch=4),
+                                                  producer.call(Producer.produce, "work", items))
         assert produced == [40]
         got = sorted((x["i"] for part in consumed for x in part))
         assert got == list(range(40))
@@ -119,7 +119,7 @@ async def test_worker_to_worker_through_channel(launcher):
 async def test_controller_side_get_decodes_worker_items():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         producer = await ctl.spawn(Producer, num_ranks=1)
-        await producer.call("produce", "out", [{"a": [1, 2]}, "two"])
+        await producer.call(Producer.produce, "out", [{"a": [1, 2]}, "two"])
         ch = ctl.channel("out")
         assert [await ch.get(), await ch.get()] == [{"a": [1, 2]}, "two"]
 
@@ -129,8 +129,8 @@ async def test_100mb_tensor_crosses_a_channel_intact():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         producer = await ctl.spawn(Producer, num_ranks=1)
         consumer = await ctl.spawn(Consumer, num_ranks=1)
-        received, sent = await asyncio.gather(consumer.call("consume_tensor", "big"),
-                                              producer.call("produce_tensor", "big", numel, 7))
+        received, sent = await asyncio.gather(consumer.call(Consumer.consume_tensor, "big"),
+                                              producer.call(Producer.produce_tensor, "big", numel, 7))
         assert received[0]["numel"] == numel
         assert received[0]["sum"] == received[0]["expected"] == sent[0]
 
@@ -244,7 +244,7 @@ async def test_a_stopping_consumer_gives_back_what_it_prefetched(launcher):
         for i in range(6):
             await ch.put(i)
         consumers = await ctl.spawn(Consumer, num_ranks=1)
-        assert await consumers.call("consume", "work", 1, prefetch=4) == [[0]]
+        assert await consumers.call(Consumer.consume, "work", 1, prefetch=4) == [[0]]
         assert len(ch) == 2  # 1 used, 3 prefetched
         await consumers.stop()
         assert len(ch) == 5 and [await ch.get() for _ in range(5)] == [1, 2, 3, 4, 5]
@@ -255,7 +255,7 @@ async def test_a_stopping_producer_delivers_what_it_had_not_sent_even_to_a_full_
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         ch = ctl.channel("work", capacity=2)
         producers = await ctl.spawn(Consumer, num_ranks=1)
-        assert await producers.call("produce_without_flush", "work", list(range(5))) == [5]
+        assert await producers.call(Consumer.produce_without_flush, "work", list(range(5))) == [5]
         await asyncio.wait_for(producers.stop(), 60)
         assert [await ch.get() for _ in range(5)] == list(range(5))
 
@@ -265,7 +265,7 @@ async def test_worker_gets_given_up_lose_no_item(launcher):
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         consumers = await ctl.spawn(Consumer, num_ranks=1)
         ch = ctl.channel("work")
-        consuming = asyncio.ensure_future(consumers.call("consume_with_timeouts", "work", 10, 0.01))
+        consuming = asyncio.ensure_future(consumers.call(Consumer.consume_with_timeouts, "work", 10, 0.01))
         for i in range(10):
             await asyncio.sleep(0.013)  # items arrive around the consumer's time-outs
             await ch.put(i)
@@ -279,7 +279,7 @@ async def test_a_full_channel_still_takes_the_controllers_put_after_a_worker_fil
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         ch = ctl.channel("work", capacity=1)
         producer = await ctl.spawn(Producer, num_ranks=1)
-        assert await producer.call("produce", "work", ["a"]) == [1]
+        assert await producer.call(Producer.produce, "work", ["a"]) == [1]
         end = asyncio.ensure_future(ch.put("END"))
         await asyncio.sleep(0.01)
         assert await ch.get() == "a"
@@ -293,7 +293,7 @@ async def test_stopping_a_consumer_in_the_middle_of_its_gets_loses_nothing(round
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         work = ctl.channel("work")
         consumer = await ctl.spawn(Consumer, num_ranks=1)
-        eating = asyncio.ensure_future(consumer.call("eat_to_file", "work", path))
+        eating = asyncio.ensure_future(consumer.call(Consumer.eat_to_file, "work", path))
         n = 0
         for _ in range(50):
             await work.put(n)

@@ -18,12 +18,12 @@ LAUNCHERS = ["local", "inproc"]
 async def test_spawn_call_shutdown_leaves_no_process(launcher):
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2, init={"tag": "abc"})
-        results = await group.call("hello", 7)
+        results = await group.call(Echo.hello, 7)
         assert [r["rank"] for r in results] == [0, 1]
         assert all(r["x"] == 7 and r["tag"] == "abc" and r["world"] == 2 for r in results)
-        assert await group.hello(8) == await group.call("hello", 8)
-        assert [r["rank"] for r in await group.call("hello", 1, ranks=[1])] == [1]
-        assert [r["x"] for r in await group.scatter("hello", [[10], [11]])] == [10, 11]
+        assert await group.on([0, 1]).call(Echo.hello, 8) == await group.call(Echo.hello, 8)
+        assert [r["rank"] for r in await group.on([1]).call(Echo.hello, 1)] == [1]
+        assert [r["x"] for r in await group.scatter(Echo.hello, [[10], [11]])] == [10, 11]
         pids = [r["pid"] for r in results]
     if launcher == "local":
         assert len(set(pids)) == 2 and os.getpid() not in pids
@@ -35,15 +35,15 @@ async def test_remote_exception_carries_traceback(launcher):
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
         with pytest.raises(dynarl.RemoteError) as info:
-            await group.call("boom")
+            await group.call(Echo.boom)
         assert info.value.type_name == "ValueError"
         assert "bad things happened here" in str(info.value)
         assert "in boom" in info.value.remote_traceback
         with pytest.raises(dynarl.RemoteError, match="no method"):
-            await group.call("missing")
+            await group.handles[0].send("missing")  # the worker refuses a name it lacks
         with pytest.raises(dynarl.RemoteError, match="private"):
-            await group.call("_bind")
-        assert (await group.call("hello", 1))[0]["x"] == 1  # still serving
+            await group.handles[0].send("_bind")
+        assert (await group.call(Echo.hello, 1))[0]["x"] == 1  # still serving
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -52,29 +52,29 @@ async def test_plain_methods_answer_like_async_ones(launcher):
     results and errors as the task path that `inproc` uses."""
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2)
-        assert await group.call("plain_rank") == [0, 1]
-        assert [r["x"] for r in await group.call("plain_later", 5)] == [5, 5]
+        assert await group.call(Echo.plain_rank) == [0, 1]
+        assert [r["x"] for r in await group.call(Echo.plain_later, 5)] == [5, 5]
         with pytest.raises(dynarl.RemoteError) as info:
-            await group.call("plain_boom")
+            await group.call(Echo.plain_boom)
         assert info.value.type_name == "KeyError" and "in plain_boom" in info.value.remote_traceback
         # interleaved plain and async calls, many in flight: every answer reaches its caller
-        calls = [group.call("plain_rank") if i % 2 else group.call("hello", i) for i in range(40)]
+        calls = [group.call(Echo.plain_rank) if i % 2 else group.call(Echo.hello, i) for i in range(40)]
         results = await asyncio.gather(*calls)
         assert all(r == [0, 1] for r in results[1::2])
         assert [rs[1]["x"] for rs in results[0::2]] == list(range(0, 40, 2))
-        assert (await group.call("hello", 1))[0]["x"] == 1
+        assert (await group.call(Echo.hello, 1))[0]["x"] == 1
 
 
 async def test_unsendable_plain_results_are_errors():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
         with pytest.raises(dynarl.RemoteError) as info:
-            await group.call("unsendable")
+            await group.call(Echo.unsendable)
         assert info.value.type_name == "TypeError" and "cannot send" in str(info.value)
         with pytest.raises(dynarl.RemoteError) as info:
-            await asyncio.wait_for(group.call("deep"), 10)
+            await asyncio.wait_for(group.call(Echo.deep), 10)
         assert info.value.type_name == "ValueError"
-        assert await group.call("plain_rank") == [0]  # still serving
+        assert await group.call(Echo.plain_rank) == [0]  # still serving
         pids = group.pids
     assert_reaped(pids)
 
@@ -84,9 +84,9 @@ async def test_a_property_that_raises_is_an_error_and_the_worker_keeps_serving(l
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
         with pytest.raises(dynarl.RemoteError) as info:
-            await asyncio.wait_for(group.call("broken"), 10)
+            await asyncio.wait_for(group.handles[0].send("broken"), 10)  # a property, sent by name
         assert info.value.type_name == "RuntimeError" and "property failed" in str(info.value)
-        assert await asyncio.wait_for(group.call("plain_rank"), 10) == [0]
+        assert await asyncio.wait_for(group.call(Echo.plain_rank), 10) == [0]
 
 
 async def test_exception_in_user_code_still_reaps_everything():
@@ -94,7 +94,7 @@ async def test_exception_in_user_code_still_reaps_everything():
     with pytest.raises(RuntimeError, match="user bug"):
         async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
             group = await ctl.spawn(Echo, num_ranks=2)
-            pids = [r["pid"] for r in await group.call("hello", 0)]
+            pids = [r["pid"] for r in await group.call(Echo.hello, 0)]
             raise RuntimeError("user bug")
     assert len(pids) == 2
     assert_reaped(pids)
@@ -108,9 +108,9 @@ async def test_cancelled_workflow_still_reaps_everything():
     async def workflow():
         async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
             group = await ctl.spawn(Echo, num_ranks=2)
-            pids.extend(r["pid"] for r in await group.call("hello", 0))
+            pids.extend(r["pid"] for r in await group.call(Echo.hello, 0))
             started.set()
-            await group.call("sleep", 60)
+            await group.call(Echo.sleep, 60)
 
     task = asyncio.create_task(workflow())
     await started.wait()
@@ -125,18 +125,18 @@ async def test_cancelled_workflow_still_reaps_everything():
 async def test_cancelling_a_call_cancels_the_remote_task(launcher):
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
-        pending = asyncio.ensure_future(group.call("sleep", 60))
+        pending = asyncio.ensure_future(group.call(Echo.sleep, 60))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
-        while (await group.call("sleeps_begun"))[0] == 0:  # the remote task is under way
+        while (await group.call(Echo.sleeps_begun))[0] == 0:  # the remote task is under way
             assert loop.time() < deadline, "the call never reached the worker"
             await asyncio.sleep(0.01)
         pending.cancel()
         with pytest.raises(asyncio.CancelledError):
             await pending
         deadline = loop.time() + 60
-        while (await group.call("get_events"))[0] != ["cancelled"]:
-            assert loop.time() < deadline, await group.call("get_events")
+        while (await group.call(Echo.get_events))[0] != ["cancelled"]:
+            assert loop.time() < deadline, await group.call(Echo.get_events)
             await asyncio.sleep(0.01)
 
 
@@ -144,7 +144,7 @@ async def test_concurrent_calls_overlap():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
         # each call returns only once all five are under way: run in series, they would hang
-        meeting = asyncio.gather(*(group.call("meet", 5) for _ in range(5)))
+        meeting = asyncio.gather(*(group.call(Echo.meet, 5) for _ in range(5)))
         assert await asyncio.wait_for(meeting, 60) == [[5]] * 5
 
 
@@ -152,14 +152,14 @@ async def test_torchrun_environment_and_placement():
     config = RuntimeConfig(launcher="local", cluster=dynarl.ClusterConfig(devices_per_node=4))
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(Echo, devices=[2, 3])
-        assert await group.call("env", "RANK") == ["0", "1"]
-        assert await group.call("env", "WORLD_SIZE") == ["2", "2"]
-        assert await group.call("env", "LOCAL_RANK") == ["0", "1"]
-        assert await group.call("env", "LOCAL_WORLD_SIZE") == ["2", "2"]
-        assert await group.call("env", "DYNARL_DEVICES") == ["2", "3"]
-        ports = await group.call("env", "MASTER_PORT")
+        assert await group.call(Echo.env, "RANK") == ["0", "1"]
+        assert await group.call(Echo.env, "WORLD_SIZE") == ["2", "2"]
+        assert await group.call(Echo.env, "LOCAL_RANK") == ["0", "1"]
+        assert await group.call(Echo.env, "LOCAL_WORLD_SIZE") == ["2", "2"]
+        assert await group.call(Echo.env, "DYNARL_DEVICES") == ["2", "3"]
+        ports = await group.call(Echo.env, "MASTER_PORT")
         assert ports[0] == ports[1] and int(ports[0]) > 0
-        assert await group.call("env", "MASTER_ADDR") == ["127.0.0.1"] * 2
+        assert await group.call(Echo.env, "MASTER_ADDR") == ["127.0.0.1"] * 2
 
 
 async def test_locally_defined_worker_class_is_rejected_clearly():
@@ -177,7 +177,7 @@ async def test_trace_written(tmp_path):
     path = tmp_path / "trace.json"
     async with dynarl.Controller(RuntimeConfig(launcher="inproc", trace_path=str(path))) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2)
-        await group.call("hello", 1)
+        await group.call(Echo.hello, 1)
         async with group.device_lock():
             pass
     events = json.loads(path.read_text())["traceEvents"]
@@ -203,4 +203,4 @@ async def test_workers_start_beside_a_folder_named_dynarl(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
-        assert [r["x"] for r in await group.call("hello", 7)] == [7]
+        assert [r["x"] for r in await group.call(Echo.hello, 7)] == [7]

@@ -58,7 +58,7 @@ async def test_a_cancel_during_shutdown_still_stops_every_worker():
 async def test_processes_a_worker_started_go_with_it():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Parent, num_ranks=1)
-        child = (await group.call("start_child"))[0]
+        child = (await group.call(Parent.start_child))[0]
         pids = group.pids
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:  # (the child, reparented, is reaped by init)

@@ -35,7 +35,7 @@ async def producer_and_fetcher():
 async def test_large_items_travel_peer_to_peer_and_arrive_intact():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         producer = await ctl.spawn(Hoarder, num_ranks=1)
-        await producer.call("put_large", "big", 3, NUMEL)
+        await producer.call(Hoarder.put_large, "big", 3, NUMEL)
         channel = ctl.channel("big")
         stored = [channel.get_raw_nowait() for _ in range(3)]
         # The controller holds only references, not the bytes.
@@ -45,29 +45,29 @@ async def test_large_items_travel_peer_to_peer_and_arrive_intact():
         for item in stored:
             channel.put_nowait(item)
         consumer = await ctl.spawn(Consumer, num_ranks=1)
-        got = (await consumer.call("consume", "big", 2, None, 2))[0]
+        got = (await consumer.call(Consumer.consume, "big", 2, None, 2))[0]
         assert [g["i"] for g in got] == [0, 1]
         assert all(float(g["t"].sum()) == g["i"] * NUMEL for g in got)
         last = await channel.get()  # a controller-side get fetches peer-to-peer too
         assert last["i"] == 2 and float(last["t"][0]) == 2.0
         for _ in range(600):  # both getters released what they kept: the producer let go
-            if await producer.call("held_bytes") == [0]:
+            if await producer.call(Hoarder.held_bytes) == [0]:
                 break
             await asyncio.sleep(0.05)
-        assert await producer.call("held_bytes") == [0]
+        assert await producer.call(Hoarder.held_bytes) == [0]
 
 
 async def test_payloads_survive_their_producer_stopping():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         producer = await ctl.spawn(Hoarder, num_ranks=1)
-        await producer.call("put_large", "big", 2, NUMEL)
+        await producer.call(Hoarder.put_large, "big", 2, NUMEL)
         held = ctl.channel("big").get_raw_nowait()  # as if a consumer took the ref and stalled
         await producer.stop()
         # The queued ref was swapped for the bytes; the one already taken waits at the controller.
         assert ctl.channel("big").statistics().size == 1 and len(ctl.channel_service.rehomed) == 1
         ctl.channel("big").put_nowait(held)
         consumer = await ctl.spawn(Consumer, num_ranks=1)
-        got = (await consumer.call("consume", "big", 2))[0]
+        got = (await consumer.call(Consumer.consume, "big", 2))[0]
         assert sorted(g["i"] for g in got) == [0, 1]
         assert not ctl.channel_service.rehomed
 
@@ -80,7 +80,7 @@ async def test_consumer_holding_a_ref_of_a_stopped_producer_gets_the_bytes_from_
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         producer = await ctl.spawn(Hoarder, num_ranks=1)
         consumer = await ctl.spawn(Consumer, num_ranks=1)
-        await producer.call("put_large", "big", 1, NUMEL)
+        await producer.call(Hoarder.put_large, "big", 1, NUMEL)
         ref = ctl.channel("big").get_raw_nowait()
         await producer.stop()
         assert (ref.address, ref.id) in ctl.channel_service.rehomed
@@ -120,16 +120,16 @@ async def test_a_consumer_stopping_while_its_fetch_is_unanswered_loses_nothing(t
     that keeps the item says so)."""
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         producer = await ctl.spawn(Hoarder, num_ranks=1)
-        await producer.call("put_large", "big", 1, NUMEL)
+        await producer.call(Hoarder.put_large, "big", 1, NUMEL)
         first = await ctl.spawn(Consumer, num_ranks=1)
         started, release = tmp_path / "frozen", tmp_path / "release"
-        frozen = asyncio.ensure_future(producer.call("freeze", str(started), str(release)))
+        frozen = asyncio.ensure_future(producer.call(Hoarder.freeze, str(started), str(release)))
         for _ in range(3000):  # until the producer's loop is blocked
             if started.exists():
                 break
             await asyncio.sleep(0.02)
         assert started.exists()
-        getting = asyncio.ensure_future(first.call("consume", "big", 1))
+        getting = asyncio.ensure_future(first.call(Consumer.consume, "big", 1))
         channel = ctl.channel("big")
         for _ in range(3000):  # until the first consumer took the ref and is fetching
             if not len(channel):
@@ -148,7 +148,7 @@ async def test_a_consumer_stopping_while_its_fetch_is_unanswered_loses_nothing(t
         assert await frozen == [True]  # then the producer answered the stopped consumer's fetch
         await asyncio.sleep(0.2)
         second = await ctl.spawn(Consumer, num_ranks=1)
-        got = (await asyncio.wait_for(second.call("consume", "big", 1), 60))[0]
+        got = (await asyncio.wait_for(second.call(Consumer.consume, "big", 1), 60))[0]
         assert got[0]["i"] == 0 and float(got[0]["t"].sum()) == 0.0
     assert_reaped(pids)
 

@@ -17,12 +17,12 @@ async def test_device_lock_serialises_two_groups_on_the_same_devices():
             for i in range(rounds):
                 async with group.device_lock():
                     log.append((group.name, "in"))
-                    await group.call("record", f"work{i}")
+                    await group.call(Echo.record, f"work{i}")
                     await asyncio.sleep(0.01)
                     log.append((group.name, "out"))
 
         await asyncio.gather(use(rollout, 3), use(trainer, 3))
-        events = {g.name: (await g.call("get_events"))[0] for g in (rollout, trainer)}
+        events = {g.name: (await g.call(Echo.get_events))[0] for g in (rollout, trainer)}
         stats = ctl.locks.statistics()
     # Never both inside at once: every "in" is followed by the same group's "out".
     for (g1, e1), (g2, e2) in zip(log[::2], log[1::2]):
@@ -66,6 +66,6 @@ async def test_a_rank_grown_while_the_lock_is_held_is_not_offloaded_by_its_relea
             await ctl.grow_group(group, [1])
             await ctl.grow_group(group, [2])
             await ctl.shrink_group(group, [1])  # rank 1 (device 1) leaves while the lock is held
-        events = await group.call("get_events")
+        events = await group.call(Echo.get_events)
     assert events[0] == ["onload", "offload"]  # the holder
     assert events[1] == []  # grown on device 2 meanwhile: neither onloaded nor offloaded by this lock

@@ -27,7 +27,7 @@ async def test_a_flood_of_unauthenticated_frames_does_not_stall_the_controller(c
     began = time.monotonic()
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
-        await group.call("hello", 0)
+        await group.call(Echo.hello, 0)
         flood = start_flood(ctl.router.local_address, FLOOD_MAX_S)
         try:
             while ctl.router.rejects.total < 1000:  # the flood has begun
@@ -37,7 +37,7 @@ async def test_a_flood_of_unauthenticated_frames_does_not_stall_the_controller(c
             latencies = []
             for i in range(100):
                 begun = time.perf_counter()
-                assert (await group.call("hello", i))[0]["x"] == i
+                assert (await group.call(Echo.hello, i))[0]["x"] == i
                 latencies.append(time.perf_counter() - begun)
                 await asyncio.sleep(0.005)
             # every call was answered while the flood went on, and the flood was read meanwhile
@@ -52,7 +52,7 @@ async def test_a_flood_of_unauthenticated_frames_does_not_stall_the_controller(c
         # authenticated message)
         assert set(rejected.counts) <= {"wrong_version", "dropped_connection"}
         assert rejected.counts["dropped_connection"] <= 1 and sent >= rejected.counts["wrong_version"] >= 1000
-        assert (await group.call("hello", -1))[0]["x"] == -1
+        assert (await group.call(Echo.hello, -1))[0]["x"] == -1
     lines = [r for r in caplog.records if "rejected" in r.getMessage()]
     # the first, then a summary per REJECT_LOG_EVERY_S and the rest at the end
     assert 2 <= len(lines) <= 2 + (time.monotonic() - began) / REJECT_LOG_EVERY_S, [r.getMessage() for r in lines]
@@ -102,7 +102,7 @@ async def test_a_1gb_frame_is_dropped_before_the_controller_allocates_it():
     connection is closed when the frame's header announces more, and counted."""
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
-        await group.call("hello", 0)
+        await group.call(Echo.hello, 0)
         before, peak = _rss_mb(), 0.0
         sender = subprocess.Popen([sys.executable, "-c", BIG_FRAME, ctl.router.local_address, "3"])
         try:
@@ -118,4 +118,4 @@ async def test_a_1gb_frame_is_dropped_before_the_controller_allocates_it():
             sender.wait()
         assert ctl.router.rejects.counts["dropped_connection"] >= 1, ctl.router.rejects.counts
         assert peak - before < 50, f"controller RSS {before:.0f} -> {peak:.0f} MB"
-        assert (await group.call("hello", 1))[0]["x"] == 1  # still serving
+        assert (await group.call(Echo.hello, 1))[0]["x"] == 1  # still serving

@@ -53,7 +53,7 @@ async def test_a_paused_worker_is_suspect_then_healthy_again():
     config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=20.0)
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2)
-        pid = (await group.call("hello", 0, ranks=[1]))[0]["pid"]
+        pid = (await group.on([1]).call(Echo.hello, 0))[0]["pid"]
         name = group.handles[1].name
         await until_state(ctl, name, "healthy")
         os.kill(pid, signal.SIGSTOP)
@@ -64,7 +64,7 @@ async def test_a_paused_worker_is_suspect_then_healthy_again():
             os.kill(pid, signal.SIGCONT)
         await until_state(ctl, name, "healthy", timeout_s=15.0)
         assert group.handles[1].lost is None
-        assert await group.call("hello", 1, ranks=[1])  # it serves again
+        assert await group.on([1]).call(Echo.hello, 1)  # it serves again
         group.handles[0].weight_version = 3
         await until_state(ctl, group.handles[0].name, "stale", weights=4)
     assert_reaped([pid])

@@ -75,8 +75,8 @@ async def test_runtime_half_completes_what_the_source_hides():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         producer = await ctl.spawn(Producer, name="producer", num_ranks=1)
         consumer = await ctl.spawn(Consumer, name="consumer", num_ranks=1)
-        await producer.call("produce", "hidden", [1, 2, 3])  # channel name passed as data
-        await consumer.call("consume", "hidden", 3)
+        await producer.call(Producer.produce, "hidden", [1, 2, 3])  # channel name passed as data
+        await consumer.call(Consumer.consume, "hidden", 3)
         await ctl.channel("hidden").put("from-driver")
         graph = ctl.refresh_graph()
         edge = graph.edges["hidden"]

@@ -52,20 +52,20 @@ async def test_plain_calls_take_no_task_async_ones_do():
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         [adder] = (await ctl.spawn(Adder, num_ranks=1)).handles
         created = counting_tasks(asyncio.get_running_loop())
-        assert [await adder.call("add", [i, 1]) for i in range(50)] == [i + 1 for i in range(50)]
+        assert [await adder.call(Adder.add, i, 1) for i in range(50)] == [i + 1 for i in range(50)]
         assert created == []
-        assert await adder.call("add_later", [7, 1]) == 8
+        assert await adder.call(Adder.add_later, 7, 1) == 8
         assert len(created) == 1  # the served coroutine's task
         with pytest.raises(dynarl.RemoteError, match="ValueError: no"):
-            await adder.call("fails")
+            await adder.call(Adder.fails)
 
 
 async def test_calls_start_in_arrival_order_across_both_paths():
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         [adder] = (await ctl.spawn(Adder, num_ranks=1)).handles
-        calls = [adder.call("add_later" if i % 3 == 0 else "add", [i, 0]) for i in range(12)]
+        calls = [adder.call(Adder.add_later if i % 3 == 0 else Adder.add, i, 0) for i in range(12)]
         assert await asyncio.gather(*calls) == list(range(12))
-        order = await adder.call("order")
+        order = await adder.call(Adder.order)
         assert sorted(order) == list(range(12))
         plain = [i for i in order if i % 3]
         assert plain == sorted(plain)
@@ -74,6 +74,6 @@ async def test_calls_start_in_arrival_order_across_both_paths():
 async def test_channel_operations_through_the_fast_path():
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         group = await ctl.spawn(Adder, num_ranks=2)
-        results = await group.call("put_and_get", 20)
+        results = await group.call(Adder.put_and_get, 20)
         assert sorted(results[0] + results[1]) == sorted(list(range(20)) * 2)
         assert len(ctl.channel("items")) == 0

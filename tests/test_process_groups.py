@@ -17,8 +17,8 @@ async def test_100mb_tensor_over_a_runtime_gloo_group_between_two_groups():
         sender = await ctl.spawn(Collective, name="trainer", num_ranks=1)
         receiver = await ctl.spawn(Collective, name="rollout", num_ranks=1)
         await ctl.process_group("sync", [sender, receiver])
-        received, sent = await asyncio.gather(receiver.call("recv_big", "sync", 0, numel),
-                                              sender.call("send_big", "sync", 1, numel, 3))
+        received, sent = await asyncio.gather(receiver.call(Collective.recv_big, "sync", 0, numel),
+                                              sender.call(Collective.send_big, "sync", 1, numel, 3))
         assert received == sent
 
 
@@ -29,15 +29,15 @@ async def test_group_rebuilt_with_a_different_member_set_in_the_same_processes()
         pids_before = group.pids
         pg = await ctl.process_group("dp", [group])
         assert pg.generation == 1
-        assert await group.call("all_reduce", "dp", 1) == [[3.0] * 4] * 3
+        assert await group.call(Collective.all_reduce, "dp", 1) == [[3.0] * 4] * 3
         # 3 -> 2 ranks, renumbered: old rank 2 becomes rank 0, old rank 0 becomes rank 1.
         pg = await ctl.process_group("dp", [(group, 2), (group, 0)])
         assert pg.generation == 2
-        assert await group.call("group_rank", "dp", ranks=[2, 0]) == [[0, 2], [1, 2]]
-        assert await group.call("all_reduce", "dp", 5, ranks=[2, 0]) == [[10.0] * 4] * 2
+        assert await group.on([2, 0]).call(Collective.group_rank, "dp") == [[0, 2], [1, 2]]
+        assert await group.on([2, 0]).call(Collective.all_reduce, "dp", 5) == [[10.0] * 4] * 2
         # back to all three
         await ctl.process_group("dp", [group])
-        assert await group.call("all_reduce", "dp", 2) == [[6.0] * 4] * 3
+        assert await group.call(Collective.all_reduce, "dp", 2) == [[6.0] * 4] * 3
         assert group.pids == pids_before
 
 
@@ -70,7 +70,7 @@ async def test_a_single_host_jobs_sockets_listen_on_loopback_only():
     async with dynarl.Controller(RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))) as ctl:
         group = await ctl.spawn(Collective, num_ranks=2)
         await ctl.process_group("dp", [group])
-        assert await group.call("all_reduce", "dp", 1) == [[2.0] * 4] * 2
+        assert await group.call(Collective.all_reduce, "dp", 1) == [[2.0] * 4] * 2
         hosting = _tcp_listeners(group.pids[0])
         assert hosting, "the group's store is not listening"
         for pid in [os.getpid(), *group.pids]:
@@ -88,10 +88,10 @@ async def test_an_outsider_gets_nothing_from_a_groups_store():
     async with dynarl.Controller(RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))) as ctl:
         group = await ctl.spawn(Collective, num_ranks=2)
         pg = await ctl.process_group("dp", [group])
-        assert await group.call("all_reduce", "dp", 1) == [[2.0] * 4] * 2
+        assert await group.call(Collective.all_reduce, "dp", 1) == [[2.0] * 4] * 2
         host, port = pg.store
         assert ("0100007F", port) in _tcp_listeners(group.pids[0], ports=True)
-        addresses = await group.call("store_value", "dp", "0/0")  # gloo's rendezvous, as members read it
+        addresses = await group.call(Collective.store_value, "dp", "0/0")  # gloo's rendezvous, as members read it
         assert len(addresses[0]) > 8 and addresses[0] == addresses[1]
         outsider = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=5))
         names = outsider.list_keys()
@@ -99,8 +99,8 @@ async def test_an_outsider_gets_nothing_from_a_groups_store():
         assert all(re.fullmatch("[0-9a-f]{32}", name) for name in names), names
         values = [outsider.get(name) for name in names]
         assert not any(addresses[0] in value or b"dynarl" in value for value in values)
-        assert await group.call("all_reduce", "dp", 3) == [[6.0] * 4] * 2
+        assert await group.call(Collective.all_reduce, "dp", 3) == [[6.0] * 4] * 2
         for name, value in zip(names, values[1:] + values[:1]):  # each key gets another's sealed value
             outsider.set(name, value)
         with pytest.raises(RemoteError, match="StoreTampered"):
-            await group.call("store_value", "dp", "0/1")
+            await group.call(Collective.store_value, "dp", "0/1")

@@ -24,7 +24,7 @@ class Timed(dynarl.Worker):
 def simulate(seed):
     async def workflow(ctl):
         group = await ctl.spawn(Timed, num_ranks=64)
-        logs = await group.call("work", seed, 20)
+        logs = await group.call(Timed.work, seed, 20)
         return sorted(e for log in logs for e in log), asyncio.get_running_loop().time()
     config = RuntimeConfig(launcher="inproc", cluster=dynarl.ClusterConfig(devices_per_node=64))
     return dynarl.run(workflow, config, virtual_time=True)

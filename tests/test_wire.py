@@ -188,7 +188,7 @@ async def _garbage_then_call(garbage):
         assert ctl.router.rejects.counts["oversized"] == 1
         assert ctl.router.rejects.counts["dropped_connection"] == 1
         assert ctl.router.rejects.counts["unauthenticated"] >= 1
-        assert (await group.call("hello", 3))[0]["x"] == 3  # still serving
+        assert (await group.call(Echo.hello, 3))[0]["x"] == 3  # still serving
         intruder.close(linger=0)
         ctx.term()
 
@@ -276,6 +276,6 @@ async def test_a_captured_message_resent_to_the_controller_is_dropped_and_counte
             await asyncio.sleep(0.01)
         # the first is authentic (from a peer the controller does not know), the resends replayed
         assert ctl.router.rejects.counts["replayed"] == 2, ctl.router.rejects.counts
-        assert (await group.call("hello", 5))[0]["x"] == 5
+        assert (await group.call(Echo.hello, 5))[0]["x"] == 5
         replayer.close(linger=0)
         ctx.term()

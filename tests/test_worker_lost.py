@@ -17,9 +17,9 @@ HANG_S = 60.0  # bounds a hang only: every loss below is seen in seconds
 async def test_sigkilled_worker_surfaces_as_worker_lost_within_bound():
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2)
-        pids = [r["pid"] for r in await group.call("hello", 0)]
+        pids = [r["pid"] for r in await group.call(Echo.hello, 0)]
         loop = asyncio.get_running_loop()
-        pending = asyncio.ensure_future(group.call("sleep", 60))
+        pending = asyncio.ensure_future(group.call(Echo.sleep, 60))
         await asyncio.sleep(0.1)
         killed_at = loop.time()
         os.kill(pids[1], signal.SIGKILL)
@@ -30,8 +30,8 @@ async def test_sigkilled_worker_surfaces_as_worker_lost_within_bound():
         assert "exited with code -9" in str(info.value)
         print(f"lost {loop.time() - killed_at:.2f} s after the SIGKILL")
         with pytest.raises(dynarl.WorkerLost):  # later calls fail at once too
-            await group.call("hello", 1, ranks=[1])
-        assert (await group.call("hello", 2, ranks=[0]))[0]["x"] == 2  # rank 0 unaffected
+            await group.on([1]).call(Echo.hello, 1)
+        assert (await group.on([0]).call(Echo.hello, 2))[0]["x"] == 2  # rank 0 unaffected
     assert_reaped(pids)
 
 
@@ -41,9 +41,9 @@ async def test_hung_worker_is_reported_by_heartbeat_silence():
     config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=3.0)
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
-        pid = (await group.call("hello", 0))[0]["pid"]
+        pid = (await group.call(Echo.hello, 0))[0]["pid"]
         loop = asyncio.get_running_loop()
-        pending = asyncio.ensure_future(group.call("sleep", 60))
+        pending = asyncio.ensure_future(group.call(Echo.sleep, 60))
         await asyncio.sleep(0.1)
         stopped_at = loop.time()
         os.kill(pid, signal.SIGSTOP)
@@ -62,7 +62,7 @@ async def test_busy_worker_is_not_declared_lost():
     config = RuntimeConfig(launcher="local", heartbeat_interval_s=0.2, heartbeat_timeout_s=3.0)
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
-        assert await group.call("block", 4.0) == [0]  # blocked past the heartbeat bound
+        assert await group.call(Echo.block, 4.0) == [0]  # blocked past the heartbeat bound
 
 
 async def test_loop_blocked_past_hang_bound_is_lost():
@@ -71,13 +71,13 @@ async def test_loop_blocked_past_hang_bound_is_lost():
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
         with pytest.raises(dynarl.WorkerLost, match="event loop blocked"):
-            await asyncio.wait_for(group.call("block", 20), HANG_S)
+            await asyncio.wait_for(group.call(Echo.block, 20), HANG_S)
 
 
 async def test_inproc_kill_surfaces_as_worker_lost():
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2)
-        pending = asyncio.ensure_future(group.call("sleep", 60))
+        pending = asyncio.ensure_future(group.call(Echo.sleep, 60))
         await asyncio.sleep(0)
         ctl.launcher.kill(group.handles[0])
         with pytest.raises(dynarl.WorkerLost):
@@ -92,7 +92,7 @@ async def test_a_rank_that_goes_silent_while_stopping_does_not_hold_the_shutdown
                            shutdown_grace_s=grace_s)
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(Echo, num_ranks=2)
-        pids = [r["pid"] for r in await group.call("hello", 0)]
+        pids = [r["pid"] for r in await group.call(Echo.hello, 0)]
         os.kill(pids[1], signal.SIGSTOP)
         loop = asyncio.get_running_loop()
         began = loop.time()
