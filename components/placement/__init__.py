@@ -9,5 +9,8 @@ same modules.
     profile.py   profiled stage times at several device counts, interpolated
     planner.py   RLinf's planner: dynamic program over cuts of the chain
     drift.py     re-plan trigger: measured stage times drift from the profile
+    context.py   what a policy is given (PlanContext, Snapshot) and returns (Replan)
     policy.py    named policies (placement + optional online decide hook), registry
+    dynarl.py    dynarl and its variants; agentic.py: their request handling
+    embodied.py  the embodied workflow's placements (env workers, policy, learner)
 """

@@ -18,10 +18,9 @@ grow, the priority's assumption fails and core/priority.py TurnLengths turns it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Literal
 
-from .policy import register
+from .dynarl import Dynarl
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,35 +42,19 @@ DYNARL = AgenticMode(queue="priority", affinity="prefer")
 def agentic_mode(policy: object) -> AgenticMode:
     """A policy's own `agentic` attribute if it has one; else dynarl's variants get
     DynaRL's mode and every other policy the baselines'."""
-    from .dynarl import Dynarl
     mode = getattr(policy, "agentic", None)
     if mode is not None:
         return mode
     return DYNARL if isinstance(policy, Dynarl) else BASELINE
 
 
-@cache
-def dynarl_noprio_class() -> type:
-    # Built on first use: policy.py imports this module while dynarl.py may still be loading.
-    from .dynarl import Dynarl
-
-    class DynarlNoPrio(Dynarl):
-        """dynarl's device scheduling with FIFO queues and no cache affinity."""
-        name = "dynarl-noprio"
-        agentic = BASELINE
-    return DynarlNoPrio
+class DynarlNoPrio(Dynarl):
+    """dynarl's device scheduling with FIFO queues and no cache affinity."""
+    name = "dynarl-noprio"
+    agentic = BASELINE
 
 
-@cache
-def dynarl_fifo_class() -> type:
-    from .dynarl import Dynarl
-
-    class DynarlFifo(Dynarl):
-        """dynarl's device scheduling and cache affinity with FIFO queues."""
-        name = "dynarl-fifo"
-        agentic = AgenticMode(queue="fifo", affinity="prefer")
-    return DynarlFifo
-
-
-register("dynarl-noprio", lambda: dynarl_noprio_class()())
-register("dynarl-fifo", lambda: dynarl_fifo_class()())
+class DynarlFifo(Dynarl):
+    """dynarl's device scheduling and cache affinity with FIFO queues."""
+    name = "dynarl-fifo"
+    agentic = AgenticMode(queue="fifo", affinity="prefer")

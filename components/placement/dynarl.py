@@ -37,7 +37,7 @@ from dynarl.core.scheduler.policy import DynarlConfig
 
 from . import plan as plans
 from .plan import Placement
-from .policy import PlanContext, Snapshot, register
+from .context import PlanContext, Snapshot
 
 DEFAULT_CONFIG = DynarlConfig(charge_move_cost=False)
 """theta 0.8, U_low 0.2, T (window) 4 s, 8 candidates; moves not charged (the paper's rule)."""
@@ -144,10 +144,3 @@ class DynarlAsync(Dynarl):
     oversample = 1.5
     max_staleness = 1
 
-
-register("dynarl", Dynarl)
-register("dynarl-async", DynarlAsync)
-register("dynarl-costaware", DynarlCostAware)
-register("dynarl-consolidate", DynarlConsolidate)
-register("dynarl-tailtp", DynarlTailTP)
-register("dynarl-kv", DynarlKV)

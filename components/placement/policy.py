@@ -26,66 +26,17 @@ name, so its gain is measured against the others on the same runs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol
+from typing import Callable
 
 from . import plan as plans
+from .agentic import DynarlFifo, DynarlNoPrio
+from .context import Decision, PlanContext, Policy, Replan, Snapshot
 from .drift import DEFAULT_THRESHOLD, drifted
+from .dynarl import Dynarl, DynarlAsync, DynarlConsolidate, DynarlCostAware, DynarlKV, DynarlTailTP
 from .plan import Placement
 from .planner import plan as rlinf_plan
 from .profile import StageProfile
 from .split import proportional_split
-
-
-@dataclass(frozen=True, slots=True)
-class PlanContext:
-    num_devices: int
-    granularity: Mapping[str, int]
-    """Smallest device unit per component (rollout: its TP)."""
-    work: Mapping[str, float]
-    """Device-seconds per component at full-batch efficiency (the bound's work terms)."""
-    switch_s: float
-    """Cost of one role switch on time-shared devices."""
-    micro_batches: int
-    """Pipeline depth assumed by planners."""
-    profiles: Mapping[str, StageProfile] | None = None
-    """Profiled stage times, for policies with needs_profile."""
-    min_devices: Mapping[str, int] = field(default_factory=dict)
-    """Fewest devices a component can run on (the trainer: its fp32 state must fit)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """What a policy sees at an iteration's end. Times are run seconds (emulated)."""
-    iteration: int
-    now_s: float
-    at_iteration_end: bool
-    placement: Placement
-    stage_s: Mapping[str, float] = field(default_factory=dict)
-    """Measured busy seconds per component in the iteration just ended (max over ranks)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Replan:
-    """Move to `placement` at the next iteration boundary (reboot migration)."""
-    placement: Placement
-    reason: str
-
-
-Decision = Replan
-
-
-class Policy(Protocol):
-    name: str
-    needs_profile: bool
-    has_hook: bool
-    """decide() at every iteration end."""
-
-    def place(self, ctx: PlanContext) -> Placement: ...
-    def decide(self, snapshot: Snapshot) -> list[Decision]: ...
-    def scheduler(self, engines: int) -> dict | None:
-        """`scheduler.dynarl` settings for a run with `engines` rollout engines (None:
-        the static scheduler: nothing moves during a step)."""
 
 
 class PolicyUnavailable(ValueError):
@@ -203,6 +154,14 @@ REGISTRY: dict[str, PolicyFactory] = {
     "async": AsyncSpatial,
     "partial": PartialColocated,
     "rlinf-auto": RlinfAuto,
+    "dynarl": Dynarl,
+    "dynarl-async": DynarlAsync,
+    "dynarl-costaware": DynarlCostAware,
+    "dynarl-consolidate": DynarlConsolidate,
+    "dynarl-tailtp": DynarlTailTP,
+    "dynarl-kv": DynarlKV,
+    "dynarl-noprio": DynarlNoPrio,
+    "dynarl-fifo": DynarlFifo,
 }
 
 UNAVAILABLE: dict[str, str] = {}
@@ -229,7 +188,3 @@ def register(name: str, factory: PolicyFactory) -> None:
         raise ValueError(f"a policy named {name!r} is already registered")
     REGISTRY[name] = factory
     UNAVAILABLE.pop(name, None)
-
-
-from . import dynarl as _dynarl  # noqa: E402,F401  registers dynarl and its variants (it imports this module)
-from . import agentic as _agentic  # noqa: E402,F401  registers dynarl-noprio (agentic request handling)
