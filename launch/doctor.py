@@ -5,7 +5,7 @@ same parts run on one CUDA GPU, plus the parts only a GPU can answer. Every part
 in a process of its own under its own timeout, so a crash or a hang in one (a CUDA
 error, an NCCL refusal) is reported and the others still run:
 
-    train           `dynarl train` on one device (temporal placement: trainer, rollout
+    train           `dynarl train` on one device (colocated placement: trainer, rollout
                     and inference share it), tiny model, 2 GRPO steps: the weight sync
                     each step is a local hand-off (a CUDA IPC handle on a GPU); its
                     bytes, time and GB/s
@@ -48,7 +48,7 @@ WHEELS = ["pyzmq", "msgpack", "uvloop", "pyyaml", "rich", "safetensors", "crypto
           "math-verify", "pyarrow", "megatron-core==0.16.1", "psutil"]
 """dynarl's requirements beyond torch and numpy (in every CUDA torch image), and megatron's extra."""
 
-TINY_JOB = ["runtime.cluster.devices_per_node=1", "placement.mode=temporal",
+TINY_JOB = ["runtime.cluster.devices_per_node=1", "placement.mode=colocated",
             "rollout.num_ranks=1", "inference.num_ranks=1", "trainer.num_ranks=1",
             "task.count_up.alphabet=abcdefghij", "task.count_up.median_len=2",
             "rollout.max_new_tokens=12", "rollout.samples_per_prompt=4", "rollout.chunk_size=2",

@@ -240,7 +240,7 @@ def planned_trainer_bytes(config: Any, micro_batch: int, seq_len: int) -> int:
         new_tokens = 64
         cfg = resolve_config(None, [
             ("model.path", folder), ("runtime.cluster.device_kind", "cuda"), ("runtime.cluster.devices_per_node", 1),
-            ("placement.mode", "temporal"), ("rollout.num_ranks", 1), ("inference.num_ranks", 1),
+            ("placement.mode", "colocated"), ("rollout.num_ranks", 1), ("inference.num_ranks", 1),
             ("trainer.num_ranks", 1), ("trainer.backend", "megatron"), ("trainer.engine.micro_batch_size", micro_batch),
             ("rollout.max_new_tokens", new_tokens), ("memory.prompt_tokens", seq_len - new_tokens)], None)
         plan = plan_of(cfg)

@@ -25,7 +25,7 @@ N_PROMPTS, N_SAMPLES = 8, 4
 @pytest.mark.parametrize("extra, fragment", [
     (("algorithm.max_staleness=-1",), "must be an integer >= 0"),
     (("algorithm.max_staleness=2",), "overlapped steps are built for 1"),
-    (("algorithm.max_staleness=1",), "devices of its own"),  # TINY's default placement is temporal
+    (("algorithm.max_staleness=1",), "devices of its own"),  # TINY's default placement is colocated
     (ASYNC + ("placement.mode=hybrid", "placement.pools=[[rollout, inference], [trainer]]"), "devices of its own"),
     (ASYNC + ("rollout.temperature=0.7",), "set rollout.temperature 1"),
 ])

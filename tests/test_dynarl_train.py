@@ -170,7 +170,7 @@ def test_static_and_dynarl_train_on_the_same_samples(runs):
 
 
 @pytest.mark.parametrize("extra, field", [
-    (("scheduler.policy=dynarl", "placement.mode=temporal"), "scheduler.policy"),
+    (("scheduler.policy=dynarl", "placement.mode=colocated"), "scheduler.policy"),
     (("scheduler.policy=dynarl", "placement.mode=spatial", "rollout.num_ranks=1"), "scheduler.policy"),
     (("scheduler.policy=dynarl", "runtime.cluster.devices_per_node=3", "placement.mode=hybrid",
       "rollout.num_ranks=2", "trainer.num_ranks=1"), "scheduler.policy"),

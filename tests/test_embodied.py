@@ -86,11 +86,11 @@ def test_an_env_that_does_not_exist_is_refused_at_load_naming_the_field(tmp_path
 @pytest.mark.parametrize("mode, workers, devices, learners, env, rollout, trainer", [
     ("hybrid", 2, 3, 1, (0, 1), (2,), (2,)),    # envs apart, rollout and trainer time-share the last device
     ("spatial", 2, 4, 1, (0, 1), (2,), (3,)),
-    ("temporal", 3, 2, 1, (0, 1, 0), (0,), (0,)),
+    ("colocated", 3, 2, 1, (0, 1, 0), (0,), (0,)),
     # a data-parallel learner: one rank per device (NCCL), wrapping onto the env workers' devices
     ("hybrid", 2, 3, 2, (0, 1), (2,), (2, 0)),
     ("spatial", 2, 4, 3, (0, 1), (2,), (3, 0, 1)),
-    ("temporal", 3, 2, 2, (0, 1, 0), (0,), (0, 1)),
+    ("colocated", 3, 2, 2, (0, 1, 0), (0,), (0, 1)),
 ])
 def test_place(mode, workers, devices, learners, env, rollout, trainer):
     p = place(mode, workers, devices, learner_ranks=learners)
@@ -104,7 +104,7 @@ def test_more_learner_ranks_than_devices_is_refused():
 
 @pytest.mark.parametrize("extra, field, fragment", [
     ((("placement.mode", "hybrid"), ("runtime.cluster.devices_per_node", 2)), "placement.mode", "needs 3 devices"),
-    ((("placement.mode", "auto"),), "placement.mode", "temporal, hybrid or spatial"),
+    ((("placement.mode", "auto"),), "placement.mode", "colocated, hybrid or spatial"),
     ((("scheduler.policy", "dynarl"),), "scheduler.policy", "emulated workers only"),
     ((("embodied.horizon", 0),), "embodied.horizon", ">= 1"),
     ((("embodied.gamma", 1.5),), "embodied.gamma", "[0, 1]"),

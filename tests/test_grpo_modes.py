@@ -1,5 +1,5 @@
 NUM_GPUS = 0
-"""The same seed in temporal, spatial and hybrid placement trains on the same
+"""The same seed in colocated, spatial and hybrid placement trains on the same
 samples per step (the ledger proves it), and the run directory has everything."""
 
 import json
@@ -12,7 +12,7 @@ from dynarl.components.workflows.ledger import read_entries
 from dynarl.launch.train import prepare
 from grpo_tiny import overrides
 
-MODES = ("temporal", "spatial", "hybrid")
+MODES = ("colocated", "spatial", "hybrid")
 STEPS = 3
 
 
@@ -29,7 +29,7 @@ def runs(tmp_path_factory):
 
 def test_same_samples_per_step_in_every_mode(runs):
     ledgers = {mode: read_entries(os.path.join(d, "ledger.jsonl")) for mode, d in runs.items()}
-    reference = ledgers["temporal"]
+    reference = ledgers["colocated"]
     assert [e.step for e in reference] == list(range(STEPS))
     assert len(reference[0].sample_ids) == 8 * 4
     all_ids = [i for e in reference for i in e.sample_ids]
@@ -45,7 +45,7 @@ def test_rewards_agree_across_modes(runs):
                for mode, d in runs.items()}
     # Same tokens give the same rewards; the trainer's batch is canonical (experience.train_batch),
     # so the same weights follow and later steps agree too.
-    assert rewards["spatial"] == rewards["temporal"] == rewards["hybrid"]
+    assert rewards["spatial"] == rewards["colocated"] == rewards["hybrid"]
 
 
 def test_run_directory_contents(runs):
@@ -61,9 +61,9 @@ def test_run_directory_contents(runs):
                 "rollout_s", "reward_s", "inference_s", "trainer_s", "sync_s"):
         assert all(isinstance(r[key], (int, float)) for r in rows), key
     assert all(r["weight_version"] == r["step"] for r in rows)  # every sample came from the current policy
-    temporal = [json.loads(line) for line in open(os.path.join(runs["temporal"], "metrics.jsonl"))]
+    colocated = [json.loads(line) for line in open(os.path.join(runs["colocated"], "metrics.jsonl"))]
     # shared devices: inference gets them only after rollout let go
-    assert all(r["first_chunk_s"] >= r["rollout_end_s"] for r in temporal)
+    assert all(r["first_chunk_s"] >= r["rollout_end_s"] for r in colocated)
     trace = json.load(open(os.path.join(d, "trace.json")))
     names = {e["name"] for e in trace["traceEvents"]}
     assert {"generate step 0", "score step 0", "compute_logprobs step 0", "train step 0"} <= names

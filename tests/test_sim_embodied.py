@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dynarl.components.embodied.workers import Trajectory
-from dynarl.components.placement.embodied import (EmbodiedCosts, EmbodiedPlacement, candidates, even, hybrid,
-                                                  place_policy, predict, spatial, temporal)
+from dynarl.components.placement.embodied import (EmbodiedCosts, EmbodiedPlacement, candidates, colocated, even,
+                                                  hybrid, place_policy, predict, spatial)
 from dynarl.components.workflows.embodied import split_envs
 from dynarl.launch.cli import main as dynarl_main
 from dynarl.launch.sim.embodied import run_policy
@@ -45,8 +45,8 @@ def test_policy_placements(policy, env, rollout, trainer):
 
 
 @pytest.mark.parametrize("placement, seconds", [
-    # temporal: each device steps its 8 envs (0.16 s) and acts for them (0.08 s); training on 8; two switches
-    (temporal(8, 64), 10 * (0.16 + 0.08) + 40.0 / 8 + 4.0),
+    # colocated: each device steps its 8 envs (0.16 s) and acts for them (0.08 s); training on 8; two switches
+    (colocated(8, 64), 10 * (0.16 + 0.08) + 40.0 / 8 + 4.0),
     # hybrid, 4 env workers of 16 envs in 2 chunks of 8: an env device steps 16 envs a step (0.32 s), a
     # policy rank acts for 2 chunks (0.16 s), a chunk's own step and act 0.24 s
     (hybrid(8, 64, 4), 10 * 0.32 + 40.0 / 8 + 4.0),
@@ -63,8 +63,8 @@ def test_predict(placement, seconds):
 
 
 @pytest.mark.parametrize("placement, chunks", [
-    # temporal: one chunk per worker, acted for on its own device
-    (EmbodiedPlacement("temporal", (0, 1), (0, 1), (0, 1), (3, 2)), [(0, 0, 3, 0), (1, 0, 2, 1)]),
+    # colocated: one chunk per worker, acted for on its own device
+    (EmbodiedPlacement("colocated", (0, 1), (0, 1), (0, 1), (3, 2)), [(0, 0, 3, 0), (1, 0, 2, 1)]),
     # apart: each worker's envs in 2 chunks, each to the policy rank acting for the fewest envs so far
     (EmbodiedPlacement("hybrid", (0, 1), (2, 3, 4), (0, 1, 2, 3, 4), (3, 4), stages=2),
      [(0, 0, 2, 0), (0, 2, 1, 1), (1, 0, 2, 2), (1, 2, 2, 1)]),
@@ -78,7 +78,7 @@ def test_rlinf_auto_takes_the_least_predicted_placement():
     assert predict(chosen, COSTS) == min(predict(p, COSTS) for p in candidates(8, COSTS.envs))
     env_bound = EmbodiedCosts(envs=64, acts=10, env_s=0.5, act_s=0.01, train_s=1.0, switch_s=2.0)
     # envs on every device, switches cheap beside them
-    assert place_policy("rlinf-auto", 8, env_bound).mode == "temporal"
+    assert place_policy("rlinf-auto", 8, env_bound).mode == "colocated"
     train_light = EmbodiedCosts(envs=64, acts=10, env_s=0.02, act_s=0.02, train_s=0.1, switch_s=2.0)
     assert place_policy("rlinf-auto", 8, train_light).mode == "spatial"  # no role switch is worth the learner's devices
 
@@ -130,7 +130,7 @@ def test_sim_cli_embodied_is_deterministic(capsys):
 
 @pytest.mark.parametrize("env, policy, learner, moves", [
     ({0, 1}, {2}, (3,), (("env", "trainer", 2), ("rollout", "trainer", 1))),  # apart: all lent to the learner
-    (set(range(4)), set(range(4)), (0, 1, 2, 3), None),                       # temporal: it holds them all
+    (set(range(4)), set(range(4)), (0, 1, 2, 3), None),                       # colocated: it holds them all
     ({0, 1}, {2, 3}, (0, 1, 2, 3), None),                                     # hybrid: the same
 ])
 def test_at_the_barrier_the_learner_takes_the_finished_devices_it_does_not_hold(env, policy, learner, moves):

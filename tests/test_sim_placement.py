@@ -20,7 +20,7 @@ def test_placement_blocks_modes_and_validation():
     assert p.device_ids(R) == list(range(6)) and p.device_ids(T) == list(range(6, 16))
     assert p.shares_devices(T) and not p.shares_devices(R)
     assert p.describe() == "rollout:6 | inference+trainer:10"
-    assert plans.colocated(8).mode == "temporal"
+    assert plans.colocated(8).mode == "colocated"
     assert plans.spatial({R: 2, I: 1, T: 1}).mode == "spatial"
     with pytest.raises(ValueError, match="in that order"):
         Placement((Segment((I,), 2), Segment((R, T), 2)))
@@ -82,7 +82,7 @@ def linear(seconds_at_64):
                  id="rollout-stops-scaling-spatial"),
     # everything scales linearly and switching is free: time-share all devices
     pytest.param(64, {R: 2}, {R: linear(100.0), I: linear(10.0), T: linear(100.0)}, 0.0,
-                 "rollout+inference+trainer:64", 210.0, id="linear-free-switch-temporal"),
+                 "rollout+inference+trainer:64", 210.0, id="linear-free-switch-colocated"),
     # the same with costly switches: pipelining pays for itself
     pytest.param(64, {R: 2}, {R: linear(100.0), I: linear(10.0), T: linear(100.0)}, 20.0,
                  "rollout:32 | inference:4 | trainer:28", 256.0714, id="costly-switch-spatial"),
@@ -123,7 +123,7 @@ def ctx(**kw):
 
 
 def test_registry_knows_the_baselines_dynarl_and_its_variants():
-    assert make_policy("colocated").place(ctx()).mode == "temporal"
+    assert make_policy("colocated").place(ctx()).mode == "colocated"
     assert make_policy("spatial").place(ctx()).describe() == "rollout:16 | inference:16 | trainer:32"
     for name in ("dynarl", "dynarl-costaware", "dynarl-consolidate"):
         p = make_policy(name)

@@ -33,7 +33,7 @@ def linear(t1):
 
 @pytest.mark.parametrize("profiles, switch_s, mode", [
     # cheap role switches and stages that scale: every stage on every device, one after another
-    ({"rollout": linear(8.0), "inference": linear(1.0), "trainer": linear(3.0)}, 0.0, "temporal"),
+    ({"rollout": linear(8.0), "inference": linear(1.0), "trainer": linear(3.0)}, 0.0, "colocated"),
     # a rollout that stops scaling past one device and costly switches: its own device, pipelined
     ({"rollout": StageProfile(((1, 8.0), (4, 7.9))), "inference": linear(1.0), "trainer": linear(8.0)}, 5.0,
      "spatial"),

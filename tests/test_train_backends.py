@@ -16,7 +16,7 @@ def train(*args):
 
 @pytest.mark.parametrize("example,placement", [
     ("examples/grpo_qwen2.5_7b_8xh100.yaml", "placement hybrid: rollout [0, 1, 2, 3], inference [4, 5, 6, 7]"),
-    ("examples/grpo_qwen2.5_7b_slurm.yaml", "placement temporal"),
+    ("examples/grpo_qwen2.5_7b_slurm.yaml", "placement colocated"),
 ])
 def test_cluster_examples_resolve_in_a_dry_run(example, placement):
     out = train(example, "--dry-run")

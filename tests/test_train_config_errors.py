@@ -16,8 +16,9 @@ from dynarl.launch.train import UsageError, prepare
 @pytest.mark.parametrize("override,path,fragment", [
     pytest.param(("rollout.temprature", 1.0), "rollout.temprature", "unknown key", id="unknown-key"),
     pytest.param(("run.steps", "many"), "run.steps", "expected an integer", id="wrong-type"),
-    pytest.param(("placement.mode", "diagonal"), "placement.mode", "choose from 'temporal', 'spatial', 'hybrid'",
+    pytest.param(("placement.mode", "diagonal"), "placement.mode", "choose from 'colocated', 'spatial', 'hybrid'",
                  id="bad-choice"),
+    pytest.param(("placement.mode", "temporal"), "placement.mode", "now called 'colocated'", id="renamed-value"),
     pytest.param(("trainer.num_ranks", 3), "trainer.num_ranks", "3 ranks need 3 devices but the cluster has 2",
                  id="more-ranks-than-devices"),
     pytest.param(("placement.mode", "spatial"), "placement.mode", "= 6 devices but the cluster has 2",

@@ -3,13 +3,13 @@
 (`place_policy`),
 and how long an iteration should take there (pure functions).
 
-    colocated   temporal: an env worker, a policy rank and a learner rank on every
-                device; env steps and acts take turns on each device
+    colocated   an env worker, a policy rank and a learner rank on every device; env
+                steps and acts take turns on each device
     spatial     env workers, policy ranks and learner ranks on devices of their own,
                 in proportion to each one's work (split.py)
     hybrid      RLinf's embodied placement: env workers and policy ranks apart, in
                 proportion to their work, so chunks pipeline; the learner on every device
-    rlinf-auto  RLinf's planner: of temporal, every hybrid split and every spatial
+    rlinf-auto  RLinf's planner: of colocated, every hybrid split and every spatial
                 split, the placement of least predicted time (`predict`)
     dynarl      the learner on the fewest devices its state needs, env workers and
                 policy ranks apart on the rest in proportion to their work; at each
@@ -21,7 +21,7 @@ where env workers and policy ranks are apart each worker's envs are cut into
 PIPELINE_STAGES chunks. `predict` is the model the planner searches with: a chunk
 alternates an act and an env step `acts` times; an env worker steps its chunks one at
 a time, a policy rank acts for its chunks one at a time, a device that hosts both
-(temporal) runs one call at a time; then the learner trains on its devices; sharing
+(colocated) runs one call at a time; then the learner trains on its devices; sharing
 devices costs a role switch each way.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .split import proportional_split
 POLICIES = ("colocated", "spatial", "hybrid", "rlinf-auto", "dynarl")
 PIPELINE_STAGES = 2
 """Chunks per env worker where env workers and policy ranks have devices of their own
-(hybrid, spatial): one steps while the policy acts for the other. Temporal keeps one:
+(hybrid, spatial): one steps while the policy acts for the other. Colocated keeps one:
 its device runs one of them at a time either way."""
 
 
@@ -68,7 +68,7 @@ class EmbodiedPlacement:
     def chunks(self, envs_per_worker: int) -> list["ChunkSpec"]:
         """Every env worker's envs cut into `stages` chunks, worker by worker; each
         chunk's policy rank: the one on its worker's device where there is one
-        (temporal), else the rank acting for the fewest envs so far (ties: the first)."""
+        (colocated), else the rank acting for the fewest envs so far (ties: the first)."""
         out: list[ChunkSpec] = []
         load = [0] * len(self.rollout)
         for worker, device in enumerate(self.env):
@@ -117,12 +117,12 @@ def place(mode: str, env_workers: int, num_devices: int, stages: int = 1, learne
     if learner_ranks > num_devices:
         raise ValueError(f"embodied.learner_ranks {learner_ranks}: one rank per device, the cluster has "
                          f"{num_devices}")
-    if mode == "temporal":
+    if mode == "colocated":
         return EmbodiedPlacement(mode, tuple(i % num_devices for i in range(env_workers)), (0,),
                                  _learner(0, learner_ranks, num_devices), stages=stages)
     need = env_workers + (1 if mode == "hybrid" else 2)
     if mode not in ("hybrid", "spatial"):
-        raise ValueError(f"the embodied workflow places envs temporal, hybrid or spatial, not {mode!r}")
+        raise ValueError(f"the embodied workflow places envs colocated, hybrid or spatial, not {mode!r}")
     if num_devices < need:
         raise ValueError(f"{mode} placement of {env_workers} env workers needs {need} devices, the cluster has "
                          f"{num_devices}")
@@ -158,9 +158,9 @@ class EmbodiedCosts:
                 "trainer": self.train_s}
 
 
-def temporal(n: int, envs: int) -> EmbodiedPlacement:
+def colocated(n: int, envs: int) -> EmbodiedPlacement:
     every = tuple(range(n))
-    return EmbodiedPlacement("temporal", every, every, every, even(envs, n))
+    return EmbodiedPlacement("colocated", every, every, every, even(envs, n))
 
 
 def hybrid(n: int, envs: int, env_devices: int, stages: int = PIPELINE_STAGES) -> EmbodiedPlacement:
@@ -201,7 +201,7 @@ def place_policy(policy: str, n: int, c: EmbodiedCosts) -> EmbodiedPlacement:
     """The `dynarl sim` policy's placement of the embodied job on `n` devices."""
     work = c.work()
     if policy == "colocated":
-        return temporal(n, c.envs)
+        return colocated(n, c.envs)
     if n < 3:
         raise ValueError(f"{policy} places env workers, policy and learner apart: it needs 3 devices, got {n}")
     if policy == "hybrid":
@@ -211,7 +211,7 @@ def place_policy(policy: str, n: int, c: EmbodiedCosts) -> EmbodiedPlacement:
         split = proportional_split(work, n, components=("env", "rollout", "trainer"))
         return spatial(n, c.envs, split["env"], split["rollout"])
     if policy == "rlinf-auto":
-        return min(candidates(n, c.envs), key=lambda p: predict(p, c))  # (ties: the first: temporal first)
+        return min(candidates(n, c.envs), key=lambda p: predict(p, c))  # (ties: the first: colocated first)
     if policy == "dynarl":
         rest = n - c.learner_min
         if rest < 2:
@@ -223,10 +223,10 @@ def place_policy(policy: str, n: int, c: EmbodiedCosts) -> EmbodiedPlacement:
 
 
 def candidates(n: int, envs: int) -> list[EmbodiedPlacement]:
-    """What rlinf-auto searches: temporal, then hybrid and spatial at every split (at
+    """What rlinf-auto searches: colocated, then hybrid and spatial at every split (at
     most ~64 sizes per component on large clusters)."""
     stride = max(1, n // 64)
-    out = [temporal(n, envs)]
+    out = [colocated(n, envs)]
     out += [hybrid(n, envs, e) for e in range(1, n, stride) if e <= envs]
     out += [spatial(n, envs, e, r) for e in range(1, n - 1, stride) if e <= envs
             for r in range(1, n - e, stride)]

@@ -1,7 +1,7 @@
 """Placement: the workflow chain cut into segments, each on a block of devices.
 The one placement model of both `dynarl train` and `dynarl sim`.
 
-Components within one segment time-share the segment's devices (temporal:
+Components within one segment time-share the segment's devices (colocated:
 device_lock, one after the other); segments run concurrently and stream data
 to each other through channels (spatial). So:
 
@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 COMPONENTS = ("rollout", "inference", "trainer")
 """The GRPO chain, in data-dependency order (also the device_lock order)."""
-Mode = Literal["temporal", "spatial", "hybrid"]
+Mode = Literal["colocated", "spatial", "hybrid"]
 DEFAULT_HYBRID_POOLS: tuple[tuple[str, ...], ...] = (("rollout",), ("inference", "trainer"))
 
 
@@ -64,7 +64,7 @@ class Placement:
     @property
     def mode(self) -> Mode:
         if len(self.segments) == 1:
-            return "temporal"
+            return "colocated"
         if all(len(s.components) == 1 for s in self.segments):
             return "spatial"
         return "hybrid"
@@ -129,12 +129,12 @@ def with_unit(placement: Placement, unit: Mapping[str, int]) -> Placement:
 
 def pools_for(mode: Mode, hybrid_pools: Sequence[Sequence[str]] | None = None) -> list[list[str]]:
     """The pools of `mode` in chain order; `hybrid_pools` only applies to hybrid."""
-    if mode == "temporal":
+    if mode == "colocated":
         return [list(COMPONENTS)]
     if mode == "spatial":
         return [[c] for c in COMPONENTS]
     if mode != "hybrid":
-        raise PlacementError(f"unknown placement mode {mode!r}; choose from 'temporal', 'spatial', 'hybrid'")
+        raise PlacementError(f"unknown placement mode {mode!r}; choose from 'colocated', 'spatial', 'hybrid'")
     pools = [list(p) for p in (hybrid_pools or DEFAULT_HYBRID_POOLS)]
     seen = [c for pool in pools for c in pool]
     unknown = sorted(set(seen) - set(COMPONENTS))

@@ -1,7 +1,7 @@
 """RLinf's planner: a dynamic program over cuts of the workflow chain.
 
 A plan cuts the chain c_0..c_{k-1} into segments, each on its own devices; the
-components of a segment time-share them (temporal), segments stream to each
+components of a segment time-share them (colocated), segments stream to each
 other (spatial). A segment c_i..c_j on n devices has a *head*, its first
 component, which consumes its input as it streams in, and a *rest*, the later
 components, which run after the head has seen everything (they share its devices):

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dynarl.components.workflows.config_checks import at_least_one
+
 
 @dataclass(kw_only=True, slots=True)
 class AgenticSection:
@@ -27,9 +29,7 @@ class AgenticSection:
     turns' lengths, tool latencies and observation lengths."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_observation_chars"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        at_least_one(self, "max_turns", "max_observation_chars")
         if self.max_bonus_s < 0:
             raise ValueError(f"max_bonus_s must be >= 0, got {self.max_bonus_s}")
         if self.episodes not in ("react", "scripted"):

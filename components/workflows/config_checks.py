@@ -1,0 +1,279 @@
+"""The checks of `dynarl train`'s config that need more than one section (TrainConfig
+calls them from __post_init__; each raises ConfigError naming the field), and the
+per-field checks the sections share (ValueError: the loader prefixes the section)."""
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING
+
+from dynarl.components.placement.embodied import place
+from dynarl.components.placement.plan import COMPONENTS, PlacementError, pools_for
+from dynarl.transport.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dynarl.components.workflows.config import TrainConfig
+
+
+def at_least_one(section: object, *names: str) -> None:
+    for name in names:
+        if getattr(section, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(section, name)}")
+
+
+def whole_number(section: object, name: str) -> None:
+    """An int >= 0 (not a bool)."""
+    value = getattr(section, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def check(cfg: TrainConfig) -> None:
+    """Every check of the whole tree: backends against the devices, the placement, the
+    workflow and its task, overlapped and partial steps, the model's positions."""
+    emulated = cfg.runtime.cluster.device_kind == "emulated"
+    if cfg.runtime.launcher == "inproc" and not emulated:
+        raise ConfigError("runtime.launcher", "'inproc' cannot host torch.distributed groups for weight sync; "
+                                              "choose from 'local', 'agent'")
+    if cfg.workflow == "embodied":  # (its own workers: model, rollout, inference and trainer do not apply)
+        if (cfg.embodied.backend == "emulated") != emulated:
+            raise ConfigError("embodied.backend", "'emulated' workers run on emulated devices only, and "
+                                                  "emulated devices (runtime.cluster.device_kind) run only them")
+        check_embodied(cfg)
+        return
+    for path, backend in (("rollout.backend", cfg.rollout.backend), ("inference.backend",
+                          cfg.inference.backend), ("trainer.backend", cfg.trainer.backend)):
+        if (backend == "emulated") != emulated:
+            raise ConfigError(path, "'emulated' engines run on emulated devices only, and emulated devices "
+                                    "(runtime.cluster.device_kind) run only emulated engines")
+    if cfg.trainer.streaming and cfg.trainer.backend == "megatron":
+        raise ConfigError("trainer.streaming", "the megatron trainer steps on whole batches; set it false")
+    if cfg.trainer.streaming and cfg.scheduler.policy == "dynarl" and cfg.trainer.backend != "emulated":
+        raise ConfigError("trainer.streaming", "scheduler.policy 'dynarl' grows a streaming trainer mid-step "
+                                               "only on emulated devices; a real trainer reshards between "
+                                               "whole-batch steps: set it false")
+    if cfg.scheduler.dynarl.tail_tp and cfg.rollout.backend != "emulated":
+        raise ConfigError("scheduler.dynarl.tail_tp", "wider-TP tail engines are modelled on emulated "
+                                                      "engines only; set it false")
+    if cfg.scheduler.dynarl.lend and cfg.rollout.backend != "emulated":
+        raise ConfigError("scheduler.dynarl.lend", "lending the parked components' devices to the rollout "
+                                                   "needs their state offloaded, modelled on emulated engines "
+                                                   "only; set it false")
+    if cfg.placement.mode != "hybrid" and cfg.placement.pools:
+        raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {cfg.placement.mode!r}")
+    if cfg.placement.mode == "auto":
+        check_auto(cfg)
+    else:
+        check_placed(cfg)
+    check_workflow(cfg)
+    if cfg.workflow == "ppo":
+        check_ppo(cfg)
+    if cfg.rollout.oversample > 1:
+        check_partial(cfg)
+    elif cfg.algorithm.max_staleness > 1:
+        raise ConfigError("algorithm.max_staleness", f"{cfg.algorithm.max_staleness}: overlapped steps are "
+                                                     "built for 1 (one step of overlap); more bounds partial "
+                                                     "rollout's carried groups (rollout.oversample > 1)")
+    elif cfg.algorithm.max_staleness > 0:
+        check_async(cfg)
+    max_len = cfg.model.config().max_position_embeddings
+    if cfg.rollout.max_new_tokens >= max_len and not emulated:
+        raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
+
+
+def check_placed(cfg: TrainConfig) -> None:
+    """A configured placement: the modes' pools, every component's ranks on the
+    cluster, the trainer's ranks fed, dynarl's needs."""
+    try:
+        pools_for(cfg.placement.mode, cfg.placement.pools or None)
+    except PlacementError as exc:
+        raise ConfigError("placement.pools", str(exc)) from None
+    ranks = cfg.ranks()
+    devices = cfg.runtime.cluster.num_devices
+    for c in COMPONENTS:
+        if ranks[c] > devices:
+            raise ConfigError(f"{c}.num_ranks", f"{ranks[c]} ranks need {ranks[c]} devices but the cluster has "
+                                                f"{devices} (runtime.cluster.num_nodes x devices_per_node)")
+    try:
+        cfg.devices()
+    except PlacementError as exc:
+        raise ConfigError("placement.mode", f"{exc}; add devices (runtime.cluster.devices_per_node) "
+                                            "or lower the components' num_ranks") from None
+    if cfg.run.prompts_per_step < cfg.trainer.num_ranks and not cfg.trainer.streaming:
+        raise ConfigError("run.prompts_per_step", f"{cfg.run.prompts_per_step} prompts cannot feed "
+                                                  f"{cfg.trainer.num_ranks} trainer ranks (one group each at least)")
+    if cfg.scheduler.policy == "dynarl":
+        _check_dynarl(cfg)
+
+def check_auto(cfg: TrainConfig) -> None:
+    """placement.mode auto plans from a profile of the GRPO stages, one rank per device."""
+    devices = cfg.runtime.cluster.num_devices
+    if cfg.scheduler.policy == "dynarl":
+        raise ConfigError("placement.mode", "auto plans a placement that does not change; scheduler.policy "
+                                            "dynarl starts from its own (spatial or hybrid): choose one")
+    if cfg.workflow != "grpo":
+        raise ConfigError("placement.mode", f"auto profiles the grpo workflow's stages, not the {cfg.workflow} "
+                                            "workflow's: choose colocated, spatial or hybrid")
+    if cfg.rollout.backend != "native" or cfg.trainer.backend != "native":
+        raise ConfigError("placement.mode", "auto places one rank per device (the native engines); "
+                                            f"rollout.backend {cfg.rollout.backend!r} and trainer.backend "
+                                            f"{cfg.trainer.backend!r} have their own parallel layout")
+    if cfg.run.prompts_per_step < devices and not cfg.trainer.streaming:
+        raise ConfigError("run.prompts_per_step", f"auto may give the trainer all {devices} devices: "
+                                                  f"{cfg.run.prompts_per_step} prompts cannot feed as many ranks")
+
+def _check_dynarl(cfg: TrainConfig) -> None:
+    """dynarl moves whole rollout devices to the trainer and back: rollout needs
+    devices of its own (spatial, or hybrid with rollout in a pool alone), at least
+    two engines (one donates, one keeps the tail), and the cluster >= 4 devices."""
+    devices = cfg.runtime.cluster.num_devices
+    if devices < 4:
+        raise ConfigError("scheduler.policy", f"dynarl needs >= 4 devices, the cluster has {devices} "
+                                              "(runtime.cluster.devices_per_node); "
+                                              "examples/dynarl_cpu.yaml is a 4-device setup")
+    if cfg.placement.mode == "colocated":
+        raise ConfigError("scheduler.policy", "dynarl needs rollout on devices of its own: "
+                                              "placement.mode spatial or hybrid, not colocated")
+    placed = cfg.devices()
+    others = set(placed["inference"]) | set(placed["trainer"])
+    if set(placed["rollout"]) & others:
+        raise ConfigError("scheduler.policy", "dynarl needs rollout on devices of its own: in hybrid "
+                                              "placement put rollout in a pool alone (placement.pools)")
+    if cfg.rollout.num_ranks < 2:
+        raise ConfigError("scheduler.policy", "dynarl needs rollout.num_ranks >= 2: "
+                                              "one engine donates while another finishes the tail")
+
+def check_async(cfg: TrainConfig) -> None:
+    """algorithm.max_staleness > 0 overlaps the next step's rollout with this step's
+    inference and training: they need devices apart, a workflow whose samples are
+    whole when generated, and a fixed placement."""
+    field_ = "algorithm.max_staleness"  # (ppo and embodied refuse it in their own checks)
+    if cfg.scheduler.policy != "static":
+        raise ConfigError(field_, f"scheduler.policy {cfg.scheduler.policy!r} does not plan with an "
+                                  "overlapped rollout yet; use static or max_staleness 0")
+    if cfg.placement.mode == "auto":
+        raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose spatial or hybrid")
+        _one_temperature(cfg, field_)
+    placed = cfg.devices()
+    if set(placed["rollout"]) & (set(placed["inference"]) | set(placed["trainer"])):
+        raise ConfigError(field_, "the rollout overlaps the trainer only on devices of its own: placement.mode "
+                                  "spatial, or hybrid with rollout in a pool alone")
+
+def check_partial(cfg: TrainConfig) -> None:
+    """rollout.oversample > 1 carries unfinished groups into later steps: a workflow
+    that carries them (grpo's requests, agentic's episodes), a staleness bound that lets them be trained later,
+    prompts enough that at least one group is extra, a fixed placement."""
+    field_ = "rollout.oversample"
+    n, oversample = cfg.run.prompts_per_step, cfg.rollout.oversample
+    # (ppo and embodied refuse it in their own checks; agentic episodes are carried mid-way)
+    if cfg.algorithm.max_staleness < 1:
+        raise ConfigError("algorithm.max_staleness", "partial rollout (rollout.oversample > 1) trains carried "
+                                                     "groups on newer weights than made them: set it >= 1")
+    from dynarl.components.workflows.partial import extra_groups
+    if extra_groups(oversample, n) < 1:
+        least = math.ceil((n + 1) / n * 1e4) / 1e4
+        raise ConfigError(field_, f"{oversample} over run.prompts_per_step {n} adds no prompt group: "
+                                  f"use >= {least}, or more prompts per step")
+    if cfg.scheduler.policy == "dynarl" and cfg.scheduler.dynarl.tail_tp:
+        raise ConfigError(field_, "scheduler.dynarl.tail_tp widens engines outside the moves the batch's "
+                                  "close waits for; set tail_tp false or oversample 1")
+    if cfg.rollout.backend == "sglang":
+        raise ConfigError(field_, "the sglang engine's pause drops the tokens its queued requests made since "
+                                  "they last reported; partial rollout needs native or emulated engines")
+    if cfg.placement.mode == "auto":
+        raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose colocated, spatial "
+                                  "or hybrid")
+        _one_temperature(cfg, field_)
+
+def check_workflow(cfg: TrainConfig) -> None:
+    """The calc task is built for tool calls and the agentic workflow runs only it
+    (or, with scripted episodes, a simulated workload's scripts on emulated engines)."""
+    scripted = cfg.workflow == "agentic" and cfg.agentic.episodes == "scripted"
+    if scripted and cfg.rollout.backend != "emulated":
+        raise ConfigError("agentic.episodes", "scripted episodes play a simulated workload's scripts "
+                                              "(dynarl sim): they need rollout.backend emulated")
+    if cfg.workflow == "agentic" and not scripted and cfg.task.kind != "calc":
+        raise ConfigError("task.kind", f"workflow 'agentic' trains the built-in tool task 'calc', "
+                                       f"not {cfg.task.kind!r}")
+    if cfg.task.kind == "calc" and cfg.workflow != "agentic":
+        raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
+    if cfg.workflow == "agentic" and cfg.agentic.queue == "priority":
+        _check_engine_priority(cfg)
+
+def _check_engine_priority(cfg: TrainConfig) -> None:
+    """agentic.queue priority orders each engine's waiting requests; SGLang and vLLM
+    take a request's priority only in their priority mode, else serve FCFS."""
+    backend = cfg.rollout.backend
+    if backend == "sglang" and not (cfg.rollout.sglang and cfg.rollout.sglang.enable_priority_scheduling):
+        raise ConfigError("rollout.sglang.enable_priority_scheduling",
+                          "agentic.queue priority needs it true (else SGLang serves its queue FCFS); "
+                          "or set agentic.queue fifo")
+    if backend == "vllm" and (cfg.rollout.vllm is None or cfg.rollout.vllm.scheduling_policy != "priority"):
+        raise ConfigError("rollout.vllm.scheduling_policy",
+                          "agentic.queue priority needs 'priority' (else vLLM serves its queue FCFS); "
+                          "or set agentic.queue fifo")
+
+def check_embodied(cfg: TrainConfig) -> None:
+    """Env workers, the policy and its learner on the cluster's devices (components/placement/embodied.py place);
+    asynchronous steps are for the LLM workflows, the DynaRL scheduler's barrier rule for emulated workers. (Whether
+    the env exists and the policy can take its spaces is checked before any worker
+    starts: it builds one env.)"""
+    try:
+        place(cfg.placement.mode, cfg.embodied.env_workers, cfg.runtime.cluster.num_devices)
+    except ValueError as exc:
+        raise ConfigError("placement.mode", f"{exc}; add devices (runtime.cluster.devices_per_node) or "
+                                            "fewer embodied.env_workers") from None
+    if cfg.scheduler.policy == "dynarl" and cfg.embodied.backend != "emulated":
+        raise ConfigError("scheduler.policy", "the embodied workflow's dynarl rule (the learner takes the "
+                                              "finished env and policy devices at its barrier) runs on "
+                                              "emulated workers only (dynarl sim); set static")
+    _on_policy(cfg, "the embodied workflow is on-policy")
+    if cfg.runtime.launcher == "inproc" and cfg.embodied.backend == "gym":
+        raise ConfigError("runtime.launcher", "the embodied workflow's weight sync needs worker processes: local")
+
+def check_ppo(cfg: TrainConfig) -> None:
+    """The critic is a native trainer on the trainer's devices, stepping on whole
+    batches of whole (on-policy) samples, and reads the policy's tokens."""
+    if cfg.trainer.backend == "megatron":
+        raise ConfigError("trainer.backend", "workflow ppo trains its critic beside a native (or emulated) "
+                                             "policy trainer, not megatron")
+    if cfg.trainer.streaming:
+        raise ConfigError("trainer.streaming", "workflow ppo computes GAE over whole samples before the step; "
+                                               "set it false")
+    _on_policy(cfg, "workflow ppo is on-policy for now")
+    critic = cfg.critic.model
+    if critic is not None and critic != cfg.model:
+        mine, theirs = cfg.model.config().vocab_size, critic.config().vocab_size
+        if mine != theirs or (critic.path is None) != (cfg.model.path is None) or (
+                critic.path is not None and _tokenizer_files(critic.path) != _tokenizer_files(cfg.model.path)):
+            raise ConfigError("critic.model", f"the critic reads the policy's tokens: its tokenizer must be "
+                                              f"the policy's (vocab {theirs} vs the policy's {mine}, or other "
+                                              "tokenizer files)")
+
+
+def _tokenizer_files(folder: str) -> dict[str, bytes]:
+    """The tokenizer files of an HF folder, by name (two tokenizers with the same files
+    encode alike)."""
+    names = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
+    out = {}
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                out[name] = f.read()
+    return out
+
+
+def _one_temperature(cfg: TrainConfig, field_: str) -> None:
+    """A sample trained on newer weights than made it is weighted by the rollout's log-probs
+    against inference's: both must be of one distribution."""
+    if cfg.rollout.temperature != 1.0:
+        raise ConfigError(field_, f"the rollout's log-probs are those of its sampling temperature "
+                                  f"({cfg.rollout.temperature}), inference's of temperature 1: the behaviour "
+                                  "weight would compare two distributions; set rollout.temperature 1")
+
+
+def _on_policy(cfg: TrainConfig, why: str) -> None:
+    if cfg.algorithm.max_staleness or cfg.rollout.oversample > 1:
+        field_ = "algorithm.max_staleness" if cfg.algorithm.max_staleness else "rollout.oversample"
+        raise ConfigError(field_, f"{why}: set max_staleness 0 and oversample 1")

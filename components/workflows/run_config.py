@@ -1,0 +1,47 @@
+"""The `run:` section of `dynarl train`: steps, batch, seed, checkpoints, loggers, restarts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dynarl.components.workflows.config_checks import at_least_one, whole_number
+
+
+LOGGERS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""run.loggers' names, each with the package it needs."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSection:
+    steps: int = 200
+    """GRPO steps."""
+    prompts_per_step: int = 32
+    """Prompts (groups of rollout.samples_per_prompt samples) per step."""
+    seed: int = 0
+    """Seeds the data stream and every sample's sampling seed."""
+    checkpoint_every: int = 50
+    """Checkpoint after every this many steps (and after the warm start and the last step)."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept on disk; pruning also keeps the newest one that verifies
+    (its manifest; components/workflows/checkpoints.py), whatever is newer."""
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Where each step's metrics go besides metrics.jsonl (always written): tensorboard,
+    wandb (offline), mlflow (a local file store); launch/trackers.py."""
+    max_restarts: int = 3
+    """How often a lost worker (killed, frozen, unreachable) restarts the job's workers
+    from the newest checkpoint inside the same `dynarl train` process (launch/recovery.py);
+    0: a lost worker ends the run. The steps since that checkpoint are trained again
+    (the ledger and metrics.jsonl are rolled back to it), so run.checkpoint_every bounds
+    what a loss costs."""
+    survive: bool = True
+    """A lost rollout, reward or inference rank does not restart the job: what it held
+    goes to the other ranks and a replacement takes its place within the step
+    (components/workflows/survival.py; where it applies: the static scheduler, whole
+    on-policy steps, the grpo and ppo workflows). False: every loss restarts."""
+
+    def __post_init__(self) -> None:
+        at_least_one(self, "steps", "prompts_per_step", "checkpoint_every", "keep_checkpoints")
+        whole_number(self, "max_restarts")
+        for name in self.loggers:
+            if name not in LOGGERS:
+                raise ValueError(f"loggers has an unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+

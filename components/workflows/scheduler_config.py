@@ -1,0 +1,108 @@
+"""The `placement:`, `scheduler:` and `algorithm:` sections of `dynarl train`: where
+the components run, whether devices move during a step, and how stale a sample may be."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dynarl.components.workflows.config_checks import whole_number
+
+
+@dataclass(kw_only=True, slots=True)
+class PlacementSection:
+    mode: Literal["colocated", "spatial", "hybrid", "auto"] = "colocated"
+    """colocated: all components time-share all devices; spatial: disjoint devices,
+    pipelined; hybrid: `pools` share within, are disjoint across; auto: rlinf-auto's
+    profile-guided plan (components/workflows/auto_placement.py): before training each
+    component is timed on this job's engines and the planner picks the mode and the
+    devices of each (one rank per device; the components' num_ranks do not apply)."""
+    pools: list[list[str]] = field(default_factory=list)
+    """hybrid only: groups of components that share devices; [] = [[rollout], [inference, trainer]]."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DynarlSection:
+    """The DynaRL policy's knobs (core/scheduler/policy.py)."""
+    theta: float = 0.8
+    """Rollout is a donor when more than this fraction of its engines stayed below u_low."""
+    u_low: float = 0.2
+    """Utilization (active KV / capacity) below which an engine counts as idle."""
+    window_s: float = 0.0
+    """How long an engine must stay below u_low. A rollout engine reports itself busy
+    until it has taken its last prompt (it may still be handed work), so "low" already
+    means "in the long tail": no more prompts, few sequences left. The window is 0
+    because the built-in job's tail lasts about a tenth of a second on a CPU (its
+    longest answers are 27 tokens): any seconds-scale window (the paper's 4 s) would
+    outlast it, and the move would come after the rollout had ended."""
+    interval_s: float = 0.05
+    """Seconds between scheduler ticks (metrics poll + decision)."""
+    tail_interval_s: float | None = 0.01
+    """Seconds between ticks once the step's prompts are all handed out and requests are
+    still running (the tail: on this job it can be shorter than one interval); null:
+    interval_s throughout."""
+    max_candidates: int = 8
+    """Donor shrink options evaluated per decision (3..10)."""
+    charge_move_cost: bool = True
+    """Charge each moving component its measured move cost (its last round trip: out
+    in the tail, back after the train step), and the rollout the context its kept
+    engines compute again for the requests a move hands them (their measured prefill
+    per token; with rollout.move_kv, the KV's transfer), so a move that cannot pay for
+    itself is not made. false: the policy moves whenever the devices alone would be faster."""
+    pack: float = 1.0
+    """The donor keeps the engines its active KV needs at this multiple of the step's
+    mean peak fill (above 1: the stragglers consolidate onto fewer engines)."""
+    donor: Literal["low", "packable"] = "low"
+    """low: the paper's signal (most engines below u_low for window_s). packable: the
+    rollout donates once its active KV, packed at `pack`, fits on at most (1 - theta)
+    of its engines for window_s."""
+    lend: bool = False
+    """At each step's start the rollout also runs on inference's and the trainer's
+    devices while those have nothing to do (parked, their stages gated); the first move
+    or the rollout's end gives them back (DynaRL Fig 13)."""
+    tail_tp: bool = False
+    """After each move the rollout's kept engines merge pairwise into engines of twice
+    the TP (an engine restart each): emulated rollout engines only."""
+    trainer_profile: Literal["every", "home"] = "every"
+    """every: at start, time one step-sized train step on standby ranks at every
+    device count the trainer may hold; home: only at its own devices, and assume it
+    scales linearly beyond (the paper's model of a static component)."""
+
+    def __post_init__(self) -> None:
+        self.policy_config()  # raises ValueError
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        if self.tail_interval_s is not None and self.tail_interval_s <= 0:
+            raise ValueError(f"tail_interval_s must be > 0 or null, got {self.tail_interval_s}")
+
+    def policy_config(self) -> "DynarlConfig":
+        """The pure policy's settings (core/scheduler/policy.py)."""
+        from dynarl.core.scheduler.policy import DynarlConfig
+        return DynarlConfig(self.theta, self.u_low, self.window_s, self.max_candidates, self.charge_move_cost,
+                            self.pack, self.donor)
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulerSection:
+    policy: Literal["static", "dynarl"] = "static"
+    """static: the placement never changes. dynarl: in each step's long tail, idle
+    rollout engines give their devices to the trainer (Workload + P2P migration onto
+    warm standby ranks) when the predicted gain beats the measured move cost; the
+    configured placement is restored before the next step."""
+    dynarl: DynarlSection = field(default_factory=DynarlSection)
+
+
+@dataclass(kw_only=True, slots=True)
+class AlgorithmSection:
+    max_staleness: int = 0
+    """How many policy versions behind the trainer a sample's generating weights may
+    be. 0: on-policy (each step generates its batch, then trains on it). 1: the
+    rollout of step s + 1 runs on the weights of step s while step s trains, so the
+    rollout and the trainer work at once; the loss corrects for the older policy
+    (decoupled PPO, trainer.engine.behav_weight_cap). Needs the rollout on devices of
+    its own (placement spatial, or hybrid with rollout in a pool alone). With partial
+    rollout (rollout.oversample > 1) steps do not overlap, and k >= 1 bounds how many
+    versions behind a carried group's oldest token may be when it is trained."""
+
+    def __post_init__(self) -> None:
+        whole_number(self, "max_staleness")
+

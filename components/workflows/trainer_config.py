@@ -1,0 +1,87 @@
+"""The `trainer:` and `critic:` sections of `dynarl train`: the policy's trainer
+(with its supervised warm start) and, for workflow ppo, the critic."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dynarl.components.model.spec import ModelSpec
+from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
+from dynarl.components.trainer.megatron.config import MegatronConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class WarmupSection:
+    steps: int = 60
+    """Supervised steps before RL (0 = none). Runs once, before step 0."""
+    batch_size: int = 64
+    """Samples per supervised step."""
+    lr: float = 1e-3
+    """Learning rate of the supervised steps."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.lr < 0:
+            raise ValueError("warmup needs steps >= 0, batch_size >= 1, lr >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerSection:
+    num_ranks: int = 2
+    """Data-parallel ranks (ZeRO-1)."""
+    engine: TrainerConfig = field(default_factory=lambda: TrainerConfig(
+        lr=3e-4, entropy_coef=0.02, micro_batch_size=64, grad_clip=1.0))
+    warmup: WarmupSection = field(default_factory=WarmupSection)
+    sync_bucket_bytes: int = 1 << 20
+    """Weight sync bucket size (bytes) for trainer -> rollout/inference."""
+    backend: Literal["native", "emulated", "megatron"] = "native"
+    """The engine behind the trainer workers; megatron needs `pip install 'dynarl[megatron]'`."""
+    megatron: MegatronConfig | None = None
+    """megatron-core settings (TP/PP, dtype, distributed optimizer) when backend is megatron."""
+    emulated: EmulatedTrainerConfig | None = None
+    """The emulated engine's settings when backend is emulated."""
+    streaming: bool = False
+    """true: each rank accumulates the gradients of chunks as inference finishes them
+    and the step comes after the last (so a trainer on devices of its own starts during
+    the rollout's tail); false: one step on the whole batch once it is complete."""
+    nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose loss or gradient norm is not finite (nan, inf): stop ends the run
+    after its metrics row, before its checkpoint and pruning, so the checkpoints on disk
+    hold the last finite state; skip goes on without the batch (the native trainer
+    leaves a non-finite update out) and counts it (metrics skipped_batches). skip needs
+    the native trainer: megatron's optimizer applies such an update unless fp16 loss
+    scaling catches it."""
+
+    def __post_init__(self) -> None:
+        if self.num_ranks < 1:
+            raise ValueError(f"num_ranks must be >= 1, got {self.num_ranks}")
+        if self.sync_bucket_bytes < 1024:
+            raise ValueError(f"sync_bucket_bytes must be >= 1024, got {self.sync_bucket_bytes}")
+        if self.nonfinite == "skip" and self.backend == "megatron":
+            raise ValueError("nonfinite skip needs the native trainer (megatron's optimizer applies a non-finite "
+                             "update unless fp16 loss scaling catches it): use stop")
+
+
+
+@dataclass(kw_only=True, slots=True)
+class CriticSection:
+    """workflow ppo: the critic (a value head on a decoder, trained beside the policy on
+    the trainer's devices; components/workflows/ppo.py) and GAE."""
+    engine: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-3, micro_batch_size=64, grad_clip=1.0))
+    """The critic's optimizer and value clip (engine.value_clip)."""
+    model: ModelSpec | None = None
+    """The critic's decoder: None = the policy's, started from the warm-started policy's
+    weights; else a model of its own (it must share the policy's tokenizer)."""
+    gamma: float = 1.0
+    """GAE discount per response token."""
+    lam: float = 0.95
+    """GAE lambda: 1 = Monte-Carlo returns minus the value baseline, 0 = one-step TD."""
+    whiten: bool = True
+    """Normalise the batch's token advantages to mean 0, std 1 (as PPO implementations do)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+
