@@ -72,15 +72,16 @@ class ChannelService:
             blob = self._take_rehomed(ref)
             if blob is not None:
                 return blob
-            if self.fetcher is None:
+            fetcher = self.fetcher
+            if fetcher is None:
                 raise PayloadLost("a peer-to-peer item reached a controller without a data plane")
             try:
-                blob = await self.fetcher.fetch(ref, timeout_s=FETCH_ATTEMPT_S)
+                blob = await fetcher.fetch(ref, timeout_s=FETCH_ATTEMPT_S)
             except PayloadLost:
                 if loop.time() > deadline:
                     raise
             else:
-                await self._release(ref)
+                await _release(fetcher, ref)
                 return blob
             await asyncio.sleep(pause)
             pause = min(1.0, 2 * pause)
@@ -161,15 +162,6 @@ class ChannelService:
             return [[self._rehomed_or(e.item), e.weight, e.affinity] for e in entries]
         return [[self._rehomed_or(e.item), e.weight, e.affinity, list(custody.names(e)), True] for e in entries]
 
-    async def _release(self, ref: RemoteRef) -> None:
-        """The producer may drop its copy. A release that fails costs only memory there
-        (it re-homes the copy when it stops, where it is dropped unclaimed), so it must
-        not fail the get that already has the bytes."""
-        try:
-            await self.fetcher.release(ref)
-        except Exception as exc:
-            log.debug("release of payload %d at %s failed: %r", ref.id, ref.address, exc)
-
     def _rehomed_or(self, item: Any) -> Any:
         """A ref whose producer stopped travels as its bytes instead (so that no ref in
         a channel ever points at bytes only this service holds)."""
@@ -187,6 +179,8 @@ class ChannelService:
         self._drop_unclaimed()
         key = (address, ref_id)
         if op == "rehome":
+            if blob is None:
+                raise ValueError("a rehome brings the payload")
             ref = RemoteRef(address, ref_id, blob.nbytes)
             if not any(ch.replace_item(ref, blob) for ch in self.channels.values()):
                 self.rehomed[key] = Rehomed(blob, self._now() if served else None)  # a consumer holds the ref
@@ -225,3 +219,13 @@ class ChannelService:
     @staticmethod
     def _now() -> float:
         return asyncio.get_running_loop().time()
+
+
+async def _release(fetcher: PayloadFetcher, ref: RemoteRef) -> None:
+    """The producer may drop its copy. A release that fails costs only memory there
+    (it re-homes the copy when it stops, where it is dropped unclaimed), so it must
+    not fail the get that already has the bytes."""
+    try:
+        await fetcher.release(ref)
+    except Exception as exc:
+        log.debug("release of payload %d at %s failed: %r", ref.id, ref.address, exc)

@@ -71,7 +71,7 @@ def apply_override(data: dict, dotted: str, value: Any) -> None:
 
 def _convert(tp: Any, value: Any, path: str) -> Any:
     origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, path)
     if origin is Literal:
         allowed = get_args(tp)

@@ -65,7 +65,7 @@ class Controller:
         """Runtime half of the hypergraph; `refresh_graph()` folds in channel traffic."""
         self.router: RouterServer | None = None
         self.channel_service = ChannelService(self.channels)
-        self._tg: asyncio.TaskGroup | None = None
+        self._tg = asyncio.TaskGroup()
         self._background: list[asyncio.Task] = []
         self._closed = False
         self._shutdown: asyncio.Future | None = None
@@ -78,7 +78,6 @@ class Controller:
 
     # --- lifecycle ---------------------------------------------------------------
     async def __aenter__(self) -> "Controller":
-        self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
         try:
             with contextlib.suppress(OSError):  # the dead's temp dirs: never a reason not to start
@@ -91,9 +90,9 @@ class Controller:
                 # (to be refused, but after the loop has read their bytes).
                 remote = getattr(self.launcher, "remote_workers", True)
                 bind = f"tcp://{self.config.bind_host}:0" if remote else None
-                self.router = RouterServer(self.codec, bind)
-                self._background.append(self._tg.create_task(self.router.serve(), name="router"))
-                self._background.append(self._tg.create_task(self._monitor(), name="liveness"))
+                router = self.router = RouterServer(self.codec, bind)
+                self._background.append(self._tg.create_task(router.serve(), name="router"))
+                self._background.append(self._tg.create_task(self._monitor(router), name="liveness"))
                 self.channel_service.fetcher = PayloadFetcher(self.codec, self.spawn_task)
             await self.launcher.start(self)
         except BaseException as exc:
@@ -268,7 +267,8 @@ class Controller:
         # A rank that was lost or never connected gets no grace: it won't exit by itself;
         # nor one that went silent or exited while asked (its endpoint failed meanwhile).
         await asyncio.gather(*(_best_effort(f"reap {h.name}", self.launcher.stop(
-            h, grace if h in live and h.endpoint.failure is None else 0.0)) for h in handles))
+            h, grace if h in live and h.endpoint is not None and h.endpoint.failure is None else 0.0))
+            for h in handles))
         for h in handles:
             h.mark_stopped()
             if self.router is not None:
@@ -307,6 +307,8 @@ class Controller:
     def expect(self, handle: WorkerHandle) -> None:
         """Routes messages from `handle`'s identity; its hello attaches an endpoint."""
         identity = handle.spec.worker_id.encode()
+        router = self.router
+        assert router is not None, "only a launcher that uses sockets expects workers"
 
         def on_message(body: Any) -> None:
             if handle.endpoint is not None:
@@ -314,14 +316,14 @@ class Controller:
             elif isinstance(body, dict) and body.get("k") == "event" and body.get("e") == "hello":
                 async def send(b: Any) -> None:
                     try:
-                        await self.router.send(identity, b)
+                        await router.send(identity, b)
                     except zmq.ZMQError as exc:  # (ROUTER_MANDATORY) the peer is gone
                         handle.mark_lost(f"unreachable: {exc}")
                         raise handle.lost or WorkerLost(handle.name, str(exc)) from None
 
                 def send_now(b: Any) -> bool:
                     try:
-                        return self.router.send_nowait(identity, b)
+                        return router.send_nowait(identity, b)
                     except zmq.ZMQError as exc:
                         handle.mark_lost(f"unreachable: {exc}")
                         raise handle.lost or WorkerLost(handle.name, str(exc)) from None
@@ -332,9 +334,9 @@ class Controller:
                                        on_event=handle.on_event, spawn=self.spawn_task,
                                        plain_method=self.plain_worker_call(handle), send_now=send_now)
                 handle.attach(endpoint, int((body.get("d") or {}).get("pid", 0)) or None)
-        self.router.routes[identity] = on_message
+        router.routes[identity] = on_message
 
-    async def _monitor(self) -> None:
+    async def _monitor(self, router: RouterServer) -> None:
         """Reports silent or hung workers as lost (core/health.py: a rank is suspect
         first). Consumes: router.last_seen and heartbeat lag. Unblocked by: cancellation
         at shutdown."""
@@ -347,7 +349,7 @@ class Controller:
             for h in watched:
                 if not h.alive or h.endpoint is None:
                     continue
-                h.silent_s = now - self.router.last_seen.get(h.spec.worker_id.encode(), now)
+                h.silent_s = now - router.last_seen.get(h.spec.worker_id.encode(), now)
                 if rank_health(gone=False, silent_s=h.silent_s, loop_lag_s=h.loop_lag_s,
                                limits=self.health_limits) != "lost":
                     continue

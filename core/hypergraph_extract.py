@@ -108,7 +108,7 @@ def transient(group: str) -> bool:
     return "~" in group or "@" in group
 
 
-def _spawned_names(trees: dict[str, ast.AST], workers: set[str], graph: StaticGraph) -> dict[str, str]:
+def _spawned_names(trees: dict[str, ast.Module], workers: set[str], graph: StaticGraph) -> dict[str, str]:
     names: dict[str, str] = {}
     attributes = _class_attributes(trees.values())
     for filename, tree in trees.items():
@@ -147,7 +147,7 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
         self.owner, self.aliases = previous, saved
 
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         saved = dict(self.aliases)
         for sub in ast.walk(node):
             self._record_alias(sub, attributes_only=False)

@@ -52,6 +52,7 @@ def cancel_on_sigterm() -> None:
         return  # the embedding program handles SIGTERM itself
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
+    assert task is not None, "cancel_on_sigterm() runs in the main task"
 
     def once() -> None:
         # slurm signals every process of the job, and torchrun passes its own SIGTERM
@@ -114,7 +115,7 @@ class OrderedStop:
                 loop.add_signal_handler(sig, self._on_signal, sig, None)
             except (NotImplementedError, RuntimeError, ValueError):  # this loop has none: the handler still runs
                 pass
-        if self.received is not None:
+        if self.received is not None and self._task is not None:
             self._task.cancel()
 
     def _on_signal(self, signum: int, frame: Any) -> None:

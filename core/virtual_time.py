@@ -100,8 +100,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # Jump exactly onto the head timer's `when` rather than adding
         # `timeout` (= when - now, rounded, and capped at one day by asyncio):
         # then `when < time() + clock_resolution` holds and it fires this turn.
-        assert self._scheduled, "positive select timeout with no timer pending"
-        self._clock = max(self._clock, self._scheduled[0].when())
+        scheduled = self._scheduled  # type: ignore[attr-defined]  # BaseEventLoop's timer heap (private)
+        assert scheduled, "positive select timeout with no timer pending"
+        self._clock = max(self._clock, scheduled[0].when())
         return []
 
     def _block_on_real_io(self, real_select):

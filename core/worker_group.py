@@ -64,7 +64,7 @@ class WorkerGroup:
             raise AttributeError(method)
 
         async def call_all(*args: Any, **kwargs: Any) -> list[Any]:
-            return await self.call(method, *args, **kwargs)
+            return await self.call(method, *args, **kwargs)  # type: ignore[arg-type]  # TRANSITION: goes with the shim
         return call_all
 
     def on(self, ranks: Sequence[int] | None) -> "Ranks":
@@ -91,7 +91,7 @@ class WorkerGroup:
                 await self._on_live(Worker.offload, held)
                 self._ctl.tracer.complete("device_held", "device_lock", self.name, 0, got, loop.time())
 
-    async def _on_live(self, method: Callable[..., Awaitable[None]], among: set[int] | None = None) -> None:
+    async def _on_live(self, method: Method[[], None], among: set[int] | None = None) -> None:
         """`method` on the ranks not lost (of those in `among`, by id): a lost rank has no
         memory to move, and the work it misses fails where the work is asked of it
         (or is survived there: components/workflows/survival.py). A rank lost during the
@@ -144,9 +144,10 @@ async def gather_or_cancel(calls: Sequence[Awaitable[Any]]) -> list[Any]:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     for t in tasks:  # the first failure in rank order
-        if t.done() and not t.cancelled() and t.exception() is not None:
+        error = t.exception() if t.done() and not t.cancelled() else None
+        if error is not None:
             for other in tasks:  # retrieve the rest so asyncio does not warn
                 if other is not t and other.done() and not other.cancelled():
                     other.exception()
-            raise t.exception()
+            raise error
     return [t.result() for t in tasks]

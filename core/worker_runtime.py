@@ -128,7 +128,7 @@ class WorkerRuntime:
         cls = self._cls or import_worker_class(self.spec.cls_path, self.spec.main_file)
         worker = cls.__new__(cls)
         worker._bind(self)
-        worker.__init__(**self.spec.init())
+        cls.__init__(worker, **self.spec.init())
         self.worker = worker
         await worker.setup()
         return {"pid": os.getpid()}
@@ -211,6 +211,8 @@ def import_worker_class(cls_path: str, main_file: str | None) -> type[Worker]:
         module = sys.modules.get("__dynarl_main__")
         if module is None:
             spec = importlib.util.spec_from_file_location("__dynarl_main__", main_file)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"{main_file} cannot be loaded as a module")
             module = importlib.util.module_from_spec(spec)
             sys.modules["__dynarl_main__"] = module
             spec.loader.exec_module(module)

@@ -36,6 +36,8 @@ import msgpack
 import torch
 import torch.distributed as dist
 
+from dynarl.transport.c10d_registry import unregister
+
 
 STORE_PIECE_BYTES = 4 << 20
 """A CPU hand-off goes through the store in pieces of at most this many bytes: the
@@ -128,7 +130,7 @@ class SharedDeviceGroup(dist.ProcessGroup):
 
     def __init__(self, store: Any, rank: int, devices: Sequence[int | None], full: Any, leaders_group: Any,
                  device: torch.device, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, len(devices))
+        super().__init__(rank, len(devices))  # type: ignore[call-arg]  # torch's stub lacks this form
         self.store = dist.PrefixStore("handoff/", store)  # apart from the backends' own keys
         self.devices, self.device, self.timeout = list(devices), device, timeout
         self.leaders = leaders_of(devices)
@@ -143,7 +145,7 @@ class SharedDeviceGroup(dist.ProcessGroup):
         return "shared-device"
 
     # --- collectives ---------------------------------------------------------------
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:  # type: ignore[override]  # c10d calls only this form
         (tensor,) = tensors
         self._check(tensor)
         seq = self._next()
@@ -170,7 +172,7 @@ class SharedDeviceGroup(dist.ProcessGroup):
         seq = self._next()
         if self.store.add(f"barrier/{seq}", 1) == self.size():
             self.store.delete_key(f"barrier/{seq}")
-            self.store.set(f"barrier/{seq}/done", b"1")
+            self.store.set(f"barrier/{seq}/done", "1")
         self.store.wait([f"barrier/{seq}/done"], self.timeout)
         return _Done()
 
@@ -222,8 +224,6 @@ class SharedDeviceGroup(dist.ProcessGroup):
         return self._refuse("all_to_all")
 
     def shutdown(self) -> None:
-        from .process_group import unregister
-
         for group in (self.inner, self.full):
             if group is not None:
                 unregister(group)
@@ -241,8 +241,8 @@ class SharedDeviceGroup(dist.ProcessGroup):
             data = tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
             pieces = range(0, len(data), STORE_PIECE_BYTES)
             for i, start in enumerate(pieces):
-                self.store.set(f"{key}/{i}", data[start:start + STORE_PIECE_BYTES])
-            self.store.set(key, str(len(pieces)).encode())  # last: the receiver waits for it
+                self.store.set(f"{key}/{i}", data[start:start + STORE_PIECE_BYTES])  # type: ignore[arg-type]  # c10d takes bytes
+            self.store.set(key, str(len(pieces)))  # last: the receiver waits for it
             return lambda: None
         self.store.set(key, msgpack.packb([os.getpid(), list(tensor.shape), str(tensor.dtype), cuda_handle(tensor)]))
 
@@ -266,7 +266,7 @@ class SharedDeviceGroup(dist.ProcessGroup):
             with torch.no_grad():
                 tensor.copy_(from_cuda_handle(fields))
             torch.cuda.current_stream().synchronize()
-            self.store.set(f"{key}/ack", b"1")
+            self.store.set(f"{key}/ack", "1")
             return
         parts = [f"{key}/{i}" for i in range(int(data))]
         data = b"".join(self.store.get(part) for part in parts)

@@ -42,8 +42,8 @@ class PeerWatch:
             raise ValueError(f"lost_after_s must be > 0, got {lost_after_s}")
         self.lost_after_s = lost_after_s
         self._sock = sock
-        self._monitor = sock.get_monitor_socket(_WATCHED)
-        self._fd = self._monitor.getsockopt(zmq.FD)
+        self._monitor: zmq.Socket | None = sock.get_monitor_socket(_WATCHED)
+        self._fd = self._monitor.fileno()
         self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
         self.connected = False
@@ -54,7 +54,7 @@ class PeerWatch:
 
     def _drain(self) -> None:
         monitor = self._monitor
-        while monitor is not None and monitor.get(zmq.EVENTS) & zmq.POLLIN:
+        while monitor is not None and monitor.get(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[arg-type]  # EVENTS is an int option
             event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
             if event == _UP and not self.connected:
                 self.connected = True

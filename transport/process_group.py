@@ -28,6 +28,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from dynarl.transport.c10d_registry import register, unregister
+
 
 @dataclass(slots=True)
 class GroupMembership:
@@ -94,8 +96,8 @@ def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: in
         return GroupMembership(name, rank, size, EmulatedGroup(name, rank, size), None)
     import torch.distributed as dist
 
-    from .device_group import SharedDeviceGroup, has_shared_device, leaders_of
-    from .sealed_store import SealedStore, build_key
+    from dynarl.transport.device_group import SharedDeviceGroup, has_shared_device, leaders_of
+    from dynarl.transport.sealed_store import SealedStore, build_key
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
@@ -113,7 +115,7 @@ def join_group(name: str, prefix: str, rank: int, size: int, host: str, port: in
                 unregister(full)
                 raise
         group = SharedDeviceGroup(prefixed, rank, devices, full, inner, device, timeout)
-        _register(group, size, backend, prefixed)
+        register(group, size, backend, prefixed)
     else:
         group, _ = _group(prefixed, rank, size, backend, timeout, own_host)
     return GroupMembership(name, rank, size, group, sealed)
@@ -128,22 +130,8 @@ def _group(store: Any, rank: int, size: int, backend: str, timeout: datetime.tim
     group = dist.ProcessGroup(store, rank, size)
     group._set_default_backend(backend_type)
     group._register_backend(device, backend_type, impl)
-    _register(group, size, backend, store)
+    register(group, size, backend, store)
     return group, device
-
-
-def _register(group: Any, size: int, backend: str, store: Any) -> None:
-    import torch.distributed as dist
-    c10d = dist.distributed_c10d
-    c10d._world.pg_group_ranks[group] = {r: r for r in range(size)}
-    c10d._world.pg_map[group] = (backend, store)
-
-
-def unregister(group: Any) -> None:
-    import torch.distributed as dist
-    c10d = dist.distributed_c10d
-    c10d._world.pg_group_ranks.pop(group, None)
-    c10d._world.pg_map.pop(group, None)
 
 
 def _backend(store: Any, rank: int, size: int, backend: str, timeout: datetime.timedelta,
@@ -155,7 +143,7 @@ def _backend(store: Any, rank: int, size: int, backend: str, timeout: datetime.t
     import torch.distributed as dist
     kind = dist.ProcessGroup.BackendType
     if backend == "gloo":
-        options = dist.ProcessGroupGloo._Options()
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in torch's stubs
         options._timeout = timeout
         options._devices = [_gloo_device(own_host)]
         options._threads = 2  # what the (store, rank, size, timeout) constructor uses for one device

@@ -43,7 +43,7 @@ class RpcEndpoint:
         waiting and says whether the socket took it."""
         self.peer_name = peer_name
         self._send = send
-        self._serve = serve
+        self._serve = serve or _serves_no_calls
         self._plain_method = plain_method if send_now is not None else None
         self._send_now = send_now
         self._unstarted: set[int] = set()
@@ -105,9 +105,6 @@ class RpcEndpoint:
                 self._waking = True
                 asyncio.get_running_loop().call_soon(self._woken)
         elif kind == "call" and isinstance(body.get("m"), str) and isinstance(body.get("id"), int):
-            if self._serve is None:
-                self._spawn(self._send_quietly(_error_body(body["id"], PermissionError("this peer serves no calls"))))
-                return
             if not self._answered_now(body):
                 self._start_task(body["id"], self._run(body), unstarted=True)
         elif kind == "cancel":
@@ -134,7 +131,8 @@ class RpcEndpoint:
     def _answered_now(self, body: dict) -> bool:
         """The fast path: True when the call was for a plain method, run here and
         answered (or handed to a task that finishes it in its turn)."""
-        if self._plain_method is None or self._unstarted or self._waking:
+        send_now = self._send_now
+        if self._plain_method is None or send_now is None or self._unstarted or self._waking:
             return False
         call_id = body["id"]
         try:
@@ -154,7 +152,7 @@ class RpcEndpoint:
                 return True
             reply = {"k": "reply", "id": call_id, "v": value}
         try:
-            if self._send_now(reply):
+            if send_now(reply):
                 self.calls_served += 1
                 return True
         except Exception as exc:  # the value can't go on the wire, or the socket failed
@@ -223,6 +221,10 @@ class RpcEndpoint:
             await self._send(body)
         except Exception as exc:
             log.debug("send to %s failed: %s", self.peer_name, exc)
+
+
+async def _serves_no_calls(method: str, args: list, kwargs: dict) -> Any:
+    raise PermissionError("this peer serves no calls")
 
 
 def _call_arguments(body: dict) -> tuple[list, dict]:

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import DynarlError
+from dynarl.transport.errors import DynarlError
 
 NONCE_BYTES = 12
 NAME_HEX = 32
@@ -77,7 +77,7 @@ class SealedStore(dist.Store):
         self.inner = inner
         self._names = hmac.digest(key, b"names", "sha256")
         self._aead = AESGCM(hmac.digest(key, b"values", "sha256"))
-        self.set_timeout(inner.timeout)
+        self.set_timeout(inner.timeout)  # type: ignore[attr-defined]  # not in torch's stubs
         _open_stores[id(self)] = self
 
     def close(self) -> None:
@@ -88,7 +88,7 @@ class SealedStore(dist.Store):
     # --- what c10d and the members call --------------------------------------------
     def set(self, key: str, value: bytes | str) -> None:
         name = self._name(key)
-        self.inner.set(name, self._seal(name, _bytes(value)))
+        self.inner.set(name, self._seal(name, _bytes(value)))  # type: ignore[arg-type]  # c10d takes bytes
 
     def get(self, key: str) -> bytes:
         name = self._name(key)
@@ -96,6 +96,7 @@ class SealedStore(dist.Store):
 
     def add(self, key: str, value: int) -> int:
         _, new = self._swap(key, lambda old: str(int(old or b"0") + value).encode())
+        assert new is not None  # the change above always gives a value
         return int(new)
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
@@ -128,7 +129,8 @@ class SealedStore(dist.Store):
 
     def multi_set(self, keys: list[str], values: list[bytes | str]) -> None:
         names = [self._name(k) for k in keys]
-        self.inner.multi_set(names, [self._seal(n, _bytes(v)) for n, v in zip(names, values)])
+        sealed = [self._seal(n, _bytes(v)) for n, v in zip(names, values)]
+        self.inner.multi_set(names, sealed)  # type: ignore[attr-defined]  # not in torch's stubs
 
     def deleteKey(self, key: str) -> bool:  # noqa: N802 - the name the trampoline looks up
         return self.inner.delete_key(self._name(key))
@@ -176,7 +178,7 @@ class SealedStore(dist.Store):
                 old, known = self._open(name, sealed_old), True
                 continue
             sealed_new = self._seal(name, new)
-            got = self.inner.compare_set(name, sealed_old, sealed_new)
+            got = self.inner.compare_set(name, sealed_old, sealed_new)  # type: ignore[arg-type]  # c10d takes bytes
             if got == sealed_new:
                 return old, new
             known = True

@@ -72,7 +72,7 @@ class LoopSocket:
         self.sock = ctx.socket(kind)
         _configure(self.sock, max_frame_bytes)
         self._fd = self.sock.getsockopt(zmq.FD)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop  # set by receive_forever, before any reading
         self._on_frames: Callable[[list[zmq.Frame]], bool | None] | None = None
         self._paused = False
 

@@ -165,7 +165,7 @@ class RejectCounter:
 
     def flush(self, now: float | None = None) -> None:
         """Logs the rejections not logged yet (one line), if any."""
-        if self._since:
+        if self._since and self._logged_at is not None:
             now = time.monotonic() if now is None else now
             reasons = ", ".join(f"{r} {n}" for r, n in self._since.most_common())
             log.warning("%s rejected %d more messages from %s peers in %.0f s (%s)", self.where,
@@ -252,10 +252,10 @@ class Codec:
             for part in parts:
                 mac.update(part)
             return mac.digest()[:TAG_BYTES]
-        mac = Poly1305(hmac.digest(self._secret, nonce, "sha256"))
+        poly = Poly1305(hmac.digest(self._secret, nonce, "sha256"))
         for part in parts:
-            mac.update(part)
-        return mac.finalize()
+            poly.update(part)
+        return poly.finalize()
 
 
 def encode_blob(value: Any) -> Blob:
