@@ -22,7 +22,8 @@ Method = Union[Callable[Concatenate[Any, P], Awaitable[R]], Callable[Concatenate
 def method_name(method: Callable[..., Any], cls: type | None = None) -> str:
     """The name a call to `method` sends; with `cls`, checked against that worker class."""
     name = getattr(method, "__name__", None)
-    if not callable(method) or not isinstance(name, str) or "." not in getattr(method, "__qualname__", ""):
+    qualname = getattr(method, "__qualname__", "")
+    if not callable(method) or not isinstance(name, str) or "." not in qualname or "<" in qualname:
         raise TypeError(f"a remote call names a worker method by reference (Class.method), not {method!r}")
     if name.startswith("_"):
         raise TypeError(f"{method.__qualname__} is private and cannot be called remotely")

@@ -7,6 +7,10 @@ from dynarl.core.worker_group import WorkerGroup
 from workers import Counter, Echo
 
 
+def nested_lambda():
+    return lambda self: None
+
+
 class Mover(Echo):
     async def workload_export(self):
         return []
@@ -23,6 +27,7 @@ class Mover(Echo):
     (Echo.hello, None, "hello"),                           # no class to check against
     ("hello", Echo, "by reference"),
     (lambda self: None, Echo, "by reference"),
+    (nested_lambda(), None, "by reference"),                # f.<locals>.<lambda>: dotted, still no method
     (Mover._secret, Mover, "is private"),
     (Counter.add, Echo, "Echo has no method 'add'"),
     (MigratableRank.workload_export, Echo, "Echo has no method 'workload_export'"),
