@@ -2,6 +2,7 @@
 import asyncio
 
 import dynarl
+from dynarl.core.migration.records import Taken, WorkItem
 
 
 class TimedEngine(dynarl.Worker):
@@ -64,17 +65,17 @@ class TimedEngine(dynarl.Worker):
     def workload_resume(self) -> None:
         self.paused = False
 
-    def workload_export(self) -> list[dict]:
-        items = [{"id": rid, "weight": 1.0, "until": until} for rid, until in self.requests.items()]
+    def workload_export(self) -> list[WorkItem]:
+        items = [WorkItem(rid, 1.0, until) for rid, until in self.requests.items()]
         self.requests = {}
         return items
 
     def workload_load(self) -> float:
         return float(len(self.requests))
 
-    def workload_import(self, items: list[dict]) -> int:
-        self.requests.update({item["id"]: item["until"] for item in items})
-        return len(items)
+    def workload_import(self, items: list[WorkItem]) -> Taken:
+        self.requests.update({item.id: item.body for item in items})
+        return Taken(len(items))
 
     def finished(self) -> list[str]:
         self._collect()

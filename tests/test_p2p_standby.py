@@ -21,7 +21,7 @@ async def test_standby_ranks_are_adopted_and_parked_and_the_state_moves_bitwise(
     config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=3))
     async with dynarl.Controller(config) as ctl:
         group = await trained(ctl, 2)
-        pool = StandbyPool(ctl, ReshardTrainer, "trainer", {}, warm="reshard_warm")
+        pool = StandbyPool(ctl, ReshardTrainer, "trainer", {}, warm=ReshardTrainer.reshard_warm)
         await pool.fill([0, 1, 2])
         warm, old = set(pool.group.pids), set(group.pids)
         everyone = warm | old

@@ -178,7 +178,7 @@ def test_device_stats_need_a_count_at_the_windows_start():
     pytest.param([True, True], [0.3, 0.1], [2, 2], 1, [], id="less-than-an-engine-moves-nothing"),
 ])
 def test_release_order(active, utilization, width, devices, release):
-    from dynarl.core.migration.mover import release_order
+    from dynarl.core.migration.holdings import release_order
     assert release_order(active, utilization, width, devices) == release
 
 
@@ -244,11 +244,11 @@ def test_a_barrier_plan_gives_every_finished_device_and_restore_takes_them_back(
             await mover.execute(plan, live)
         except MigrationFailed:
             assert fails
-        during = dict(mover.counts)
+        during = dict(mover.holdings.counts)
         lent = {n: await sched.group(n).call("lent_now") for n in ("rollout", "inference")}
         await mover.restore(lend=False)
         back = {n: await sched.group(n).call("lent_now") for n in ("rollout", "inference")}
-        return during, lent, back, dict(mover.counts), mover.barrier_lent, \
+        return during, lent, back, dict(mover.holdings.counts), mover.holdings.barrier_lent, \
             [(m.kind, m.component, m.devices) for m in sched.log.migrations]
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=7))
     during, lent, back, home, barrier_lent, moves = dynarl.run(workflow, config, virtual_time=True)

@@ -6,7 +6,7 @@ import pytest
 
 from dynarl.core.scheduler.policy import (ClusterView, ComponentView, DynarlConfig, _give_to_bottlenecks,
                                           _release_options, at_barrier, decide_barrier, decide_dynarl,
-                                          decide_static, is_donor, moved_requests_s, predicted_time, track_low)
+                                          is_donor, moved_requests_s, predicted_time, track_low)
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
 CFG = DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0, max_candidates=8)
@@ -77,11 +77,6 @@ def test_freed_devices_go_to_the_bottleneck_first():
     plan = decide_dynarl(snap, predictor(), CFG)
     assert plan is not None
     assert dict((r, n) for _, r, n in plan.moves).get("inference", 0) > 0
-
-
-def test_static_policy_never_moves():
-    snap = ClusterView(10.0, (rollout(low=8, active=0), trainer()))
-    assert decide_static(snap, predictor()) is None
 
 
 def test_predicted_time_is_the_slowest_stage():

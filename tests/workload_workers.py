@@ -6,6 +6,7 @@ from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.core.migration.records import Taken, WorkItem
 
 
 def requests(prefix: str, count: int, max_new_tokens: int = 24) -> list[dict]:
@@ -60,12 +61,11 @@ class EngineWorker(dynarl.Worker):
     async def workload_resume(self) -> None:
         await self.engine.resume()
 
-    async def workload_export(self) -> list[dict]:
+    async def workload_export(self) -> list[WorkItem]:
         if self.fail_export is True or (isinstance(self.fail_export, list) and self.rank in self.fail_export):
             raise RuntimeError("export failed (fault injection)")
-        return [{"id": item.request.request_id, "weight": item.request.sampling.max_new_tokens
-                 - len(item.output_token_ids), "inflight": item.to_wire()}
-                for item in await self.engine.export_inflight()]
+        return [WorkItem(item.request.request_id, item.request.sampling.max_new_tokens - len(item.output_token_ids),
+                         item.to_wire()) for item in await self.engine.export_inflight()]
 
     async def workload_load(self) -> float:
         if self.rank in self.fail_load:
@@ -77,13 +77,13 @@ class EngineWorker(dynarl.Worker):
     def is_held(self) -> bool:
         return self.held
 
-    def workload_import(self, items: list[dict]) -> int:
+    def workload_import(self, items: list[WorkItem]) -> Taken:
         refusing = [0] if self.fail_import is True else (self.fail_import or [])
         if items and self.rank in refusing:  # only the receiving side refuses
             raise RuntimeError("import refused (fault injection)")  # and stays held
         self.held = False
-        self.engine.import_inflight([InflightRequest.from_wire(item["inflight"]) for item in items])
-        return len(items)
+        self.engine.import_inflight([InflightRequest.from_wire(item.body) for item in items])
+        return Taken(len(items))
 
 
 from dynarl.components.rollout.worker import RolloutWorker  # noqa: E402
@@ -93,7 +93,7 @@ class RefusingRolloutWorker(RolloutWorker):
     """The real rollout worker, whose rank 1 refuses a non-empty import (a kept rank
     that fails to take work over)."""
 
-    async def workload_import(self, items: list[dict]) -> list:
+    async def workload_import(self, items: list[WorkItem]) -> Taken:
         if items and self.rank == 1:  # still held: the rollback's empty import lets it go
             raise RuntimeError("import refused (fault injection)")
         return await super().workload_import(items)

@@ -26,7 +26,7 @@ from dynarl.components.rollout.generation import Generation, mean_step
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.base import EngineLoad, InflightRequest, KVBlocks
 from dynarl.components.rollout.kv_choice import KVCost, KVLinkFit, choose
-from dynarl.core.migration.workload import Taken
+from dynarl.core.migration.records import Taken, WorkItem
 from dynarl.transport.wire import RemoteRef
 
 
@@ -175,7 +175,7 @@ class RolloutWorker(dynarl.Worker):
         if self.run is not None and not self.run.closed:  # else its generation is over: nothing to hand over
             await self.run.pause()
 
-    async def workload_export(self) -> list[dict]:
+    async def workload_export(self) -> list[WorkItem]:
         """Whole groups with samples still generating here: their finished samples
         stay in the group dict, their unfinished requests travel as in-flight state.
         The rank's generate() emits what it finished and returns at workload_commit."""
@@ -187,7 +187,7 @@ class RolloutWorker(dynarl.Worker):
         if self.move_kv:
             for item in items:
                 await self._attach_kv(item)
-        return items
+        return [WorkItem(item["id"], item["weight"], item) for item in items]
 
     async def _attach_kv(self, item: dict) -> None:
         """rollout.move_kv: the KV the engine still holds for each of the item's requests
@@ -238,10 +238,11 @@ class RolloutWorker(dynarl.Worker):
         load = await self.engine.load()
         return float(load.generated_tokens + load.num_running + load.num_waiting)
 
-    async def workload_import(self, items: list[dict]) -> list:
-        """Takes the items over; returns what it took (Taken's wire): per request with KV
-        on offer, the KV moved (fetched and installed, its measured cost) or left to be
-        prefilled again here (the cheaper choice, or its KV could not be fetched)."""
+    async def workload_import(self, work: list[WorkItem]) -> Taken:
+        """Takes the items over; returns what it took: per request with KV on offer, the
+        KV moved (fetched and installed, its measured cost) or left to be prefilled
+        again here (the cheaper choice, or its KV could not be fetched)."""
+        items = [w.body for w in work]
         taken = Taken(len(items))
         load = await self.engine.load()
         # the KV first: the run stays held (workload_load) while it is fetched
@@ -250,13 +251,13 @@ class RolloutWorker(dynarl.Worker):
             self.run.hold = False
             self.run.arrived.set()
         if not items:
-            return taken.to_wire()
+            return taken
         if self.run is None or self.run.closed:
             raise RuntimeError("workload_import: this rank has no generation to take work into")
         for item, blocks in zip(items, kvs):  # first: the engine's prefix cache then serves the moved prefixes
             await self._install(item, blocks, taken)
         self.run.adopt(items)
-        return taken.to_wire()
+        return taken
 
     async def _install(self, item: dict, blocks: list[tuple[KVBlocks, float]], taken: Taken) -> None:
         """Into the engine, each with its measured cost (its fetch, plus the engine's

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from dynarl.components import engine_factory
 from dynarl.components.experience import PromptGroup
+from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import TrainBatch, data_parts
+from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.rates import MeasuredRates
 from dynarl.components.workflows.stages import Span
@@ -69,7 +71,7 @@ class DynamicScheduling:
             ctl, "dynarl", rates, d.policy_config(),
             interval_s=d.interval_s, tail_interval_s=d.tail_interval_s, time_scale=time_scale)
 
-        def spec(name: str, kind: str, strategy: str | None, warm: str | None = None, **kw: Any) -> ComponentSpec:
+        def spec(name: str, kind: str, strategy: str | None, warm: Any = None, **kw: Any) -> ComponentSpec:
             group = getattr(groups, name)
             init = dict(group.handles[0].spec.init_kwargs)  # the job's ranks' own arguments
             return ComponentSpec(name, kind, strategy, init=init,
@@ -79,7 +81,7 @@ class DynamicScheduling:
         scheduler.register(spec("inference", "static", "join" if engine_factory.inference_joins(cfg) else None),
                            groups.inference)
         scheduler.register(spec("trainer", "static", "join" if streaming else "p2p",
-                                None if streaming else "reshard_warm", barrier=not streaming, stateful=True,
+                                None if streaming else TrainerWorker.reshard_warm, barrier=not streaming, stateful=True,
                                 unit=engine_factory.trainer_unit(cfg),
                                 min_devices=engine_factory.trainer_min_devices(cfg)), groups.trainer)
         mover = Mover(ctl, wf.step_ranks(wf), scheduler.managers, scheduler.log, engine_factory.move_costs(cfg),
@@ -108,11 +110,11 @@ class DynamicScheduling:
         self.state = StepState(live, StepWork(samples, prompt_mean, cap, multi_turn))
         for manager in self.scheduler.managers.values():
             manager.begin_cycle()
-        if self.mover.lend_enabled and not self.mover.parked:  # the first step: lend now
+        if self.mover.lend_enabled and not self.mover.holdings.parked:  # the first step: lend now
             await self.mover.charge(await self.mover.lend(live.version))
-        await self.scheduler.group("rollout").call("begin_step")  # lent engines too
-        live.park(self.mover.parked)
-        live.rollout_lock = not self.mover.parked
+        await self.scheduler.group("rollout").call(RolloutWorker.begin_step)  # lent engines too
+        live.park(self.mover.holdings.parked)
+        live.rollout_lock = not self.mover.holdings.parked
         log = self.scheduler.log
         self._marks = {"decisions": len(log.decisions), "migrations": len(log.migrations), "counts": len(log.counts),
                        "failures": len(log.failures)}
@@ -124,7 +126,7 @@ class DynamicScheduling:
         that never moves would leave them parked)."""
         self.scheduler.start()
         self._ticker = self.ctl.spawn_task(self._guarded(self.scheduler.run(self.state)), name=f"scheduler {label}")
-        if self.mover.parked:
+        if self.mover.holdings.parked:
             self._home = self.ctl.spawn_task(self._guarded(self._home_after_rollout(live)),
                                              name=f"lent devices home {label}")
 
@@ -279,15 +281,15 @@ class DynamicScheduling:
             try:
                 if dp is not None:
                     await self.ctl.process_group(dp, [group])
-                await group.call("start", dp)
+                await group.call(TrainerWorker.start, dp)
                 shards = [[batch.shard(*part).to_wire()] for part in data_parts(group.world_size, unit)]
                 begun = time.perf_counter()
-                await group.scatter("train", shards)
+                await group.scatter(TrainerWorker.train, shards)
                 points.append((len(devices), tokens / (time.perf_counter() - begun)))
             finally:
                 if dp is not None:
                     await self.ctl.process_groups.destroy(dp)
-                await group.call("reshard_retire")
+                await group.call(TrainerWorker.reshard_retire)
                 await pool.park(group)
         if points:  # (none fit on the GPUs: the trainer's rate is learned from its first step)
             self.rates.profile_trainer(points)

@@ -1,4 +1,5 @@
-"""What a move asks of the running step (core/migration/mover.py's Workflow): how
+"""What a move asks of the running step (core/migration/step.py Joins; the workflow
+gives it to its Mover): how
 ranks leave it and join it. GRPO's step: released rollout ranks just leave (the
 prompt channel is shared); a rank that joins a running stage gets ready (weights,
 the reference, a fresh trainer) and runs the stage's call on its channels; a group
@@ -11,6 +12,10 @@ import os
 from typing import Any
 
 from dynarl.components.experience import END
+from dynarl.components.inference.worker import InferenceWorker
+from dynarl.components.rollout.worker import RolloutWorker
+from dynarl.components.trainer.worker import TrainerWorker
+from dynarl.core.roles import MigratableRank
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 
@@ -33,28 +38,28 @@ class StepRanks:
         follows gives it); a streaming trainer rank starts (its state arrives as the
         engine's own P2P transfer)."""
         if component == "rollout":
-            await group.call("workload_resume", ranks=positions)
+            await group.on(positions).call(MigratableRank.workload_resume)
         if component == "trainer":
-            await group.call("start", None, ranks=positions)
+            await group.on(positions).call(TrainerWorker.start, None)
             return
         if version is not None:
             await self.load_weights(group, positions, version)
         if component == "inference" and self.wf.cfg.with_ref and self.wf.run_dir is not None:
-            await group.call("load_reference", os.path.join(self.wf.run_dir, "reference"), ranks=positions)
+            await group.on(positions).call(InferenceWorker.load_reference, os.path.join(self.wf.run_dir, "reference"))
 
     async def load_weights(self, group: WorkerGroup, positions: list[int], version: int) -> None:
         """The ranks that do not hold `version` yet receive it from the trainer, over a
         group of their own (a parked rank may hold it already)."""
-        held = await group.call("weight_version", ranks=positions)
+        held = await group.on(positions).call(RolloutWorker.weight_version)
         positions = [p for p, v in zip(positions, held) if v != version]
         if not positions:
             return
         name = "weight_load"
         await self.wf.ctl.process_group(name, [(self.wf.g.trainer, 0), *((group, p) for p in positions)])
         try:
-            await gather_or_cancel([self.wf.g.trainer.call("send_weights", name, version,
-                                                            ranks=self.wf.export_ranks),  # (TP: a collective export)
-                                    group.call("receive_weights", name, version, ranks=positions)])
+            await gather_or_cancel([self.wf.g.trainer.on(self.wf.export_ranks).call(  # (TP: a collective export)
+                TrainerWorker.send_weights, name, version),
+                group.on(positions).call(RolloutWorker.receive_weights, name, version)])
         finally:
             await self.wf.ctl.process_groups.destroy(name)
 
@@ -65,16 +70,16 @@ class StepRanks:
             group = getattr(self.wf.g, component)
             inbox = self.wf.live.INPUT.get(component)  # the step's own ("ahead" for a partial step's inference)
             if component == "rollout":
-                results = await group.call("generate", inbox, "rollouts", version=version,
-                                           chunk_size=self.wf.rollout_chunk_size, sampling=self.wf.sampling(),
-                                           ranks=[position])
+                results = await group.on([position]).call(
+                    RolloutWorker.generate, inbox, "rollouts", version=version,
+                    chunk_size=self.wf.rollout_chunk_size, sampling=self.wf.sampling())
             elif component == "inference":
-                results = await group.call("compute_logprobs", inbox, "experience", version=version,
-                                           split=self.wf.cfg.trainer.streaming, ranks=[position])
+                results = await group.on([position]).call(InferenceWorker.compute_logprobs, inbox, "experience",
+                                                          version=version, split=self.wf.cfg.trainer.streaming)
             elif component == "trainer":
-                results = await group.call("train_stream", inbox, None, with_ref=self.wf.cfg.with_ref,
-                                           behaviour=self.wf.partial is not None,
-                                           ranks=[position])
+                results = await group.on([position]).call(TrainerWorker.train_stream, inbox, None,
+                                                          with_ref=self.wf.cfg.with_ref,
+                                                          behaviour=self.wf.partial is not None)
             else:
                 raise ValueError(f"no rank joins a running {component} stage")
             return results[0]

@@ -1,1 +1,1 @@
-"""Moving a running component to other devices: Reboot, Workload and P2P."""
+"""Moving a running component to other devices: Workload and P2P."""

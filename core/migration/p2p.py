@@ -16,10 +16,9 @@ left) instead of stopping them: the same protocol at a fraction of the cost, so
 a move fits inside a rollout's long tail. New ranks of a rolled-back migration
 are stopped either way.
 
-The trainer workers implement the reshard protocol (components/trainer/reshard.py):
-reshard_layout, reshard_send, reshard_recv, reshard_install, state_digest, and
-start(dp_group, **start) to build a fresh trainer in the new group; with a standby
-pool also reshard_retire() to drop an old rank's state before it is parked. A
+The trainer ranks are ReshardableRanks (core/roles.py; components/trainer/reshard.py):
+`start(dp_group, **start)` builds a fresh trainer in the new group, and with a
+standby pool `reshard_retire()` drops an old rank's state before it is parked. A
 layout of kind "boxes" (a model-parallel trainer: TP x DP) is planned by the ranks
 themselves from both layouts (reshard_send_boxes / reshard_recv_boxes); `start`
 then may carry the new layout's own settings (e.g. tensor_parallel_size).
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.reshard_plan import flat_layout, plan_reshard
+from dynarl.core.roles import ReshardableRank
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 from dynarl.transport.errors import DynarlError
 
@@ -69,8 +69,8 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
     name = f"{old.name.split('@')[0]}@{gen}"
     new_dp = f"{dp_group_prefix}@{gen}" if len(devices) > 1 else None
     transfer_group = f"reshard@{gen}"
-    layouts = await old.call("reshard_layout")
-    digests = await old.call("state_digest")
+    layouts = await old.call(ReshardableRank.reshard_layout)
+    digests = await old.call(ReshardableRank.state_digest)
     total = layouts[0]["total_numel"]
     boxes = layouts[0].get("kind") == "boxes"
     new: WorkerGroup | None = None
@@ -91,22 +91,22 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
                 new = await ctl.spawn(old.cls, name=name, devices=devices, init=init)
             if new_dp is not None:
                 await ctl.process_group(new_dp, [new])
-            await new.call("start", new_dp, **(start or {}))
+            await new.call(ReshardableRank.start, new_dp, **(start or {}))
             phase("create")
-            new_layouts = await new.call("reshard_layout")
+            new_layouts = await new.call(ReshardableRank.reshard_layout)
             await ctl.process_group(transfer_group, [old, new])
             offset = old.world_size  # new rank r is rank offset + r of the transfer group
             if boxes:  # each rank plans its own copies from the two layouts
                 transfers = -1
-                calls = [old.call("reshard_send_boxes", transfer_group, layouts[0], new_layouts[0], offset),
-                         new.call("reshard_recv_boxes", transfer_group, layouts[0], new_layouts[0])]
+                calls = [old.call(ReshardableRank.reshard_send_boxes, transfer_group, layouts[0], new_layouts[0], offset),
+                         new.call(ReshardableRank.reshard_recv_boxes, transfer_group, layouts[0], new_layouts[0])]
             else:
                 plan = _flat_plan(layouts, new_layouts, total)
                 transfers = len(plan)
                 wire = [[t.key, t.src, offset + t.dst, t.offset[0], t.shape[0], tag] for tag, t in enumerate(plan)]
-                calls = [old.scatter("reshard_send", [[transfer_group, [w for w in wire if w[1] == r]]
+                calls = [old.scatter(ReshardableRank.reshard_send, [[transfer_group, [w for w in wire if w[1] == r]]
                                                       for r in range(old.world_size)]),
-                         new.scatter("reshard_recv", [[transfer_group, [w for w in wire if w[2] == offset + r],
+                         new.scatter(ReshardableRank.reshard_recv, [[transfer_group, [w for w in wire if w[2] == offset + r],
                                                        *new_layouts[r]["ranges"]["master"][r]]
                                                       for r in range(new.world_size)])]
             phase("plan")
@@ -115,7 +115,7 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
                 raise MigrationFailed(f"sent {sum(sent)} elements but received {sum(received)}")
             phase("transfer")
             step = digests[0]["step"]
-            confirmed = await new.call("reshard_install", step)
+            confirmed = await new.call(ReshardableRank.reshard_install, step)
             _check_confirmations(confirmed, total, step, digests if boxes else None)
             phase("install")
     except BaseException as exc:
@@ -155,7 +155,7 @@ async def _retire(ctl: "Controller", old: WorkerGroup, groups: list[str], standb
     and drop their state, all at once. False (the caller stops them instead) if that
     fails: a rank that cannot retire cleanly is no standby."""
     try:
-        await gather_or_cancel([*(ctl.process_groups.destroy(g) for g in groups), old.call("reshard_retire")])
+        await gather_or_cancel([*(ctl.process_groups.destroy(g) for g in groups), old.call(ReshardableRank.reshard_retire)])
     except Exception as exc:
         log.warning("retiring %s to standby failed, stopping it: %r", old.name, exc)
         return False

@@ -17,7 +17,7 @@ broken, and the pool spawns a fresh one the next time it is filled.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dynarl.core.worker_group import WorkerGroup
 
@@ -28,13 +28,13 @@ if TYPE_CHECKING:
 
 class StandbyPool:
     def __init__(self, ctl: "Controller", cls: type, name: str, init: dict[str, Any],
-                 warm: str | None = None) -> None:
+                 warm: Callable[..., Any] | None = None) -> None:
         self.ctl = ctl
         self.cls = cls
         self.init = init
         self.warm = warm
-        """A method every new standby runs once after it starts (imports, first
-        allocations), so that its first adoption costs what later ones do."""
+        """A method (a reference) every new standby runs once after it starts (imports,
+        first allocations), so that its first adoption costs what later ones do."""
         self.name = f"{name}~standby"
         self.group: WorkerGroup | None = None
 
@@ -61,6 +61,7 @@ class StandbyPool:
         if not self.has(devices):
             raise LookupError(f"{self.name}: no parked rank for every device of {list(devices)}")
         chosen: list[WorkerHandle] = []
+        assert self.group is not None
         for d in devices:
             chosen.append(next(h for h in self.group.handles if h.spec.devices[0] == d and h not in chosen))
         return chosen
@@ -77,11 +78,12 @@ class StandbyPool:
             await self.ctl.grow_group(self.group, missing, self.init)
             new = list(range(self.group.world_size - len(missing), self.group.world_size))
         if self.warm is not None:
-            await self.group.call(self.warm, ranks=new)
+            await self.group.on(new).call(self.warm)
 
     def adopt(self, devices: Sequence[int], name: str) -> WorkerGroup:
         """A new group `name` of parked ranks, one per entry of `devices`, in that order."""
         chosen = self._chosen(devices)
+        assert self.group is not None
         if name in self.ctl.groups:
             raise ValueError(f"a group named {name!r} already exists")
         group = WorkerGroup(self.ctl, name, self.cls, [])
@@ -92,7 +94,9 @@ class StandbyPool:
 
     def join(self, group: WorkerGroup, devices: Sequence[int]) -> None:
         """Parked ranks on `devices` rejoin `group` (a donor getting its devices back)."""
-        _move(self.ctl, self._chosen(devices), self.group, group)
+        chosen = self._chosen(devices)
+        assert self.group is not None
+        _move(self.ctl, chosen, self.group, group)
 
     async def park(self, group: WorkerGroup, positions: Sequence[int] | None = None) -> list[int]:
         """Moves the ranks at `positions` (default: all, which retires the group) out

@@ -10,8 +10,8 @@ faster. It is a reboot of those engines, paid in full:
     pause, export every unfinished group (or turn) with its requests' tokens so far
     (the Workload migration protocol), stop both engines; an engine restart on their
     devices (MoveCosts.restart_s on emulated devices); the new engine loads the
-    current weights from the trainer (the workflow's `ready_ranks`); it joins the
-    running step (the workflow's `stage_call`: generate() for GRPO, serve_turns for
+    current weights from the trainer (the step's Joins: `ready_ranks`); it joins the
+    running step (`stage_call`: generate() for GRPO, serve_turns for
     the agentic workflow, whose driver routes to it from then on), imports the work
     and re-prefills its tokens (in its own emulation).
 
@@ -32,13 +32,18 @@ again (mover.py: Mover.restore).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+import functools
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, NamedTuple, Sequence
 
 from dynarl.core.migration.p2p import MigrationFailed
-from dynarl.core.migration.workload import Taken, export_each, roll_back
+from dynarl.core.migration.records import Taken
+from dynarl.core.migration.step import Joins, Step
+from dynarl.core.migration.workload import export_each, roll_back
+from dynarl.core.roles import MigratableRank, ReportingRank
 
 if TYPE_CHECKING:
-    from dynarl.core.migration.mover import Mover, Step
+    from dynarl.core.controller import Controller
+    from dynarl.core.worker_group import WorkerGroup
 
 WIDEN = 2
 """Engines merged into one: TP-t engines become TP-(WIDEN*t) engines."""
@@ -69,33 +74,35 @@ def widen_pairs(engines: Sequence[Engine]) -> list[tuple[int, int]]:
         here = sorted((e for e in engines if e.node == node), key=lambda e: e.device)
         active = [e.position for e in here if e.active]
         idle = [e.position for e in here if not e.active]
-        pairs.extend(tuple(sorted(pair)) for pair in zip(active, idle))
+        pairs.extend((min(a, b), max(a, b)) for a, b in zip(active, idle))
     return pairs
 
 
-async def widen(mover: "Mover", live: "Step") -> int:
-    """Merges pairs of the rollout's base-TP engines (widen_pairs) into engines of WIDEN
-    times the TP; returns how many wide engines started."""
-    ctl, wf, name = mover.ctl, mover.wf, mover.donor
-    tp, group = mover.tp, mover.group(mover.donor)
-    loads = await group.call("metrics")
+async def widen(ctl: "Controller", joins: Joins, group: "WorkerGroup", name: str, tp: int,
+                wide: Mapping[int, Sequence[int]], live: Step, widened: Callable[[dict[int, tuple[int, ...]]], None],
+                restart: Callable[[], Awaitable[None]], time_scale: float) -> tuple[float, Taken] | None:
+    """Merges pairs of the rollout's base-TP engines (widen_pairs; those whose first
+    device is in `wide` are wide already) into engines of WIDEN times the TP; tells
+    `widened` their devices once they started; `restart` charges the engine restart.
+    Returns when it began and what the wide engines took in (None: no pair)."""
+    loads = await group.call(ReportingRank.metrics)
     handles = list(group.handles)
     engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], bool(loads[p]["active_run"]))
-               for p, h in enumerate(handles) if h.spec.devices[0] not in mover.wide]
+               for p, h in enumerate(handles) if h.spec.devices[0] not in wide]
     pairs = widen_pairs(engines)
     if not pairs or not live.accepts(name):
-        return 0
-    begun = mover.now()
+        return None
     loop = asyncio.get_running_loop()
+    begun = loop.time()
     # Registered before anything moves, so the rollout is not done while its work is in between.
     slots = [loop.create_future() for _ in pairs]
     live.extras[name].extend(slots)
     release = sorted(p for pair in pairs for p in pair)
-    exported: dict[int, list[dict]] = {}
+    exported: dict[int, list[Any]] = {}
     # the agentic driver routes no more turns to them
-    await wf.releasing(name, [handles[p].spec.worker_id for p in release])
+    await joins.releasing(name, [handles[p].spec.worker_id for p in release])
     try:
-        await group.call("workload_pause", ranks=release)
+        await group.on(release).call(MigratableRank.workload_pause)
         await export_each(group, release, exported)
     except BaseException as exc:
         # Nothing has moved yet: every engine gets its own work back and resumes, and
@@ -109,42 +116,41 @@ async def widen(mover: "Mover", live: "Step") -> int:
         note = f"; {lost} exported items could not be given back" if lost else ""
         raise MigrationFailed(f"tail-TP widening rolled back: {exc}{note}") from exc
     try:
-        await group.call("workload_commit", ranks=release)  # their runs end: the wider engines take over
+        await group.on(release).call(MigratableRank.workload_commit)  # their runs end: the wider engines take over
         firsts = [handles[a].spec.devices[0] for a, _ in pairs]
-        members = {f: sorted(handles[p].spec.devices[0] + k for p in pair for k in range(tp))
+        members = {f: tuple(sorted(handles[p].spec.devices[0] + k for p in pair for k in range(tp)))
                    for f, pair in zip(firsts, pairs)}
         await ctl.shrink_group(group, release)
-        await mover.charge(mover.costs.restart_s)  # offload, restart at the new TP, onload
+        await restart()  # offload, restart at the new TP, onload
         first = group.world_size
-        await ctl.grow_group(group, firsts, wf.rank_init(name, tp=WIDEN * tp))
+        await ctl.grow_group(group, firsts, joins.rank_init(name, tp=WIDEN * tp))
         new = list(range(first, group.world_size))
-        await wf.ready_ranks(name, group, new, live.version)
-        mover.wide.update(members)
+        await joins.ready_ranks(name, group, new, live.version)
+        widened(members)
         for p, slot in zip(new, slots):
-            call = asyncio.ensure_future(wf.stage_call(name, p, live.version))
-            call.add_done_callback(lambda c, s=slot: _settle(s, c))
-        await _opened(group, new, mover)
-        items = [[exported[a] + exported[b]] for a, b in pairs]
+            call = asyncio.ensure_future(joins.stage_call(name, p, live.version))
+            call.add_done_callback(functools.partial(_settle, slot))
+        await _opened(group, new, time_scale)
         taken = Taken(0)
-        for result in await group.scatter("workload_import", items, ranks=new):
-            taken.add(Taken.from_wire(result))
-        await wf.joined(name, [group.handles[p].spec.worker_id for p in new])
+        for result in await group.on(new).scatter(MigratableRank.workload_import,
+                                                  [[exported[a] + exported[b]] for a, b in pairs]):
+            taken.add(result)
+        await joins.joined(name, [group.handles[p].spec.worker_id for p in new])
     except BaseException as exc:
         for slot in slots:
             if not slot.done():
                 slot.set_exception(exc) if isinstance(exc, Exception) else slot.cancel()
         raise
-    mover.record("reboot", name, [], begun, kv=taken)
-    return len(new)
+    return begun, taken
 
 
-async def _opened(group: Any, ranks: list[int], mover: "Mover") -> None:
+async def _opened(group: "WorkerGroup", ranks: list[int], time_scale: float) -> None:
     """Waits until each new engine's generation is open (it can take imports)."""
     for _ in range(10_000):
-        loads = await group.call("workload_load", ranks=ranks)
+        loads = await group.on(ranks).call(MigratableRank.workload_load)
         if all(load != float("inf") for load in loads):
             return
-        await asyncio.sleep(POLL_S * mover.time_scale)
+        await asyncio.sleep(POLL_S * time_scale)
     raise RuntimeError("a wide rollout engine's generation did not start")
 
 
@@ -153,7 +159,7 @@ def _settle(slot: asyncio.Future, call: asyncio.Future) -> None:
         return
     if call.cancelled():
         slot.cancel()
-    elif call.exception() is not None:
-        slot.set_exception(call.exception())
+    elif (exc := call.exception()) is not None:
+        slot.set_exception(exc)
     else:
         slot.set_result(call.result())

@@ -13,13 +13,11 @@ With a StandbyPool (standby.py) the released ranks are parked instead of stopped
 their processes stay warm, and the component gets them back (`StandbyPool.join`,
 then workload_resume) when its devices return, without a spawn.
 
-Worker protocol: workload_pause(), workload_export() -> [item], workload_load()
--> float, workload_import([item]) -> Taken's wire (or a count), workload_resume(),
-workload_commit(). A released rank stays open after its export (it may get its items
-back) until workload_commit, sent once every kept rank has imported. Each item is a
-dict with at least "id" and "weight" (its expected remaining work, for balancing);
-a rollout rank's items may offer their requests' KV (components/rollout/worker.py),
-which the taker moves or leaves, per request, and reports in its Taken.
+The ranks are MigratableRanks (core/roles.py). A released rank stays open after its
+export (it may get its items back) until workload_commit, sent once every kept rank
+has imported. Items are WorkItems (records.py); a rollout rank's may offer their
+requests' KV (components/rollout/worker.py), which the taker moves or leaves, per
+request, and reports in its Taken.
 """
 from __future__ import annotations
 
@@ -28,46 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from dynarl.core.migration.p2p import MigrationFailed
+from dynarl.core.migration.records import Taken, WorkItem
 from dynarl.core.migration.standby import StandbyPool
+from dynarl.core.roles import MigratableRank
 from dynarl.core.worker_group import WorkerGroup
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
-
-
-@dataclass(slots=True)
-class Taken:
-    """What a kept rank's workload_import took: its items, and of their requests that
-    offered KV, those whose KV it moved in (tokens, measured loop seconds) and those it
-    left to be prefilled again (the cheaper choice, or the KV could not be had)."""
-    items: int
-    kv_requests: int = 0
-    kv_tokens: int = 0
-    kv_s: float = 0.0
-    reprefilled: int = 0
-
-    def moved(self, tokens: int, seconds: float) -> None:
-        self.kv_requests += 1
-        self.kv_tokens += tokens
-        self.kv_s += seconds
-
-    def add(self, other: "Taken") -> None:
-        self.items += other.items
-        self.kv_requests += other.kv_requests
-        self.kv_tokens += other.kv_tokens
-        self.kv_s += other.kv_s
-        self.reprefilled += other.reprefilled
-
-    def to_wire(self) -> list:
-        return [self.items, self.kv_requests, self.kv_tokens, self.kv_s, self.reprefilled]
-
-    @classmethod
-    def from_wire(cls, w: Any) -> "Taken":
-        """A Taken's wire, or a bare count of items (workers with no KV to report)."""
-        if isinstance(w, (int, float)) or w is None:
-            return cls(int(w or 0))
-        items, kv_requests, kv_tokens, kv_s, reprefilled = w
-        return cls(int(items), int(kv_requests), int(kv_tokens), float(kv_s), int(reprefilled))
 
 
 @dataclass(slots=True)
@@ -107,25 +72,25 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     keep = [p for p in range(group.world_size) if p not in release]
     if not release or not keep:
         raise ValueError("release some ranks, and keep at least one")
-    exported: dict[int, list[dict]] = {}
+    exported: dict[int, list[WorkItem]] = {}
     """Released position -> the items its export returned (recorded as each returns)."""
     placed: set[int] = set()
     """Kept positions whose import took their share."""
-    per_rank: dict[int, list[dict]] = {p: [] for p in keep}
+    per_rank: dict[int, list[WorkItem]] = {p: [] for p in keep}
     try:
         # The kept ranks first: asking their load also holds them open for the import,
         # so none can finish and close between now and then. If none is open, the move
         # goes on only if the released ranks are done too (nothing to hand over);
         # otherwise nothing is touched: their work could go nowhere.
-        loads = await group.call("workload_load", ranks=keep)
+        loads = await group.on(keep).call(MigratableRank.workload_load)
         if all(load == float("inf") for load in loads):
-            released = await group.call("workload_load", ranks=release)
+            released = await group.on(release).call(MigratableRank.workload_load)
             if not all(load == float("inf") for load in released):
                 raise MigrationFailed("no kept rank can take work")
-        await group.call("workload_pause", ranks=release)
+        await group.on(release).call(MigratableRank.workload_pause)
         await export_each(group, release, exported)
         items = [item for p in release for item in exported[p]]
-        targets = assign([float(item["weight"]) for item in items], dict(zip(keep, loads)))
+        targets = assign([item.weight for item in items], dict(zip(keep, loads)))
         for item, target in zip(items, targets):
             per_rank[target].append(item)
         taken = Taken(0)
@@ -135,7 +100,7 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
             raise MigrationFailed(f"workload_import failed on positions {failed}")
         # The released ranks end their generation only now: until here a rollback could
         # still give their items back to them.
-        await asyncio.gather(*(group.handles[p].call("workload_commit") for p in release), return_exceptions=True)
+        await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_commit) for p in release), return_exceptions=True)
     except BaseException as exc:
         lost = await roll_back(group, keep, release, exported, placed, per_rank)
         if isinstance(exc, asyncio.CancelledError):
@@ -149,11 +114,11 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
     return WorkloadResult(len(items), freed, loop.time() - started, taken)
 
 
-async def export_each(group: WorkerGroup, release: list[int], exported: dict[int, list[dict]]) -> None:
+async def export_each(group: WorkerGroup, release: list[int], exported: dict[int, list[WorkItem]]) -> None:
     """workload_export on every released rank, recording each rank's items as they
     come; a failed export fails the migration with the others' items recorded, and a
     cancellation waits for the exports under way (their items must not vanish)."""
-    calls = asyncio.gather(*(group.handles[p].call("workload_export") for p in release), return_exceptions=True)
+    calls = asyncio.gather(*(group.handles[p].call(MigratableRank.workload_export) for p in release), return_exceptions=True)
     try:
         results = await asyncio.shield(calls)
     except asyncio.CancelledError:
@@ -164,7 +129,7 @@ async def export_each(group: WorkerGroup, release: list[int], exported: dict[int
         raise MigrationFailed(f"workload_export failed on positions {failed}")
 
 
-def _record_exports(release: list[int], results: list[Any], exported: dict[int, list[dict]]) -> list[int]:
+def _record_exports(release: list[int], results: list[Any], exported: dict[int, list[WorkItem]]) -> list[int]:
     failed = []
     for p, result in zip(release, results):
         if isinstance(result, BaseException):
@@ -174,8 +139,8 @@ def _record_exports(release: list[int], results: list[Any], exported: dict[int, 
     return failed
 
 
-async def roll_back(group: WorkerGroup, keep: list[int], release: list[int], exported: dict[int, list[dict]],
-                     placed: set[int], per_rank: dict[int, list[dict]]) -> int:
+async def roll_back(group: WorkerGroup, keep: list[int], release: list[int], exported: dict[int, list[WorkItem]],
+                     placed: set[int], per_rank: dict[int, list[WorkItem]]) -> int:
     """Undoes a migration that failed: items a kept rank imported stay there; the rest
     go back to the released rank they came from; every held rank is let go; the
     released ranks resume. Returns how many items could go nowhere."""
@@ -187,16 +152,16 @@ async def roll_back(group: WorkerGroup, keep: list[int], release: list[int], exp
     # released rank that got items back was let go by that import).
     given_back = {p for p, items in back if items}
     await _release_holds(group, [p for p in keep if p not in placed] + [p for p in release if p not in given_back])
-    await asyncio.gather(*(group.handles[p].call("workload_resume") for p in release), return_exceptions=True)
+    await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_resume) for p in release), return_exceptions=True)
     return lost
 
 
-async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[dict]]], taken: Taken | None = None
+async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[WorkItem]]], taken: Taken | None = None
                        ) -> list[int]:
     """workload_import(items) on each (rank position, items); returns the positions that
     failed (a rank that ended its generation, or is gone), adding what the others took
     to `taken`. Cancellation is raised."""
-    results = await asyncio.gather(*(group.handles[p].call("workload_import", [items]) for p, items in parts),
+    results = await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_import, items) for p, items in parts),
                                    return_exceptions=True)
     failed = []
     for (p, _), result in zip(parts, results):
@@ -205,7 +170,7 @@ async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[dict]]], 
                 raise result
             failed.append(p)
         elif taken is not None:
-            taken.add(Taken.from_wire(result))
+            taken.add(result)
     return failed
 
 

@@ -32,7 +32,8 @@ from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
-    from dynarl.core.migration.mover import Mover, Step
+    from dynarl.core.migration.mover import Mover
+    from dynarl.core.migration.step import Step
 
 
 class RateSource(Protocol):
@@ -154,7 +155,7 @@ class GlobalScheduler:
             donor.packable = packable_since(len(low), demand, config.theta, now, donor.packable)
             if donor.packable is not None:
                 low = (donor.packable,) * len(low)
-        counts = self.mover.counts if self.mover is not None else {
+        counts = self.mover.holdings.counts if self.mover is not None else {
             name: len(m.group.devices) for name, m in self.managers.items()}
 
         def lendable(name: str, finished: bool) -> int | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Literal
 
 from dynarl.core.hypergraph import Hypergraph
+from dynarl.core.roles import ReportingRank
 from dynarl.core.scheduler.policy import track_low
 from dynarl.core.worker_group import WorkerGroup
 
@@ -143,7 +144,7 @@ class Manager:
     async def poll(self, now: float) -> None:
         """Reads every worker's metrics. Consumes: one `metrics` call per rank."""
         workers = [h.spec.worker_id for h in self.group.handles]  # the ranks asked (a move may follow)
-        self.observe(now, workers, await self.group.call("metrics"))
+        self.observe(now, workers, await self.group.call(ReportingRank.metrics))
 
     def observe(self, now: float, workers: list[str], reports: list[dict]) -> None:
         """One poll's reports of `workers` into the hypergraph and the cycle's state."""
@@ -179,7 +180,7 @@ class Manager:
         decision acts on what it saw, without a second round trip to busy engines),
         else asked again."""
         if self.reported != [h.spec.worker_id for h in self.group.handles]:
-            return await self.group.call("metrics")
+            return await self.group.call(ReportingRank.metrics)
         return self.reports
 
     def observe_group(self) -> list[str]:

@@ -215,10 +215,6 @@ def demand_engines(c: ComponentView) -> int | None:
     return -(-max(c.active_requests, 0) // max(c.requests_per_engine, 1))
 
 
-def decide_static(view: ClusterView, predictor: Predictor, config: DynarlConfig | None = None) -> Plan | None:
-    return None
-
-
 def decide_dynarl(view: ClusterView, predictor: Predictor, config: DynarlConfig) -> Plan | None:
     comps = view.components
     current = {c.name: c.devices for c in comps}
