@@ -3,7 +3,7 @@ builds process groups at runtime and shuts everything down in order.
 
     async with Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(MyWorker, num_ranks=2)
-        print(await group.call("hello"))
+        print(await group.call(MyWorker.hello))
 
 Every long-running task (socket receive loop, liveness monitor, served calls,
 process watchers) is owned by the controller's TaskGroup. Shutdown is ordered
@@ -25,12 +25,12 @@ import zmq
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.devices import DevicePool
 from dynarl.core.device_lock import LockManager
-from dynarl.core.health import HealthLimits, State, rank_health
+from dynarl.core.health import HealthLimits, State, monitor, rank_health
 from dynarl.core.hypergraph import Hypergraph
 from dynarl.core.launcher import Launcher, make_launcher
 from dynarl.core.process_groups import ProcessGroups, RuntimeProcessGroup
 from dynarl.core.tracing import Tracer
-from dynarl.core.worker import Worker, WorkerSpec
+from dynarl.core.worker import Worker, WorkerSpec, rank_specs
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 from dynarl.core.worker_handle import WorkerHandle
 from dynarl.core.channel_service import ChannelService
@@ -92,7 +92,9 @@ class Controller:
                 bind = f"tcp://{self.config.bind_host}:0" if remote else None
                 router = self.router = RouterServer(self.codec, bind)
                 self._background.append(self._tg.create_task(router.serve(), name="router"))
-                self._background.append(self._tg.create_task(self._monitor(router), name="liveness"))
+                self._background.append(self._tg.create_task(monitor(
+                    self._watched, router.last_seen, self.health_limits, self.config.heartbeat_interval_s, self.where),
+                    name="liveness"))
                 self.channel_service.fetcher = PayloadFetcher(self.codec, self.spawn_task)
             await self.launcher.start(self)
         except BaseException as exc:
@@ -286,22 +288,10 @@ class Controller:
             main_file = getattr(__main__, "__file__", None)
         node0 = self.pool.devices[device_ids[0]].node
         port = await self.launcher.free_port(node0)
-        per_node: dict[int, int] = {}
-        specs = []
-        for rank, device_id in enumerate(device_ids, start=first_rank):
-            device = self.pool.devices[device_id]
-            local_rank = per_node.get(device.node, 0)
-            per_node[device.node] = local_rank + 1
-            specs.append(WorkerSpec(
-                worker_id=f"{name}/{rank}/{secrets.token_hex(4)}", group=name, rank=rank,
-                world_size=first_rank + len(device_ids), local_rank=local_rank, node=device.node, devices=[device_id],
-                local_devices=[device.local_index], device_kind=device.kind,
-                cls_path=f"{module}:{cls.__qualname__}", main_file=main_file, init_kwargs=init,
-                master_addr=self.launcher.node_address(node0), master_port=port,
-                threads=self.config.worker_threads))
-        for spec in specs:
-            spec.local_world_size = per_node[spec.node]
-        return specs
+        return rank_specs(name, f"{module}:{cls.__qualname__}", [self.pool.devices[d] for d in device_ids],
+                          first_rank=first_rank, main_file=main_file, init=init,
+                          master_addr=self.launcher.node_address(node0), master_port=port,
+                          threads=self.config.worker_threads)
 
     # --- wiring workers that connect over the router --------------------------------
     def expect(self, handle: WorkerHandle) -> None:
@@ -336,30 +326,9 @@ class Controller:
                 handle.attach(endpoint, int((body.get("d") or {}).get("pid", 0)) or None)
         router.routes[identity] = on_message
 
-    async def _monitor(self, router: RouterServer) -> None:
-        """Reports silent or hung workers as lost (core/health.py: a rank is suspect
-        first). Consumes: router.last_seen and heartbeat lag. Unblocked by: cancellation
-        at shutdown."""
-        cfg = self.config
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(cfg.heartbeat_interval_s)
-            now = loop.time()
-            watched = [h for group in list(self.groups.values()) for h in group.handles] + list(self._starting)
-            for h in watched:
-                if not h.alive or h.endpoint is None:
-                    continue
-                h.silent_s = now - router.last_seen.get(h.spec.worker_id.encode(), now)
-                if rank_health(gone=False, silent_s=h.silent_s, loop_lag_s=h.loop_lag_s,
-                               limits=self.health_limits) != "lost":
-                    continue
-                if h.silent_s > cfg.heartbeat_timeout_s:
-                    # its heartbeat thread is silent: the process is frozen (SIGSTOP, swapped
-                    # out), its host or the network is gone, or a C call holds the GIL
-                    h.mark_lost(f"no heartbeat for {h.silent_s:.1f} s{self.where(h)} (process frozen or "
-                                "unreachable: its host or the network to it down, or a native call holding the GIL)")
-                else:
-                    h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s{self.where(h)}")
+    def _watched(self) -> list[WorkerHandle]:
+        """The ranks the liveness monitor looks at: every group's, and those being started."""
+        return [h for group in list(self.groups.values()) for h in group.handles] + list(self._starting)
 
     def fleet(self, weights: int | None = None) -> dict[str, State]:
         """Every rank's health now (core/health.py), by name; `weights`: the version the

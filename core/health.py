@@ -10,8 +10,8 @@
     lost      gone (exited, unreachable), silent past `lost_after_s`, or its loop
               blocked past `hang_after_s`
 
-`rank_health` is pure (table-tested); the controller's monitor applies it to every
-rank each heartbeat interval and marks the lost ones (core/controller.py).
+`rank_health` is pure (table-tested); `monitor` applies it to every rank each
+heartbeat interval and marks the lost ones.
 `seen_lost` waits a moment for a loss behind a failure to be seen (a call can fail
 before the exit is noticed): the restart (launch/recovery.py) and the in-place
 survival (components/workflows/survival.py) both ask it.
@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from dynarl.core.worker_handle import WorkerHandle
 
 State = Literal["healthy", "suspect", "stale", "lost"]
 STATES: tuple[State, ...] = ("healthy", "suspect", "stale", "lost")
@@ -53,6 +56,30 @@ def rank_health(*, gone: bool, silent_s: float, loop_lag_s: float, limits: Healt
     if weights is not None and current is not None and weights < current:
         return "stale"
     return "healthy"
+
+
+async def monitor(watched: Callable[[], list[WorkerHandle]], last_seen: Mapping[bytes, float],
+                  limits: HealthLimits, interval_s: float, where: Callable[[WorkerHandle], str]) -> None:
+    """Reports silent or hung ranks as lost (a rank is suspect first). Consumes: the
+    router's `last_seen` (by worker id) and each rank's heartbeat lag; `where(rank)`
+    names its node in the reason. Unblocked by: cancellation at shutdown."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval_s)
+        now = loop.time()
+        for h in watched():
+            if not h.alive or h.endpoint is None:
+                continue
+            h.silent_s = now - last_seen.get(h.spec.worker_id.encode(), now)
+            if rank_health(gone=False, silent_s=h.silent_s, loop_lag_s=h.loop_lag_s, limits=limits) != "lost":
+                continue
+            if h.silent_s > limits.lost_after_s:
+                # its heartbeat thread is silent: the process is frozen (SIGSTOP, swapped
+                # out), its host or the network is gone, or a C call holds the GIL
+                h.mark_lost(f"no heartbeat for {h.silent_s:.1f} s{where(h)} (process frozen or "
+                            "unreachable: its host or the network to it down, or a native call holding the GIL)")
+            else:
+                h.mark_lost(f"event loop blocked for {h.loop_lag_s:.1f} s{where(h)}")
 
 
 LOSS_WAIT_S = 2.0

@@ -10,10 +10,12 @@ runs, so a constructor may use them.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
+    from dynarl.core.devices import Device
     from dynarl.core.worker_runtime import WorkerRuntime
 
 
@@ -72,6 +74,25 @@ class WorkerSpec:
     def init(self) -> dict[str, Any]:
         """The constructor's arguments (decoded, if they crossed a process boundary)."""
         return self.init_kwargs if self.init_wire is None else decode_init(self.init_wire)
+
+
+def rank_specs(group: str, cls_path: str, devices: Sequence[Device], *, first_rank: int, main_file: str | None,
+               init: dict[str, Any], master_addr: str, master_port: int, threads: int) -> list[WorkerSpec]:
+    """One rank per device, numbered from `first_rank`; a rank's local rank counts the
+    ranks on its node among these."""
+    per_node: dict[int, int] = {}
+    specs = []
+    for rank, device in enumerate(devices, start=first_rank):
+        local_rank = per_node.get(device.node, 0)
+        per_node[device.node] = local_rank + 1
+        specs.append(WorkerSpec(
+            worker_id=f"{group}/{rank}/{secrets.token_hex(4)}", group=group, rank=rank,
+            world_size=first_rank + len(devices), local_rank=local_rank, node=device.node, devices=[device.id],
+            local_devices=[device.local_index], device_kind=device.kind, cls_path=cls_path, main_file=main_file,
+            init_kwargs=init, master_addr=master_addr, master_port=master_port, threads=threads))
+    for spec in specs:
+        spec.local_world_size = per_node[spec.node]
+    return specs
 
 
 def encode_init(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -152,9 +173,6 @@ class Worker:
     def process_group(self, name: str) -> Any:
         """The torch.distributed ProcessGroup named `name` that includes this rank."""
         return self._runtime.process_group(name)
-
-    def process_group_rank(self, name: str) -> int:
-        return self._runtime.process_group(name).rank()
 
     @property
     def device(self) -> str:

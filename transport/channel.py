@@ -20,6 +20,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Hashable
 
+from dynarl.transport.backpressure import Room
 from dynarl.transport.custody import Custody, name_key
 from dynarl.transport.errors import ChannelClosed
 from dynarl.transport.wire import Blob, RemoteRef, decode_blob
@@ -86,10 +87,7 @@ class Channel:
         self._getters: dict[Hashable, list[tuple[float, int, _Getter]]] = defaultdict(list)
         """Per key: a heap of (weight served to the consumer when pushed, seq, getter)."""
         self._by_consumer: dict[tuple[Hashable, str | None], deque[_Getter]] = defaultdict(deque)
-        self._putters: deque[asyncio.Future] = deque()
-        self._woken: set[asyncio.Future] = set()
-        """Putters a take has woken that have not run yet: the room is theirs."""
-        self._room_waiters: deque[asyncio.Future] = deque()
+        self._room = Room(name, lambda: self._size < self.capacity)
         self._served: dict[str, float] = defaultdict(float)
         self._producers: dict[str, int] = defaultdict(int)
         self._live_at_compaction: dict[Hashable, int] = {}
@@ -113,48 +111,13 @@ class Channel:
         """Waits while the channel is full (backpressure)."""
         if weight < 0:
             raise ValueError(f"weight must be >= 0, got {weight}")
-        await self._wait_turn()
+        await self._room.turn()  # in the order the putters came (transport/backpressure.py)
         self.put_nowait(item, key, weight, affinity, producer)
 
     async def wait_room(self) -> None:
         """Returns once the channel holds fewer items than its capacity (a worker's
-        flusher, before it sends its next batch). Takes no turn from the putters:
-        every such waiter is told at each take."""
-        await self._until_room(self._room_waiters, takes_turn=False)
-
-    async def _wait_turn(self) -> None:
-        """A putter's wait for room: one putter is woken per take."""
-        await self._until_room(self._putters, takes_turn=True)
-
-    async def _until_room(self, waiters: deque[asyncio.Future], takes_turn: bool) -> None:
-        """Putters go in the order they came: one that finds room while others wait (or
-        have been woken and not run yet) waits behind them, and a woken putter that finds
-        the channel full again keeps its place at the front. (Else a producer's later put,
-        e.g. a rank's END, could overtake its earlier one.)"""
-        woken = False
-        while True:
-            if self.closed:
-                raise ChannelClosed(f"channel {self.name!r} is closed")
-            ahead = takes_turn and not woken and (self._putters or self._woken)
-            if self._size < self.capacity and not ahead:
-                return
-            fut = asyncio.get_running_loop().create_future()
-            if woken:
-                waiters.appendleft(fut)
-            else:
-                waiters.append(fut)
-            try:
-                await fut
-            except asyncio.CancelledError:
-                if fut in self._woken:
-                    self._woken.discard(fut)
-                    self._wake_putter()  # woken, then cancelled: the room goes to the next putter
-                raise
-            finally:
-                if fut in waiters:
-                    waiters.remove(fut)
-            woken = takes_turn
-            self._woken.discard(fut)
+        flusher, before it sends its next batch), taking no turn from the putters."""
+        await self._room.watch()
 
     def put_nowait(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                    producer: str | None = None, names: tuple = ()) -> None:
@@ -226,17 +189,10 @@ class Channel:
     # The *_raw forms hand out items as stored: Blobs from workers stay encoded
     # when the controller forwards them to another worker.
     async def get_raw(self, key: Hashable = None, consumer: str | None = None) -> Any:
-        return (await self._get_entry(key, consumer)).item
+        return (await self.get_entry(key, consumer)).item
 
     def get_raw_nowait(self, key: Hashable = None, consumer: str | None = None) -> Any:
-        return self._take(key, consumer).item
-
-    async def get_entry(self, key: Hashable = None, consumer: str | None = None) -> Entry:
-        """get_raw with the item's weight and affinity (what give_back needs)."""
-        return await self._get_entry(key, consumer)
-
-    def take_nowait(self, key: Hashable = None, consumer: str | None = None) -> Entry:
-        return self._take(key, consumer)
+        return self.take_nowait(key, consumer).item
 
     async def get_batch_raw(self, target_weight: float, key: Hashable = None,
                             consumer: str | None = None) -> list[Any]:
@@ -244,7 +200,7 @@ class Channel:
         total = 0.0
         try:
             while total < target_weight:
-                entry = await self._get_entry(key, consumer)
+                entry = await self.get_entry(key, consumer)
                 entries.append(entry)
                 total += entry.weight
         except ChannelClosed:
@@ -255,9 +211,10 @@ class Channel:
             raise
         return [e.item for e in entries]
 
-    async def _get_entry(self, key: Hashable, consumer: str | None) -> Entry:
+    async def get_entry(self, key: Hashable = None, consumer: str | None = None) -> Entry:
+        """get_raw with the item's weight and affinity (what give_back needs)."""
         try:
-            return self._take(key, consumer)
+            return self.take_nowait(key, consumer)
         except WouldBlock:
             pass
         if self.closed:
@@ -305,7 +262,7 @@ class Channel:
                 del self._getters[key]
                 self._live_at_compaction.pop(key, None)
 
-    def _take(self, key: Hashable, consumer: str | None) -> Entry:
+    def take_nowait(self, key: Hashable = None, consumer: str | None = None) -> Entry:
         queue = self._queues.get(key)
         if not queue:
             raise WouldBlock
@@ -317,8 +274,7 @@ class Channel:
         self._size -= 1
         self._weight -= entry.weight
         self._account(consumer, entry)
-        self._wake_putter()
-        self._wake_room_waiters()
+        self._room.taken()
         return entry
 
     def abandon(self, consumer: str) -> int:
@@ -346,9 +302,7 @@ class Channel:
                     getter.future.set_exception(ChannelClosed(f"channel {self.name!r} is closed"))
         self._getters.clear()
         self._by_consumer.clear()
-        for fut in [*self._putters, *self._room_waiters]:
-            if not fut.done():
-                fut.set_result(None)  # they wake, see `closed` and raise
+        self._room.close()
 
     def replace_item(self, old: Any, new: Any) -> bool:
         """Swaps a queued item in place (a peer-to-peer ref whose payload moved)."""
@@ -363,7 +317,7 @@ class Channel:
         return ChannelStatistics(
             name=self.name, size=self._size, capacity=self.capacity, weight=self._weight,
             per_key={repr(k) if not isinstance(k, str) else k: len(q) for k, q in self._queues.items() if q},
-            puts=self.puts, gets=self.gets, waiting_putters=len(self._putters),
+            puts=self.puts, gets=self.gets, waiting_putters=len(self._room.putters),
             waiting_getters=sum(1 for heap in self._getters.values() for _, _, g in heap
                                 if not g.gone and not g.future.done()),
             served_weight=dict(self._served), producers=dict(self._producers), closed=self.closed)
@@ -408,20 +362,6 @@ class Channel:
         entries = self.custody.reclaim(consumer)
         self.give_back(None, consumer, entries)
         return sum(1 for e in entries if self.custody.names(e))
-
-    def _wake_room_waiters(self) -> None:
-        while self._room_waiters:  # emptied in place: _until_room holds this deque
-            fut = self._room_waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-
-    def _wake_putter(self) -> None:
-        while self._putters:
-            fut = self._putters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                self._woken.add(fut)
-                return
 
 
 def _preferred_index(queue: deque[Entry], consumer: str | None) -> int:

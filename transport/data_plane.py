@@ -26,7 +26,8 @@ from dynarl.transport import tempdirs
 from dynarl.transport.errors import DynarlError
 from dynarl.transport.endpoints import LOOPBACK, with_host
 from dynarl.transport.sockets import LoopSocket
-from dynarl.transport.wire import Blob, Codec, RemoteRef, ReplayWindow, WireError
+from dynarl.transport.replay import ReplayWindow
+from dynarl.transport.wire import Blob, Codec, RemoteRef, WireError
 
 P2P_ABOVE_BYTES = 256 << 10
 REQUEST_MAX_BYTES = 4096

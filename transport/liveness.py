@@ -54,7 +54,7 @@ class PeerWatch:
 
     def _drain(self) -> None:
         monitor = self._monitor
-        while monitor is not None and monitor.get(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[arg-type]  # EVENTS is an int option
+        while monitor is not None and monitor.poll(0, zmq.POLLIN):
             event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
             if event == _UP and not self.connected:
                 self.connected = True

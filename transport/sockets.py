@@ -31,7 +31,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from dynarl.transport import tempdirs
 from dynarl.transport.liveness import PeerWatch, enable_heartbeats
-from dynarl.transport.wire import Codec, RejectCounter, ReplayWindow, WireError
+from dynarl.transport.replay import ReplayWindow
+from dynarl.transport.wire import Codec, RejectCounter, WireError
 
 log = logging.getLogger(__name__)
 
