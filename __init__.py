@@ -8,7 +8,7 @@
 
     async def workflow(ctl):
         group = await ctl.spawn(Echo, num_ranks=2)
-        return await group.call("echo", 1)
+        return await group.call(Echo.echo, 1)
 
     dynarl.run(workflow, dynarl.RuntimeConfig(launcher="local"))
 """

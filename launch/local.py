@@ -51,10 +51,13 @@ def bootstrap_line_for(ctl_address: str, secret: bytes, spec: "WorkerSpec", hear
                         "data_host": data_host}) + "\n").encode()
 
 
+PACKAGE_DIR = os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir))
+"""The folder of the `dynarl` package, which holds launch/."""
+
+
 def _shadows_dynarl(path: str) -> bool:
-    import dynarl
     found = os.path.join(path, "dynarl")
-    return os.path.isdir(found) and os.path.realpath(found) != os.path.realpath(os.path.dirname(dynarl.__file__))
+    return os.path.isdir(found) and os.path.realpath(found) != PACKAGE_DIR
 
 
 async def start_worker_process(bootstrap: bytes, env: dict[str, str]) -> asyncio.subprocess.Process:
