@@ -1,4 +1,5 @@
-"""The engine protocols, checked by mypy (pyproject.toml [tool.mypy]): each role's
+"""The runtime (core/, transport/) and the engine protocols, checked by mypy
+(pyproject.toml [tool.mypy]): each role's
 Protocol (rollout/base.py RolloutEngine, inference/base.py InferenceEngine,
 trainer/base.py TrainerEngine, threaded.py BlockingTrainer) and the engines that
 implement it. engine_factory's typed returns are where mypy proves that every
@@ -48,12 +49,15 @@ BREAKS = {
     # a report that is a dict again
     "components/trainer/emulated/engine.py": (
         "    async def apply(self) -> TrainMetrics:", "    async def apply(self) -> dict[str, float]:"),
+    # a health state that is none of the four
+    "core/health.py": ('        return "lost"', '        return "gone"'),
 }
 
 
 def test_a_broken_engine_fails_the_check(tmp_path):
-    """The same check on a copy where an engine misses a protocol method and another
-    returns a dict for its metrics: mypy must name both."""
+    """The same check on a copy where an engine misses a protocol method, another
+    returns a dict for its metrics and rank_health a state that is none of the four:
+    mypy must name all three."""
     copy = tmp_path / "src" / "dynarl"
     for name in PACKAGE:
         source = ROOT / name
@@ -72,3 +76,4 @@ def test_a_broken_engine_fails_the_check(tmp_path):
     assert 'got "EmulatedRolloutEngine", expected "RolloutEngine"' in out, out
     assert "export_kv" in out, out
     assert 'got "EmulatedTrainer", expected "TrainerEngine"' in out, out
+    assert "core/health.py" in out and "Literal['gone']" in out, out
