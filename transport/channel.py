@@ -173,7 +173,7 @@ class Channel:
 
     # --- get ------------------------------------------------------------------
     async def get(self, key: Hashable = None, consumer: str | None = None) -> Any:
-        return await self._resolve(await self.get_raw(key, consumer))
+        return await self._resolve((await self.get_entry(key, consumer)).item)
 
     def get_nowait(self, key: Hashable = None, consumer: str | None = None) -> Any:
         queue = self._queues.get(key)
@@ -188,9 +188,6 @@ class Channel:
 
     # The *_raw forms hand out items as stored: Blobs from workers stay encoded
     # when the controller forwards them to another worker.
-    async def get_raw(self, key: Hashable = None, consumer: str | None = None) -> Any:
-        return (await self.get_entry(key, consumer)).item
-
     def get_raw_nowait(self, key: Hashable = None, consumer: str | None = None) -> Any:
         return self.take_nowait(key, consumer).item
 
@@ -212,7 +209,7 @@ class Channel:
         return [e.item for e in entries]
 
     async def get_entry(self, key: Hashable = None, consumer: str | None = None) -> Entry:
-        """get_raw with the item's weight and affinity (what give_back needs)."""
+        """The item as stored, with its weight and affinity (what give_back needs)."""
         try:
             return self.take_nowait(key, consumer)
         except WouldBlock:
