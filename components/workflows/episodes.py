@@ -8,10 +8,10 @@ One episode is a ReAct loop over a rollout engine and the tools:
     Malformed -> append a short error observation (mask 0), next turn; counted
     Answer    -> done; so is the turn cap or the context budget
 
-`next_action` is the pure decision; `EpisodeDriver` is the thin async loop around
-it, written against a callable that submits a turn to a rank and a `turns` strategy
-(what a finished turn leads to: ReactTurns parses the model's text and calls the
-tools; ScriptedTurns plays a simulated workload's script, for `dynarl sim`), so the
+`next_action` is the pure decision (episode.py, with the Episode); `EpisodeDriver`
+is the thin async loop around it, written against a callable that submits a turn to
+a rank and a `turns` strategy (turns.py: ReactTurns parses the model's text and calls
+the tools; ScriptedTurns plays a simulated workload's script, for `dynarl sim`), so the
 training workflow, the simulator and `dynarl bench agentic` (engines in process)
 run the very same episode logic. Re-prefill is measured, not modelled:
 context the previous turn's engine had computed minus the prompt tokens the
@@ -21,206 +21,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from dynarl.components.tasks.problem import stable_seed
-from dynarl.components.workloads.prompts import token_ids
-from dynarl.components.tasks.tool_syntax import (Answer, Call, Malformed, malformed_observation,
-                                                 observation_text, parse_turn)
-from dynarl.core.data_router import DataRouter, ItemStatus, WorkerState
+from dynarl.components.workflows.episode import Episode, EpisodeState, Limits, next_action
+from dynarl.components.workflows.turns import ReactTurns, ScriptedTurns, Turns
+from dynarl.core.data_router import DataRouter, WorkerState
 
-
-@dataclass(slots=True)
-class Episode:
-    id: str
-    prompt_ids: list[int]
-    seed: int
-    response: list[int] = field(default_factory=list)
-    """Every token after the prompt: model turns and observations."""
-    mask: list[int] = field(default_factory=list)
-    """Per response token: 1 = the model's (in the loss), 0 = an observation."""
-    logprobs: list[float] = field(default_factory=list)
-    turns: int = 0
-    tool_calls: int = 0
-    malformed: int = 0
-    tool_errors: int = 0
-    answer: str = ""
-    finish: str = ""
-    """How the episode ended: 'answer', 'turn_cap', 'length' (context budget)."""
-    version: int = -1
-    group: int | None = None
-    """Its prompt group: the group's episodes start on one rank (the prompt computed once)."""
-    status: ItemStatus = field(default_factory=ItemStatus)
-    computed: int = 0
-    """Context tokens whose KV the last serving engine computed (prompt + model turns)."""
-    segments: list[list[int]] = field(default_factory=list)
-    """[first, end, weight version] of each run of response tokens one policy made."""
-    pending: list | None = None
-    """Partial rollout: the turn it was in when its step closed, [tokens so far, their
-    log-probs, runs]: runs = [[end, version], ...], the weights that made each run of
-    those tokens (a turn may be cut more than once); its next route continues it."""
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.response
-
-    @property
-    def oldest(self) -> int:
-        """The oldest weights that made any of its tokens (its version, -1: none made)."""
-        versions = [v for _, _, v in self.segments] + [v for _, v in (self.pending[2] if self.pending else ())]
-        return min(versions, default=self.version)
-
-    def pending_segments(self, start: int) -> list[list[int]]:
-        """The cut turn's runs as [first, end, version] from response position `start`."""
-        out, first = [], 0
-        for end, version in self.pending[2] if self.pending else ():
-            if end > first:
-                out.append([start + first, start + end, int(version)])
-            first = end
-        return out
-
-    def state(self) -> "EpisodeState":
-        return EpisodeState(self.turns, self.tool_calls, self.malformed, self.tool_errors, self.pending)
-
-    @classmethod
-    def resume(cls, id: str, prompt_ids: list[int], seed: int, group: int | None, response: list[int],
-               mask: list[int], logprobs: list[float], segments: list[list[int]] | None,
-               state: "EpisodeState") -> "Episode":
-        """An episode carried unfinished from an earlier step, as its sample kept it."""
-        return cls(id, prompt_ids, seed, list(response), list(mask), list(logprobs), state.turns, state.tool_calls,
-                   state.malformed, state.tool_errors, group=group, segments=[list(x) for x in segments or ()],
-                   pending=state.pending,  # (its KV, the cut turn's included, was an earlier step's)
-                   computed=len(prompt_ids) + len(response) + len(state.pending[0] if state.pending else ()))
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeState:
-    """What a carried episode's sample keeps beyond its tokens, mask and segments
-    (Sample.episode, msgpack- and JSON-safe as its wire list)."""
-    turns: int
-    tool_calls: int
-    malformed: int
-    tool_errors: int
-    pending: list | None
-    """[tokens so far, log-probs, [[end, version], ...]] of the turn it was in, or None
-    (between turns)."""
-
-    def to_wire(self) -> list:
-        return [self.turns, self.tool_calls, self.malformed, self.tool_errors, self.pending]
-
-    @classmethod
-    def from_wire(cls, values: list) -> "EpisodeState":
-        if not isinstance(values, list) or len(values) != 5 or not all(isinstance(v, int) for v in values[:4]):
-            raise ValueError(f"an episode's state is [turns, tool_calls, malformed, tool_errors, pending], "
-                             f"got {values!r}")
-        pending = values[4]
-        if pending is not None and (not isinstance(pending, list) or len(pending) != 3
-                                    or not isinstance(pending[2], list)
-                                    or not all(isinstance(r, list) and len(r) == 2 for r in pending[2])):
-            raise ValueError(f"an episode's pending turn is [tokens, logprobs, runs], got {pending!r}")
-        return cls(*values)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_turns: int
-    max_new_tokens: int
-    """Per turn."""
-    max_context: int
-    """Prompt + response tokens, at most (the model's positions)."""
-    max_observation_chars: int = 24
-
-
-def next_action(reply: Call | Answer | Malformed, turns: int, context_len: int, limits: Limits) -> str:
-    """What an episode does after a turn: 'answer' | 'call' | 'malformed' | 'turn_cap' | 'length'.
-    A call or a malformed turn continues only when another turn fits."""
-    if isinstance(reply, Answer):
-        return "answer"
-    if turns >= limits.max_turns:
-        return "turn_cap"
-    if context_len + limits.max_observation_chars + 2 > limits.max_context:
-        return "length"
-    return "call" if isinstance(reply, Call) else "malformed"
-
+__all__ = ["Episode", "EpisodeDriver", "EpisodeState", "Limits", "ReactTurns", "ScriptedTurns", "next_action"]
 
 Submit = Callable[[Any, dict[str, Any]], Awaitable[None]]
 """(rank key, turn request) -> queued on that rank."""
-CallTool = Callable[[str, str], Awaitable[dict[str, Any]]]
-"""(tool, argument) -> {"ok", "stdout", "error"}."""
-
-
-class ReactTurns:
-    """What a turn leads to when the model's text decides (ReAct): a parsed tool call
-    runs in the tools, a malformed one gets an error observation, an answer ends it."""
-
-    def __init__(self, tokenizer: Any, limits: Limits, call_tool: CallTool, *, close_id: int | None = None,
-                 decode: Callable[[list[int]], str] | None = None) -> None:
-        self.tokenizer, self.limits, self.call_tool = tokenizer, limits, call_tool
-        self.close_id = close_id if close_id is not None else tokenizer.encode("]")[0]
-        self.decode = decode or tokenizer.decode
-        self.calls_by_tool: Counter[str] = Counter()
-
-    def budget(self, ep: Episode) -> int:
-        """The next turn's max_new_tokens."""
-        return min(self.limits.max_new_tokens, self.limits.max_context - len(ep.context))
-
-    async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
-        """The observation the episode reads next (mask 0), or None when it is over."""
-        stopped_on_close = finish == "stop" and bool(out) and out[-1] == self.close_id
-        body = out[:-1] if out and out[-1] == self.tokenizer.eos_id else out
-        reply = parse_turn(self.decode(body), stopped_on_close)
-        action = next_action(reply, ep.turns, len(ep.context), self.limits)
-        if action == "answer":
-            ep.answer, ep.finish = reply.text, "answer"
-            return None
-        if action in ("turn_cap", "length"):
-            ep.finish = action
-            return None
-        if action == "call":
-            ep.tool_calls += 1
-            self.calls_by_tool[reply.tool] += 1
-            outcome = await self.call_tool(reply.tool, reply.argument)
-            if not outcome["ok"]:
-                ep.tool_errors += 1
-            text = observation_text(outcome["ok"], outcome["stdout"], outcome["error"],
-                                    self.limits.max_observation_chars)
-        else:
-            ep.malformed += 1
-            text = malformed_observation(reply.reason, self.limits.max_observation_chars)
-        return self.tokenizer.encode(text)
-
-
-class ScriptedTurns:
-    """What a turn leads to when a simulated workload's script decides (dynarl sim):
-    turn k makes exactly the script's tokens, then its tool runs for the script's
-    latency (off the device, in the run's time) and returns the script's number of
-    observation tokens (ids a pure function of the turn), until the last turn."""
-
-    def __init__(self, scripts: dict[str, list[list]], vocab_size: int, time_scale: float = 1.0) -> None:
-        self.scripts = scripts
-        """Episode id -> [[gen_tokens, tool_latency_s, obs_tokens], ...]."""
-        self.vocab_size, self.time_scale = vocab_size, time_scale
-        self.calls_by_tool: Counter[str] = Counter()
-
-    def budget(self, ep: Episode) -> int:
-        return int(self.scripts[ep.id][ep.turns][0])
-
-    async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
-        script = self.scripts[ep.id]
-        k = ep.turns - 1  # the turn just finished
-        if k == len(script) - 1:
-            ep.finish = "answer"
-            return None
-        _, latency, obs = script[k]
-        ep.tool_calls += 1
-        self.calls_by_tool["script"] += 1
-        if latency > 0:
-            await asyncio.sleep(latency * self.time_scale)
-        return token_ids(f"{ep.id}#{k}", int(obs), self.vocab_size) if obs else []
-
-
-Turns = ReactTurns | ScriptedTurns
 
 
 class EpisodeDriver:
