@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .samples import Group, Sample, Turn
+from .samples import Group, SampleSpec, Turn
 from .spec import AgenticWorkload, LogNormal, MathWorkload, Workload
 
 
@@ -42,7 +42,7 @@ def _math(w: MathWorkload, rng: np.random.Generator, ids: list[str], prompt_lens
     shared = rng.standard_normal((len(ids), 1))
     own = rng.standard_normal((len(ids), w.samples))
     lengths = draw(rng, w.response_tokens, own.shape, math.sqrt(rho) * shared + math.sqrt(1 - rho) * own)
-    return [Group(pid, int(plen), tuple(Sample(f"{pid}/{k}", int(n)) for k, n in enumerate(row)))
+    return [Group(pid, int(plen), tuple(SampleSpec(f"{pid}/{k}", int(n)) for k, n in enumerate(row)))
             for pid, plen, row in zip(ids, prompt_lens, lengths.tolist())]
 
 
@@ -60,7 +60,7 @@ def _agentic(w: AgenticWorkload, rng: np.random.Generator, ids: list[str], promp
     for p, pid in enumerate(ids):
         samples = []
         for k in range(w.samples):
-            samples.append(Sample(f"{pid}/{k}", turns=_episode(
+            samples.append(SampleSpec(f"{pid}/{k}", turns=_episode(
                 int(turns[p, k]), gen[p, k].tolist(), obs[p, k].tolist(), latency[p, k].tolist(),
                 w.max_response_tokens)))
         groups.append(Group(pid, int(prompt_lens[p]), tuple(samples)))

@@ -18,7 +18,9 @@ class Turn:
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
+class SampleSpec:
+    """A sample's lengths, no tokens (components/experience.py Sample is the sample a
+    run trains on)."""
     sample_id: str
     response_tokens: int = 0
     """Single-turn: tokens to generate."""
@@ -45,4 +47,8 @@ class Group:
     """One prompt and its samples (the GRPO group)."""
     prompt_id: str
     prompt_tokens: int
-    samples: tuple[Sample, ...]
+    samples: tuple[SampleSpec, ...]
+
+
+Sample = SampleSpec
+"""The old name, kept for tests/test_engine_spread.py until it imports SampleSpec."""

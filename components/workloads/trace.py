@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .generate import draw
-from .samples import Group, Sample, Turn
+from .samples import Group, SampleSpec, Turn
 from .spec import Workload
 
 
@@ -48,7 +48,7 @@ def load_trace(path: str, workload: Workload) -> Trace:
 def parse_trace(lines: Iterable[str], workload: Workload) -> Trace:
     multi = workload.kind == "agentic"
     order: list[str] = []
-    samples: dict[str, list[Sample]] = {}
+    samples: dict[str, list[SampleSpec]] = {}
     prompt_lens: dict[str, int] = {}
     rejected: list[tuple[int, str]] = []
     for number, line in enumerate(lines, start=1):
@@ -64,7 +64,7 @@ def parse_trace(lines: Iterable[str], workload: Workload) -> Trace:
             samples[pid] = []
         if plen is not None:
             prompt_lens.setdefault(pid, plen)
-        samples[pid].append(Sample(f"{pid}/{len(samples[pid])}", *sample))
+        samples[pid].append(SampleSpec(f"{pid}/{len(samples[pid])}", *sample))
     if not order:
         raise TraceError(f"no usable request in the trace ({len(rejected)} rejected line(s)"
                          + (f", first: line {rejected[0][0]}: {rejected[0][1]})" if rejected else ")"))
@@ -73,7 +73,7 @@ def parse_trace(lines: Iterable[str], workload: Workload) -> Trace:
 
 
 def _parse_line(line: str, multi: bool) -> tuple[str, tuple, int | None]:
-    """(prompt id, Sample's fields after its id, prompt tokens or None)."""
+    """(prompt id, SampleSpec's fields after its id, prompt tokens or None)."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
