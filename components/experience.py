@@ -147,23 +147,18 @@ def train_batch(groups: Sequence[PromptGroup], with_ref: bool, behaviour: bool =
     """The canonical batch: groups by index, samples in order, so the same groups
     give the same batch whatever order the stages finished them in. `behaviour`: the
     rollout's own log-probs go along (behav_logprobs: an older policy generated them)."""
-    ordered = sorted(groups, key=lambda g: g.index)
-    input_ids, prompt_lens, rewards, group_ids, old, ref = [], [], [], [], [], []
-    behav: list[list[float]] = []
-    for g in ordered:
-        for s in g.samples:
-            input_ids.append(list(g.prompt_ids) + list(s.output_ids))
-            prompt_lens.append(len(g.prompt_ids))
-            rewards.append(float(s.reward))
-            group_ids.append(int(g.index))
-            old.append(list(s.old_logprobs))
-            if behaviour:
-                behav.append([float(x) for x in s.logprobs])
-            if with_ref:
-                ref.append(list(s.ref_logprobs))
-    return TrainBatch(input_ids=input_ids, prompt_lens=prompt_lens, old_logprobs=old,
-                      behav_logprobs=behav if behaviour else None,
-                      ref_logprobs=ref if with_ref else None, rewards=rewards, group_ids=group_ids)
+    pairs = [(g, s) for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
+    return TrainBatch(**_sequences(pairs, with_ref, behaviour), rewards=[float(s.reward) for _, s in pairs],
+                      group_ids=[int(g.index) for g, _ in pairs])
+
+
+def _sequences(pairs: Sequence[tuple[PromptGroup, Sample]], with_ref: bool, behaviour: bool) -> dict[str, Any]:
+    """The TrainBatch fields of each (group, sample): its tokens and log-probs."""
+    return {"input_ids": [list(g.prompt_ids) + list(s.output_ids) for g, s in pairs],
+            "prompt_lens": [len(g.prompt_ids) for g, _ in pairs],
+            "old_logprobs": [list(s.old_logprobs) for _, s in pairs],
+            "behav_logprobs": [[float(x) for x in s.logprobs] for _, s in pairs] if behaviour else None,
+            "ref_logprobs": [list(s.ref_logprobs) for _, s in pairs] if with_ref else None}
 
 
 def sample_ids(groups: Sequence[PromptGroup]) -> list[str]:
@@ -197,12 +192,7 @@ def stream_batch(groups: Sequence[PromptGroup], with_ref: bool, lengths_only: bo
         return TrainBatch(input_ids=[range(p + len(s.output_ids)) for p, (_, s) in zip(prompt_lens, samples)],
                           prompt_lens=prompt_lens, advantages=advantages)
     masks = [list(s.mask) for _, s in samples] if samples and samples[0][1].mask is not None else None
-    return TrainBatch(input_ids=[list(g.prompt_ids) + list(s.output_ids) for g, s in samples],
-                      prompt_lens=prompt_lens, response_mask=masks,
-                      old_logprobs=[list(s.old_logprobs) for _, s in samples],
-                      behav_logprobs=[[float(x) for x in s.logprobs] for _, s in samples] if behaviour else None,
-                      ref_logprobs=[list(s.ref_logprobs) for _, s in samples] if with_ref else None,
-                      advantages=advantages)
+    return TrainBatch(**_sequences(samples, with_ref, behaviour), response_mask=masks, advantages=advantages)
 
 
 @dataclass(slots=True)
@@ -229,15 +219,14 @@ class Trained:
                 self.versions.append(int(s.version))
 
     def to_wire(self) -> dict[str, list]:
-        return {"ids": self.ids, "digests": self.digests, "rewards": self.rewards, "lengths": self.lengths,
-                "finishes": self.finishes, "versions": self.versions}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def merge(cls, parts: Sequence[dict[str, list]]) -> "Trained":
         out = cls()
         for part in parts:
-            for name in ("ids", "digests", "rewards", "lengths", "finishes", "versions"):
-                getattr(out, name).extend(part[name])
+            for f in fields(out):
+                getattr(out, f.name).extend(part[f.name])
         return out
 
 

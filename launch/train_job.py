@@ -4,15 +4,18 @@ lost workers from the newest checkpoint), reports progress, and turns what ends 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
 
 import yaml
 
+from dynarl.core.config_tree import to_dict
 from dynarl.core.files import atomic_open
 from dynarl.transport.errors import DynarlError, RemoteError
 
@@ -64,12 +67,8 @@ class Job:
                 self.lock.release()
 
     def _run(self, controller: Any, stop: Any) -> int:
-        import dataclasses
-        import signal
-
         import uvloop
 
-        from dynarl.core.config_tree import to_dict
         from dynarl.launch.progress import make_progress
 
         try:
@@ -132,10 +131,7 @@ class Job:
         """The workflow in a controller; a lost worker restarts both from the newest
         checkpoint (launch/recovery.py), up to run.max_restarts times. A node agent's
         controller (multi-node) is entered once: there a lost worker ends the run."""
-        import dataclasses
-
         from dynarl.components.workflows import checkpoints as ckpt
-        from dynarl.core.config_tree import to_dict
         from dynarl.core.controller import Controller
         from dynarl.core.run import dump_tasks_on_sigusr1
         from dynarl.launch.recovery import lost_workers, restart_note

@@ -99,14 +99,12 @@ class PartialColocated(Colocated):
     """No bound (an int the config takes)."""
 
 
-class RlinfAuto:
+class RlinfAuto(Colocated):
     """Plan from the profile; at each iteration end, compare measured stage times with
     the plan's; past the threshold, fold the measurements into the profile and re-plan."""
     name = "rlinf-auto"
     needs_profile = True
     has_hook = True
-
-    max_staleness = 0
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD) -> None:
         self.threshold = threshold
@@ -140,9 +138,6 @@ class RlinfAuto:
         if result.placement == snapshot.placement:
             return []
         return [Replan(result.placement, f"drift > {self.threshold:.0%} in {', '.join(moved)}")]
-
-    def scheduler(self, engines: int) -> dict | None:
-        return None
 
 
 PolicyFactory = Callable[[], Policy]

@@ -52,13 +52,10 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError("trainer.streaming", "scheduler.policy 'dynarl' grows a streaming trainer mid-step "
                                                "only on emulated devices; a real trainer reshards between "
                                                "whole-batch steps: set it false")
-    if cfg.scheduler.dynarl.tail_tp and cfg.rollout.backend != "emulated":
-        raise ConfigError("scheduler.dynarl.tail_tp", "wider-TP tail engines are modelled on emulated "
-                                                      "engines only; set it false")
-    if cfg.scheduler.dynarl.lend and cfg.rollout.backend != "emulated":
-        raise ConfigError("scheduler.dynarl.lend", "lending the parked components' devices to the rollout "
-                                                   "needs their state offloaded, modelled on emulated engines "
-                                                   "only; set it false")
+    for name, what in (("tail_tp", "wider-TP tail engines are"), ("lend", "lending the parked components' "
+                       "devices to the rollout needs their state offloaded,")):
+        if getattr(cfg.scheduler.dynarl, name) and cfg.rollout.backend != "emulated":
+            raise ConfigError(f"scheduler.dynarl.{name}", f"{what} modelled on emulated engines only; set it false")
     if cfg.placement.mode != "hybrid" and cfg.placement.pools:
         raise ConfigError("placement.pools", f"only used by mode 'hybrid', not {cfg.placement.mode!r}")
     if cfg.placement.mode == "auto":
