@@ -28,7 +28,7 @@ from dynarl.components.workloads.spec import EmbodiedWorkload
 from dynarl.core.controller import Controller
 
 from .metrics import add_speedups, measured_window
-from .runner import Quiet
+from .records import Quiet
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,12 +30,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynarl.components.placement.plan import COMPONENTS
 
 from .records import PolicyRun
-from .scenario import Scenario
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch", "join")
 
