@@ -3,20 +3,22 @@
     await group.call(RolloutWorker.generate, "prompts", "rollouts")
     await handle.call(MigratableRank.workload_export)     # core/ calls a role Protocol's
 
-`Method[P, R]` is a worker method (sync or async) seen from the controller: mypy
-checks the arguments against its signature (ParamSpec) and types the results as its
-return. The wire carries the method's name; `method_name` checks that the group's
+`AsyncMethod[P, R]` and `SyncMethod[P, R]` are a worker's methods seen from the
+controller (a call overloads on the two): mypy checks the arguments against the
+method's signature (ParamSpec) and types the results as what it returns, awaited. The wire carries the method's name; `method_name` checks that the group's
 class defines it, so a wrong reference fails at the call, naming both.
 """
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Concatenate, ParamSpec, TypeVar, Union
+from typing import Any, Awaitable, Callable, Concatenate, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-Method = Union[Callable[Concatenate[Any, P], Awaitable[R]], Callable[Concatenate[Any, P], R]]
-"""A method of a worker class (its first parameter the worker), plain or async."""
+AsyncMethod = Callable[Concatenate[Any, P], Awaitable[R]]
+"""An async method of a worker class (its first parameter the worker)."""
+SyncMethod = Callable[Concatenate[Any, P], R]
+"""A plain method of a worker class."""
 
 
 def method_name(method: Callable[..., Any], cls: type | None = None) -> str:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence, overload
 
-from dynarl.core.remote import Method, P, R, method_name
+from dynarl.core.remote import AsyncMethod, P, R, SyncMethod, method_name
 from dynarl.core.worker import Worker
 from dynarl.core.worker_handle import WorkerHandle
 
@@ -43,7 +43,13 @@ class WorkerGroup:
     def pids(self) -> list[int | None]:
         return [h.pid for h in self.handles]
 
-    async def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+    @overload
+    async def call(self, method: AsyncMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]: ...
+
+    @overload
+    async def call(self, method: SyncMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]: ...
+
+    async def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Calls `method` with the same arguments on every rank; results in rank
         order. If one rank fails, the others' calls are cancelled and that first
         error is raised."""
@@ -64,7 +70,7 @@ class WorkerGroup:
             raise AttributeError(method)
 
         async def call_all(*args: Any, **kwargs: Any) -> list[Any]:
-            return await self.call(method, *args, **kwargs)  # type: ignore[arg-type]  # TRANSITION: goes with the shim
+            return await self.call(method, *args, **kwargs)  # type: ignore[call-overload]  # TRANSITION: goes with the shim
         return call_all
 
     def on(self, ranks: Sequence[int] | None) -> "Ranks":
@@ -91,7 +97,7 @@ class WorkerGroup:
                 await self._on_live(Worker.offload, held)
                 self._ctl.tracer.complete("device_held", "device_lock", self.name, 0, got, loop.time())
 
-    async def _on_live(self, method: Method[[], None], among: set[int] | None = None) -> None:
+    async def _on_live(self, method: AsyncMethod[[], None], among: set[int] | None = None) -> None:
         """`method` on the ranks not lost (of those in `among`, by id): a lost rank has no
         memory to move, and the work it misses fails where the work is asked of it
         (or is survived there: components/workflows/survival.py). A rank lost during the
@@ -116,7 +122,13 @@ class Ranks:
         self.group = group
         self.positions = positions
 
-    async def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+    @overload
+    async def call(self, method: AsyncMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]: ...
+
+    @overload
+    async def call(self, method: SyncMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]: ...
+
+    async def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         name = method_name(method, self.group.cls)
         return await gather_or_cancel([self.group.handles[r].send(name, args, kwargs) for r in self.positions])
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, overload
 
-from dynarl.core.remote import Method, P, R, method_name
+from dynarl.core.remote import AsyncMethod, P, R, SyncMethod, method_name
 from dynarl.core.worker import WorkerSpec
 from dynarl.transport.errors import WorkerLost
 from dynarl.transport.rpc import RpcEndpoint
@@ -50,7 +50,13 @@ class WorkerHandle:
         if name == "heartbeat" and isinstance(data, dict):
             self.loop_lag_s = float(data.get("lag", 0.0))
 
-    async def call(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    @overload
+    async def call(self, method: AsyncMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    @overload
+    async def call(self, method: SyncMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`method` (a reference: core/remote.py) on this rank."""
         if isinstance(method, str):  # TRANSITION
             return await self.send(method, *args, **kwargs)

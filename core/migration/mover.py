@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from dynarl.core.migration.holdings import (Holdings, MoveCosts, barrier_shares, lend_firsts, release_order,
                                             restore_plan)
@@ -44,7 +44,7 @@ from dynarl.core.worker_group import gather_or_cancel
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
-    from dynarl.core.remote import Method
+    from dynarl.core.remote import AsyncMethod
     from dynarl.core.scheduler.manager import Manager
     from dynarl.core.scheduler.policy import Plan
     from dynarl.core.worker_group import WorkerGroup
@@ -125,7 +125,7 @@ class Mover:
         """The donor ranks whose first device is one of `firsts`."""
         return [p for p, h in enumerate(self.group(self.donor).handles) if h.spec.devices[0] in firsts]
 
-    async def _barrier_call(self, name: str, method: "Method", devices: Sequence[int]) -> None:
+    async def _barrier_call(self, name: str, method: "AsyncMethod[..., Any]", devices: Sequence[int]) -> None:
         """`method` on the component's ranks that run on any of `devices`."""
         on = set(devices)
         ranks = [p for p, ds in enumerate(self.rank_devices(name)) if on & set(ds)]
