@@ -25,6 +25,7 @@ import json
 import math
 import random
 import time
+from typing import Any
 
 import torch
 
@@ -112,6 +113,14 @@ def run_multiturn(model, rng: random.Random, vocab: int, conversations: int = 16
             "cached_tokens_by_turn": cached_by_turn}
 
 
+def backends_workload(args: argparse.Namespace) -> dict[str, Any]:
+    """--backends: the model, prompts and output lengths every backend's child runs."""
+    prompts, lengths = make_workload(random.Random(args.seed), args.requests, TINY_CONFIGS[args.model].vocab_size,
+                                     args.max_len)
+    return {"model": args.model, "seed": args.seed, "prompts": prompts, "lengths": lengths, "repeats": args.repeats,
+            "threads": args.threads, "temperature": args.temperature}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dynarl bench rollout", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -131,8 +140,8 @@ def main(argv: list[str]) -> int:
                         help="--backends only: a backend's measurement (start included) is stopped after this")
     args = parser.parse_args(argv)
     if args.backends is not None:
-        from .rollout_backends import run
-        return run(args)
+        from dynarl.launch.bench.rollout_backends import run
+        return run(args, backends_workload(args))
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

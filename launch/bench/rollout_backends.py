@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -185,16 +184,6 @@ def last_line(path: str) -> str:
     return lines[-1][:300] if lines else "nothing on stderr"
 
 
-def workload(args: Any) -> dict[str, Any]:
-    from dynarl.components.model.config import TINY_CONFIGS
-    from .rollout import make_workload
-
-    prompts, lengths = make_workload(random.Random(args.seed), args.requests, TINY_CONFIGS[args.model].vocab_size,
-                                     args.max_len)
-    return {"model": args.model, "seed": args.seed, "prompts": prompts, "lengths": lengths, "repeats": args.repeats,
-            "threads": args.threads, "temperature": args.temperature}
-
-
 def summary(args: Any, spec: dict[str, Any], results: dict[str, dict]) -> dict[str, Any]:
     lengths = spec["lengths"]
     native = results.get("native", {}).get("tok_s")
@@ -227,7 +216,8 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(rows + notes)
 
 
-def run(args: Any) -> int:
+def run(args: Any, spec: dict[str, Any]) -> int:
+    """The backends of `args.backends` on the workload `spec` (rollout.py backends_workload)."""
     with tempfile.TemporaryDirectory(prefix="dynarl-bench-path-") as path:
         os.symlink(REPO, os.path.join(path, "dynarl"))
         try:
@@ -237,7 +227,6 @@ def run(args: Any) -> int:
         except BenchError as exc:
             print(f"dynarl bench rollout: {exc}", file=sys.stderr)
             return 2
-        spec = workload(args)
         results = {}
         for name in names:
             results[name] = {**run_child(name, pythons[name], envs[name], spec, args.timeout_s),
