@@ -5,14 +5,14 @@ import random
 
 import torch
 
-import dynarl
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native.trainer import NativeTrainer
-from dynarl.components.trainer.reshard import ReshardableTrainer
+from dynarl.components.trainer.reshard import Resharding
 from dynarl.components.trainer.threaded import ThreadedTrainer
+from dynarl.components.trainer.worker import TrainerWorker
 
 VOCAB = TINY_CONFIGS["tiny-0.5m"].vocab_size
 
@@ -30,12 +30,15 @@ def make_batch(seed: int, groups: int = 4, size: int = 2) -> dict:
     return TrainBatch(input_ids=ids, prompt_lens=plens, rewards=rewards, group_ids=group_ids).to_wire()
 
 
-class ReshardTrainer(ReshardableTrainer, dynarl.Worker):
+class ReshardTrainer(TrainerWorker):
+    """The trainer worker's resharding methods over a tiny native trainer."""
+
     def __init__(self, fail: str | None = None) -> None:
         self.fail = fail
         if fail == "create":
             os._exit(3)  # a new rank dies while it is being created
         self.trainer = None
+        self.reshard = Resharding(self.process_group, self.device)
 
     async def start(self, dp_group: str | None) -> None:
         torch.manual_seed(0)
@@ -45,6 +48,10 @@ class ReshardTrainer(ReshardableTrainer, dynarl.Worker):
 
     async def train(self, batch: dict) -> TrainMetrics:
         return await self.trainer.train_step(TrainBatch.from_wire(batch))
+
+    async def reshard_warm(self) -> None:
+        await self.start(None)
+        await self.reshard_retire()
 
     async def reshard_recv(self, group, transfers, start, end):
         if self.fail == "transfer" and self.rank == 0:

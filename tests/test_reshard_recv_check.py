@@ -6,12 +6,11 @@ import asyncio
 import pytest
 
 from dynarl.components.trainer.base import STATE_NAMES
-from dynarl.components.trainer.reshard import ReshardableTrainer
+from dynarl.components.trainer.reshard import Resharding
 
 
-class NoGroup(ReshardableTrainer):
-    def process_group(self, name):
-        raise AssertionError("the check must fail before the transfer group is touched")
+def no_group(name):
+    raise AssertionError("the check must fail before the transfer group is touched")
 
 
 def plan(pieces):
@@ -28,5 +27,5 @@ def plan(pieces):
 ])
 def test_an_uneven_plan_is_refused_before_any_transfer(pieces, why):
     with pytest.raises(RuntimeError, match="unevenly") as info:
-        asyncio.run(NoGroup().reshard_recv("g", plan(pieces), 10, 20))
+        asyncio.run(Resharding(no_group, "cpu").recv(None, "g", plan(pieces), 10, 20))
     assert why in str(info.value)

@@ -1,8 +1,8 @@
 """The worker side of P2P trainer resharding (core/migration/p2p.py drives it).
 
-A trainer worker that mixes in `ReshardableTrainer` (and keeps its trainer engine,
-a ThreadedTrainer over a NativeTrainer, in `self.trainer`) can hand its ZeRO-1
-state to a new set of ranks:
+A trainer worker keeps a `Resharding` and hands it its trainer engine (a
+ThreadedTrainer over a NativeTrainer) on every call; through it the worker can hand
+its ZeRO-1 state to a new set of ranks:
 - old ranks `reshard_send` the slices the plan assigns them, straight from their
   live state, to new ranks over a transfer process group;
 - new ranks `reshard_recv` into buffers laid out for their own range, checking
@@ -14,6 +14,8 @@ All transfers are posted at once, in an order every rank agrees on
 one device), so no ordering can deadlock.
 With a standby pool, old ranks `reshard_retire` after the switch: they drop their
 state and wait, parked, to be adopted by a later migration (`start` rebuilds).
+The worker's methods (core/roles.py ReshardableRank) are thin calls into this object,
+which owns what a new rank received until it installs it.
 
 A model-parallel trainer (megatron) holds boxes of global tensors, not one flat
 range (megatron/layout.py ShardedLayout): its layout is "boxes", and each rank
@@ -27,14 +29,12 @@ counters ("adam_step") travel in the old layout's `scalars`.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from dynarl.components.device_memory import release_cached_memory
-from dynarl.components.trainer.base import STATE_NAMES
-from dynarl.components.trainer.residency import Residency, on_device
+from dynarl.components.trainer.base import STATE_NAMES, TrainerEngine
 from dynarl.transport.device_group import post_all
 from dynarl.components.trainer.megatron.layout import WEIGHTS, BoxCopy, ShardedLayout, plan_copies
 from dynarl.components.trainer.megatron.sharded_state import box_view
@@ -46,32 +46,36 @@ Transfer = list
 group and the tag is the transfer's index in the whole plan, unique per message."""
 
 
-class ReshardableTrainer(Residency):
-    trainer: Any
-    _received: dict[str, torch.Tensor] | None = None
+class Resharding:
+    """A trainer worker's side of a P2P reshard. `process_group` resolves a group's
+    name (only once a transfer is due); `device` is where sent slices go for the wire."""
 
-    @on_device
-    async def reshard_layout(self) -> dict:
+    def __init__(self, process_group: Callable[[str], Any], device: str) -> None:
+        self.process_group = process_group
+        self.device = device
+        self.received: dict[str, Any] | None = None
+        """What this new rank received, until it installs it."""
+
+    async def layout(self, engine: TrainerEngine) -> dict:
         """What the planner needs: the flat extent and this rank's range per state; or
         for a model-parallel trainer (collective over its world) the boxes layout and
         the state kinds it carries."""
         # a blocking engine's layout() may be a collective (megatron's first): off the event loop
-        threaded = isinstance(self.trainer, ThreadedTrainer)
-        layout = await asyncio.to_thread(self.trainer.layout) if threaded else self.trainer.layout()
+        threaded = isinstance(engine, ThreadedTrainer)
+        layout = await asyncio.to_thread(engine.layout) if threaded else engine.layout()
         if isinstance(layout, ShardedLayout):
-            state = self.trainer.export_state_shard()
+            state = engine.export_state_shard()
             return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(),
                     "kinds": _kinds(state), "scalars": _scalars(state)}
         return {"total_numel": layout.total_numel,
                 "ranges": {s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES}}
 
-    @on_device
-    async def reshard_send_boxes(self, group: str, old: dict, new: dict, offset: int) -> int:
+    async def send_boxes(self, engine: TrainerEngine, group: str, old: dict, new: dict, offset: int) -> int:
         """An old rank sends every box the plan reads from it (each state kind), to new
         rank r at rank offset + r of the transfer group. Returns the elements sent."""
-        me, pg = self.trainer.rank, self.process_group(group)
+        me, pg = engine.rank, self.process_group(group)
         layout = ShardedLayout.from_wire(old["layout"])
-        state = self.trainer.export_state_shard()
+        state = engine.export_state_shard()
 
         def run() -> int:
             ops, sent = [], 0
@@ -87,13 +91,13 @@ class ReshardableTrainer(Residency):
             return sent
         return await asyncio.to_thread(run)
 
-    async def reshard_recv_boxes(self, group: str, old: dict, new: dict) -> int:
+    async def recv_boxes(self, engine: TrainerEngine, group: str, old: dict, new: dict) -> int:
         """A new rank receives every box of its own tensors (replicas too), checking that
         each element of each arrives exactly once. Returns the elements received."""
-        me, pg = self.trainer.rank, self.process_group(group)
+        me, pg = engine.rank, self.process_group(group)
         layout = ShardedLayout.from_wire(new["layout"])
         copies = [(tag, kind, c) for tag, kind, c in _box_plan(old, new) if c.dst_rank == me]
-        own = self.trainer.export_state_shard()
+        own = engine.export_state_shard()
         buffers = {f"{kind}/{c.dst_param}": torch.empty_like(own[f"{kind}/{c.dst_param}"]) for _, kind, c in copies}
         covered = dict.fromkeys(buffers, 0)
         for _, kind, c in copies:
@@ -121,17 +125,16 @@ class ReshardableTrainer(Residency):
                     dst.copy_(into)
             return sum(into.numel() for into, _ in copied)
         received = await asyncio.to_thread(run)
-        self._received = buffers
+        self.received = buffers
         return received
 
-    @on_device
-    async def reshard_send(self, group: str, transfers: list[Transfer]) -> int:
+    async def send(self, engine: TrainerEngine, group: str, transfers: list[Transfer]) -> int:
         """Sends this old rank's slices. Returns the elements sent."""
-        state = self.trainer.export_state_shard()
+        state = engine.export_state_shard()
         if _sizes_only(state):  # an emulated trainer: nothing to send (the mover charges the bytes' time)
             return sum(t[4] for t in transfers)
         pg = self.process_group(group)
-        start = self.trainer.layout().shards["master"][self.trainer.rank][0]
+        start = engine.layout().shards["master"][engine.rank][0]
 
         def run() -> int:
             ops, sent = [], 0
@@ -145,7 +148,7 @@ class ReshardableTrainer(Residency):
             return sent
         return await asyncio.to_thread(run)
 
-    async def reshard_recv(self, group: str, transfers: list[Transfer], start: int, end: int) -> int:
+    async def recv(self, engine: TrainerEngine, group: str, transfers: list[Transfer], start: int, end: int) -> int:
         """Receives this new rank's range [start, end) of every state. Returns elements received."""
         size = end - start
         for key in STATE_NAMES:  # every element arrives exactly once: checked on the plan, before any byte moves
@@ -155,10 +158,10 @@ class ReshardableTrainer(Residency):
                 check_tiling(pieces, (size,), f"reshard of {key!r} into [{start}, {end})")
             except LayoutError as exc:
                 raise RuntimeError(f"reshard plan covers {key!r} of range [{start}, {end}) unevenly: {exc}") from None
-        own = self.trainer.export_state_shard()
+        own = engine.export_state_shard()
         if _sizes_only(own):  # an emulated trainer: its range's sizes arrive
-            self._received = {key: {"start": start, "end": end, "numel": size, "nbytes": size * 4}
-                              for key in STATE_NAMES}
+            self.received = {key: {"start": start, "end": end, "numel": size, "nbytes": size * 4}
+                             for key in STATE_NAMES}
             return sum(t[4] for t in transfers)
         pg = self.process_group(group)
         device = own["master"].device
@@ -171,65 +174,49 @@ class ReshardableTrainer(Residency):
                 w.wait()
             return sum(t[4] for t in transfers)
         received = await asyncio.to_thread(run)
-        self._received = buffers
+        self.received = buffers
         return received
 
-    async def reshard_install(self, step: int) -> dict:
-        """Collective over the new DP group: installs the received shard. Returns a
-        digest of the installed range for the controller's confirmation."""
-        if self._received is None:
+    async def install(self, engine: TrainerEngine, step: int) -> None:
+        """Collective over the new DP group: installs the received shard."""
+        if self.received is None:
             raise RuntimeError("reshard_install before reshard_recv")
-        shard: dict[str, torch.Tensor] = dict(self._received)
+        shard: dict[str, Any] = dict(self.received)
         shard["step"] = torch.tensor([step], dtype=torch.int64)
-        await self.trainer.import_state_shard(shard)
-        self._received = None
-        return await self.state_digest()
+        await engine.import_state_shard(shard)
+        self.received = None
 
-    async def reshard_warm(self) -> None:
-        """A standby's one-off warm-up: build (and drop) a trainer alone, so the lazy
-        imports and first allocations are not paid inside a migration."""
-        await self.start(None)
-        await self.reshard_retire()
-
-    async def reshard_retire(self) -> None:
-        """After the switch: this old rank's state now lives on the new ranks; drop it."""
-        if self.trainer is not None:
-            await self.trainer.close()
-        self.trainer = None
-        self._received = None
-        release_cached_memory()  # (a new rank on this device allocates what this one held)
-
-    @on_device
-    async def state_digest(self) -> dict:
+    @staticmethod
+    def digest(engine: TrainerEngine) -> dict:
         """Per state: this rank's range and a float64 sum of it (a cheap confirmation);
         boxes: the elements it holds as the one copy of (replica 0) and their sums."""
-        state = self.trainer.export_state_shard()
-        layout = self.trainer.layout()
+        state = engine.export_state_shard()
+        layout = engine.layout()
         if isinstance(layout, ShardedLayout):
-            me = self.trainer.rank
+            me = engine.rank
             sums = {}
             for kind in _kinds(state):  # each element's one copy (replica 0), in its kind's geometry
                 sums[kind] = sum(float(box_view(state[f"{kind}/{p.param}"], p.param_box,
                                                 layout.flat_range(me, kind, p.param)).double().sum())
                                  for p in layout.geometry(kind).pieces[me] if p.replica == 0)
             return {"owned": sum(p.numel for p in layout.pieces[me] if p.replica == 0),
-                    "step": self.trainer.global_step, "sums": sums, "scalars": _scalars(state)}
-        start, end = self.trainer.layout().shards["master"][self.trainer.rank]
-        return {"range": [start, end], "step": self.trainer.global_step,
+                    "step": engine.global_step, "sums": sums, "scalars": _scalars(state)}
+        start, end = engine.layout().shards["master"][engine.rank]
+        return {"range": [start, end], "step": engine.global_step,
                 "sums": {k: _sum(state[k]) for k in STATE_NAMES}}
 
-    @on_device
-    async def full_state(self) -> dict:
+    @staticmethod
+    def full_state(engine: Any) -> dict:
         """Rank's state ranges and weights as tensors (tests compare them bitwise); boxes:
         its whole state shard by key."""
-        state = self.trainer.export_state_shard()
-        if isinstance(self.trainer.layout(), ShardedLayout):
-            return {"step": self.trainer.global_step,
+        state = engine.export_state_shard()
+        if isinstance(engine.layout(), ShardedLayout):
+            return {"step": engine.global_step,
                     "state": {k: v.clone() for k, v in state.items() if k != "step"}}
-        start, end = self.trainer.layout().shards["master"][self.trainer.rank]
-        return {"range": [start, end], "step": self.trainer.global_step,
+        start, end = engine.layout().shards["master"][engine.rank]
+        return {"range": [start, end], "step": engine.global_step,
                 **{k: state[k].clone() for k in STATE_NAMES},
-                "params": {n: p.detach().clone() for n, p in self.trainer.engine.model.named_parameters()}}
+                "params": {n: p.detach().clone() for n, p in engine.engine.model.named_parameters()}}
 
 
 def _box_plan(old: dict, new: dict) -> list[tuple[int, str, BoxCopy]]:

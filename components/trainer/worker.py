@@ -42,13 +42,14 @@ from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.metrics import TrainMetrics
-from dynarl.components.trainer.reshard import ReshardableTrainer
-from dynarl.components.trainer.residency import on_device
+from dynarl.components.device_memory import release_cached_memory
+from dynarl.components.trainer.reshard import Resharding, Transfer
+from dynarl.components.trainer.residency import Residency, on_device
 from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.transport.process_group import EmulatedGroup
 
 
-class TrainerWorker(ReshardableTrainer, dynarl.Worker):
+class TrainerWorker(Residency, dynarl.Worker):
     def __init__(self, model: ModelSpec, engine: TrainerConfig, warmup_lr: float, bucket_bytes: int,
                  shares_device: bool = False, backend: str = "native", backend_config: Any = None,
                  head: str = "policy") -> None:
@@ -63,6 +64,8 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
         self.shares_device = shares_device
         self.trainer: Any = None
         """A TrainerEngine (trainer/base.py), from engine_factory.make_trainer."""
+        self.reshard = Resharding(self.process_group, self.device)
+        """This rank's side of a P2P reshard (core/migration/p2p.py)."""
         self.step_samples = self.step_tokens = 0
         """What the streaming step in progress trained so far."""
         self.training = False
@@ -162,6 +165,46 @@ class TrainerWorker(ReshardableTrainer, dynarl.Worker):
             probe = TrainBatch(input_ids=[[1, 2, 3, 4]] * 2, prompt_lens=[2, 2], advantages=[1.0, -1.0])
         await self.trainer.train_step(probe)
         await self.reshard_retire()
+
+    # P2P resharding (core/roles.py ReshardableRank): each a call into self.reshard with the engine
+    @on_device
+    async def reshard_layout(self) -> dict:
+        return await self.reshard.layout(self.trainer)
+
+    @on_device
+    async def reshard_send(self, group: str, transfers: list[Transfer]) -> int:
+        return await self.reshard.send(self.trainer, group, transfers)
+
+    async def reshard_recv(self, group: str, transfers: list[Transfer], start: int, end: int) -> int:
+        return await self.reshard.recv(self.trainer, group, transfers, start, end)
+
+    @on_device
+    async def reshard_send_boxes(self, group: str, old: dict, new: dict, offset: int) -> int:
+        return await self.reshard.send_boxes(self.trainer, group, old, new, offset)
+
+    async def reshard_recv_boxes(self, group: str, old: dict, new: dict) -> int:
+        return await self.reshard.recv_boxes(self.trainer, group, old, new)
+
+    async def reshard_install(self, step: int) -> dict:
+        """Returns the installed state's digest, for the controller's confirmation."""
+        await self.reshard.install(self.trainer, step)
+        return await self.state_digest()
+
+    async def reshard_retire(self) -> None:
+        """After the switch: this old rank's state now lives on the new ranks; drop it."""
+        if self.trainer is not None:
+            await self.trainer.close()
+        self.trainer = None
+        self.reshard.received = None
+        release_cached_memory()  # (a new rank on this device allocates what this one held)
+
+    @on_device
+    async def state_digest(self) -> dict:
+        return self.reshard.digest(self.trainer)
+
+    @on_device
+    async def full_state(self) -> dict:
+        return self.reshard.full_state(self.trainer)
 
     async def warmup_step(self, batch: dict) -> TrainMetrics:
         """Collective. One supervised step (advantage 1 on every response token)."""
