@@ -1,7 +1,6 @@
 """One step's generation on one rollout rank (RolloutWorker.generate): fetch prompt
-groups, step the engine, emit finished groups in chunks; and the migration surface a
-Workload migration uses while it runs (pause, export, adopt, resume, hold), which the
-agentic workflow's turn serving shares (pause_run, resume_run)."""
+groups, step the engine, emit finished groups in chunks. A Run (run_control.py): a
+Workload migration exports its unfinished groups and adopts others' while it runs."""
 from __future__ import annotations
 
 import asyncio
@@ -11,15 +10,10 @@ from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END, PromptGroup, made_of
 from dynarl.components.rollout.base import (GenerationRequest, GenerationResult, InflightRequest,
                                             RolloutEngine, SamplingParams)
+from dynarl.components.rollout.run_control import Run, RunControl
 
 
-def mean_step(run: Any) -> float:
-    """Mean seconds of the run's engine steps so far (0: none, or not counted)."""
-    steps = getattr(run, "num_steps", 0)
-    return run.busy.seconds / steps if steps else 0.0
-
-
-class Generation:
+class Generation(Run):
     """One step's generation on one rank: fetch prompts, step the engine, emit chunks."""
 
     def __init__(self, engine: RolloutEngine, outbox: Any, chunk_size: int, sampling: dict) -> None:
@@ -35,34 +29,22 @@ class Generation:
         self.ready: list[PromptGroup] = []
         self.busy = BusyLog()
         """When the engine stepped (loop time)."""
-        self.arrived = asyncio.Event()
+        self.control = RunControl()
         self.num_groups = self.num_tokens = self.num_steps = 0
         self.num_exported = self.num_imported = 0
         self.num_finished = self.finished_tokens = 0
         """Requests finished here this step, and their output tokens."""
-        self.paused = False
-        self.hold = False
-        """A migration is about to hand this rank work: do not return yet."""
-        self.handed_off = False
-        """Exported: drive emits what it finished and returns."""
-        self.at_boundary = asyncio.Event()
-        self.finished = asyncio.Event()
-        self.closed = False
-        self.fetching: asyncio.Future | None = None
+        self.fetch_task: asyncio.Future | None = None
         """The task that takes prompts from the step's channel (set by RolloutWorker.generate)."""
         self.inbox: Any = None
         """The channel the prompts come from (fetch)."""
 
-    async def pause(self) -> None:
-        await pause_run(self)
-
-    async def resume(self) -> None:
-        await resume_run(self)
+    def mean_step_s(self) -> float:
+        return self.busy.seconds / self.num_steps if self.num_steps else 0.0
 
     async def export(self) -> list[dict]:
         """Whole groups that still have samples generating here (see RolloutWorker)."""
-        if not self.paused:
-            raise RuntimeError("export before pause")
+        self.control.check("export")
         inflight = {i.request.request_id: i for i in await self.engine.export_inflight()}
         by_group: dict[int, list[InflightRequest]] = {}
         for rid, item in inflight.items():
@@ -78,24 +60,16 @@ class Generation:
             items.append({"id": f"group/{index}", "weight": weight, "group": group,
                           "inflight": [r.to_wire() for r in requests]})
         self.num_exported = len(items)
-        self.handed_off = True
-        self.arrived.set()
+        self.control.go("export")
+        self.control.arrived.set()
         return items
-
-    async def close(self) -> list[dict]:
-        """Partial rollout: the step has its batch. Generation stops at an engine-step
-        boundary and every group still generating here is handed back (export's items:
-        finished samples in the group, the others as requests with their tokens so far);
-        drive then emits the groups that finished and returns."""
-        await self.pause()
-        return await self.export()
 
     def adopt(self, items: list[dict]) -> None:
         """Takes whole groups over from a released rank (or back, on this released
         rank, from a migration rolled back): this rank completes and emits them, from
         the KV that came with them where it did (its prefix cache serves it:
         RolloutWorker.workload_import put it there)."""
-        self.handed_off = False
+        self.control.go("adopt")
         requests = []
         for item in items:
             group = item["group"]
@@ -109,16 +83,12 @@ class Generation:
             requests += inflight
         self.engine.import_inflight(requests)
         self.num_imported += len(items)
-        self.arrived.set()
+        self.control.arrived.set()
 
-    async def fetch(self, inbox: Any, worker: Any = None) -> None:
+    async def fetch(self, inbox: Any) -> None:
+        """Until END: the rank is handed no more prompts when it returns."""
         self.inbox = inbox
-        while True:
-            group = await inbox.get()
-            if group is END:
-                if worker is not None:
-                    worker.admitting = False
-                return
+        while (group := await inbox.get()) is not END:
             left = 0
             for k, sample in enumerate(group.samples):
                 if sample.finish:  # partial rollout: done in an earlier step
@@ -142,45 +112,42 @@ class Generation:
                 self.ready.append(group)
             self.groups_by_index[group.index] = group
             self.num_groups += 1
-            self.arrived.set()
+            self.control.arrived.set()
 
     async def drive(self, fetch: asyncio.Future) -> None:
-        while True:
-            await self._drive(fetch)
-            fetch.result()
-            if self.ready:
-                await self._emit()
-            await self.outbox.flush()
-            if self.handed_off and self.hold:  # exported: the migration's commit or give-back comes next
-                self.arrived.clear()
-                await self.arrived.wait()
-                continue
-            # Decide and close with no await in between: a migration's workload_load
-            # either came before (hold: go on, the import follows) or sees `closed`.
-            if self.handed_off or not (self.paused or self.hold or self.engine.has_work()):
-                self.closed = True
-                return
+        c = self.control
+        try:
+            while True:
+                await self._drive(fetch)
+                fetch.result()
+                if self.ready:
+                    await self._emit()
+                await self.outbox.flush()
+                if c.handed_off and c.held:  # exported: the migration's commit or give-back comes next
+                    await c.wait()
+                    continue
+                # Decide and close with no await in between: a migration's workload_load
+                # either came before (held: go on, the import follows) or sees it closed.
+                if c.handed_off or not (c.paused or c.held or self.engine.has_work()):
+                    return
+        finally:
+            c.go("close")
 
     async def _drive(self, fetch: asyncio.Future) -> None:
-        loop = asyncio.get_running_loop()
-        while self.paused or self.hold or not (fetch.done() and not self.engine.has_work()):
+        loop, c = asyncio.get_running_loop(), self.control
+        while c.paused or c.held or not (fetch.done() and not self.engine.has_work()):
             if fetch.done() and fetch.exception() is not None:
                 raise fetch.exception()
-            if self.paused:
+            if c.paused:
                 for result in await self.engine.step():  # paused: only results already complete
                     await self._finished(result)
-                self.at_boundary.set()  # between engine steps: safe to export
-                if self.handed_off:
+                c.at_boundary.set()  # between engine steps: safe to export
+                if c.handed_off:
                     break
-                self.arrived.clear()
-                await self.arrived.wait()
+                await c.wait()
                 continue
             if not self.engine.has_work():
-                self.arrived.clear()
-                waiter = asyncio.ensure_future(self.arrived.wait())
-                await asyncio.wait([waiter] if fetch.done() else [fetch, waiter],
-                                   return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                await c.wait(fetch)
                 continue
             begun = loop.time()
             results = await self.engine.step()
@@ -207,18 +174,3 @@ class Generation:
         chunk, self.ready = self.ready, []
         await self.outbox.put(chunk, weight=len(chunk), **made_of(self.inbox, chunk))
 
-
-async def pause_run(run: Any) -> None:
-    """A step's run (a generation, or the agentic workflow's turn serving) stops at an
-    engine-step boundary: its drive loop sets `at_boundary` once the step in flight ends."""
-    run.paused = True
-    await run.engine.pause()
-    run.arrived.set()
-    await run.at_boundary.wait()
-
-
-async def resume_run(run: Any) -> None:
-    run.paused = False
-    run.at_boundary.clear()
-    await run.engine.resume()
-    run.arrived.set()

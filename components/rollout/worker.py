@@ -22,10 +22,11 @@ import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.model.spec import ModelSpec
-from dynarl.components.rollout.generation import Generation, mean_step
+from dynarl.components.rollout.generation import Generation
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.base import EngineLoad, InflightRequest, KVBlocks
 from dynarl.components.rollout.kv_choice import KVCost, KVLinkFit, choose
+from dynarl.components.rollout.run_control import Run
 from dynarl.core.migration.records import Taken, WorkItem
 from dynarl.transport.wire import RemoteRef
 
@@ -67,8 +68,8 @@ class RolloutWorker(dynarl.Worker):
         self.frees_released = backend != "emulated"
         """A rank a Workload migration releases frees its KV memory for the component that
         gets its devices (emulated devices: MoveCosts charges that, core/migration/mover.py)."""
-        self.run: Generation | None = None
-        """The step's generation while `generate` runs (the scheduler's view and moves)."""
+        self.run: Run | None = None
+        """The step's run while `generate` (or serve_turns) runs (the scheduler's view and moves)."""
         self.admitting = False
         """Between `begin_step` and this rank taking its END: it may still get prompts."""
         self.tokens_done = 0
@@ -151,8 +152,8 @@ class RolloutWorker(dynarl.Worker):
                 "capacity": load.kv_capacity_tokens, "generated": load.generated_tokens,
                 "finished": run.num_finished if run is not None else 0,
                 "finished_tokens": run.finished_tokens if run is not None else 0,
-                "active_run": run is not None and not run.closed,
-                "step_s": mean_step(run),
+                "active_run": run is not None and not run.control.closed,
+                "step_s": run.mean_step_s() if run is not None else 0.0,
                 "moved_token_s": self._moved_token_s(load)}
 
     def _moved_token_s(self, load: EngineLoad) -> float:
@@ -172,7 +173,7 @@ class RolloutWorker(dynarl.Worker):
         """Stops this rank's generation at an engine-step boundary."""
         if self.admitting:
             raise RuntimeError("workload_pause: this rank may still be handed prompts")
-        if self.run is not None and not self.run.closed:  # else its generation is over: nothing to hand over
+        if self.run is not None and not self.run.control.closed:  # else its generation is over: nothing to hand over
             await self.run.pause()
 
     async def workload_export(self) -> list[WorkItem]:
@@ -180,10 +181,10 @@ class RolloutWorker(dynarl.Worker):
         stay in the group dict, their unfinished requests travel as in-flight state.
         The rank's generate() emits what it finished and returns at workload_commit."""
         run = self.run
-        if run is None or not run.paused:  # was over when paused: nothing to hand over
+        if run is None or not run.control.paused:  # was over when paused: nothing to hand over
             return []
         items = await run.export()
-        run.hold = True  # open until the migration commits (or gives the items back)
+        run.control.go("hold")  # open until the migration commits (or gives the items back)
         if self.move_kv:
             for item in items:
                 await self._attach_kv(item)
@@ -193,36 +194,39 @@ class RolloutWorker(dynarl.Worker):
         """rollout.move_kv: the KV the engine still holds for each of the item's requests
         (their tokens so far), offered one request at a time (the taker chooses per
         request), as item["kv"] = [[tokens, KV or its RemoteRef], ...]; and the node it leaves from."""
-        kv = []
-        for r in item["inflight"]:
-            blocks = await self.engine.export_kv(InflightRequest.from_wire(r))
-            if blocks is None:
-                continue
-            wire = blocks.to_wire()
-            ref = self.offer(wire)  # fetched by the kept rank from here, not via the controller
-            if ref is not None:
-                self.offered.append(ref)
-            kv.append([len(blocks.token_ids), wire if ref is None else ref])
-        item["kv"] = kv
+        offers = [await self._offer_kv(InflightRequest.from_wire(r), self.offered) for r in item["inflight"]]
+        item["kv"] = kv = [offer for offer in offers if offer is not None]
         item["kv_tokens"] = sum(tokens for tokens, _ in kv)
         item["node"] = self.node
 
-    def _withdraw_kv(self) -> None:
-        """Drops the KV offers of this rank's last export (fetched by now, or never to be)."""
-        for ref in self.offered:
+    async def _offer_kv(self, request: InflightRequest, offers: list[Any]) -> list | None:
+        """The KV the engine holds for `request` as [tokens, KV or its RemoteRef] (offered:
+        the taker fetches it from here, not via the controller; the ref kept in
+        `offers`); None if it holds none."""
+        blocks = await self.engine.export_kv(request)
+        if blocks is None:
+            return None
+        wire = blocks.to_wire()
+        ref = self.offer(wire)
+        if ref is not None:
+            offers.append(ref)
+        return [len(blocks.token_ids), wire if ref is None else ref]
+
+    def _withdraw(self, offers: list[Any]) -> None:
+        """Drops these offers (fetched by now, or never to be)."""
+        for ref in offers:
             self.withdraw(ref)
-        self.offered.clear()
+        offers.clear()
 
     async def workload_commit(self) -> None:
         """The kept ranks have the exported work: this rank's generate() emits what it
         finished and returns (waited for, so its counters are in before it stops); then
         its engine frees its KV memory, as the devices go to another component."""
         run = self.run
-        if run is not None and run.handed_off:
-            run.hold = False
-            run.arrived.set()
-            await run.finished.wait()
-        self._withdraw_kv()
+        if run is not None and run.control.handed_off:
+            run.control.let_go()
+            await run.control.finished.wait()
+        self._withdraw(self.offered)
         if self.frees_released:
             try:
                 await self._free()
@@ -232,9 +236,9 @@ class RolloutWorker(dynarl.Worker):
     async def workload_load(self) -> float:
         """In the unit of the exported items' weights: the tokens the held requests made
         so far (a request's expected remaining work grows with them), plus one each."""
-        if self.run is None or self.run.closed:
+        if self.run is None or self.run.control.closed:
             return float("inf")  # generation over: takes work only if no rank can (then import fails)
-        self.run.hold = True  # a kept rank: its generate() waits for the import before it may return
+        self.run.control.go("hold")  # a kept rank: its generate() waits for the import before it may return
         load = await self.engine.load()
         return float(load.generated_tokens + load.num_running + load.num_waiting)
 
@@ -248,11 +252,10 @@ class RolloutWorker(dynarl.Worker):
         # the KV first: the run stays held (workload_load) while it is fetched
         kvs = [await self._kv_in(item, load, taken) for item in items]
         if self.run is not None:
-            self.run.hold = False
-            self.run.arrived.set()
+            self.run.control.let_go()
         if not items:
             return taken
-        if self.run is None or self.run.closed:
+        if self.run is None or self.run.control.closed:
             raise RuntimeError("workload_import: this rank has no generation to take work into")
         for item, blocks in zip(items, kvs):  # first: the engine's prefix cache then serves the moved prefixes
             await self._install(item, blocks, taken)
@@ -317,7 +320,7 @@ class RolloutWorker(dynarl.Worker):
         return [x for x in await asyncio.gather(*(take(kv) for kv in wanted)) if x is not None]
 
     async def workload_resume(self) -> None:
-        self._withdraw_kv()  # a rolled-back move: what it got back came with its KV or is re-prefilled
+        self._withdraw(self.offered)  # a rolled-back move: what it got back came with its KV or is re-prefilled
         if self.run is not None:
             await self.run.resume()
         else:  # a released rank rejoining its group (standby): its engine was left paused, freed
@@ -327,17 +330,18 @@ class RolloutWorker(dynarl.Worker):
     # --- partial rollout (components/workflows/partial.py) ---------------------------
     async def partial_close(self) -> list[dict]:
         """The step has enough groups: this rank stops generating and hands back the
-        groups it has not finished (Generation.close's items) for a later step; its
+        groups it has not finished (its run's close items) for a later step; its
         generate() emits what it finished and returns, and its engine runs again,
         empty, for the next step. [] if its generation is over (or not begun)."""
         run = self.run
-        if run is None or run.closed:
+        if run is None or run.control.closed:
             return []
-        await asyncio.wait([run.fetching])  # every prompt of the step is in the engine (all came before END)
-        if run.closed:  # it finished its last group meanwhile (no await from here to the pause)
+        if run.fetch_task is not None:  # every prompt of the step is in the engine (all came before END)
+            await asyncio.wait([run.fetch_task])
+        if run.control.closed:  # it finished its last group meanwhile (no await from here to the pause)
             return []
         items = await run.close()
-        await run.finished.wait()
+        await run.control.finished.wait()
         await self.engine.resume()
         return items
 
@@ -349,19 +353,22 @@ class RolloutWorker(dynarl.Worker):
                                            f"the step needs v{version}")
         run = self.run = Generation(self.engine, self.channel(put), chunk_size, sampling)
         started = time.perf_counter()
+
+        async def take_prompts() -> None:
+            await run.fetch(self.channel(get))
+            self.admitting = False  # its END came: no more prompts for this rank
         # before any await: a partial_close may wait on it as soon as `run` is set
-        fetch = run.fetching = asyncio.ensure_future(run.fetch(self.channel(get), self))  # prefetch 1: one END
+        fetch = run.fetch_task = asyncio.ensure_future(take_prompts())  # prefetch 1: one END
         load = await self.engine.load()
         preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
         kv_fetched, kv_lost = self.kv_fetched, self.kv_lost
         try:
             await run.drive(fetch)
         except BaseException:
-            run.finished.set()  # a workload_commit waiting for this run must not hang
+            run.control.finish()  # a workload_commit waiting for this run must not hang
             raise
         finally:
             fetch.cancel()
-            run.closed = True
             self.admitting = False
             self.tokens_done += run.num_tokens
             self.run = None
@@ -374,4 +381,4 @@ class RolloutWorker(dynarl.Worker):
                     "devices": load.devices, "groups_exported": run.num_exported,
                     "groups_imported": run.num_imported}
         finally:
-            run.finished.set()
+            run.control.finish()

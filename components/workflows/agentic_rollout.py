@@ -22,7 +22,7 @@ from dynarl.components.experience import END
 from dynarl.components.busy import BusyLog
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.queue_keys import make_queue_key
-from dynarl.components.rollout.generation import pause_run, resume_run
+from dynarl.components.rollout.run_control import Run, RunControl
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.core.migration.workload import Taken
 from dynarl.core.priority import PriorityConfig, TurnLengths
@@ -89,19 +89,9 @@ class AgenticRolloutWorker(RolloutWorker):
         context tokens] of an episode whose last turn it served, the KV its engine holds
         for that context, offered for the rank the next turn goes to, as [tokens, KV or
         its RemoteRef] (None: none held). Offers live until this rank serves again."""
-        out = []
-        for turn_id, token_ids in turns:
-            request = GenerationRequest(str(turn_id), list(token_ids), SamplingParams(max_new_tokens=1))
-            blocks = await self.engine.export_kv(InflightRequest(request, [], []))
-            if blocks is None:
-                out.append(None)
-                continue
-            wire = blocks.to_wire()
-            ref = self.offer(wire)
-            if ref is not None:
-                self.prefix_offers.append(ref)
-            out.append([len(blocks.token_ids), wire if ref is None else ref])
-        return out
+        requests = [InflightRequest(GenerationRequest(str(turn_id), list(token_ids), SamplingParams(max_new_tokens=1)),
+                                    [], []) for turn_id, token_ids in turns]
+        return [await self._offer_kv(request, self.prefix_offers) for request in requests]
 
     async def _take_turn_kv(self, item: dict) -> None:
         """A follow-up turn routed away from the rank that served its last turn may carry
@@ -115,11 +105,6 @@ class AgenticRolloutWorker(RolloutWorker):
                         self.rank, item.get("id"), exc)
             self.turn_kv.reprefilled += 1
 
-    def _withdraw_prefixes(self) -> None:
-        for ref in self.prefix_offers:
-            self.withdraw(ref)
-        self.prefix_offers.clear()
-
     async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> dict:
         """Turns {"id", "prompt_ids", "seed", "tool_count", "max_new_tokens"} from
         `get` (under `key`) until END; each result goes to `put` at once. Returns
@@ -129,7 +114,7 @@ class AgenticRolloutWorker(RolloutWorker):
         if self.engine.weight_version != version:
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
-        self._withdraw_prefixes()  # a step that left this rank is over: its next turns went elsewhere
+        self._withdraw(self.prefix_offers)  # a step that left this rank is over: its next turns went elsewhere
         self.turn_kv = Taken(0)
         run = self.run = _TurnServe(self.engine, self.channel(put), key, sampling, self.time_scale,
                                     self._take_turn_kv, self.turn_lengths)
@@ -141,11 +126,10 @@ class AgenticRolloutWorker(RolloutWorker):
         try:
             await run.serve(fetch)
         except BaseException:
-            run.finished.set()
+            run.control.finish()
             raise
         finally:
             fetch.cancel()
-            run.closed = True
             self.tokens_done += run.num_tokens
             self.run = None
         try:
@@ -159,7 +143,7 @@ class AgenticRolloutWorker(RolloutWorker):
                                    "turn_kv_tokens": self.turn_kv.kv_tokens, "turn_kv_s": self.turn_kv.kv_s / self.time_scale,
                                    "turn_kv_reprefilled": self.turn_kv.reprefilled}
         finally:
-            run.finished.set()
+            run.control.finish()
 
     async def partial_close(self) -> list[dict]:
         """Partial rollout: the step has its batch and the driver has ended this rank's
@@ -167,19 +151,8 @@ class AgenticRolloutWorker(RolloutWorker):
         the weights that made them ({"id", "version", "inflight"}); its serve_turns
         puts what it finished and returns, and the engine runs again, empty, for the
         next step. [] if its run is over."""
-        run = self.run
-        if run is None or run.closed:
-            return []
-        if run.fetch_task is not None:
-            await asyncio.wait([run.fetch_task])
-        if run.closed:
-            return []
-        await run.pause()
-        items = await run.export()
         version = self.engine.weight_version
-        await run.finished.wait()
-        await self.engine.resume()
-        return [item | {"version": version} for item in items]
+        return [item | {"version": version} for item in await super().partial_close()]
 
     @property
     def time_scale(self) -> float:
@@ -188,9 +161,9 @@ class AgenticRolloutWorker(RolloutWorker):
         return float(getattr(getattr(self.engine, "config", None), "time_scale", 1.0) or 1.0)
 
 
-class _TurnServe:
-    """One step's turn serving on one rank; the same migration surface as a
-    generate()'s run (rollout/generation.py): pause, export, adopt, resume, hold."""
+class _TurnServe(Run):
+    """One step's turn serving on one rank; a Run (rollout/run_control.py), as a
+    generate()'s Generation is."""
 
     def __init__(self, engine: Any, outbox: Any, key: Any, sampling: dict[str, Any], time_scale: float,
                  take_kv: Any = None, lengths: TurnLengths | None = None) -> None:
@@ -206,11 +179,8 @@ class _TurnServe:
         self.counters = {"turns": 0, "cached_tokens": 0, "engine_steps": 0, "max_wait_s": 0.0}
         self.num_tokens = self.num_finished = self.finished_tokens = 0
         self.num_exported = self.num_imported = 0
-        self.arrived = asyncio.Event()
-        self.at_boundary = asyncio.Event()
-        self.finished = asyncio.Event()
+        self.control = RunControl()
         self.fetch_task: asyncio.Future | None = None
-        self.paused = self.hold = self.handed_off = self.closed = False
 
     def now(self) -> float:
         return asyncio.get_running_loop().time() / self.time_scale
@@ -232,36 +202,35 @@ class _TurnServe:
                 self.engine.add_request(request)
             self.tool_counts[item["id"]] = int(item["tool_count"])
             self.waits.arrived(item["id"], now)
-            self.arrived.set()
+            self.control.arrived.set()
 
     async def serve(self, fetch: asyncio.Future) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if fetch.done() and not fetch.cancelled() and fetch.exception() is not None:
-                raise fetch.exception()
-            if self.paused:
-                await self._results(await self.engine.step())  # paused: only results already complete
-                self.at_boundary.set()  # between engine steps: safe to export
-                if self.handed_off and not self.hold:
-                    return  # exported and committed
-                self.arrived.clear()
-                await self.arrived.wait()
-                continue
-            if not self.engine.has_work():
-                if fetch.done() and not self.hold:
-                    return
-                self.arrived.clear()
-                waiter = asyncio.ensure_future(self.arrived.wait())
-                await asyncio.wait([waiter] if fetch.done() else [fetch, waiter], return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                continue
-            begun = loop.time()
-            results = await self.engine.step()
-            self.busy.add(begun, loop.time())
-            self.counters["engine_steps"] += 1
-            self.waits.after_step(self.engine, self.now())
-            await self._results(results)
-            await asyncio.sleep(0)  # lets fetch add turns that arrived meanwhile
+        loop, c = asyncio.get_running_loop(), self.control
+        try:
+            while True:
+                if fetch.done() and not fetch.cancelled() and fetch.exception() is not None:
+                    raise fetch.exception()
+                if c.paused:
+                    await self._results(await self.engine.step())  # paused: only results already complete
+                    c.at_boundary.set()  # between engine steps: safe to export
+                    if c.handed_off and not c.held:
+                        return  # exported and committed
+                    await c.wait()
+                    continue
+                if not self.engine.has_work():
+                    if fetch.done() and not c.held:
+                        return
+                    await c.wait(fetch)
+                    continue
+                begun = loop.time()
+                results = await self.engine.step()
+                self.busy.add(begun, loop.time())
+                self.counters["engine_steps"] += 1
+                self.waits.after_step(self.engine, self.now())
+                await self._results(results)
+                await asyncio.sleep(0)  # lets fetch add turns that arrived meanwhile
+        finally:
+            c.go("close")
 
     async def _results(self, results: list) -> None:
         results = [r for r in results if r.finish_reason != "abort"]  # aborted: exported, finished elsewhere
@@ -283,17 +252,13 @@ class _TurnServe:
             await self.outbox.put(turn_result(r, wait, self.key, load))
 
     # --- Workload migration (RolloutWorker's workload_* methods call these) ---------
-    async def pause(self) -> None:
-        await pause_run(self)
-
-    async def resume(self) -> None:
-        await resume_run(self)
+    def mean_step_s(self) -> float:
+        return 0.0  # not counted
 
     async def export(self) -> list[dict]:
         """Every turn here (queued or running) with its tokens so far, once this rank has
         its END (the driver routes nothing more here): one item per turn."""
-        if not self.paused:
-            raise RuntimeError("export before pause")
+        self.control.check("export")
         if self.fetch_task is not None:
             await asyncio.wait([self.fetch_task])
         items = []
@@ -303,13 +268,13 @@ class _TurnServe:
             items.append({"id": item.request.request_id, "weight": float(max(len(item.output_token_ids), 1)),
                           "inflight": [item.to_wire()]})
         self.num_exported = len(items)
-        self.handed_off = True
-        self.arrived.set()
+        self.control.go("export")
+        self.control.arrived.set()
         return items
 
     def adopt(self, items: list[dict]) -> None:
         """Takes turns over from a released rank (or back, from a rolled-back migration)."""
-        self.handed_off = False
+        self.control.go("adopt")
         now = self.now()
         inflight = [InflightRequest.from_wire(r) for item in items for r in item["inflight"]]
         for r in inflight:
@@ -318,4 +283,4 @@ class _TurnServe:
             self.tool_counts[r.request.request_id] = r.request.tool_count
         self.engine.import_inflight(inflight)
         self.num_imported += len(items)
-        self.arrived.set()
+        self.control.arrived.set()
