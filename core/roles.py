@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from dynarl.core.migration.records import Taken, WorkItem
+from dynarl.core.scheduler.report import RankReport
 
 
 class MigratableRank(Protocol):
@@ -32,7 +33,7 @@ class MigratableRank(Protocol):
 class ReportingRank(Protocol):
     """A rank the scheduler polls (core/scheduler/manager.py)."""
 
-    async def metrics(self) -> dict[str, Any]: ...
+    async def metrics(self) -> RankReport: ...
 
 
 class LendingRank(Protocol):

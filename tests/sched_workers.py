@@ -3,6 +3,7 @@ import asyncio
 
 import dynarl
 from dynarl.core.migration.records import Taken, WorkItem
+from dynarl.core.scheduler.report import RankReport
 
 
 class TimedEngine(dynarl.Worker):
@@ -30,17 +31,15 @@ class TimedEngine(dynarl.Worker):
                 self.done.append(rid)
                 self.work_done += 1
 
-    def metrics(self) -> dict:
-        """A rollout engine's report (core/scheduler/manager.py): one KV token per request,
-        one output token made per running request, each finished one made 10; a stage's:
-        the samples and tokens it processed (none: its backlog is all left)."""
+    def metrics(self) -> RankReport:
+        """A rollout engine's report: one KV token per request, one output token made
+        per running request, each finished one made 10; a stage's: nothing processed
+        (its backlog is all left)."""
         self._collect()
-        running = len(self.requests)
-        return {"kv_utilization": running / self.capacity, "running": running, "waiting": 0, "admitting": False,
-                "kv": running, "capacity": self.capacity, "generated": running,
-                "finished": len(self.done) - getattr(self, "reported_done", 0),
-                "finished_tokens": 10 * (len(self.done) - getattr(self, "reported_done", 0)), "active_run": running > 0, "work_done": self.work_done,
-                "samples": 0, "tokens": 0}
+        running, finished = len(self.requests), len(self.done) - getattr(self, "reported_done", 0)
+        return RankReport(utilization=running / self.capacity, running=running, kv=running, capacity=self.capacity,
+                          generated=running, finished=finished, finished_tokens=10 * finished,
+                          active_run=running > 0, work_done=self.work_done)
 
     def end_run(self) -> None:
         """Its stage call returned: like a real rank with no generation, it reports nothing

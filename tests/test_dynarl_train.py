@@ -238,8 +238,8 @@ async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"
         result = None
         if migrate:
             while True:  # both ranks hold their last prompt and rank 0 is decoding: its long tail
-                m = await group.call("metrics")
-                if all(r["utilization"] < 1.0 for r in m) and m[0]["running"] > 0 and m[0]["work_done"] > 0:
+                m = await group.call(RolloutWorker.metrics)
+                if all(not r.admitting and r.utilization < 1.0 for r in m) and m[0].running > 0 and m[0].work_done > 0:
                     break
                 await asyncio.sleep(0.005)
             if refuse:
@@ -404,7 +404,7 @@ async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does()
         await ctl.channel("prompts").put(END)
         busy = asyncio.ensure_future(group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1,
                                                 sampling=sampling, ranks=[0]))
-        while (await group.call("metrics", ranks=[0]))[0]["work_done"] == 0:
+        while (await group.on([0]).call(RolloutWorker.metrics))[0].work_done == 0:
             await asyncio.sleep(0.005)
         with pytest.raises(MigrationFailed, match="no kept rank can take work"):
             await workload_migrate(ctl, group, [0])  # rank 0 decodes; kept rank 1 is over

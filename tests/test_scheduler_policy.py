@@ -221,10 +221,10 @@ async def test_the_manager_reads_the_engines_fill_and_admitting_flag_into_the_hy
     from types import SimpleNamespace
 
     from dynarl.core.scheduler.manager import ComponentSpec, Manager
+    from dynarl.core.scheduler.report import RankReport
 
     def report(kv, admitting):
-        return {"kv_utilization": kv, "admitting": admitting, "running": 1, "waiting": 0, "kv": 0, "capacity": 1,
-                "generated": 0, "finished": 0, "finished_tokens": 0}
+        return RankReport(utilization=kv, admitting=admitting, running=1, capacity=1)
 
     polls = iter([
         [report(0.30, True), report(0.30, True)],     # may still get prompts
@@ -385,3 +385,15 @@ def test_at_the_barrier_with_nothing_to_lend_the_rollouts_idle_engines_still_mov
     barrier = ComponentView("trainer", "static", 1, 1000.0, barrier=True)
     plan = decide_dynarl(ClusterView(10.0, (r, barrier)), predictor(), CFG)
     assert plan is not None and not plan.barrier and plan.moves == (("rollout", "trainer", 3),)
+
+
+def test_a_rank_report_crosses_the_wire_as_itself_and_a_malformed_one_is_refused():
+    from dynarl.core.scheduler.report import RankReport
+    from dynarl.transport.wire import Codec
+
+    codec = Codec(b"s" * 32, max_message_bytes=1 << 20)
+    sent = RankReport(utilization=0.5, admitting=True, running=3, kv=40, step_s=0.02, work_done=7.0)
+    assert codec.decode(codec.encode([sent])) == [sent]
+    for fields in ([0.5], [0.5] * 14 + ["x"]):
+        with pytest.raises(ValueError):
+            RankReport.from_wire(fields)

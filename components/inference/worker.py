@@ -25,6 +25,7 @@ from dynarl.components.busy import BusyLog
 from dynarl.components.engine_factory import make_inference_engine
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.experience import END, made_of
+from dynarl.core.scheduler.report import RankReport
 
 
 class InferenceWorker(dynarl.Worker):
@@ -70,8 +71,8 @@ class InferenceWorker(dynarl.Worker):
         await self.engine.load_reference(path)
         self.has_ref = True
 
-    def metrics(self) -> dict:
-        return {"samples": self.samples_done, "tokens": self.tokens_done}
+    def metrics(self) -> RankReport:
+        return RankReport(samples=self.samples_done, tokens=self.tokens_done)
 
     async def compute_logprobs(self, get: str, put: str, *, version: int, split: bool = False) -> dict:
         """Consumes scored chunks from `get` until END; puts them on `put` with

@@ -28,6 +28,7 @@ from dynarl.components.rollout.base import EngineLoad, InflightRequest, KVBlocks
 from dynarl.components.rollout.kv_choice import KVCost, KVLinkFit, choose
 from dynarl.components.rollout.run_control import Run
 from dynarl.core.migration.records import Taken, WorkItem
+from dynarl.core.scheduler.report import RankReport
 from dynarl.transport.wire import RemoteRef
 
 
@@ -129,32 +130,26 @@ class RolloutWorker(dynarl.Worker):
         """Called before the step's prompts flow: this rank is admitting again."""
         self.admitting = True
 
-    async def metrics(self) -> dict:
-        """utilization: active KV tokens / KV capacity; but a rank that may still be
-        handed prompts (it has not taken its END, `admitting`) is not in the long
-        tail, so it reports 1.0 and is never a donor: a released rank has always
-        consumed its END, and the kept ranks see every remaining prompt and their own ENDs.
-        Also the raw numbers a view of the tail is made of: KV utilization, active and
-        total KV tokens, the tokens the held requests made so far, the requests
-        finished in this step's generation with their tokens (no oracle lengths), its
-        mean engine step so far (the predictor's decode step on real engines), and what a
-        token of a request moved here costs it (its prefill, or with move_kv the KV's
-        transfer: the policy's moved_requests_s)."""
+    async def metrics(self) -> RankReport:
+        """Its KV fill and the raw numbers a view of the tail is made of: its requests,
+        active and total KV tokens, the tokens the held requests made so far, the
+        requests finished in this step's generation with their tokens (no oracle
+        lengths), its mean engine step so far (the predictor's decode step on real
+        engines), and what a token of a request moved here costs it (its prefill, or
+        with move_kv the KV's transfer: the policy's moved_requests_s). A rank that may
+        still be handed prompts (`admitting`: it has not taken its END) is not in the
+        long tail and is never a donor: a released rank has always consumed its END,
+        and the kept ranks see every remaining prompt and their own ENDs."""
         load = await self.engine.load()
         run = self.run
-        remaining, decoding = 0.0, 0
-        if run is not None:
-            decoding, remaining = load.generated_tokens, float(load.budget_tokens)
-        return {"utilization": 1.0 if self.admitting else load.utilization, "admitting": self.admitting,
-                "running": load.num_running, "waiting": load.num_waiting,
-                "work_done": float(self.tokens_done + decoding + (run.num_tokens if run is not None else 0)),
-                "remaining_work": remaining, "kv_utilization": load.utilization, "kv": load.active_kv_tokens,
-                "capacity": load.kv_capacity_tokens, "generated": load.generated_tokens,
-                "finished": run.num_finished if run is not None else 0,
-                "finished_tokens": run.finished_tokens if run is not None else 0,
-                "active_run": run is not None and not run.control.closed,
-                "step_s": run.mean_step_s() if run is not None else 0.0,
-                "moved_token_s": self._moved_token_s(load)}
+        return RankReport(
+            utilization=load.utilization, admitting=self.admitting, running=load.num_running,
+            waiting=load.num_waiting, kv=load.active_kv_tokens, capacity=load.kv_capacity_tokens,
+            generated=load.generated_tokens, finished=run.num_finished if run is not None else 0,
+            finished_tokens=run.finished_tokens if run is not None else 0,
+            active_run=run is not None and not run.control.closed,
+            step_s=run.mean_step_s() if run is not None else 0.0, moved_token_s=self._moved_token_s(load),
+            work_done=float(self.tokens_done + (load.generated_tokens + run.num_tokens if run is not None else 0)))
 
     def _moved_token_s(self, load: EngineLoad) -> float:
         """What a token of a request moved here costs (the policy's moved_requests_s): its

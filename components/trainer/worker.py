@@ -46,6 +46,7 @@ from dynarl.components.device_memory import release_cached_memory
 from dynarl.components.trainer.reshard import Resharding, Transfer
 from dynarl.components.trainer.residency import Residency, on_device
 from dynarl.components.trainer.threaded import ThreadedTrainer
+from dynarl.core.scheduler.report import RankReport
 from dynarl.transport.process_group import EmulatedGroup
 
 
@@ -70,11 +71,11 @@ class TrainerWorker(Residency, dynarl.Worker):
         """What the streaming step in progress trained so far."""
         self.training = False
 
-    def metrics(self) -> dict:
+    def metrics(self) -> RankReport:
         """The scheduler's view: what a streaming step trained so far (samples, their
         sequence tokens)."""
-        return {"utilization": 1.0 if self.training else 0.0, "running": int(self.training), "waiting": 0,
-                "samples": self.step_samples, "tokens": self.step_tokens}
+        return RankReport(utilization=1.0 if self.training else 0.0, running=int(self.training),
+                          samples=self.step_samples, tokens=self.step_tokens)
 
     async def start(self, dp_group: str | None = None, tensor_parallel_size: int | None = None,
                     init_from: str | None = None) -> int:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from dynarl.core.remote import AsyncMethod
     from dynarl.core.scheduler.manager import Manager
     from dynarl.core.scheduler.policy import Plan
+    from dynarl.core.scheduler.report import RankReport
     from dynarl.core.worker_group import WorkerGroup
 
 
@@ -188,7 +189,7 @@ class Mover:
             loads = await (self.managers[donor].current_reports() if attempt == 0 else
                            group.call(ReportingRank.metrics))
             width = [len(self.engine_devices(h.spec.devices[0])) for h in group.handles]
-            release = release_order([bool(x["active_run"]) for x in loads], [x["kv_utilization"] for x in loads],
+            release = release_order([x.active_run for x in loads], [x.utilization for x in loads],
                                     width, devices)
             if not release:
                 return []
@@ -205,7 +206,7 @@ class Mover:
         self.record("workload", donor, moved, begun, kv=taken)
         return moved
 
-    async def _release(self, name: str, positions: list[int], loads: list[dict], live: Step
+    async def _release(self, name: str, positions: list[int], loads: list[RankReport], live: Step
                        ) -> tuple[list[int], Taken | None] | None:
         """Donor engines at `positions` leave, their requests (if any) moved to the others;
         parked, or stopped under tail-TP (they could not rejoin as base engines). Returns
@@ -215,7 +216,7 @@ class Mover:
         manager.note([group.handles[p].spec.worker_id for p in positions], loads)
         park = None if self.tail_tp else self.pool(name)
         async with manager.gate.interrupt():
-            if any(load["active_run"] for load in loads):
+            if any(load.active_run for load in loads):
                 await self.joins.releasing(name, [group.handles[p].spec.worker_id for p in positions],
                                            parked=park is not None)
                 try:

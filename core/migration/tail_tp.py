@@ -87,7 +87,7 @@ async def widen(ctl: "Controller", joins: Joins, group: "WorkerGroup", name: str
     Returns when it began and what the wide engines took in (None: no pair)."""
     loads = await group.call(ReportingRank.metrics)
     handles = list(group.handles)
-    engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], bool(loads[p]["active_run"]))
+    engines = [Engine(p, ctl.pool.devices[h.spec.devices[0]].node, h.spec.devices[0], loads[p].active_run)
                for p, h in enumerate(handles) if h.spec.devices[0] not in wide]
     pairs = widen_pairs(engines)
     if not pairs or not live.accepts(name):

@@ -102,7 +102,7 @@ class GlobalScheduler:
         while self.running:
             period = self.interval_s
             if prompts is not None and len(self.ctl.channel(prompts)) == 0 and self.donor.reports and \
-                    sum(r["running"] + r["waiting"] for r in self.donor.reports) > 0:
+                    sum(r.running + r.waiting for r in self.donor.reports) > 0:
                 period = self.tail_interval_s  # the tail has begun (as of the last poll)
             tick = min(period, self.tail_interval_s)
             try:
@@ -169,9 +169,9 @@ class GlobalScheduler:
             devices_per_engine=spec.devices_per_engine, min_devices=spec.min_devices,
             interruptible=donor.gate.interruptible and (drained or finished or rollout_done(progress, queued)),
             active_requests=progress.active, keep_engines=demand,
-            move_cost_s=donor.move_cost_s, engine_low_since=low, engine_kv=tuple(int(r["kv"]) for r in donor.reports),
-            moved_token_s=max((float(r.get("moved_token_s", 0.0)) for r in donor.reports), default=0.0),
-            finished=finished, idle_engines=sum(1 for r in donor.reports if int(r["running"]) + int(r["waiting"]) == 0),
+            move_cost_s=donor.move_cost_s, engine_low_since=low, engine_kv=tuple(r.kv for r in donor.reports),
+            moved_token_s=max((r.moved_token_s for r in donor.reports), default=0.0),
+            finished=finished, idle_engines=sum(1 for r in donor.reports if r.running + r.waiting == 0),
             lendable=lendable(spec.name, finished))]
         for name, m in self.managers.items():
             if m is donor:

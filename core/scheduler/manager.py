@@ -4,13 +4,7 @@ devices, each worker's utilization and requests held, and whether it is
 interruptible) and keeps what the scheduler's view of the component is read from
 (loop.py, view.py); it also guards the component's interruptible points.
 
-Workers report `metrics()`. A rollout rank: its KV fill ("kv_utilization", the
-DynaRL utilization), "running" and "waiting" requests, "admitting" (it may still
-be handed prompts), the KV tokens held ("kv") and one engine's "capacity", the
-output tokens its requests made so far ("generated"), the requests finished this
-step with their tokens ("finished", "finished_tokens"), whether its generation
-still runs ("active_run") and cumulative "work_done" (tokens). A stage rank
-(inference, trainer): the "samples" and "tokens" it processed this step.
+Workers report `metrics()`: a RankReport (report.py).
 
 Per rollout engine the manager keeps since when it has been low (policy.track_low,
 the donor signal) and its peak fill this cycle, and what it had finished (a
@@ -29,6 +23,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Literal
 from dynarl.core.hypergraph import Hypergraph
 from dynarl.core.roles import ReportingRank
 from dynarl.core.scheduler.policy import track_low
+from dynarl.core.scheduler.report import RankReport
 from dynarl.core.worker_group import WorkerGroup
 
 if TYPE_CHECKING:
@@ -110,7 +105,7 @@ class Manager:
         self.graph = graph if graph is not None else Hypergraph()
         """The component's node, under its name (P2P moves replace the group)."""
         self.gate = InterruptGate()
-        self.reports: list[dict] = []
+        self.reports: list[RankReport] = []
         """The ranks' last metrics, in rank order."""
         self.reported: list[str] = []
         """The workers those reports are of."""
@@ -146,36 +141,35 @@ class Manager:
         workers = [h.spec.worker_id for h in self.group.handles]  # the ranks asked (a move may follow)
         self.observe(now, workers, await self.group.call(ReportingRank.metrics))
 
-    def observe(self, now: float, workers: list[str], reports: list[dict]) -> None:
+    def observe(self, now: float, workers: list[str], reports: list[RankReport]) -> None:
         """One poll's reports of `workers` into the hypergraph and the cycle's state."""
         self.reports, self.reported = reports, workers
         self.observe_group()
         self.graph.nodes[self.spec.name].kind = self.spec.kind
         # a rollout engine's KV fill (the DynaRL signal), a stage's busy flag
-        utilization = [r.get("kv_utilization", r.get("utilization", 0.0)) for r in reports]
-        held = [int(r.get("running", 0) + r.get("waiting", 0)) for r in reports]
+        utilization = [r.utilization for r in reports]
+        held = [r.running + r.waiting for r in reports]
         self.graph.observe_load(self.spec.name, workers, utilization, held)
         if self.spec.kind == "dynamic":
             self.low_since, self.peak, self.held_peak = track_low(
                 workers, utilization, now, self.low_since, self.peak, self.u_low,
-                [bool(r.get("admitting", False)) for r in reports], held, self.held_peak)
+                [r.admitting for r in reports], held, self.held_peak)
             self.note(workers, reports)
         self.graph.observe_interruptible(self.spec.name, self.gate.interruptible)
 
-    def note(self, workers: list[str], reports: list[dict]) -> None:
+    def note(self, workers: list[str], reports: list[RankReport]) -> None:
         """What these engines have finished this cycle (also read just before they are released).
         Only ever more within a cycle: an engine whose generation has ended reports none
         (its run's counters go with the run), which must not unsay what it finished."""
         for worker, r in zip(workers, reports):
             done, tokens = self.finished.get(worker, (0, 0))
-            self.finished[worker] = (max(done, int(r["finished"])), max(tokens, int(r["finished_tokens"])))
+            self.finished[worker] = (max(done, r.finished), max(tokens, r.finished_tokens))
 
     def processed(self) -> tuple[float, int]:
         """A stage's tokens and samples processed this step, over its ranks' last reports."""
-        return (float(sum(r.get("tokens", 0) for r in self.reports)),
-                int(sum(r.get("samples", 0) for r in self.reports)))
+        return float(sum(r.tokens for r in self.reports)), sum(r.samples for r in self.reports)
 
-    async def current_reports(self) -> list[dict]:
+    async def current_reports(self) -> list[RankReport]:
         """The ranks' metrics: the last poll's while the ranks are those it asked (a
         decision acts on what it saw, without a second round trip to busy engines),
         else asked again."""

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from dynarl.core.scheduler.report import RankReport
+
 
 @dataclass(frozen=True, slots=True)
 class StepWork:
@@ -58,15 +60,14 @@ class RolloutProgress:
         return self.finished_tokens / self.finished if self.finished else 0.0
 
 
-def rollout_progress(reports: Sequence[Mapping], finished: Mapping[str, tuple[int, int]]) -> RolloutProgress:
-    """From the current engines' metrics and every engine's (finished, finished_tokens)
+def rollout_progress(reports: Sequence[RankReport], finished: Mapping[str, tuple[int, int]]) -> RolloutProgress:
+    """From the current engines' reports and every engine's (finished, finished_tokens)
     this step (the released ones' as of their last report)."""
     return RolloutProgress(
-        active=sum(int(r["running"]) + int(r["waiting"]) for r in reports),
-        generated=sum(int(r["generated"]) for r in reports), kv_tokens=sum(int(r["kv"]) for r in reports),
-        capacity=int(reports[0]["capacity"]) if reports else 0,
+        active=sum(r.running + r.waiting for r in reports), generated=sum(r.generated for r in reports),
+        kv_tokens=sum(r.kv for r in reports), capacity=reports[0].capacity if reports else 0,
         finished=sum(n for n, _ in finished.values()), finished_tokens=sum(t for _, t in finished.values()),
-        step_s=_mean([float(r.get("step_s", 0.0)) for r in reports if r.get("step_s")]))
+        step_s=_mean([r.step_s for r in reports if r.step_s]))
 
 
 def _mean(values: list[float]) -> float:
