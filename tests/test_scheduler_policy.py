@@ -387,13 +387,11 @@ def test_at_the_barrier_with_nothing_to_lend_the_rollouts_idle_engines_still_mov
     assert plan is not None and not plan.barrier and plan.moves == (("rollout", "trainer", 3),)
 
 
-def test_a_rank_report_crosses_the_wire_as_itself_and_a_malformed_one_is_refused():
+def test_a_rank_report_crosses_the_wire_as_itself():
     from dynarl.core.scheduler.report import RankReport
     from dynarl.transport.wire import Codec
 
-    codec = Codec(b"s" * 32, max_message_bytes=1 << 20)
-    sent = RankReport(utilization=0.5, admitting=True, running=3, kv=40, step_s=0.02, work_done=7.0)
+    sent, codec = RankReport(utilization=0.5, admitting=True, running=3, step_s=0.02), Codec(b"s" * 32)
     assert codec.decode(codec.encode([sent])) == [sent]
-    for fields in ([0.5], [0.5] * 14 + ["x"]):
-        with pytest.raises(ValueError):
-            RankReport.from_wire(fields)
+    with pytest.raises(ValueError):
+        RankReport.from_wire([0.5] * 14 + ["x"])  # not a number: refused

@@ -146,7 +146,6 @@ class Manager:
         self.reports, self.reported = reports, workers
         self.observe_group()
         self.graph.nodes[self.spec.name].kind = self.spec.kind
-        # a rollout engine's KV fill (the DynaRL signal), a stage's busy flag
         utilization = [r.utilization for r in reports]
         held = [r.running + r.waiting for r in reports]
         self.graph.observe_load(self.spec.name, workers, utilization, held)

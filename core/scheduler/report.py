@@ -12,24 +12,21 @@ from dynarl.transport.wire import register_struct
 @dataclass(kw_only=True, slots=True)
 class RankReport:
     utilization: float = 0.0
-    """How busy it is: a rollout engine's KV fill (active KV tokens / capacity, the
-    DynaRL signal), a trainer's 1.0 while it trains."""
+    """A rollout engine's KV fill (active KV tokens / capacity: the DynaRL signal); a
+    trainer's 1.0 while it trains."""
     admitting: bool = False
     """A rollout rank that may still be handed prompts (it has not taken its END)."""
     running: int = 0
     waiting: int = 0
-    """The requests it holds (a trainer: running is 1 while it trains)."""
     kv: int = 0
-    """Active KV tokens."""
+    """Active KV tokens, of `capacity` (one engine's)."""
     capacity: int = 0
-    """Its engine's KV capacity, in tokens."""
     generated: int = 0
     """Output tokens its held requests made so far."""
     finished: int = 0
     finished_tokens: int = 0
     """Requests finished in this step's generation, and their output tokens."""
     active_run: bool = False
-    """Its generation still runs."""
     step_s: float = 0.0
     """Its mean engine step so far this step (0: none yet)."""
     moved_token_s: float = 0.0
@@ -44,9 +41,8 @@ class RankReport:
         return [getattr(self, name) for name in _FIELDS]
 
     @classmethod
-    def from_wire(cls, values: list[Any]) -> "RankReport":
-        if not isinstance(values, list) or len(values) != len(_FIELDS) or \
-                not all(isinstance(v, (int, float)) for v in values):
+    def from_wire(cls, values: list[Any]) -> RankReport:
+        if len(values) != len(_FIELDS) or not all(isinstance(v, (int, float)) for v in values):
             raise ValueError(f"expected {len(_FIELDS)} numbers")
         return cls(**dict(zip(_FIELDS, values)))
 
