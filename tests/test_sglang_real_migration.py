@@ -52,7 +52,7 @@ async def _move(a, b, reference, max_new, pause_first):
     prompts = sum(len(p) for p in PROMPTS.values())
     await H.until_kv_tokens(a, prompts + len(PROMPTS) * 60)
     if pause_first:
-        await a.pause()  # what the runtime's Workload migration does first (generation.pause_run)
+        await a.pause()  # what the runtime's Workload migration does first (RunControl.pause)
     items = await a.export_inflight()
     if pause_first:
         await a.resume()

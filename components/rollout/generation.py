@@ -34,8 +34,6 @@ class Generation(Run):
         self.num_exported = self.num_imported = 0
         self.num_finished = self.finished_tokens = 0
         """Requests finished here this step, and their output tokens."""
-        self.fetch_task: asyncio.Future | None = None
-        """The task that takes prompts from the step's channel (set by RolloutWorker.generate)."""
         self.inbox: Any = None
         """The channel the prompts come from (fetch)."""
 

@@ -114,11 +114,12 @@ class RunControl:
 
 class Run(Protocol):
     """What RolloutWorker needs of its step's run; Generation and _TurnServe take its
-    pause, resume and close."""
+    pause, resume and close (and _TurnServe its mean_step_s)."""
 
     engine: RolloutEngine
     control: RunControl
-    fetch_task: asyncio.Future | None
+    fetch_task: asyncio.Future | None = None
+    """The task that takes its work in (set by its worker as it starts)."""
     num_tokens: int
     """Output tokens made here this step (exported ones counted, imported ones not)."""
     num_finished: int
@@ -126,6 +127,7 @@ class Run(Protocol):
 
     def mean_step_s(self) -> float:
         """Mean seconds of its engine steps so far (0: none, or not counted)."""
+        return 0.0
 
     async def export(self) -> list[dict]:
         """Its unfinished work, once paused, as a migration's items {"id", "weight", ...}."""

@@ -180,7 +180,6 @@ class _TurnServe(Run):
         self.num_tokens = self.num_finished = self.finished_tokens = 0
         self.num_exported = self.num_imported = 0
         self.control = RunControl()
-        self.fetch_task: asyncio.Future | None = None
 
     def now(self) -> float:
         return asyncio.get_running_loop().time() / self.time_scale
@@ -252,9 +251,6 @@ class _TurnServe(Run):
             await self.outbox.put(turn_result(r, wait, self.key, load))
 
     # --- Workload migration (RolloutWorker's workload_* methods call these) ---------
-    def mean_step_s(self) -> float:
-        return 0.0  # not counted
-
     async def export(self) -> list[dict]:
         """Every turn here (queued or running) with its tokens so far, once this rank has
         its END (the driver routes nothing more here): one item per turn."""
