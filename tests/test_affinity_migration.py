@@ -20,7 +20,7 @@ async def test_follow_up_turns_fall_back_after_their_engine_is_migrated_away():
         episode = ItemStatus(affinity="prefer", last_worker=ids[1], cached_prefix=180)
         assert router.distribute(episode, live_workers(group, [0.5, 0.1])).worker == ids[1]
         episode.cached_prefix = 180
-        await group.scatter("submit", [[requests("a", 2)], [requests("b", 2)]])
+        await group.scatter(EngineWorker.submit, [[requests("a", 2)], [requests("b", 2)]])
         await workload_migrate(ctl, group, [1])  # the scheduler takes engine 1 away
         workers = {**live_workers(group, [0.5]), ids[1]: WorkerState(0.0, alive=False)}
         route = router.distribute(episode, workers)

@@ -70,17 +70,17 @@ async def test_dp_and_tp_round_trips_keep_the_state_bitwise(megatron_cpu, optimi
     async with dynarl.Controller(config) as ctl:
         trainer = await ctl.spawn(TrainerWorker, name="trainer", devices=[0], init=init)
         unmoved = await ctl.spawn(TrainerWorker, name="unmoved", devices=[1], init=init)
-        await trainer.call("start", None)
-        await unmoved.call("start", None)
+        await trainer.call(TrainerWorker.start, None)
+        await unmoved.call(TrainerWorker.start, None)
         for group in (trainer, unmoved):
-            await group.call("train", make_batch(31).to_wire())  # moments are not zero
-        before = (await trainer.call("full_state"))[0]
-        assert not _equal(before["state"], (await unmoved.call("full_state"))[0]["state"])
+            await group.call(TrainerWorker.train, make_batch(31).to_wire())  # moments are not zero
+        before = (await trainer.call(TrainerWorker.full_state))[0]
+        assert not _equal(before["state"], (await unmoved.call(TrainerWorker.full_state))[0]["state"])
         pool = StandbyPool(ctl, TrainerWorker, "trainer", init)
         pids = list(trainer.pids)
 
         dp2 = await p2p_migrate(ctl, trainer, [0, 1], init, standby=pool)  # DP 1 -> 2 (replicas)
-        halves = await dp2.group.call("full_state")
+        halves = await dp2.group.call(TrainerWorker.full_state)
         for half in halves:
             assert half["step"] == before["step"]
         if distributed:  # each DP rank holds a flat range of each parameter's state: the two make it whole
@@ -93,22 +93,22 @@ async def test_dp_and_tp_round_trips_keep_the_state_bitwise(megatron_cpu, optimi
                 assert not _equal(replica["state"], before["state"])
         dp1 = await p2p_migrate(ctl, dp2.group, [0], init, standby=pool)  # back, onto the parked rank
         assert dp1.group.pids == pids  # adopted from the pool: no process started
-        after_dp = (await dp1.group.call("full_state"))[0]
+        after_dp = (await dp1.group.call(TrainerWorker.full_state))[0]
         assert after_dp["step"] == before["step"] and not _equal(after_dp["state"], before["state"])
 
         tp2 = await p2p_migrate(ctl, dp1.group, [0, 1], init, standby=pool, start={"tensor_parallel_size": 2})
-        slices = await tp2.group.call("full_state")
+        slices = await tp2.group.call(TrainerWorker.full_state)
         wide = [k for k in before["state"] if slices[0]["state"][k].shape != before["state"][k].shape]
         assert wide  # the TP=2 ranks hold slices of the sharded weights and their moments
         tp1 = await p2p_migrate(ctl, tp2.group, [0], init, standby=pool, start={"tensor_parallel_size": 1})
-        after_tp = (await tp1.group.call("full_state"))[0]
+        after_tp = (await tp1.group.call(TrainerWorker.full_state))[0]
         assert not _equal(after_tp["state"], before["state"])
 
         # and the moved trainer steps as the unmoved one does
-        moved_metrics = (await tp1.group.call("train", make_batch(32).to_wire()))[0]
-        unmoved_metrics = (await unmoved.call("train", make_batch(32).to_wire()))[0]
+        moved_metrics = (await tp1.group.call(TrainerWorker.train, make_batch(32).to_wire()))[0]
+        unmoved_metrics = (await unmoved.call(TrainerWorker.train, make_batch(32).to_wire()))[0]
         assert moved_metrics == unmoved_metrics
-        assert not _equal((await tp1.group.call("full_state"))[0]["state"],
-                          (await unmoved.call("full_state"))[0]["state"])
+        assert not _equal((await tp1.group.call(TrainerWorker.full_state))[0]["state"],
+                          (await unmoved.call(TrainerWorker.full_state))[0]["state"])
         every = [*tp1.group.pids, *unmoved.pids, *pool.group.pids]
     assert_reaped(every)

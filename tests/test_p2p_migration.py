@@ -19,16 +19,16 @@ async def trained(ctl, ranks, steps=2):
     dp = "trainer_dp" if ranks > 1 else None
     if dp:
         await ctl.process_group(dp, [group])
-    await group.call("start", dp)
+    await group.call(ReshardTrainer.start, dp)
     for step in range(steps):
         shards = [[make_batch(step)]] * ranks  # each rank's part: here every rank gets the same rows
-        await group.scatter("train", shards)
+        await group.scatter(ReshardTrainer.train, shards)
     return group
 
 
 async def gathered(group):
     """The full state, assembled from every rank's range, and rank 0's weights."""
-    parts = sorted(await group.call("full_state"), key=lambda p: p["range"][0])
+    parts = sorted(await group.call(ReshardTrainer.full_state), key=lambda p: p["range"][0])
     state = {k: torch.cat([p[k] for p in parts]) for k in STATES}
     return state, parts[0]["params"], {p["step"] for p in parts}
 
@@ -60,7 +60,7 @@ async def test_dp2_to_1_to_2_and_uneven_2_to_3_keep_state_bitwise():
         assert_bitwise_equal(before, await gathered(three.group))
         assert sorted(ctl.process_groups.active) == [three.dp_group]  # back's DP group went with back
         # and it trains on: the next step runs in the 3-rank DP group
-        await three.group.scatter("train", [[make_batch(9)]] * 3)
+        await three.group.scatter(ReshardTrainer.train, [[make_batch(9)]] * 3)
 
 
 @pytest.mark.parametrize("fault", ["create", "transfer", "confirm"])
@@ -75,7 +75,7 @@ async def test_a_fault_in_any_phase_rolls_back_and_training_continues(fault):
             await p2p.p2p_migrate(ctl, group, [2, 3], {"fail": fault}, timeout_s=timeout)
         assert set(ctl.groups) == {"trainer"}  # the new ranks are gone
         assert_bitwise_equal(before, await gathered(group))  # nothing lost
-        await group.scatter("train", [[make_batch(7)]] * 2)  # training continues on the old ranks
+        await group.scatter(ReshardTrainer.train, [[make_batch(7)]] * 2)  # training continues on the old ranks
         after = await gathered(group)
         assert after[2] == {before[2].pop() + 1}
 

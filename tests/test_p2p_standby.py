@@ -40,7 +40,7 @@ async def test_standby_ranks_are_adopted_and_parked_and_the_state_moves_bitwise(
         assert set(back.group.pids) == old  # the parked ranks came back
         assert sorted(pool.devices()) == [0, 1, 2]
         assert_bitwise_equal(before, await gathered(back.group))
-        await back.group.scatter("train", [[make_batch(9)]] * 2)  # and trains on
+        await back.group.scatter(ReshardTrainer.train, [[make_batch(9)]] * 2)  # and trains on
         assert {g for g in ctl.groups} == {back.group.name, pool.name}
         # (how long a warm move takes is printed, not bounded: a loaded machine stretches
         # it; that no process starts is what the pids above show)
@@ -61,7 +61,7 @@ async def test_a_failed_migration_stops_the_adopted_ranks_and_keeps_the_old_ones
         assert_reaped(adopted)  # possibly broken: stopped, not parked
         assert pool.devices() == [] and set(ctl.groups) == {"trainer", pool.name}
         assert_bitwise_equal(before, await gathered(group))
-        await group.scatter("train", [[make_batch(7)]] * 2)  # training continues on the old ranks
+        await group.scatter(ReshardTrainer.train, [[make_batch(7)]] * 2)  # training continues on the old ranks
         assert (await gathered(group))[2] == {before[2].pop() + 1}
 
 

@@ -53,7 +53,7 @@ def scenario(policy, tail_s=40.0, stage_done_at=None):
         rollout = await ctl.spawn(TimedEngine, name="rollout", devices=[0, 1, 2, 3, 4, 5])
         inference = await ctl.spawn(TimedEngine, name="inference", devices=[6, 7], init={"capacity": 100})
         finish = {p: {f"r{p}": tail_s if p == 0 else 1.0 + 0.5 * p} for p in range(6)}
-        await rollout.scatter("submit", [[finish[p]] for p in range(6)])
+        await rollout.scatter(TimedEngine.submit, [[finish[p]] for p in range(6)])
         sched = GlobalScheduler(ctl, policy, Rates(), DynarlConfig(theta=0.8, u_low=0.2, window_s=4.0),
                                 interval_s=1.0)
         sched.register(ComponentSpec("rollout", "dynamic"), rollout)
@@ -66,7 +66,7 @@ def scenario(policy, tail_s=40.0, stage_done_at=None):
         if stage_done_at is not None:
             async def stage_ends():
                 await asyncio.sleep(stage_done_at)
-                await rollout.call("end_run")
+                await rollout.call(TimedEngine.end_run)
                 live.done["rollout"].set_result([])
             ender = ctl.spawn_task(stage_ends())
         sched.start()
@@ -78,7 +78,7 @@ def scenario(policy, tail_s=40.0, stage_done_at=None):
         if stage_done_at is not None:
             await ender
         assert loop.time() == stopped  # a waiting ticker ends at once
-        done = sorted(x for part in await sched.group("rollout").call("wait_all") for x in part)
+        done = sorted(x for part in await sched.group("rollout").call(TimedEngine.wait_all) for x in part)
         return (sched.log, len(sched.group("rollout").devices), len(sched.group("inference").devices), done,
                 flow.joined)
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=8))
@@ -191,7 +191,7 @@ def test_a_move_whose_kept_engine_finished_meanwhile_releases_that_engine_instea
     async def workflow(ctl):
         rollout = await ctl.spawn(ClosingEngine, name="rollout", devices=[0, 1])
         inference = await ctl.spawn(TimedEngine, name="inference", devices=[2], init={"capacity": 100})
-        await rollout.scatter("submit", [[{"long": 10.0}], [{"a": 1.0, "b": 1.0}]])
+        await rollout.scatter(TimedEngine.submit, [[{"long": 10.0}], [{"a": 1.0, "b": 1.0}]])
         sched = GlobalScheduler(ctl, "dynarl", Rates(), DynarlConfig(), interval_s=1.0)
         sched.register(ComponentSpec("rollout", "dynamic"), rollout)
         sched.register(ComponentSpec("inference", "static", "join"), inference)
@@ -202,7 +202,7 @@ def test_a_move_whose_kept_engine_finished_meanwhile_releases_that_engine_instea
         live.done = {c: asyncio.get_running_loop().create_future() for c in ("rollout", "reward", "inference")}
         await sched.mover.execute(Plan({"rollout": 1, "inference": 2}, (("rollout", "inference", 1),), 1.0, 2.0, 1),
                                   live)
-        left = [x for part in await sched.group("rollout").call("submit", {}) for x in [part]]
+        left = [x for part in await sched.group("rollout").call(TimedEngine.submit, {}) for x in [part]]
         return sched.log, sched.group("rollout").devices, sched.group("inference").devices, left
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=3))
     log, rollout_devices, inference_devices, left = dynarl.run(workflow, config, virtual_time=True)
@@ -245,9 +245,9 @@ def test_a_barrier_plan_gives_every_finished_device_and_restore_takes_them_back(
         except MigrationFailed:
             assert fails
         during = dict(mover.holdings.counts)
-        lent = {n: await sched.group(n).call("lent_now") for n in ("rollout", "inference")}
+        lent = {n: await sched.group(n).call(TimedEngine.lent_now) for n in ("rollout", "inference")}
         await mover.restore(lend=False)
-        back = {n: await sched.group(n).call("lent_now") for n in ("rollout", "inference")}
+        back = {n: await sched.group(n).call(TimedEngine.lent_now) for n in ("rollout", "inference")}
         return during, lent, back, dict(mover.holdings.counts), mover.holdings.barrier_lent, \
             [(m.kind, m.component, m.devices) for m in sched.log.migrations]
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=7))

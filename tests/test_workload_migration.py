@@ -23,8 +23,8 @@ def test_assign_table(weights, loads, expected):
 async def reference_tokens():
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         solo = await ctl.spawn(EngineWorker, num_ranks=1)
-        await solo.call("submit", requests("a", 6) + requests("b", 6))
-        return (await solo.call("drain"))[0]
+        await solo.call(EngineWorker.submit, requests("a", 6) + requests("b", 6))
+        return (await solo.call(EngineWorker.drain))[0]
 
 
 async def test_released_rank_work_finishes_on_the_kept_rank_with_the_same_tokens():
@@ -32,15 +32,15 @@ async def test_released_rank_work_finishes_on_the_kept_rank_with_the_same_tokens
     config = RuntimeConfig(launcher="local", cluster=ClusterConfig(devices_per_node=2))
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(EngineWorker, name="rollout", num_ranks=2)
-        await group.scatter("submit", [[requests("a", 6)], [requests("b", 6)]])
-        await group.call("run_steps", 6)  # mid-generation: some done, some running, some waiting
+        await group.scatter(EngineWorker.submit, [[requests("a", 6)], [requests("b", 6)]])
+        await group.call(EngineWorker.run_steps, 6)  # mid-generation: some done, some running, some waiting
         released_pid = group.pids[1]
-        finished_before = (await group.call("finished", ranks=[1]))[0]  # already sent downstream
+        finished_before = (await group.on([1]).call(EngineWorker.finished))[0]  # already sent downstream
         result = await workload_migrate(ctl, group, [1])
         assert result.moved > 0 and result.freed_devices == [1]
         assert group.world_size == 1 and ctl.pool.placed["rollout"] == [0]
         assert_reaped([released_pid])
-        finished_after = (await group.call("drain"))[0]
+        finished_after = (await group.call(EngineWorker.drain))[0]
     # Ledger: every request finished exactly once, on one rank or the other ...
     ids = list(finished_before) + list(finished_after)
     assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
@@ -54,13 +54,13 @@ async def test_failed_handover_gives_the_work_back():
     config = RuntimeConfig(launcher="inproc")
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(EngineWorker, name="rollout", devices=[0, 1], init={"fail_import": True})
-        await group.scatter("submit", [[requests("a", 4)], [requests("b", 4)]])
-        await group.call("run_steps", 3)
+        await group.scatter(EngineWorker.submit, [[requests("a", 4)], [requests("b", 4)]])
+        await group.call(EngineWorker.run_steps, 3)
         with pytest.raises(MigrationFailed, match="rolled back"):
             await workload_migrate(ctl, group, [1])
         assert group.world_size == 2
-        assert await group.call("is_held") == [False, False]  # the kept rank is let go: it may finish
-        results = await group.call("drain")
+        assert await group.call(EngineWorker.is_held) == [False, False]  # the kept rank is let go: it may finish
+        results = await group.call(EngineWorker.drain)
     assert sorted(results[1]) == [f"b{i}" for i in range(4)]  # rank 1 finished its own work
 
 
@@ -69,13 +69,13 @@ async def test_a_failed_export_lets_the_kept_rank_go():
     it waiting for an import forever."""
     async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
         group = await ctl.spawn(EngineWorker, name="rollout", devices=[0, 1], init={"fail_export": True})
-        await group.scatter("submit", [[requests("a", 4)], [requests("b", 4)]])
-        await group.call("run_steps", 3)
+        await group.scatter(EngineWorker.submit, [[requests("a", 4)], [requests("b", 4)]])
+        await group.call(EngineWorker.run_steps, 3)
         with pytest.raises(MigrationFailed, match="rolled back"):
             await workload_migrate(ctl, group, [1])
         assert group.world_size == 2
-        assert await group.call("is_held") == [False, False]
-        results = await group.call("drain")
+        assert await group.call(EngineWorker.is_held) == [False, False]
+        results = await group.call(EngineWorker.drain)
     assert sorted(results[0]) == [f"a{i}" for i in range(4)] and sorted(results[1]) == [f"b{i}" for i in range(4)]
 
 
@@ -88,14 +88,14 @@ async def _ledger_after(init: dict, release: list[int], ranks: int = 3) -> tuple
     config = RuntimeConfig(launcher="inproc", cluster=ClusterConfig(devices_per_node=ranks))
     async with dynarl.Controller(config) as ctl:
         group = await ctl.spawn(EngineWorker, name="rollout", devices=list(range(ranks)), init=init)
-        await group.scatter("submit", [[requests(chr(ord("a") + r), 4)] for r in range(ranks)])
-        await group.call("run_steps", 3)
-        before = await group.call("finished")
+        await group.scatter(EngineWorker.submit, [[requests(chr(ord("a") + r), 4)] for r in range(ranks)])
+        await group.call(EngineWorker.run_steps, 3)
+        before = await group.call(EngineWorker.finished)
         with pytest.raises(MigrationFailed, match="rolled back"):
             await workload_migrate(ctl, group, release)
         assert group.world_size == ranks
-        held = await group.call("is_held")
-        after = await group.call("drain")
+        held = await group.call(EngineWorker.is_held)
+        after = await group.call(EngineWorker.drain)
     per_rank = [sorted(set(a) | set(b)) for a, b in zip(before, after)]
     return {rid: t for part in after for rid, t in part.items()}, per_rank, any(held)
 
