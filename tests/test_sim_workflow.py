@@ -5,6 +5,7 @@ virtual time, for every policy (the online ones with the job's own scheduler).""
 
 import pytest
 
+from dynarl.components.workflows import pipeline
 from dynarl.components.workflows.grpo import GRPO
 from dynarl.launch.sim import runner
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
@@ -13,7 +14,7 @@ SMALL = dict(workload="math-1.5b", devices=16, prompts=8, iterations=2, warmup=1
 
 
 def test_the_workflow_is_the_trainers_and_it_checks_every_sample(monkeypatch):
-    """The run goes through GRPO.step and its exactly-once check: a trainer that
+    """The run goes through GRPO.step and its exactly-once check (pipeline.py): a trainer that
     dropped a sample fails the run."""
     steps = []
     real_step = GRPO.step
@@ -26,11 +27,11 @@ def test_the_workflow_is_the_trainers_and_it_checks_every_sample(monkeypatch):
     run = runner.run_policy(scn, "spatial")
     assert steps == [0, 1] and len(run.iterations) == 2
 
-    def drop_one(self, step, ids, trained):
+    def drop_one(ledger, step, ids, trained):
         trained.ids.pop()
-        return real_check(self, step, ids, trained)
-    real_check = GRPO.check_trained
-    monkeypatch.setattr(GRPO, "check_trained", drop_one)
+        return real_check(ledger, step, ids, trained)
+    real_check = pipeline.check_trained
+    monkeypatch.setattr(pipeline, "check_trained", drop_one)
     with pytest.raises(RuntimeError, match="the trainer took 127 samples"):
         runner.run_policy(scn, "spatial")
 
@@ -85,7 +86,7 @@ def test_hooks_can_hold_a_stage_and_add_a_rank_while_the_step_runs():
         wf = await runner.start(ctl, scn, placement)
         wf.scheduling = Hooks()
         await wf.step(0)
-        return wf.stage_results["trainer"]
+        return wf.stage_stats.trainer
 
     ctl = wf = None
     results = dynarl.run(workflow, train_config(scn, placement).runtime, virtual_time=True)

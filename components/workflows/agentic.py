@@ -34,7 +34,8 @@ from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.workflows.episodes import (Episode, EpisodeDriver, EpisodeState, Limits, ReactTurns,
                                                   ScriptedTurns)
-from dynarl.components.workflows.grpo import GRPO, Groups
+from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.workflows.job import Groups
 from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import held
@@ -65,7 +66,7 @@ class AgenticStepRanks(StepRanks):
                     continue
                 turns = [[f"{ep.id}#{ep.turns}", ep.context[:ep.computed]] for ep in episodes]
                 try:
-                    offers = await handle.call("offer_prefixes", [turns])
+                    offers = await handle.call(AgenticRolloutWorker.offer_prefixes, turns)
                 except Exception as exc:  # not needed for correctness: those turns are prefilled again
                     log.warning("rollout rank %s could not offer its episodes' KV: %r", key, exc)
                     continue
@@ -84,8 +85,8 @@ class AgenticStepRanks(StepRanks):
                 raise ValueError("no agentic step is running for a rollout rank to join")
             key = self.wf.g.rollout.handles[position].spec.worker_id
             await self.wf.driver.join([key])
-            results = await self.wf.g.rollout.call("serve_turns", TURNS, TURN_RESULTS, key, version,
-                                                   self.wf.sampling(), ranks=[position])
+            results = await self.wf.g.rollout.on([position]).call(
+                AgenticRolloutWorker.serve_turns, TURNS, TURN_RESULTS, key, version, self.wf.sampling())
             return results[0]
         return call()
 
@@ -131,8 +132,8 @@ class AgenticGRPO(GRPO):
     # --- the algorithm ---------------------------------------------------------------
     async def step(self, step: int) -> dict[str, Any]:
         metrics = await super().step(step)
-        results = self.stage_results  # (with overlapped steps: those that made the trained episodes)
-        return metrics | episode_metrics(results["reward"][0]["episodes"], results["rollout"])
+        stats = self.stage_stats  # (with overlapped steps: those that made the trained episodes)
+        return metrics | episode_metrics(stats.episodes, stats.rollout)
 
     def train_batch(self, scored: list[PromptGroup], behaviour: bool = False) -> TrainBatch:
         return episode_batch(scored, self.cfg.with_ref, behaviour)
@@ -149,7 +150,7 @@ class AgenticGRPO(GRPO):
         self.unfinished = asyncio.get_running_loop().create_future()
         version = step if version is None else version
         rollout: Any = held(self.ctl, g.rollout, self.clock, label, "serve_turns",
-                            lambda: g.rollout.scatter("serve_turns", [
+                            lambda: g.rollout.scatter(AgenticRolloutWorker.serve_turns, [
                                 [TURNS, TURN_RESULTS, key, version, self.sampling()] for key in keys]),
                             lock=live.rollout_lock)
         rollout = live.joined("rollout", rollout)
@@ -172,8 +173,8 @@ class AgenticGRPO(GRPO):
         else:
             async def call_tool(tool: str, argument: str) -> dict:
                 if tool == "py":
-                    return (await self.tools.call("python", argument, a.python_timeout_s))[0]
-                return (await self.tools.call("calculator", argument))[0]
+                    return (await self.tools.call(ToolWorker.python, argument, a.python_timeout_s))[0]
+                return (await self.tools.call(ToolWorker.calculator, argument))[0]
             turns = ReactTurns(self.tokenizer, self.limits, call_tool, close_id=self.close_id,
                                decode=functools.partial(safe_decode, self.tokenizer))
         r = self.cfg.rollout
@@ -233,8 +234,8 @@ class AgenticGRPO(GRPO):
         and tool calls under way are in, every episode not over waits in its sample for
         a later step; their groups go to `carried`. Returns how many."""
         await self.driver.stop()
-        async with self._busy("rollout"):
-            per_rank = await self.g.rollout.call("partial_close")
+        async with self.busy("rollout"):
+            per_rank = await self.g.rollout.call(AgenticRolloutWorker.partial_close)
         self.driver.cut([item for items in per_rank for item in items])
         groups = await self.unfinished
         carried += groups

@@ -32,6 +32,7 @@ from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.placement.policy import PlanContext, RlinfAuto
 from dynarl.components.placement.profile import StageProfile
+from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.core.worker_group import WorkerGroup
 
@@ -82,22 +83,22 @@ async def profile_components(wf: Any) -> tuple[dict[str, StageProfile], float]:
         rollout, inference, trainer = (task.result() for task in spawns)
         batch = wf.prompts.groups(0)
         points, outputs = [], None
-        await rollout.call("onload")
+        await rollout.call(RolloutWorker.onload)
         for k in profile_counts(cfg.runtime.cluster.num_devices):
             seconds, done = await _timed_generate(ctl, rollout, share(batch, k), wf)
             points.append((k, seconds))
             outputs = outputs if outputs is not None else done
         begun = time.perf_counter()
-        await rollout.call("offload")
-        await inference.call("onload")
+        await rollout.call(RolloutWorker.offload)
+        await inference.call(InferenceWorker.onload)
         switch_s = time.perf_counter() - begun
         inference_s, scored = await _timed_logprobs(ctl, inference, outputs)
-        await inference.call("offload")
-        await trainer.call("start", None)
-        await trainer.call("onload")
+        await inference.call(InferenceWorker.offload)
+        await trainer.call(TrainerWorker.start, None)
+        await trainer.call(TrainerWorker.onload)
         trained = experience.train_batch(scored, with_ref=False)
         begun = time.perf_counter()
-        await trainer.call("train", trained.to_wire())
+        await trainer.call(TrainerWorker.train, trained.to_wire())
         trainer_s = time.perf_counter() - begun
     profiles = {"rollout": StageProfile(tuple(points)),
                 "inference": StageProfile(((1, inference_s * (2 if cfg.with_ref else 1)),)),
@@ -111,7 +112,8 @@ async def _timed_generate(ctl: Any, rollout: WorkerGroup, groups: list[dict], wf
         await prompts.put(group)
     await prompts.put(END)
     begun = time.perf_counter()
-    await rollout.call("generate", PROBE[0], PROBE[1], version=-1, chunk_size=len(groups), sampling=wf.sampling())
+    await rollout.call(RolloutWorker.generate, PROBE[0], PROBE[1], version=-1, chunk_size=len(groups),
+                       sampling=wf.sampling())
     seconds = time.perf_counter() - begun
     done: list[dict] = []
     while len(done) < len(groups):
@@ -127,7 +129,7 @@ async def _timed_logprobs(ctl: Any, inference: WorkerGroup, groups: list[dict]) 
     await scored.put(groups, weight=len(groups))
     await scored.put(END)
     begun = time.perf_counter()
-    await inference.call("compute_logprobs", PROBE[2], PROBE[3], version=-1)
+    await inference.call(InferenceWorker.compute_logprobs, PROBE[2], PROBE[3], version=-1)
     seconds = time.perf_counter() - begun
     out: list[dict] = []
     while len(out) < len(groups):

@@ -156,7 +156,7 @@ class Embodied:
         dp = "trainer_dp" if self.learner.world_size > 1 else None  # the learner's ranks' data-parallel group
         if dp is not None:
             await ctl.process_group(dp, [self.learner])
-        await self.learner.call("start", dp)
+        await self.learner.call(LearnerWorker.start, dp)
         await ctl.process_group("weight_sync", [(self.learner, 0), self.policy])
 
     def worker_groups(self) -> list[WorkerGroup]:
@@ -203,14 +203,15 @@ class Embodied:
         try:
             parts = split_envs(batch, ranks)
             trained = await held(self.ctl, learner, self.clock, label, "train", lambda: gather_or_cancel(
-                [learner.scatter("train", [[part] for part in parts[:learner.world_size]])]
-                + ([] if lent is None else [lent.scatter("train", [[part] for part in parts[learner.world_size:]])])))
+                [learner.scatter(LearnerWorker.train, [[part] for part in parts[:learner.world_size]])]
+                + ([] if lent is None
+                   else [lent.scatter(LearnerWorker.train, [[part] for part in parts[learner.world_size:]])])))
         finally:
             if lent is not None:
                 await self.barrier.give_back(lent)
         train = trained[0][0]
         if self.emulated is None and learner.world_size > 1:  # replicas must not drift apart
-            digests = await learner.call("weights_digest")
+            digests = await learner.call(LearnerWorker.weights_digest)
             if len(set(digests)) > 1:
                 raise RuntimeError(f"step {step}: the learner's data-parallel replicas hold different weights")
         trainer_s = now() - train_begun
@@ -224,27 +225,27 @@ class Embodied:
         e, chunk, p = self.cfg.embodied, Chunk(), self.placement
         w, first, n = spec.worker, spec.first, spec.count
         env = self.envs[w]
-        obs = (await env.call("observations", first, n))[0]
+        obs = (await env.call(EnvWorker.observations, first, n))[0]
         loop = asyncio.get_running_loop()
         begun = loop.time()
         for t in range(e.horizon):
             async with self.turns[p.rollout[spec.rank]]:
                 asked = loop.time()
-                act: Action = (await self.policy.call("act", obs, _seed(self.cfg.run.seed, step, i, t),
-                                                      ranks=[spec.rank]))[0]
+                act: Action = (await self.policy.on([spec.rank]).call(
+                    PolicyWorker.act, obs, _seed(self.cfg.run.seed, step, i, t)))[0]
                 chunk.act_s += loop.time() - asked
             async with self.turns[p.env[w]]:
                 out: EnvStep | None = None
                 if env is self.envs[w]:
                     try:
                         async with asyncio.timeout(e.step_timeout_s):
-                            out = (await env.call("step", act.env_actions, first))[0]
+                            out = (await env.call(EnvWorker.step, act.env_actions, first))[0]
                     except TimeoutError:  # a hung simulator: a fresh worker on the device
                         await self.restart_env(w)
                         chunk.restarts += 1
                 if out is None:  # restarted (here or by another of its chunks): the step ends its episodes
                     env = self.envs[w]
-                    fresh = (await env.call("observations", first, n))[0]
+                    fresh = (await env.call(EnvWorker.observations, first, n))[0]
                     out = EnvStep(obs=fresh, rewards=[0.0] * n, terminated=[False] * n, truncated=[True] * n,
                                   final_obs=obs, episodes=[])
             chunk.obs.append(obs)
@@ -302,13 +303,13 @@ class Embodied:
     async def sync_weights(self, version: int, label: str) -> None:
         learner, policy = self.learner, self.policy
         await held(self.ctl, learner, self.clock, label, "sync", lambda: gather_or_cancel([
-            learner.call("send_weights", "weight_sync", version, ranks=[0]),  # (replicas: rank 0 sends)
-            policy.call("receive_weights", "weight_sync", version)]), lock=False, component="sync")
+            learner.on([0]).call(LearnerWorker.send_weights, "weight_sync", version),  # (replicas: rank 0 sends)
+            policy.call(PolicyWorker.receive_weights, "weight_sync", version)]), lock=False, component="sync")
 
     async def checkpoint(self, step: int) -> None:
         path = ckpt.checkpoint_dir(self.run_dir, step)
         ckpt.begin(path)
-        steps = await self.learner.call("save_checkpoint", path)
+        steps = await self.learner.call(LearnerWorker.save_checkpoint, path)
         ckpt.write_state(path, ckpt.CheckpointState(step=step, trainer_step=steps[0], seed=self.cfg.run.seed,
                                                     prompts_per_step=self.cfg.run.prompts_per_step))
         ckpt.prune(self.run_dir, self.cfg.run.keep_checkpoints, verified=path)
@@ -319,7 +320,7 @@ class Embodied:
         refused = ckpt.workflow_refused(path, "embodied")  # (dynarl train checks it before any worker starts)
         if refused is not None:
             raise ValueError(f"{path}: {refused}")
-        await self.learner.call("load_checkpoint", path)
+        await self.learner.call(LearnerWorker.load_checkpoint, path)
         jsonl.roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
         await self.sync_weights(state.step, "restore")
         self.progress.note(f"resumed from {path}: step {state.step}")

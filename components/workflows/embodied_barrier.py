@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from dynarl.components.embodied.workers import LearnerWorker
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.scheduler.policy import ClusterView, ComponentView, DynarlConfig, decide_dynarl
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
@@ -75,7 +76,7 @@ class EmbodiedBarrier:
             self.pool = StandbyPool(wf.ctl, wf.learner.cls, "trainer", wf.learner_init())
         await self.pool.fill(devices)
         group = self.pool.adopt(devices, "trainer+lent")
-        await group.call("start", None)
+        await group.call(LearnerWorker.start, None)
         await self._charge()
         return group
 

@@ -34,21 +34,14 @@ import asyncio
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Awaitable, Callable
 
-from dynarl.components import experience
 from dynarl.components.experience import PromptGroup, Sample
 from dynarl.components.rollout.base import InflightRequest
 from dynarl.components.workflows.live import LiveStep
-from dynarl.components.workflows.overlap import AHEAD
-from dynarl.components.workflows.stages import stage
-from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
+from dynarl.components.workflows.pipeline import AHEAD, Fresh, Opened, StartRollout
 from dynarl.core.files import atomic_open
-
-if TYPE_CHECKING:
-    from dynarl.components.workflows.grpo import GRPO
 
 PARTIAL_FILE = "partial.json"
 
@@ -92,7 +85,7 @@ class PartialLive(LiveStep):
 
 
 @dataclass(slots=True)
-class Plan:
+class StepGroups:
     """One step's groups: whole ones carried (trained first), and those to generate."""
     ready: list[PromptGroup]
     inflight: list[PromptGroup]
@@ -103,7 +96,7 @@ class Plan:
 
 
 def plan(carry: list[PromptGroup], fresh: list[PromptGroup], step: int, num_groups: int,
-         max_staleness: int) -> Plan:
+         max_staleness: int) -> StepGroups:
     """Pure: the step's whole groups (oldest first, at most `num_groups` - 1: every
     step generates, so its rollout stage, and a scheduler's view of it, exist), then the
     groups to generate: the carried unfinished ones, then `fresh`. A carried sample
@@ -123,7 +116,7 @@ def plan(carry: list[PromptGroup], fresh: list[PromptGroup], step: int, num_grou
     inflight = [g for g in carry if not complete(g)] + fresh
     for index, g in enumerate(ready + inflight):
         g.index = index
-    return Plan(ready, inflight, kept, regenerated_groups, regenerated_tokens)
+    return StepGroups(ready, inflight, kept, regenerated_groups, regenerated_tokens)
 
 
 class PromptStream:
@@ -148,98 +141,66 @@ class PromptStream:
         return out
 
 
-class PartialSteps:
-    def __init__(self, wf: "GRPO") -> None:
-        self.wf = wf
+class Partial(Fresh):
+    """The batch source of partial rollout (pipeline.py): the first N of the groups in
+    flight to be scored; the rest are carried."""
+    behaviour, timed, live = True, False, PartialLive
+
+    def __init__(self, ctl: Any, prompts: Any, start: StartRollout,
+                 close: Callable[[int, list[PromptGroup]], Awaitable[int]], *, prompts_per_step: int,
+                 oversample: float, max_staleness: int) -> None:
+        self.ctl, self.prompts, self.start, self.close = ctl, prompts, start, close
+        self.n, self.max_staleness = prompts_per_step, max_staleness
+        self.extra = extra_groups(oversample, prompts_per_step)
         self.carry: list[PromptGroup] = []
         """Groups started and not yet trained (unfinished, or finished after a batch closed)."""
-        self.stream = PromptStream(wf.prompts)
+        self.stream = PromptStream(prompts)
+        self.step_groups: StepGroups | None = None
+        self.batch: list[PromptGroup] = []
+        self.carried: list[PromptGroup] = []
 
-    async def step(self, step: int) -> dict[str, Any]:
-        wf, cfg = self.wf, self.wf.cfg
-        label = f"step {step}"
-        started = time.perf_counter()
-        n = cfg.run.prompts_per_step
-        fresh = self.stream.take(max(0, n + extra_groups(cfg.rollout.oversample, n) - len(self.carry)))
-        p = plan(self.carry, fresh, step, n, cfg.algorithm.max_staleness)
-        need = n - len(p.ready)
-        short = need - len(p.inflight)  # (a carry of whole groups beyond a batch): the batch must be able to close
+    async def prepare(self, step: int) -> list[PromptGroup]:
+        """The step's groups; the work it will train: N groups (of those in flight, the first)."""
+        n = self.n
+        fresh = self.stream.take(max(0, n + self.extra - len(self.carry)))
+        p = self.step_groups = plan(self.carry, fresh, step, n, self.max_staleness)
+        short = n - len(p.ready) - len(p.inflight)  # (a carry of whole groups beyond a batch): the batch must close
         if short > 0:
             more = self.stream.take(short)
             for index, group in enumerate(more, start=len(p.ready) + len(p.inflight)):
                 group.index = index
             p.inflight += more
-        sched = wf.scheduling
-        streaming = cfg.trainer.streaming
-        live = wf.live = PartialLive(step, later=set() if streaming else {"trainer"})
-        if sched is not None:  # the work it will train: N groups (of those in flight, the first)
-            await sched.begin(live, (p.ready + p.inflight)[:n])
-        rollout, reward = await wf.start_rollout(p.inflight, step, label, live)
-        batch: list[PromptGroup] = []
-        carried: list[PromptGroup] = list(p.kept)
-        closer = live.done["closer"] = asyncio.ensure_future(self._close(step, p, need, batch, carried))
-        g = wf.g
-        # (through the LiveStep as the rollout's stage: on shared devices the locks are asked in this order)
-        inference = live.joined("inference", stage(
-            wf.ctl, g.inference, "compute_logprobs", get=AHEAD, put="experience", after=closer,
-            gate=live.gates.get("inference"), clock=wf.clock, label=label, version=step, split=streaming))
-        work = [closer, inference, rollout, reward]  # (results: in this order)
-        if streaming:
-            trainer = live.joined("trainer", stage(
-                wf.ctl, g.trainer, "train_stream", get="experience", after=inference, gate=live.gates.get("trainer"),
-                clock=wf.clock, label=label, with_ref=cfg.with_ref, behaviour=True))
-            results = await wf._run_stages(live, label, [*work, trainer])
-            trainer_stats = results[-1]
-            trained = experience.Trained.merge(trainer_stats)
-            train = trainer_stats[0]["metrics"]
-            stats = {"trainer": trainer_stats}
-        else:  # the barrier trainer steps once the batch is in (a scheduler may move devices to it first)
-            results = await wf._run_stages(live, label, [*work, wf.collect(n)])
-            live.later.clear()
-            groups, _ = results[-1]
-            trained = experience.Trained()
-            trained.add(sorted(groups, key=lambda gr: gr.index))
-            stats = {}
-        ids = experience.sample_ids(batch)
-        wf.check_trained(step, ids, trained)
-        measured = {"rollout": results[2], "inference": results[1]}
-        if not streaming:
-            train_batch = wf.train_batch(groups, behaviour=True)
-            train_devices, train_begun = len(wf.g.trainer.devices), time.perf_counter()
-            train = await wf.train(train_batch, label)
-            train_s = time.perf_counter() - train_begun
-            tokens = sum(len(x) for x in train_batch.input_ids)
-            measured["trainer"] = (train_devices, tokens / train_s) if train_s > 0 else None
-        rollout_stats, reward_stats = results[2], results[3]
-        self.carry = carried
-        wf.commit_step(step, ids, trained)
-        wf.stage_results = {"rollout": rollout_stats, "reward": reward_stats, "inference": results[1], **stats}
-        if sched is None:
-            devices = fixed_devices(g)
-        else:
-            rollout_end = wf.clock.last_end("rollout")
-            train_end = wf.clock.last_end("trainer") if streaming else asyncio.get_running_loop().time()
-            devices = await sched.end(label, rollout_end=rollout_end, train_end=train_end, measured=measured,
-                                      last=step + 1 == cfg.run.steps)
-        await wf.sync_weights(step + 1, label)
-        return step_metrics(step, trained, train, rollout_stats, reward_stats, wf.clock.durations(label), time.perf_counter() - started) \
-            | {"carried_groups": len(carried),
-               "carried_unfinished": sum(1 for gr in carried for s in gr.samples if not s.finish),
-               "carried_tokens": sum(len(s.output_ids) for gr in carried for s in gr.samples),
-               "regenerated_groups": p.regenerated_groups, "regenerated_tokens": p.regenerated_tokens} \
-            | devices | wf.fleet_metrics(step + 1)
+        return (p.ready + p.inflight)[:n]
 
-    async def _close(self, step: int, p: Plan, need: int, batch: list[PromptGroup],
-                     carried: list[PromptGroup]) -> None:
+    async def open(self, step: int, label: str, live: LiveStep) -> Opened:
+        p = self.step_groups
+        rollout, reward = await self.start(p.inflight, step, label, live)
+        self.batch, self.carried = [], list(p.kept)
+        closer = live.done["closer"] = asyncio.ensure_future(self._close(step, p, self.n - len(p.ready)))
+        return Opened([closer, rollout, reward], AHEAD, closer, self.batch, self.n)
+
+    def stats(self, results: list[Any]) -> tuple[list[dict], list[dict]]:
+        return results[1], results[2]
+
+    def done(self) -> dict[str, Any]:
+        """The step's batch is trained: the groups left over are carried."""
+        carried, p = self.carried, self.step_groups
+        self.carry = carried
+        return {"carried_groups": len(carried),
+                "carried_unfinished": sum(1 for gr in carried for s in gr.samples if not s.finish),
+                "carried_tokens": sum(len(s.output_ids) for gr in carried for s in gr.samples),
+                "regenerated_groups": p.regenerated_groups, "regenerated_tokens": p.regenerated_tokens}
+
+    async def _close(self, step: int, p: StepGroups, need: int) -> None:
         """The batch to "ahead" for inference, as it forms: the whole carried groups,
         then the first `need` groups scored; at the `need`-th the rollout stops and its
         unfinished groups, with every group scored after, are carried."""
-        wf = self.wf
-        ahead = wf.ctl.channel(AHEAD)
+        batch, carried = self.batch, self.carried
+        ahead = self.ctl.channel(AHEAD)
         for group in p.ready:
             batch.append(group)
             await ahead.put([group])
-        scored = wf.ctl.channel("scored")
+        scored = self.ctl.channel("scored")
         emitted: int | None = None  # groups the rollout emits in all: known once it stopped
         seen = 0
         while emitted is None or seen < emitted:
@@ -251,7 +212,7 @@ class PartialSteps:
                 else:
                     carried.append(group)
             if emitted is None and len(batch) - len(p.ready) == need:
-                emitted = len(p.inflight) - await self.wf.close_rollout(step, carried)
+                emitted = len(p.inflight) - await self.close(step, carried)
 
     # --- checkpoints ------------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -265,25 +226,21 @@ class PartialSteps:
         taken before partial rollout was on: none carried, the stream at `step`)."""
         file = os.path.join(path, PARTIAL_FILE)
         if not os.path.exists(file):
-            self.carry, self.stream = [], PromptStream(self.wf.prompts, step)
+            self.carry, self.stream = [], PromptStream(self.prompts, step)
             return
         with open(file) as f:
             data = json.load(f)
         if data.get("format") != 1:
             raise ValueError(f"{file}: unknown format {data.get('format')!r}")
         self.carry = [PromptGroup.from_json(g) for g in data["carry"]]
-        self.stream = PromptStream(self.wf.prompts, *data["stream"])
+        self.stream = PromptStream(self.prompts, *data["stream"])
 
 
-async def stop_generation(wf: "GRPO", step: int, carried: list[PromptGroup]) -> int:
-    """Every rollout rank hands back its unfinished groups; their samples keep their
-    tokens so far (made by `step`'s weights); they go to `carried`. Returns how many
-    groups came back."""
+def take_back(per_rank: list[list[dict]], step: int, carried: list[PromptGroup]) -> int:
+    """The rollout ranks' unfinished groups (RolloutWorker.partial_close's results) go
+    to `carried`, their samples keeping their tokens so far (made by `step`'s weights).
+    Returns how many."""
     exported = 0
-    # every rank generating for the step (with the dynarl scheduler, engines on lent
-    # devices too: its rollout group is this one); no move meanwhile
-    async with wf._busy("rollout"):
-        per_rank = await wf.g.rollout.call("partial_close")
     for items in per_rank:
         for item in items:
             group = item["group"]

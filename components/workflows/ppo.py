@@ -121,7 +121,7 @@ class PPO(GRPO):
         if self.scheduling is not None:  # as the trainer's: two on every device it may come to hold
             mover = self.scheduling.mover
             self.critic_pool = StandbyPool(self.ctl, TrainerWorker, "critic",
-                                           dict(self.critic.handles[0].spec.init_kwargs), warm="reshard_warm")
+                                           dict(self.critic.handles[0].spec.init_kwargs), warm=TrainerWorker.reshard_warm)
             await self.critic_pool.fill(2 * mover.devices)
         return groups
 
@@ -145,20 +145,21 @@ class PPO(GRPO):
 
     async def start_critic(self, init_from: str | None) -> None:
         group = "critic_dp" if self.critic.world_size > 1 else None
-        await self.critic.call("start", group, None, init_from)
+        await self.critic.call(TrainerWorker.start, group, None, init_from)
 
     async def warm_started(self) -> None:
         """The critic starts from the warm-started policy's decoder (critic.model None)."""
         init_from = None
         if self.cfg.critic.model is None and self.run_dir is not None:
             init_from = os.path.join(self.run_dir, CRITIC_INIT_DIR)
-            await self.g.trainer.call("save_model", init_from, ranks=self.export_ranks)
+            await self.g.trainer.on(self.export_ranks).call(TrainerWorker.save_model, init_from)
         await self.start_critic(init_from)
 
     async def save_components(self, path: str) -> None:
         critic = self.critic
         await held(self.ctl, critic, self.clock, f"checkpoint {os.path.basename(path)}", "save_checkpoint",
-                   lambda: critic.call("save_checkpoint", os.path.join(path, CRITIC_DIR)), component="critic")
+                   lambda: critic.call(TrainerWorker.save_checkpoint, os.path.join(path, CRITIC_DIR)),
+                   component="critic")
 
     async def restore(self, path: str, state: ckpt.CheckpointState) -> int:
         refused = ckpt.workflow_refused(path, "ppo")  # (dynarl train checks it before any worker starts)
@@ -168,7 +169,7 @@ class PPO(GRPO):
         await self.start_critic(None)  # the layout only: the checkpoint's weights replace the init
         critic = self.critic
         await held(self.ctl, critic, self.clock, "restore", "load_checkpoint",
-                   lambda: critic.call("load_checkpoint", where), component="critic")
+                   lambda: critic.call(TrainerWorker.load_checkpoint, where), component="critic")
         return await super().restore(path, state)
 
     async def rejoin(self) -> None:
@@ -182,9 +183,9 @@ class PPO(GRPO):
         await self.rejoin()
         return metrics | self.critic_metrics | {"critic_s": self.clock.durations(f"step {step}").get("critic", 0.0)}
 
-    async def train(self, batch: TrainBatch, label: str, method: str = "train") -> TrainMetrics:
+    async def train(self, batch: TrainBatch, label: str, method: Any = TrainerWorker.train) -> TrainMetrics:
         """The policy's step on GAE advantages and the critic's on the returns."""
-        if method != "train":  # the warm start: the policy alone
+        if method is not TrainerWorker.train:  # the warm start: the policy alone
             return await super().train(batch, label, method)
         c = self.cfg.critic
         await self.rejoin()
@@ -214,9 +215,9 @@ class PPO(GRPO):
         parts = [batch.shard_indices(rank, size) for rank in range(size)]
         slim = TrainBatch(input_ids=batch.input_ids, prompt_lens=batch.prompt_lens, response_mask=batch.response_mask,
                           advantages=[0.0] * len(batch), group_ids=batch.group_ids)
+        shards = [[slim.select(p).to_wire()] for p in parts]
         results = await held(self.ctl, critic, self.clock, label, "compute_values",
-                             lambda: critic.scatter("compute_values", [[slim.select(p).to_wire()] for p in parts]),
-                             component="critic")
+                             lambda: critic.scatter(TrainerWorker.compute_values, shards), component="critic")
         if self.lengths_only:
             return []
         values: list[list[float] | None] = [None] * len(batch)
@@ -240,5 +241,5 @@ class PPO(GRPO):
         size = critic.world_size
         shards = [[batch.shard(rank, size).to_wire()] for rank in range(size)]
         results = await held(self.ctl, critic, self.clock, label, "train",
-                             lambda: critic.scatter("train", shards), component="critic")
+                             lambda: critic.scatter(TrainerWorker.train, shards), component="critic")
         return results[0]

@@ -1,7 +1,7 @@
 """Running one stage of one step over a WorkerGroup, and timing it.
 
-    rollout = stage(ctl, groups.rollout, "generate", get="prompts", put="rollouts")
-    reward  = stage(ctl, groups.reward, "score", get="rollouts", put="scored", after=rollout, lock=False)
+    rollout = stage(ctl, groups.rollout, RolloutWorker.generate, get="prompts", put="rollouts")
+    reward  = stage(ctl, groups.reward, RewardWorker.score, get="rollouts", put="scored", after=rollout, lock=False)
 
 Every rank runs `method(get, put, **kwargs)`: it reads chunks from channel `get`
 until an END marker and writes results to `put`. When the upstream stage `after`
@@ -57,18 +57,19 @@ class StageClock:
         return out
 
 
-async def stage(ctl: "Controller", group: "WorkerGroup", method: str, *, get: str | None = None,
+async def stage(ctl: "Controller", group: "WorkerGroup", method: Callable[..., Any], *, get: str | None = None,
                 put: str | None = None, after: asyncio.Future | None = None, lock: bool = True,
                 gate: asyncio.Future | None = None, clock: StageClock, label: str,
                 ranks_call: Callable[..., Awaitable[list[Any]]] | None = None, **kwargs: Any) -> list[Any]:
-    """Runs `method(get, put, **kwargs)` on every rank; returns the per-rank results.
+    """Runs `method(get, put, **kwargs)` (a worker method, by reference) on every rank;
+    returns the per-rank results.
     `gate`: the ranks are called once it is done (their devices held meanwhile);
     `ranks_call`: calls the ranks instead of group.call (the rollout's: survival.py)."""
     async def call() -> list[Any]:
         if gate is not None:
             await gate
         return await (ranks_call or group.call)(method, get, put, **kwargs)
-    work = asyncio.ensure_future(held(ctl, group, clock, label, method, call, lock=lock))
+    work = asyncio.ensure_future(held(ctl, group, clock, label, method.__name__, call, lock=lock))
     if after is None:
         return await work
     closer = asyncio.ensure_future(_end_after(after, ctl, get, group.world_size))

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import Any, Callable
 
 from dynarl.components import engine_factory
 from dynarl.components.experience import PromptGroup
+from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.workflows.joins import StepRanks
 from dynarl.core.health import LOSS_WAIT_S, seen_lost
 from dynarl.core.worker_handle import WorkerHandle
@@ -119,18 +120,18 @@ class Survival:
     def stage_call(self, component: str, locked: bool) -> Any:
         """The stage's call of `component`'s ranks (stages.stage's `ranks_call`);
         `locked`: the stage holds the group's device lock."""
-        async def call(method: str, get: str, put: str, **kwargs: Any) -> list[Any]:
+        async def call(method: Callable[..., Any], get: str, put: str, **kwargs: Any) -> list[Any]:
             return await self._call(component, locked, method, get, put, kwargs)
         return call
 
-    async def _call(self, component: str, locked: bool, method: str, get: str, put: str,
+    async def _call(self, component: str, locked: bool, method: Callable[..., Any], get: str, put: str,
                     kwargs: dict[str, Any]) -> list[Any]:
         """The per-rank results in the group's rank order; a rank lost meanwhile is
         replaced and its replacement's result stands in for it. Any other failure cancels
         the others' calls and is raised."""
         group, custody = getattr(self.wf.g, component), self.wf.ctl.channel(get).custody
         running: dict[asyncio.Future, WorkerHandle] = {
-            asyncio.ensure_future(h.call(method, [get, put], kwargs)): h for h in group.handles}
+            asyncio.ensure_future(h.call(method, get, put, **kwargs)): h for h in group.handles}
         results: dict[int, Any] = {}
         fresh: list[WorkerHandle] = []
         try:
@@ -143,14 +144,14 @@ class Survival:
                         results[id(handle)] = task.result()
                         left = custody.forget(handle.spec.worker_id)  # its END: all else it took is downstream
                         if left:
-                            raise RuntimeError(f"{handle.name} ended its {method} holding {len(left)} items of "
-                                               f"{get!r} it delivered nothing of")
+                            raise RuntimeError(f"{handle.name} ended its {method.__name__} holding {len(left)} "
+                                               f"items of {get!r} it delivered nothing of")
                         continue
                     if not await seen_lost([handle], self.loss_wait_s):
                         raise error
                     new = await self._replace(component, handle, kwargs.get("version"), locked=locked)
                     fresh.append(new)
-                    running[asyncio.ensure_future(new.call(method, [get, put], kwargs))] = new
+                    running[asyncio.ensure_future(new.call(method, get, put, **kwargs))] = new
         except BaseException:
             for task in running:
                 task.cancel()
@@ -158,7 +159,7 @@ class Survival:
             raise
         fresh = [h for h in fresh if h in group.handles]  # (a replacement lost in turn is gone)
         if fresh and locked:  # (the stage's lock offloads only the ranks that took it)
-            await group.call("offload", ranks=[group.handles.index(h) for h in fresh])
+            await group.on([group.handles.index(h) for h in fresh]).call(group.cls.offload)
         return [results[id(h)] for h in group.handles]
 
     async def _replace(self, component: str, lost: WorkerHandle, version: int | None, *,
@@ -182,12 +183,13 @@ class Survival:
             new = group.handles[-1]
             position = group.handles.index(new)
             if locked:
-                await group.call("onload", ranks=[position])
+                await group.on([position]).call(group.cls.onload)
             if version is not None and component in ("rollout", "inference"):
                 await StepRanks(self.wf).load_weights(group, [position], version)
                 new.weight_version = version
             if component == "inference" and self.wf.cfg.with_ref and self.wf.run_dir is not None:
-                await group.call("load_reference", os.path.join(self.wf.run_dir, "reference"), ranks=[position])
+                reference = os.path.join(self.wf.run_dir, "reference")
+                await group.on([position]).call(InferenceWorker.load_reference, reference)
             await ctl.shrink_group(group, [group.handles.index(lost)])  # the lost process reaped
             self.survived += 1
             self.reissued += items

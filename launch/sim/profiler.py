@@ -82,7 +82,7 @@ def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
             for _ in range(sampled):
                 await ctl.channel("prompts").put(END)
             # version -1: the profile's engines hold no policy weights (none is needed to time them)
-            results = await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1,
+            results = await group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=1,
                                        sampling={"max_new_tokens": 1})
         ends = [r["busy"][-1][1] for r in results if r["busy"]]
         return max(ends, default=loop.time()) - start
@@ -114,7 +114,8 @@ async def _play_episodes(ctl, groups: list[dict], sampled: int, init: dict, voca
         await driver.run(episodes, ctl.channel(f"turn_results_{key}").get)
         await driver.close()
 
-    serving = group.scatter("serve_turns", [["turns", f"turn_results_{key}", key, -1, {}] for key in keys])
+    serving = group.scatter(AgenticRolloutWorker.serve_turns,
+                            [["turns", f"turn_results_{key}", key, -1, {}] for key in keys])
     results, *_ = await gather_or_cancel([serving, *(drive(k) for k in range(sampled))])
     return results
 

@@ -37,20 +37,11 @@ from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.core.controller import Controller
 from dynarl.core.scheduler.log import DeviceCounts, kv_stats
 
-from .records import IterationRecord, PolicyRun, timed
+from .records import IterationRecord, PolicyRun, Quiet, timed
 from .scenario import Scenario, for_policy, train_config
 
 REBOOT_S = cm.role_switch_time(restart=True)
 """A re-plan stops every group and starts it elsewhere: offload/onload plus an engine start."""
-
-
-class Quiet:
-    """GRPO's progress display, silent."""
-
-    def stage(self, name: str) -> None: ...
-    def warmup(self, done: int, total: int) -> None: ...
-    def step(self, metrics: dict) -> None: ...
-    def note(self, text: str) -> None: ...
 
 
 def min_devices(scn: Scenario) -> dict[str, int]:
@@ -165,12 +156,14 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
     busy_ds = 0.0
     stage_s: dict[str, float] = {}
     label = f"step {it}"
+    stats = wf.stage_stats
+    ranked = stats.ranked()
     for component in COMPONENTS:
-        if component not in wf.stage_results:  # a trainer that steps on the whole batch: its held spans, below
+        if component not in ranked:  # a trainer that steps on the whole batch: its held spans, below
             continue
         unit = placement.unit_of(component)
         totals = []
-        for r in wf.stage_results[component]:
+        for r in ranked[component]:
             width = r.get("devices", unit)  # a rollout engine's TP (tail-TP's are wider)
             total = 0.0
             for s, e in r["busy"]:
@@ -180,7 +173,7 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
             busy_ds += total * width
             totals.append(total)
         stage_s[component] = max(totals)  # the component is done when its slowest rank is
-    held = {*COMPONENTS, *(g.name.split("@")[0] for g in wf.worker_groups())} - set(wf.stage_results)
+    held = {*COMPONENTS, *(g.name.split("@")[0] for g in wf.worker_groups())} - set(ranked)
     for span in wf.clock.spans:  # calls on held devices that are not stages: a whole-batch step, ppo's critic
         if span.label != label or not span.devices or span.component not in held:
             continue  # (a move's span is no device work)
@@ -188,8 +181,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         busy_ds += (e - s) * len(span.devices)
         run.busy.append((s, e, len(span.devices)))
         stage_s[span.component] = stage_s.get(span.component, 0.0) + e - s
-    run.preemptions += sum(r["preemptions"] for r in wf.stage_results["rollout"])
-    run.moved_reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in wf.stage_results["rollout"]))
+    run.preemptions += sum(r["preemptions"] for r in stats.rollout)
+    run.moved_reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in stats.rollout))
     if wf.scheduling is not None:  # what the takers of this iteration's Workload migrations did with the KV
         run.moved_kv.append(kv_stats([m for m in wf.scheduling.scheduler.log.migrations
                                       if start <= (m.started - origin) / scale < end]))
@@ -208,8 +201,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
             if not placement.shares_devices(c):
                 run.ownership.append((c, placement.num_devices_of(c), start, end))
     if wf.multi_turn:  # the context recomputed on another engine (or after eviction), of the trained episodes
-        run.reprefill_tokens.append(wf.stage_results["reward"][0]["episodes"]["reprefill_tokens"])
-        run.turn_kv.append({key: sum(r.get(key, 0) for r in wf.stage_results["rollout"])
+        run.reprefill_tokens.append(stats.episodes["reprefill_tokens"])
+        run.turn_kv.append({key: sum(r.get(key, 0) for r in stats.rollout)
                             for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")})
     entry = wf.ledger.entries[-1]  # this iteration's: how far behind the trainer its samples' weights were
     run.staleness_counts.append(Counter(entry.step - v for v in entry.versions))

@@ -1,0 +1,247 @@
+"""One step of GRPO (PPO's, the agentic workflow's), whatever its mode: a batch
+source composed with a trainer mode, and one ending.
+
+    source     Fresh: the step's own prompt groups, generated in it; MadeAhead (overlap.py):
+               generated in the step before; Partial (partial.py): the first N to finish
+    inference  the source's channel -> "experience": old (and reference) log-probs
+    trainer    barrier: one train call on the collected batch after the stages;
+               streaming (trainer.streaming): a stage taking samples as inference sends them
+    ending     the ledger commit, the scheduler's end (policy dynarl), the weight sync, the metrics
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from dynarl.components import experience
+from dynarl.components.experience import PromptGroup
+from dynarl.components.inference.worker import InferenceWorker
+from dynarl.components.trainer.metrics import TrainMetrics
+from dynarl.components.trainer.worker import TrainerWorker
+from dynarl.components.workflows.ledger import SampleLedger
+from dynarl.components.workflows.live import LiveStep
+from dynarl.components.workflows.stages import stage
+from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
+from dynarl.core.worker_group import gather_or_cancel
+
+if TYPE_CHECKING:
+    from dynarl.components.workflows.grpo import GRPO
+
+
+@dataclass(slots=True)
+class StageStats:
+    """A step's per-rank stage results (each rank's dict, as its worker returns it)."""
+    rollout: list[dict]
+    reward: list[dict]
+    inference: list[dict] = field(default_factory=list)
+    trainer: list[dict] | None = None
+    """A streaming trainer's ranks' (None: a barrier trainer, whose one call is no stage)."""
+
+    def ranked(self) -> dict[str, list[dict]]:
+        """The stages that ran, by component."""
+        out = {"rollout": self.rollout, "reward": self.reward, "inference": self.inference}
+        return out if self.trainer is None else out | {"trainer": self.trainer}
+
+    @property
+    def episodes(self) -> dict[str, Any]:
+        """The agentic reward stage's episode counts (agentic.py driver_metrics)."""
+        return self.reward[0]["episodes"]
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What a step's stages and train produced, before its ending."""
+    ids: list[str]
+    """The batch's sample ids, in canonical order."""
+    trained: experience.Trained
+    train: TrainMetrics
+    stats: StageStats
+    first_input: float | None
+    """Loop time the trainer's first input came (pipelining: before the rollout ended?)."""
+    trainer_rate: tuple[int, float] | None
+    """A barrier train's devices and tokens/s (the scheduler learns it)."""
+
+
+@dataclass(slots=True)
+class Opened:
+    """What a source started: its stages, and where inference reads."""
+    work: list[asyncio.Future]
+    inbox: str
+    after: asyncio.Future | None
+    """Inference's input ends when it is done (None: its ENDs are in already)."""
+    batch: list[PromptGroup]
+    """The `size` groups the step trains (partial: filled while the stages run)."""
+    size: int
+
+
+AHEAD = "ahead"
+"""The channel inference reads a batch made ahead from (overlap.py, partial.py)."""
+StartRollout = Callable[..., Awaitable[tuple[asyncio.Future, asyncio.Future]]]
+
+
+class Fresh:
+    """A batch source: each step's own prompt groups, generated in the step (on-policy).
+    The other sources (overlap.py, partial.py) derive from it."""
+    behaviour = False
+    """Batches carry the rollout's own log-probs (older weights made them)."""
+    joins = timed = True
+    """Its stages join the LiveStep (a scheduler may add ranks); the step reports
+    first_chunk_s and rollout_end_s."""
+    live: type[LiveStep] = LiveStep
+
+    def __init__(self, prompts: Any, start: StartRollout) -> None:
+        self.prompts, self.start = prompts, start
+        self.groups: list[PromptGroup] = []
+
+    async def prepare(self, step: int) -> list[PromptGroup]:
+        """The groups the step will train (a scheduler's view of its work)."""
+        self.groups = self.prompts.groups(step)
+        return self.groups
+
+    async def open(self, step: int, label: str, live: LiveStep) -> Opened:
+        rollout, reward = await self.start(self.groups, step, label, live)
+        return Opened([rollout, reward], "scored", reward, self.groups, len(self.groups))
+
+    def stats(self, results: list[Any]) -> tuple[list[dict], list[dict]]:
+        """The rollout's and reward's per-rank results, of `results` (of Opened.work)."""
+        return results[0], results[1]
+
+    async def beside(self, step: int, body: Awaitable[StepResult]) -> StepResult:
+        """Runs the step's `body` (and what the source does meanwhile)."""
+        return await body
+
+    def done(self) -> dict[str, Any]:
+        """The step is trained; the source's metrics."""
+        return {}
+
+    def save(self, path: str) -> None:
+        """Nothing outside the trainer to keep."""
+
+    def load(self, path: str, step: int) -> None:
+        """Nothing to restore."""
+
+
+def check_trained(ledger: SampleLedger, step: int, ids: list[str], trained: experience.Trained) -> None:
+    """Every sample of the step's batch was trained exactly once, and none before."""
+    if len(trained.ids) != len(ids) or set(trained.ids) != set(ids):
+        raise RuntimeError(f"step {step}: the trainer took {len(trained.ids)} samples "
+                           f"({len(set(trained.ids))} distinct), the batch has {len(ids)}")
+    ledger.check(step, ids)
+
+
+class StepPipeline:
+    def __init__(self, host: "GRPO", source: Fresh) -> None:
+        self.host, self.source = host, source
+        self.live: LiveStep | None = None
+        """The step in progress (or the last one)."""
+        self.stats: StageStats | None = None
+        """The last step's stage results."""
+
+    async def begin(self, step: int) -> LiveStep:
+        """The step's groups are chosen, lost ranks replaced (survival.py) and the
+        scheduler told what the step will train."""
+        h, source = self.host, self.source
+        groups = await source.prepare(step)
+        if h.survival is not None:
+            await h.survival.replace_lost(step)
+        live = self.live = source.live(step, later=set() if h.cfg.trainer.streaming else {"trainer"})
+        if h.scheduling is not None:
+            await h.scheduling.begin(live, groups)
+        return live
+
+    async def stages(self, step: int, label: str, live: LiveStep) -> StepResult:
+        """The source's stages, inference and the trainer (a stage, or a call on the
+        collected batch after them)."""
+        h, source, streaming = self.host, self.source, self.host.cfg.trainer.streaming
+        opened = await source.open(step, label, live)
+        kw = dict(after=opened.after, gate=live.gates.get("inference"), clock=h.clock, label=label, version=step,
+                  split=streaming, ranks_call=None if h.survival is None else h.survival.stage_call("inference", True))
+        if opened.inbox == "scored":  # (literal channels: the static hypergraph reads them, launch/graph.py)
+            work = stage(h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get="scored", put="experience", **kw)
+        else:
+            work = stage(h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get=AHEAD, put="experience", **kw)
+        inference = self._stage(live, "inference", work)
+        if streaming:
+            trainer = self._stage(live, "trainer", stage(
+                h.ctl, h.g.trainer, TrainerWorker.train_stream, get="experience", after=inference,
+                gate=live.gates.get("trainer"), clock=h.clock, label=label, with_ref=h.cfg.with_ref,
+                behaviour=source.behaviour))
+            *results, inference_stats, trainer_stats = await self.run_stages(
+                live, label, [*opened.work, inference, trainer])
+            trained, train = experience.Trained.merge(trainer_stats), trainer_stats[0]["metrics"]
+            starts = [b[0][0] for b in (r["busy"] for r in trainer_stats) if b]
+            first, rate = min(starts) if starts else None, None
+        else:
+            *results, inference_stats, (groups, first) = await self.run_stages(
+                live, label, [*opened.work, inference, self.collect(opened.size)])
+            live.later.clear()
+            trained, trainer_stats = experience.Trained(), None
+            trained.add(sorted(groups, key=lambda gr: gr.index))
+        ids = experience.sample_ids(opened.batch)
+        check_trained(h.ledger, step, ids, trained)
+        if not streaming:  # the barrier trainer's one step on the batch
+            batch = h.train_batch(groups, behaviour=source.behaviour)
+            devices, begun = len(h.g.trainer.devices), time.perf_counter()
+            train = await h.train(batch, label)
+            train_s = time.perf_counter() - begun
+            tokens = sum(len(x) for x in batch.input_ids)
+            rate = (devices, tokens * h.trainer_passes / train_s) if train_s > 0 else None
+        stats = StageStats(*source.stats(results), inference_stats, trainer_stats)
+        return StepResult(ids, trained, train, stats, first, rate)
+
+    async def end(self, step: int, label: str, result: StepResult, started: float, begun: float) -> dict[str, Any]:
+        """The one ending of every step: the ledger commit, the scheduler's end (its
+        metrics), the weight sync, the step's metrics row."""
+        h, stats, sched = self.host, result.stats, self.host.scheduling
+        extra = self.source.done()
+        h.commit_step(step, result.ids, result.trained)
+        self.stats = stats
+        timed: dict[str, float] = {}
+        if self.source.timed:
+            first = begun if result.first_input is None else result.first_input
+            timed = {"first_chunk_s": first - begun, "rollout_end_s": h.clock.last_end("rollout") - begun}
+        if sched is None:
+            devices = fixed_devices(h.g)
+        else:
+            measured: dict[str, Any] = {"rollout": stats.rollout, "inference": stats.inference}
+            if stats.trainer is None:
+                measured["trainer"] = result.trainer_rate
+            train_end = asyncio.get_running_loop().time() if stats.trainer is None else h.clock.last_end("trainer")
+            devices = await sched.end(label, rollout_end=h.clock.last_end("rollout"), train_end=train_end,
+                                      measured=measured, last=step + 1 == h.cfg.run.steps)
+        await h.sync_weights(step + 1, label)
+        return step_metrics(step, result.trained, result.train, stats.rollout, stats.reward,
+                            h.clock.durations(label), time.perf_counter() - started) \
+            | timed | extra | devices | h.fleet_metrics(step + 1)
+
+    def _stage(self, live: LiveStep, component: str, work: Awaitable[list[Any]]) -> asyncio.Future:
+        return live.joined(component, work) if self.source.joins else asyncio.ensure_future(work)
+
+    async def run_stages(self, live: LiveStep, label: str, stages: list[Any]) -> list[Any]:
+        """The step's stages to their end, the scheduler ticking beside them (policy
+        dynarl; before a barrier trainer's turn it decides once more); a failure stops
+        the scheduler and is raised."""
+        sched = self.host.scheduling
+        try:
+            if sched is not None:
+                sched.start(live, label)
+            results = await gather_or_cancel(stages)
+            if sched is not None and live.later:
+                await sched.rollout_done()
+            return results
+        except BaseException:
+            if sched is not None:
+                await sched.stop(raise_failure=False)
+            raise
+
+    async def collect(self, num_groups: int) -> tuple[list[PromptGroup], float]:
+        """The barrier trainer's input: chunks from "experience" until all the step's
+        groups are in; and when the first chunk came."""
+        groups: list[PromptGroup] = []
+        first = 0.0
+        while len(groups) < num_groups:
+            groups += await self.host.ctl.channel("experience").get()
+            first = first or asyncio.get_running_loop().time()
+        return groups, first
