@@ -53,25 +53,11 @@ class WorkerGroup:
         """Calls `method` with the same arguments on every rank; results in rank
         order. If one rank fails, the others' calls are cancelled and that first
         error is raised."""
-        if isinstance(method, str):  # TRANSITION: string calls go away with this shim
-            ranks = kwargs.pop("ranks", None)
-            chosen = range(self.world_size) if ranks is None else ranks
-            return await gather_or_cancel([self.handles[r].send(method, args, kwargs) for r in chosen])
         return await self.on(None).call(method, *args, **kwargs)
 
     async def scatter(self, method: Callable[..., Any], per_rank_args: Sequence[Sequence[Any]]) -> list[Any]:
         """Calls `method` on each rank with its own positional arguments."""
-        if isinstance(method, str):  # TRANSITION
-            return await gather_or_cancel([h.send(method, list(a), {}) for h, a in zip(self.handles, per_rank_args)])
         return await self.on(None).scatter(method, per_rank_args)
-
-    def __getattr__(self, method: str) -> Any:  # TRANSITION: sugar goes away
-        if method.startswith("_"):
-            raise AttributeError(method)
-
-        async def call_all(*args: Any, **kwargs: Any) -> list[Any]:
-            return await self.call(method, *args, **kwargs)  # type: ignore[call-overload]  # TRANSITION: goes with the shim
-        return call_all
 
     def on(self, ranks: Sequence[int] | None) -> "Ranks":
         """The group's ranks at these positions (None: all), to call."""

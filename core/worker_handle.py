@@ -58,8 +58,6 @@ class WorkerHandle:
 
     async def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`method` (a reference: core/remote.py) on this rank."""
-        if isinstance(method, str):  # TRANSITION
-            return await self.send(method, *args, **kwargs)
         return await self.send(method_name(method, self.cls), args, kwargs)
 
     async def send(self, method: str, args: list | tuple = (), kwargs: dict | None = None) -> Any:

@@ -25,8 +25,8 @@ run: {{steps: {steps}, prompts_per_step: 8}}
 
 async def spread(ctl, out):
     group = await ctl.spawn(Echo, devices=[0, 1])
-    results = await group.call("hello", 1)
-    parents = await group.call("parent")
+    results = await group.call(Echo.hello, 1)
+    parents = await group.call(Echo.parent)
     nodes = [h.spec.node for h in group.handles]
     with open(out, "w") as f:
         json.dump({"pids": [r["pid"] for r in results], "parents": parents, "nodes": nodes,
@@ -44,14 +44,14 @@ async def spread_until(ctl, out, release):
     """Writes what `spread` writes, waits until the file `release` exists, then checks
     that both ranks still answer and adds their answers to `out` as "after"."""
     group = await ctl.spawn(Echo, devices=[0, 1])
-    results = await group.call("hello", 1)
+    results = await group.call(Echo.hello, 1)
     with open(out + ".tmp", "w") as f:
         json.dump({"pids": [r["pid"] for r in results], "nodes": [h.spec.node for h in group.handles],
                    "controller": ctl.router.address}, f)
     os.replace(out + ".tmp", out)
     while not os.path.exists(release):
         await asyncio.sleep(0.1)
-    after = await group.call("hello", 2)
+    after = await group.call(Echo.hello, 2)
     with open(out + ".tmp", "w") as f:
         json.dump({"pids": [r["pid"] for r in results], "after": [r["x"] for r in after]}, f)
     os.replace(out + ".tmp", out)
@@ -68,12 +68,12 @@ async def p2p_across_hosts(ctl, out):
 
     group = await ctl.spawn(ReshardTrainer, name="trainer", devices=[0, 1])
     await ctl.process_group("trainer_dp", [group])
-    await group.call("start", "trainer_dp")
+    await group.call(ReshardTrainer.start, "trainer_dp")
     for step in range(2):
-        await group.scatter("train", [[make_batch(step)]] * 2)
+        await group.scatter(ReshardTrainer.train, [[make_batch(step)]] * 2)
 
     async def gathered(g):
-        parts = sorted(await g.call("full_state"), key=lambda p: p["range"][0])
+        parts = sorted(await g.call(ReshardTrainer.full_state), key=lambda p: p["range"][0])
         states = {k: torch.cat([p[k] for p in parts]) for k in ("master", "exp_avg", "exp_avg_sq", "grad")}
         return states, parts[0]["params"], sorted({p["step"] for p in parts})
 
@@ -89,7 +89,7 @@ async def p2p_across_hosts(ctl, out):
         group = result.group
         moves.append({"nodes": [h.spec.node for h in group.handles], "elements": result.elements_moved,
                       **equal(before, await gathered(group))})
-    await group.scatter("train", [[make_batch(9)]] * 2)  # it trains on, its DP group across the hosts
+    await group.scatter(ReshardTrainer.train, [[make_batch(9)]] * 2)  # it trains on, its DP group across the hosts
     after = await gathered(group)
     with open(out, "w") as f:
         json.dump({"moves": moves, "trained_on": after[2]}, f)

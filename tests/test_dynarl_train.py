@@ -216,7 +216,7 @@ async def _two_engines(ctl, cls=RolloutWorker, backend="native", move_kv=False, 
     if backend == "sglang":
         init.update(backend="sglang", backend_config=SGLangConfig(model_path="fake", abort_retry_s=0.01))
     group = await ctl.spawn(cls, name="rollout", devices=[0, 1], init=init)
-    await group.call("begin_step")
+    await group.call(RolloutWorker.begin_step)
     return group
 
 
@@ -233,7 +233,7 @@ async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"
                                                          [Sample(f"p{i}/{k}", 100 * i + k) for k in range(SAMPLES)]))
         for _ in range(group.world_size):
             await ctl.channel("prompts").put(END)
-        generate = asyncio.ensure_future(group.call("generate", "prompts", "rollouts", version=-1, chunk_size=2,
+        generate = asyncio.ensure_future(group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=2,
                                                     sampling=SAMPLING))
         result = None
         if migrate:
@@ -371,19 +371,19 @@ async def test_a_released_sglang_engine_frees_its_kv_until_it_rejoins(sglang_wor
         pool = StandbyPool(ctl, RolloutWorker, "rollout", dict(group.handles[0].spec.init_kwargs))
         await ctl.channel("prompts").put(END)
         await ctl.channel("prompts").put(END)
-        await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1, sampling=SAMPLING)
+        await group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=1, sampling=SAMPLING)
         assert tm[0].released == tm[1].released == set()
         result = await workload_migrate(ctl, group, [0], park=pool)
         assert result.freed_devices == [0] and group.devices == [1]
         assert tm[0].released == {"kv_cache", "cuda_graph"} and tm[1].released == set()
         pool.join(group, [0])
-        await group.call("workload_resume", ranks=[group.devices.index(0)])
+        await group.on([group.devices.index(0)]).call(RolloutWorker.workload_resume)
         assert tm[0].released == set() and not tm[0].is_pause
-        await group.call("begin_step")
+        await group.call(RolloutWorker.begin_step)
         await ctl.channel("prompts").put(PromptGroup(0, "p0", "", [1, 2, 3], [Sample("p0/0", 1)]))
         for _ in range(2):
             await ctl.channel("prompts").put(END)
-        stats = await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1, sampling=SAMPLING)
+        stats = await group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=1, sampling=SAMPLING)
         assert sum(s["groups"] for s in stats) == 1  # the rejoined engine serves again
 
 
@@ -397,13 +397,13 @@ async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does()
         group = await _two_engines(ctl)
         await ctl.channel("prompts").put(END)  # rank 1, alone on the channel, ends at once
         sampling = {**SAMPLING, "max_new_tokens": 120}
-        done = await group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1, sampling=sampling,
-                                ranks=[1])
+        done = await group.on([1]).call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=1,
+                                        sampling=sampling)
         assert done[0]["groups"] == 0
         await ctl.channel("prompts").put(PromptGroup(0, "p0", "", [1, 2, 3], [Sample("p0/0", 1), Sample("p0/1", 2)]))
         await ctl.channel("prompts").put(END)
-        busy = asyncio.ensure_future(group.call("generate", "prompts", "rollouts", version=-1, chunk_size=1,
-                                                sampling=sampling, ranks=[0]))
+        busy = asyncio.ensure_future(group.on([0]).call(RolloutWorker.generate, "prompts", "rollouts", version=-1,
+                                                        chunk_size=1, sampling=sampling))
         while (await group.on([0]).call(RolloutWorker.metrics))[0].work_done == 0:
             await asyncio.sleep(0.005)
         with pytest.raises(MigrationFailed, match="no kept rank can take work"):

@@ -65,8 +65,8 @@ def test_hooks_can_hold_a_stage_and_add_a_rank_while_the_step_runs():
             seen["gate_open_before"] = self.gate.done()
             init = dict(wf.g.trainer.handles[0].spec.init_kwargs)
             extra = await ctl.spawn(wf.g.trainer.cls, name="trainer-extra", devices=[15], init=init)
-            await extra.call("start", None)
-            call = extra.call("train_stream", "experience", None)
+            await extra.call(TrainerWorker.start, None)
+            call = extra.call(TrainerWorker.train_stream, "experience", None)
             live.add_rank(ctl, "trainer", _first(call))
             self.gate.set_result(None)
 

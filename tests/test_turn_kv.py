@@ -32,8 +32,8 @@ async def _turns(launcher: str, carry: bool) -> tuple[list[int], dict, dict]:
         turns, results = ctl.channel("turns"), ctl.channel("results")
 
         async def serve(position: int, turn: dict) -> tuple[dict, dict]:
-            call = asyncio.ensure_future(group.call("serve_turns", "turns", "results", keys[position], -1,
-                                                    SAMPLING, ranks=[position]))
+            call = asyncio.ensure_future(group.on([position]).call(AgenticRolloutWorker.serve_turns, "turns", "results",
+                                                                   keys[position], -1, SAMPLING))
             await turns.put(turn, key=keys[position])
             result = await results.get()
             await turns.put(END, key=keys[position])
@@ -44,7 +44,7 @@ async def _turns(launcher: str, carry: bool) -> tuple[list[int], dict, dict]:
         context = PROMPT + first["output_ids"]
         turn = {"id": "e#1", "prompt_ids": context + [40, 41, 42], "seed": 8, "tool_count": 1, "max_new_tokens": 8}
         if carry:
-            [offer] = await group.handles[0].call("offer_prefixes", [[["e#1", context]]])
+            [offer] = await group.handles[0].call(AgenticRolloutWorker.offer_prefixes, [["e#1", context]])
             assert offer is not None and offer[0] == (len(context) - 1) // 16 * 16 == 32  # full blocks with KV
             turn |= {"kv": [offer], "node": group.handles[0].spec.node}
         second, stats = await serve(1, turn)
