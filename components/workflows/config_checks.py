@@ -102,6 +102,7 @@ def check_placed(cfg: TrainConfig) -> None:
     if cfg.scheduler.policy == "dynarl":
         _check_dynarl(cfg)
 
+
 def check_auto(cfg: TrainConfig) -> None:
     """placement.mode auto plans from a profile of the GRPO stages, one rank per device."""
     devices = cfg.runtime.cluster.num_devices
@@ -118,6 +119,7 @@ def check_auto(cfg: TrainConfig) -> None:
     if cfg.run.prompts_per_step < devices and not cfg.trainer.streaming:
         raise ConfigError("run.prompts_per_step", f"auto may give the trainer all {devices} devices: "
                                                   f"{cfg.run.prompts_per_step} prompts cannot feed as many ranks")
+
 
 def _check_dynarl(cfg: TrainConfig) -> None:
     """dynarl moves whole rollout devices to the trainer and back: rollout needs
@@ -140,6 +142,7 @@ def _check_dynarl(cfg: TrainConfig) -> None:
         raise ConfigError("scheduler.policy", "dynarl needs rollout.num_ranks >= 2: "
                                               "one engine donates while another finishes the tail")
 
+
 def check_async(cfg: TrainConfig) -> None:
     """algorithm.max_staleness > 0 overlaps the next step's rollout with this step's
     inference and training: they need devices apart, a workflow whose samples are
@@ -150,11 +153,12 @@ def check_async(cfg: TrainConfig) -> None:
                                   "overlapped rollout yet; use static or max_staleness 0")
     if cfg.placement.mode == "auto":
         raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose spatial or hybrid")
-        _one_temperature(cfg, field_)
+    _one_temperature(cfg, field_)
     placed = cfg.devices()
     if set(placed["rollout"]) & (set(placed["inference"]) | set(placed["trainer"])):
         raise ConfigError(field_, "the rollout overlaps the trainer only on devices of its own: placement.mode "
                                   "spatial, or hybrid with rollout in a pool alone")
+
 
 def check_partial(cfg: TrainConfig) -> None:
     """rollout.oversample > 1 carries unfinished groups into later steps: a workflow
@@ -180,7 +184,8 @@ def check_partial(cfg: TrainConfig) -> None:
     if cfg.placement.mode == "auto":
         raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose colocated, spatial "
                                   "or hybrid")
-        _one_temperature(cfg, field_)
+    _one_temperature(cfg, field_)
+
 
 def check_workflow(cfg: TrainConfig) -> None:
     """The calc task is built for tool calls and the agentic workflow runs only it
@@ -197,6 +202,7 @@ def check_workflow(cfg: TrainConfig) -> None:
     if cfg.workflow == "agentic" and cfg.agentic.queue == "priority":
         _check_engine_priority(cfg)
 
+
 def _check_engine_priority(cfg: TrainConfig) -> None:
     """agentic.queue priority orders each engine's waiting requests; SGLang and vLLM
     take a request's priority only in their priority mode, else serve FCFS."""
@@ -209,6 +215,7 @@ def _check_engine_priority(cfg: TrainConfig) -> None:
         raise ConfigError("rollout.vllm.scheduling_policy",
                           "agentic.queue priority needs 'priority' (else vLLM serves its queue FCFS); "
                           "or set agentic.queue fifo")
+
 
 def check_embodied(cfg: TrainConfig) -> None:
     """Env workers, the policy and its learner on the cluster's devices (components/placement/embodied.py place);
@@ -227,6 +234,7 @@ def check_embodied(cfg: TrainConfig) -> None:
     _on_policy(cfg, "the embodied workflow is on-policy")
     if cfg.runtime.launcher == "inproc" and cfg.embodied.backend == "gym":
         raise ConfigError("runtime.launcher", "the embodied workflow's weight sync needs worker processes: local")
+
 
 def check_ppo(cfg: TrainConfig) -> None:
     """The critic is a native trainer on the trainer's devices, stepping on whole
