@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .inference.base import InferenceEngine
+from .model.qwen2 import Qwen2ForCausalLM
 from .model.spec import ModelSpec, build_model, meta_model
 from .rollout.base import RolloutEngine
 from .trainer.base import TrainerConfig, TrainerEngine
@@ -173,14 +174,14 @@ def init_default_group(group: Any) -> None:
                             world_size=size)
 
 
-def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> torch.nn.Module:
+def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> Qwen2ForCausalLM:
     """The trainer's current weights as a native (HF-layout) model, for save_pretrained.
     Collective over the trainer's TP group for megatron."""
     from .model.io import load_weights
     from .trainer.native.trainer import NativeTrainer
 
     engine = trainer.engine  # a ThreadedTrainer's blocking engine (this runs in a thread)
-    if isinstance(engine, NativeTrainer):
+    if isinstance(engine, NativeTrainer) and isinstance(engine.model, Qwen2ForCausalLM):
         return engine.model
 
     native = build_model(model)

@@ -3,7 +3,9 @@
 Protocol (rollout/base.py RolloutEngine, inference/base.py InferenceEngine,
 trainer/base.py TrainerEngine, threaded.py BlockingTrainer) and the engines that
 implement it. engine_factory's typed returns are where mypy proves that every
-backend (native, emulated, sglang, vllm, megatron) meets its role's Protocol.
+backend (native, emulated, sglang, vllm, megatron) meets its role's Protocol, and
+components/roles.py's where the worker ranks meet the role Protocols core/ calls
+them by (core/roles.py).
 
 mypy reads the package as `dynarl`, which is the repository root (package-dir in
 pyproject.toml): it runs on a link of that name, from outside the checkout."""
@@ -51,6 +53,8 @@ BREAKS = {
         "    async def apply(self) -> TrainMetrics:", "    async def apply(self) -> dict[str, float]:"),
     # a health state that is none of the four
     "core/health.py": ('        return "lost"', '        return "gone"'),
+    # a rank that no longer offers a method core/ calls it by (a role Protocol's)
+    "components/rollout/worker.py": ("    async def workload_export(self)", "    async def workload_export_all(self)"),
 }
 
 
@@ -77,3 +81,4 @@ def test_a_broken_engine_fails_the_check(tmp_path):
     assert "export_kv" in out, out
     assert 'got "EmulatedTrainer", expected "TrainerEngine"' in out, out
     assert "core/health.py" in out and "Literal['gone']" in out, out
+    assert 'roles.py:13: error: Incompatible return value type (got "tuple[RolloutWorker,' in out, out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, TypeVar
 
 
 class Residency:
@@ -47,12 +47,18 @@ class Residency:
             await (self.trainer.onload() if on_device else self.trainer.offload())
 
 
-def on_device(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+P = ParamSpec("P")
+R = TypeVar("R")
+W = TypeVar("W", bound=Residency)
+
+
+def on_device(method: Callable[Concatenate[W, P], Awaitable[R]]
+              ) -> Callable[Concatenate[W, P], Coroutine[Any, Any, R]]:
     """Runs a trainer worker's `method`, which reads the engine's state outside the
     device_lock, with that state on the device (Residency.resident). Such methods do
     not call each other (the lock is not reentrant)."""
     @functools.wraps(method)
-    async def run(self: Residency, *args: Any, **kwargs: Any) -> Any:
+    async def run(self: W, *args: P.args, **kwargs: P.kwargs) -> R:
         async with self.resident():
             return await method(self, *args, **kwargs)
     return run

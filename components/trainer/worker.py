@@ -107,10 +107,9 @@ class TrainerWorker(Residency, dynarl.Worker):
 
     async def train(self, batch: dict) -> TrainMetrics:
         """Collective. One GRPO step on this rank's part of the global batch."""
-        batch = TrainBatch.from_wire(batch)
         self.training = True
         try:
-            return await self.trainer.train_step(batch)
+            return await self.trainer.train_step(TrainBatch.from_wire(batch))
         finally:
             self.training = False
 

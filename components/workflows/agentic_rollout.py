@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 from dynarl.components import weight_sync
 from dynarl.components.experience import END
@@ -67,7 +67,7 @@ def turn_result(r: Any, wait_s: float, rank: Any = None, load: Any = None) -> di
 
 
 class AgenticRolloutWorker(RolloutWorker):
-    def __init__(self, *args: Any, queue: str | None = None, max_bonus_s: float = PriorityConfig().max_bonus_s,
+    def __init__(self, *args: Any, queue: Literal["fifo", "priority"] | None = None, max_bonus_s: float = PriorityConfig().max_bonus_s,
                  **kwargs: Any) -> None:
         """`queue`, `max_bonus_s`: the engine's waiting-queue order (agentic.queue), part of
         the rank's init so a rank started later (a move, a standby pool) has it too;
@@ -207,8 +207,8 @@ class _TurnServe(Run):
         loop, c = asyncio.get_running_loop(), self.control
         try:
             while True:
-                if fetch.done() and not fetch.cancelled() and fetch.exception() is not None:
-                    raise fetch.exception()
+                if fetch.done() and not fetch.cancelled() and (error := fetch.exception()) is not None:
+                    raise error
                 if c.paused:
                     await self._results(await self.engine.step())  # paused: only results already complete
                     c.at_boundary.set()  # between engine steps: safe to export
