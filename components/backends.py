@@ -12,12 +12,12 @@ from pathlib import Path
 
 from dynarl.transport.errors import ConfigError
 
-from .extras import is_available, require_extra
-from .model.config import ModelConfig
-from .rollout.sglang.config import SGLangConfig
-from .rollout.vllm.config import VLLMConfig
-from .trainer.megatron.config import MegatronConfig
-from .trainer.megatron.convert import check_tp_divisible, rope_scaling_problem
+from dynarl.components.extras import is_available, require_extra
+from dynarl.components.model.config import ModelConfig
+from dynarl.components.rollout.sglang.config import SGLangConfig
+from dynarl.components.rollout.vllm.config import VLLMConfig
+from dynarl.components.trainer.megatron.config import MegatronConfig
+from dynarl.components.trainer.megatron.convert import check_tp_divisible, rope_scaling_problem
 
 ROLLOUT_BACKENDS = ("native", "emulated", "sglang", "vllm")
 TRAINER_BACKENDS = ("native", "emulated", "megatron")
@@ -72,7 +72,7 @@ def served_model_problem(folder: str, model: ModelConfig) -> str | None:
     the trainer's weights of `model`, or None: no such folder, no config.json or no
     weight files (the engine loads them before the first sync), an architecture
     dynarl's weight names do not map, a shape that differs from the trainer's."""
-    from .model.io import read_config
+    from dynarl.components.model.io import read_config
     path = Path(folder)
     if not path.is_dir():
         return f"{folder!r} is not a folder (an HF model folder: config.json and *.safetensors)"

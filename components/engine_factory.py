@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from .inference.base import InferenceEngine
-from .model.qwen2 import Qwen2ForCausalLM
-from .model.spec import ModelSpec, build_model, meta_model
-from .rollout.base import RolloutEngine
-from .trainer.base import TrainerConfig, TrainerEngine
-from .trainer.threaded import BlockingTrainer
+from dynarl.components.inference.base import InferenceEngine
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.model.spec import ModelSpec, build_model, meta_model
+from dynarl.components.rollout.base import RolloutEngine
+from dynarl.components.trainer.base import TrainerConfig, TrainerEngine
+from dynarl.components.trainer.threaded import BlockingTrainer
 
 
 def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_config: Any = None,
@@ -41,26 +41,26 @@ def make_rollout_engine(backend: str, model: ModelSpec, engine: Any, backend_con
     (`backend_config`, an SGLangConfig) or emulated (an EmulatedRolloutConfig). sglang:
     call inside the worker's running loop (its TokenizerManager binds to it)."""
     if backend == "native":
-        from .rollout.native.engine import NativeRolloutEngine
+        from dynarl.components.rollout.native.engine import NativeRolloutEngine
 
         dtype = model.engine_dtype(torch.device(device).type)
         return NativeRolloutEngine(build_model(model, device, dtype), engine, weight_version=weight_version)
     if backend == "sglang":
-        from .rollout.sglang.config import for_device
-        from .rollout.sglang.engine import SGLangRolloutEngine
+        from dynarl.components.rollout.sglang.config import for_device
+        from dynarl.components.rollout.sglang.engine import SGLangRolloutEngine
 
         kind = torch.device(device).type
         config, owned = served_by(model, backend_config or _default("sglang"))
         config = for_device(config, kind, str(model.engine_dtype(kind)).removeprefix("torch."))
         return SGLangRolloutEngine.start(config, weight_version, owned_dir=owned)
     if backend == "vllm":
-        from .rollout.vllm.engine import VLLMRolloutEngine
+        from dynarl.components.rollout.vllm.engine import VLLMRolloutEngine
 
         config, owned = served_by(model, backend_config or _default("vllm"))
         return VLLMRolloutEngine.start(config, weight_version, owned_dir=owned)
     if backend == "emulated":
-        from .rollout.emulated.config import EmulatedRolloutConfig
-        from .rollout.emulated.engine import EmulatedRolloutEngine
+        from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+        from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
 
         return EmulatedRolloutEngine(backend_config or EmulatedRolloutConfig(), weight_version=weight_version)
     raise ValueError(f"rollout backend {backend!r} has no engine here; choose 'native', 'sglang', 'vllm' or 'emulated'")
@@ -71,12 +71,12 @@ def make_inference_engine(backend: str, model: ModelSpec, micro_batch_size: int,
     """An inference engine (inference/base.py) holding no policy weights yet (version -1),
     on `device` in model.dtype; `emulated`: an EmulatedInferenceConfig."""
     if backend == "native":
-        from .inference.native import NativeInference
+        from dynarl.components.inference.native import NativeInference
 
         return NativeInference(build_model(model, device, model.engine_dtype(torch.device(device).type)),
                                micro_batch_size, device)
     if backend == "emulated":
-        from .inference.emulated import EmulatedInference, EmulatedInferenceConfig
+        from dynarl.components.inference.emulated import EmulatedInference, EmulatedInferenceConfig
 
         return EmulatedInference(emulated or EmulatedInferenceConfig(), weight_version=-1)
     raise ValueError(f"inference backend {backend!r} has no engine here; choose 'native' or 'emulated'")
@@ -84,9 +84,9 @@ def make_inference_engine(backend: str, model: ModelSpec, micro_batch_size: int,
 
 def _default(backend: str) -> Any:
     if backend == "sglang":
-        from .rollout.sglang.config import SGLangConfig
+        from dynarl.components.rollout.sglang.config import SGLangConfig
         return SGLangConfig()
-    from .rollout.vllm.config import VLLMConfig
+    from dynarl.components.rollout.vllm.config import VLLMConfig
     return VLLMConfig()
 
 
@@ -100,7 +100,7 @@ def served_by(model: ModelSpec, config: Any) -> tuple[Any, str | None]:
         return (config if config.model_path else dataclasses.replace(config, model_path=model.path)), None
     import tempfile
 
-    from .model.io import save_pretrained
+    from dynarl.components.model.io import save_pretrained
     folder = tempfile.mkdtemp(prefix="dynarl-engine-model-")
     save_pretrained(build_model(model), folder)
     return dataclasses.replace(config, model_path=folder), folder
@@ -119,18 +119,18 @@ async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, ba
     if head == "value" and backend == "megatron":
         raise ValueError("a critic runs on the native or the emulated trainer, not megatron")
     if head == "value" and backend == "native":
-        from .trainer.native.critic import NativeCritic, value_head
-        from .trainer.threaded import ThreadedTrainer
+        from dynarl.components.trainer.native.critic import NativeCritic, value_head
+        from dynarl.components.trainer.threaded import ThreadedTrainer
 
         return ThreadedTrainer(await asyncio.to_thread(
             lambda: NativeCritic(value_head(build_model(model, device)), config, group)))
     if backend == "emulated":  # (a critic's is the same: the cost model times a value head as an LM head)
-        from .trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
+        from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 
         size = group.size() if group is not None else 1
         return EmulatedTrainer(config, emulation=backend_config or EmulatedTrainerConfig(),
                                rank=group.rank() if group is not None else 0, world_size=size)
-    from .trainer.threaded import ThreadedTrainer
+    from dynarl.components.trainer.threaded import ThreadedTrainer
 
     return ThreadedTrainer(await asyncio.to_thread(_blocking_trainer, backend, model, config, backend_config,
                                                    group, device))
@@ -139,13 +139,13 @@ async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, ba
 def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, megatron: Any, group: Any,
                       device: str) -> BlockingTrainer:
     if backend == "native":
-        from .trainer.native.trainer import NativeTrainer
+        from dynarl.components.trainer.native.trainer import NativeTrainer
 
         return NativeTrainer(build_model(spec, device), config, group)
     if backend == "megatron":
-        from .model.io import read_state_dict
-        from .trainer.megatron.config import MegatronConfig
-        from .trainer.megatron.trainer import MegatronTrainer
+        from dynarl.components.model.io import read_state_dict
+        from dynarl.components.trainer.megatron.config import MegatronConfig
+        from dynarl.components.trainer.megatron.trainer import MegatronTrainer
 
         # the starting weights with HF names: the folder's tensors as stored (no float32
         # model built on the side), or the seeded init of a built-in config
@@ -177,8 +177,8 @@ def init_default_group(group: Any) -> None:
 def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> Qwen2ForCausalLM:
     """The trainer's current weights as a native (HF-layout) model, for save_pretrained.
     Collective over the trainer's TP group for megatron."""
-    from .model.io import load_weights
-    from .trainer.native.trainer import NativeTrainer
+    from dynarl.components.model.io import load_weights
+    from dynarl.components.trainer.native.trainer import NativeTrainer
 
     engine = trainer.engine  # a ThreadedTrainer's blocking engine (this runs in a thread)
     if isinstance(engine, NativeTrainer) and isinstance(engine.model, Qwen2ForCausalLM):
@@ -195,7 +195,7 @@ def weights_template(engine: Any, model: ModelSpec, device_kind: str = "cpu") ->
     no torch model (sglang) the native architecture on the meta device (no memory) in
     model.dtype;
     None for an emulated engine (its weights are a byte count)."""
-    from .rollout.emulated.engine import EmulatedRolloutEngine
+    from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
 
     if isinstance(engine, EmulatedRolloutEngine):
         return None
@@ -226,8 +226,8 @@ def trainer_unit(cfg: Any) -> int:
 
 
 def emulated_trainer_min_devices(emulation: Any) -> int:
-    from .costmodel import DEFAULT_MEM_UTIL, get_device
-    from .trainer.emulated.engine import full_state_bytes
+    from dynarl.components.costmodel import DEFAULT_MEM_UTIL, get_device
+    from dynarl.components.trainer.emulated.engine import full_state_bytes
     return max(1, math.ceil(full_state_bytes(emulation) / (DEFAULT_MEM_UTIL * get_device(emulation.device).memory_bytes)))
 
 
@@ -239,15 +239,15 @@ def move_costs(cfg: Any) -> Any:
     from dynarl.core.migration.mover import MoveCosts
     if cfg.rollout.backend != "emulated":
         return MoveCosts()
-    from .costmodel import ROLE_SWITCH_S, role_switch_time
+    from dynarl.components.costmodel import ROLE_SWITCH_S, role_switch_time
     return MoveCosts(release_s=ROLE_SWITCH_S / 2, switch_s=role_switch_time(),
                      restart_s=role_switch_time(restart=True), state_s=trainer_state_s(cfg.trainer.emulated))
 
 
 def trainer_state_s(emulation: Any) -> float:
     """An emulated trainer's state over one device link (a P2P move's transfer)."""
-    from .costmodel import get_device
-    from .trainer.emulated.engine import full_state_bytes
+    from dynarl.components.costmodel import get_device
+    from dynarl.components.trainer.emulated.engine import full_state_bytes
     return full_state_bytes(emulation) / get_device(emulation.device).link_bandwidth
 
 
@@ -255,7 +255,7 @@ def scheduler_rates(cfg: Any, tp: int, devices: int) -> Any:
     """The predictor's source (workflows/rates.py): the cost model emulated engines run
     on, or profiles and measurements of real ones; workflow ppo's critic works on the
     trainer's devices too (rates.trainer_passes)."""
-    from .workflows.rates import CostModelRates, MeasuredRates, trainer_passes
+    from dynarl.components.workflows.rates import CostModelRates, MeasuredRates, trainer_passes
     passes = trainer_passes(cfg.workflow == "ppo")
     if cfg.rollout.backend == "emulated":
         r, t = cfg.rollout.emulated, cfg.trainer.emulated

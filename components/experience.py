@@ -23,7 +23,7 @@ import numpy as np
 
 from dynarl.transport.wire import register_struct
 
-from .trainer.base import TrainBatch
+from dynarl.components.trainer.base import TrainBatch
 
 END = None
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from dynarl.components.trainer.native.losses import explained_variance
 
-from .policy import Actor, Critic
+from dynarl.components.embodied.policy import Actor, Critic
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from .spaces import EnvSpec
+from dynarl.components.embodied.spaces import EnvSpec
 
 
 def mlp(inputs: int, hidden: int, outputs: int, out_gain: float) -> nn.Sequential:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ..model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int = 0,

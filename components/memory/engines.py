@@ -19,7 +19,7 @@ from typing import Any
 
 from dynarl.components.model.config import ModelConfig
 
-from . import formulas as f
+from dynarl.components.memory import formulas as f
 
 CUDA_CONTEXT_BYTES = 500 * 2**20
 """A process's CUDA context and the kernels torch loads (about 500 MiB on Hopper,

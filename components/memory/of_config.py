@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .plan import MemoryPlan, plan_memory
+from dynarl.components.memory.plan import MemoryPlan, plan_memory
 
 GPU_DEFAULT_BYTES = 80 * 10**9
 """runtime.cluster.device_memory_gb unset on cuda: an H100 80GB."""

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from dynarl.components.model.config import ModelConfig
 
-from . import engines as e
+from dynarl.components.memory import engines as e
 
 PHASES = ("rollout", "inference", "train", "sync", "move")
 PHASE_OF = {"rollout": "rollout", "inference": "inference", "trainer": "train"}

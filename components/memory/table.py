@@ -2,7 +2,7 @@
 components and parts, in GB (1e9 bytes)."""
 from __future__ import annotations
 
-from .plan import DevicePlan, MemoryPlan
+from dynarl.components.memory.plan import DevicePlan, MemoryPlan
 
 
 def gb(n: int) -> str:

@@ -10,8 +10,8 @@ from typing import Iterable
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
-from .qwen2 import Qwen2ForCausalLM
+from dynarl.components.model.config import ModelConfig
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .paged_attention import KVCache, PagedContext, paged_attention
+from dynarl.components.model.config import ModelConfig
+from dynarl.components.model.paged_attention import KVCache, PagedContext, paged_attention
 
 # attend(layer_index, q [..., H, D], k [..., Hkv, D], v [..., Hkv, D]) -> [..., H, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .config import TINY_CONFIGS, ModelConfig
-from .tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from dynarl.components.model.config import TINY_CONFIGS, ModelConfig
+from dynarl.components.model.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from dynarl.core.config_tree import wire_config
 
 
@@ -51,7 +51,7 @@ class ModelSpec:
     def config(self) -> ModelConfig:
         if self.path is None:
             return TINY_CONFIGS[self.name]
-        from .io import read_config
+        from dynarl.components.model.io import read_config
         return read_config(self.path)
 
 
@@ -61,8 +61,8 @@ def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = None) -> Any:
     the folder's weights."""
     import torch
 
-    from .io import load_pretrained
-    from .qwen2 import Qwen2ForCausalLM
+    from dynarl.components.model.io import load_pretrained
+    from dynarl.components.model.qwen2 import Qwen2ForCausalLM
     dtype = dtype or torch.float32
     if spec.path is not None:
         return load_pretrained(spec.path, dtype=dtype, device=device)
@@ -76,7 +76,7 @@ def meta_model(spec: ModelSpec, dtype: Any) -> Any:
     (what a weight sync plans its buckets from where no model is held)."""
     import torch
 
-    from .qwen2 import Qwen2ForCausalLM
+    from dynarl.components.model.qwen2 import Qwen2ForCausalLM
     with torch.device("meta"):
         return Qwen2ForCausalLM(spec.config()).to(dtype)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .dynarl import Dynarl
+from dynarl.components.placement.dynarl import Dynarl
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
-from .plan import Placement
-from .profile import StageProfile
+from dynarl.components.placement.plan import Placement
+from dynarl.components.placement.profile import StageProfile
 
 
 @dataclass(frozen=True, slots=True)

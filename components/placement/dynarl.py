@@ -35,9 +35,9 @@ from typing import Any
 
 from dynarl.core.scheduler.policy import DynarlConfig
 
-from . import plan as plans
-from .plan import Placement
-from .context import PlanContext, Snapshot
+from dynarl.components.placement import plan as plans
+from dynarl.components.placement.plan import Placement
+from dynarl.components.placement.context import PlanContext, Snapshot
 
 DEFAULT_CONFIG = DynarlConfig(charge_move_cost=False)
 """theta 0.8, U_low 0.2, T (window) 4 s, 8 candidates; moves not charged (the paper's rule)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .split import proportional_split
+from dynarl.components.placement.split import proportional_split
 
 POLICIES = ("colocated", "spatial", "hybrid", "rlinf-auto", "dynarl")
 PIPELINE_STAGES = 2

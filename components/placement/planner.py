@@ -34,8 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from .plan import COMPONENTS, Placement, Segment
-from .profile import StageProfile
+from dynarl.components.placement.plan import COMPONENTS, Placement, Segment
+from dynarl.components.placement.profile import StageProfile
 
 MAX_GRID = 64
 

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import plan as plans
-from .agentic import DynarlFifo, DynarlNoPrio
-from .context import Decision, PlanContext, Policy, Replan, Snapshot
-from .drift import DEFAULT_THRESHOLD, drifted
-from .dynarl import Dynarl, DynarlAsync, DynarlConsolidate, DynarlCostAware, DynarlKV, DynarlTailTP
-from .plan import Placement
-from .planner import plan as rlinf_plan
-from .profile import StageProfile
-from .split import proportional_split
+from dynarl.components.placement import plan as plans
+from dynarl.components.placement.agentic import DynarlFifo, DynarlNoPrio
+from dynarl.components.placement.context import Decision, PlanContext, Policy, Replan, Snapshot
+from dynarl.components.placement.drift import DEFAULT_THRESHOLD, drifted
+from dynarl.components.placement.dynarl import (Dynarl, DynarlAsync, DynarlConsolidate, DynarlCostAware, DynarlKV,
+                                                DynarlTailTP)
+from dynarl.components.placement.plan import Placement
+from dynarl.components.placement.planner import plan as rlinf_plan
+from dynarl.components.placement.profile import StageProfile
+from dynarl.components.placement.split import proportional_split
 
 
 class PolicyUnavailable(ValueError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .plan import COMPONENTS
+from dynarl.components.placement.plan import COMPONENTS
 
 
 def proportional_split(work: Mapping[str, float], num_devices: int,

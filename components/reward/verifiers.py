@@ -14,7 +14,7 @@ import logging
 import re
 from typing import Callable
 
-from ..tasks.count_up import count_up_score
+from dynarl.components.tasks.count_up import count_up_score
 
 log = logging.getLogger(__name__)
 Verifier = Callable[[str, str], float]

@@ -20,7 +20,7 @@ import asyncio
 import functools
 from typing import Any, Sequence
 
-from .base import GenerationRequest, GenerationResult, InflightRequest
+from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest
 
 
 class ExternalEngine(abc.ABC):

@@ -17,9 +17,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .count_up import count_up_score
-from .problem import Problem, stable_seed
-from .tool_syntax import call_text, observation_text
+from dynarl.components.tasks.count_up import count_up_score
+from dynarl.components.tasks.problem import Problem, stable_seed
+from dynarl.components.tasks.tool_syntax import call_text, observation_text
 
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 

@@ -18,7 +18,7 @@ import random
 import string
 from dataclasses import dataclass
 
-from .problem import Problem, stable_seed
+from dynarl.components.tasks.problem import Problem, stable_seed
 
 
 @dataclass(kw_only=True, slots=True)

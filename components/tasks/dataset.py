@@ -20,8 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from .problem import Problem
-from .rows import Malformed, jsonl_rows, parquet_rows, saved_rows
+from dynarl.components.tasks.problem import Problem
+from dynarl.components.tasks.rows import Malformed, jsonl_rows, parquet_rows, saved_rows
 
 Check = Callable[[str], str | None]
 """Returns why a prompt is unusable (e.g. "character 'é' is not in the alphabet"), or None."""

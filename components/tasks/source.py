@@ -13,10 +13,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .calc import CalcConfig, CalcTask
-from .count_up import CountUpConfig, CountUpTask
-from .dataset import Chat, Check, DatasetConfig, load_dataset
-from .problem import Problem, stable_seed
+from dynarl.components.tasks.calc import CalcConfig, CalcTask
+from dynarl.components.tasks.count_up import CountUpConfig, CountUpTask
+from dynarl.components.tasks.dataset import Chat, Check, DatasetConfig, load_dataset
+from dynarl.components.tasks.problem import Problem, stable_seed
 
 
 @dataclass(kw_only=True, slots=True)

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Se
 
 from dynarl.core.config_tree import wire_config
 
-from .metrics import TrainMetrics
+from dynarl.components.trainer.metrics import TrainMetrics
 
 if TYPE_CHECKING:
-    from .megatron.layout import ShardedLayout
+    from dynarl.components.trainer.megatron.layout import ShardedLayout
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
 """The sharded per-element state of a ZeRO-1 rank: fp32 master copy of the

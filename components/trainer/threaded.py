@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, TypeVar
 
-from .base import StateLayout, TrainBatch, TrainerConfig
-from .metrics import TrainMetrics
+from dynarl.components.trainer.base import StateLayout, TrainBatch, TrainerConfig
+from dynarl.components.trainer.metrics import TrainMetrics
 
 if TYPE_CHECKING:
-    from .megatron.layout import ShardedLayout
+    from dynarl.components.trainer.megatron.layout import ShardedLayout
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from typing import Callable, Literal, Sequence
 
 from dynarl.core.files import atomic_open
 
-from . import jsonl, manifest
+from dynarl.components.workflows import jsonl, manifest
 
 STATE_FILE = "state.json"
 LEDGER_FILE = "ledger.jsonl"

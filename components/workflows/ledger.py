@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from . import jsonl
+from dynarl.components.workflows import jsonl
 
 
 class DuplicateSample(RuntimeError):

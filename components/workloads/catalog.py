@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .spec import AgenticWorkload, EmbodiedWorkload, LogNormal, MathWorkload, Workload
+from dynarl.components.workloads.spec import AgenticWorkload, EmbodiedWorkload, LogNormal, MathWorkload, Workload
 
 SIZES = {"1.5b": ("qwen2.5-1.5b", 1), "7b": ("qwen2.5-7b", 2), "32b": ("qwen2.5-32b", 4)}
 """size -> (cost-model key, rollout TP) [P: DynaRL §7.1]."""

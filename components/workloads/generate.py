@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from .samples import Group, SampleSpec, Turn
-from .spec import AgenticWorkload, LogNormal, MathWorkload, Workload
+from dynarl.components.workloads.samples import Group, SampleSpec, Turn
+from dynarl.components.workloads.spec import AgenticWorkload, LogNormal, MathWorkload, Workload
 
 
 def generate(workload: Workload, seed: int, iteration: int, prompts: int | None = None) -> list[Group]:

@@ -20,9 +20,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .generate import draw
-from .samples import Group, SampleSpec, Turn
-from .spec import Workload
+from dynarl.components.workloads.generate import draw
+from dynarl.components.workloads.samples import Group, SampleSpec, Turn
+from dynarl.components.workloads.spec import Workload
 
 
 @dataclass(slots=True)

@@ -24,10 +24,10 @@ from dynarl.components.placement.policy import PolicyUnavailable, make_policy
 from dynarl.components.workloads.catalog import WORKLOADS
 from dynarl.components.workloads.trace import TraceError
 
-from .metrics import add_speedups, fail_metrics, measured_window, policy_metrics
-from .parallel import default_jobs
-from .report import table, to_json
-from .scenario import Failure, SimConfig, build_scenario
+from dynarl.launch.sim.metrics import add_speedups, fail_metrics, measured_window, policy_metrics
+from dynarl.launch.sim.parallel import default_jobs
+from dynarl.launch.sim.report import table, to_json
+from dynarl.launch.sim.scenario import Failure, SimConfig, build_scenario
 
 MAX_LISTED_REJECTS = 20
 
@@ -100,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep or args.fidelity:
         args.devices = args.devices[0]
     if args.fidelity:
-        from .fidelity import main as fidelity_main
+        from dynarl.launch.sim.fidelity import main as fidelity_main
         return fidelity_main(args)
     if args.sweep:
-        from .sweep import main as sweep_main
+        from dynarl.launch.sim.sweep import main as sweep_main
         return sweep_main(args)
     names = [n.strip() for n in (args.policies or DEFAULT_POLICIES).split(",") if n.strip()]
     try:
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = args.plot if len(scenarios) == 1 else os.path.join(args.plot, f"devices-{scn.config.devices}")
         jobs = args.jobs or default_jobs(len(scn.config.policies))
         if scn.workload.kind == "embodied":  # (its own runner: launch/sim/embodied.py; no timelines to plot)
-            from .embodied import simulate as simulate_embodied
+            from dynarl.launch.sim.embodied import simulate as simulate_embodied
             result, folder = simulate_embodied(scn, log=sys.stderr, jobs=jobs), None
         else:
             result, _ = simulate(scn, timings=args.timings, log=sys.stderr, jobs=jobs, plot_dir=folder)
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(table(result))
         if folder is not None:
-            from .plot import write_policies
+            from dynarl.launch.sim.plot import write_policies
             print(f"dynarl sim: wrote {write_policies(result, folder)}", file=sys.stderr)
     if args.json:
         print(to_json(results[0] if len(results) == 1 else {"runs": results}))
@@ -155,9 +155,9 @@ def simulate(scn, *, timings: bool = False, log: Any = None, jobs: int = 1,
     same output); returns (the result dict, the PolicyRuns: only those run in this
     process, i.e. all of them with jobs 1). `plot_dir`: each run writes its timeline
     there (the policies' bar chart needs every result: plot.write_policies, after)."""
-    from .parallel import run_all
-    from .profiler import profile_stages
-    from .runner import run_policy
+    from dynarl.launch.sim.parallel import run_all
+    from dynarl.launch.sim.profiler import profile_stages
+    from dynarl.launch.sim.runner import run_policy
 
     cfg = scn.config
     profiles = None
@@ -182,7 +182,7 @@ def simulate(scn, *, timings: bool = False, log: Any = None, jobs: int = 1,
                 metrics["wall_s"] = wall
             paths = []
             if plot_dir is not None:
-                from .plot import write_timeline
+                from dynarl.launch.sim.plot import write_timeline
                 paths.append(write_timeline(name, policy_run, scn, plot_dir))
             return {"metrics": metrics, "wall_s": wall, "paths": paths}
         return run

@@ -27,8 +27,8 @@ from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
 from dynarl.components.workloads.spec import EmbodiedWorkload
 from dynarl.core.controller import Controller
 
-from .metrics import add_speedups, measured_window
-from .records import Quiet
+from dynarl.launch.sim.metrics import add_speedups, measured_window
+from dynarl.launch.sim.records import Quiet
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ def simulate(scn: EmbodiedScenario, *, log: Any = None, jobs: int = 1) -> dict[s
     """Every policy of the scenario, `jobs` at a time (the same output either way)."""
     import time
 
-    from .parallel import run_all
+    from dynarl.launch.sim.parallel import run_all
     cfg = scn.config
 
     def task(name: str):

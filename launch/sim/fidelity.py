@@ -13,9 +13,9 @@ import json
 import time
 from typing import Any
 
-from .report import rounded
-from .runner import run_policy
-from .scenario import SimConfig, build_scenario
+from dynarl.launch.sim.report import rounded
+from dynarl.launch.sim.runner import run_policy
+from dynarl.launch.sim.scenario import SimConfig, build_scenario
 
 TOLERANCE = 0.10
 FIDELITY = dict(workload="math-1.5b-zero", devices=16, prompts=16, iterations=2, warmup=1)

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from dynarl.components.placement.plan import COMPONENTS
 
-from .records import PolicyRun
+from dynarl.launch.sim.records import PolicyRun
 
 if TYPE_CHECKING:
-    from .scenario import Scenario
+    from dynarl.launch.sim.scenario import Scenario
 
 MIGRATION_KINDS = ("reboot", "workload", "p2p", "switch", "join")
 

@@ -32,7 +32,7 @@ from dynarl.components.workloads.samples import Group
 from dynarl.components.workloads.trace import batch_of
 from dynarl.core.worker_group import gather_or_cancel
 
-from .scenario import Scenario
+from dynarl.launch.sim.scenario import Scenario
 
 PROFILE_ITERATION = 2**31 - 1
 """The profiling batch's iteration index: a batch no run iteration uses."""

@@ -37,8 +37,8 @@ from dynarl.components.workloads.prompts import WorkloadPrompts
 from dynarl.core.controller import Controller
 from dynarl.core.scheduler.log import DeviceCounts, kv_stats
 
-from .records import IterationRecord, PolicyRun, Quiet, timed
-from .scenario import Scenario, for_policy, train_config
+from dynarl.launch.sim.records import IterationRecord, PolicyRun, Quiet, timed
+from dynarl.launch.sim.scenario import Scenario, for_policy, train_config
 
 REBOOT_S = cm.role_switch_time(restart=True)
 """A re-plan stops every group and starts it elsewhere: offload/onload plus an engine start."""

@@ -24,7 +24,7 @@ from dynarl.components.workloads.spec import Workload
 from dynarl.components.workloads.trace import Trace, batch_of, load_trace
 from dynarl.core.config import ClusterConfig, RuntimeConfig
 
-from .bound import Bound, iteration_bound
+from dynarl.launch.sim.bound import Bound, iteration_bound
 
 if TYPE_CHECKING:
     from dynarl.components.workflows.config import TrainConfig
@@ -146,7 +146,7 @@ def build_scenario(config: SimConfig) -> "Scenario | Any":
     if config.failures:
         _check_failing(config)
     if workload.kind == "embodied":
-        from .embodied import build
+        from dynarl.launch.sim.embodied import build
         return build(config, workload)
     tp = workload.rollout_tp
     if config.devices % tp or config.devices < 3 * tp:

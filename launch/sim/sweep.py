@@ -12,9 +12,9 @@ from typing import Any
 
 from dynarl.components.placement.dynarl import DEFAULT_CONFIG, Dynarl
 
-from .metrics import policy_metrics
-from .parallel import default_jobs, run_all
-from .scenario import SimConfig, build_scenario
+from dynarl.launch.sim.metrics import policy_metrics
+from dynarl.launch.sim.parallel import default_jobs, run_all
+from dynarl.launch.sim.scenario import SimConfig, build_scenario
 
 U_LOW = (0.01, 0.1, 0.2, 0.3, 0.5)
 WINDOW_S = (2.0, 4.0, 8.0, 32.0, 64.0)
@@ -24,7 +24,7 @@ WORKLOAD = "math-1.5b"
 def sweep(devices: int, seed: int, iterations: int, warmup: int, prompts: int | None,
           log: Any = None, workload: str = WORKLOAD, jobs: int = 1) -> dict[str, Any]:
     """Every row is its own run of dynarl on one scenario, `jobs` at a time (parallel.py)."""
-    from .runner import run_policy
+    from dynarl.launch.sim.runner import run_policy
     scn = build_scenario(SimConfig(workload=workload, devices=devices, policies=("dynarl",), seed=seed,
                                    iterations=iterations, warmup=warmup, prompts=prompts))
     cells = [(param, v) for param, values in (("u_low", U_LOW), ("window_s", WINDOW_S)) for v in values]
@@ -73,7 +73,7 @@ def main(args) -> int:
     result = sweep(args.devices, args.seed, args.iterations, args.warmup, args.prompts, log=sys.stderr,
                    workload=args.workload or WORKLOAD, jobs=args.jobs or default_jobs(len(U_LOW) + len(WINDOW_S)))
     if args.json:
-        from .report import to_json
+        from dynarl.launch.sim.report import to_json
         print(to_json(result))
     else:
         print(table(result))

@@ -38,10 +38,10 @@ from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.trainer.emulated.layout import synced_weight_bytes
 from dynarl.core.priority import PriorityConfig
 
-from .config import EmulatedRolloutConfig
-from .decode_run import DecodeRun
-from .request_state import RequestState
-from .scheduler import Scheduler
+from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+from dynarl.components.rollout.emulated.decode_run import DecodeRun
+from dynarl.components.rollout.emulated.request_state import RequestState
+from dynarl.components.rollout.emulated.scheduler import Scheduler
 
 
 class _Batch:

@@ -6,7 +6,7 @@ from typing import Any
 
 from dynarl.components.rollout.base import GenerationRequest, GenerationResult, InflightRequest
 
-from .tokens import LazyList, request_seed, response_logprobs, response_tokens
+from dynarl.components.rollout.emulated.tokens import LazyList, request_seed, response_logprobs, response_tokens
 
 
 class RequestState:

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 from dynarl.components.rollout.base import GenerationRequest, QueueKey
 
-from .config import EmulatedRolloutConfig
-from .prefix_cache import PrefixCache
-from .request_state import RequestState
+from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
+from dynarl.components.rollout.emulated.prefix_cache import PrefixCache
+from dynarl.components.rollout.emulated.request_state import RequestState
 
 Finished = tuple[RequestState, int, "list[int] | None"]
 """(request, output length, output ids if already built)."""

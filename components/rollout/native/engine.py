@@ -27,15 +27,16 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from ...model.io import load_weights
-from ...model.qwen2 import Qwen2ForCausalLM
-from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, KVBlocks, QueueKey
-from .block_manager import BlockManager
-from .model_runner import ModelRunner
-from .radix_cache import RadixCache
-from .sampling import sample
-from .scheduler import Scheduler, fifo_key
-from .sequence import Sequence
+from dynarl.components.model.io import load_weights
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.rollout.base import (EngineLoad, GenerationRequest, GenerationResult, InflightRequest, KVBlocks,
+                                            QueueKey)
+from dynarl.components.rollout.native.block_manager import BlockManager
+from dynarl.components.rollout.native.model_runner import ModelRunner
+from dynarl.components.rollout.native.radix_cache import RadixCache
+from dynarl.components.rollout.native.sampling import sample
+from dynarl.components.rollout.native.scheduler import Scheduler, fifo_key
+from dynarl.components.rollout.native.sequence import Sequence
 from dynarl.core.config_tree import wire_config
 
 

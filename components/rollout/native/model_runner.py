@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ...model.paged_attention import KVCache, PagedContext, build_decode_context
-from ...model.qwen2 import Qwen2ForCausalLM
-from .scheduler import Batch
+from dynarl.components.model.paged_attention import KVCache, PagedContext, build_decode_context
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.rollout.native.scheduler import Batch
 
 
 class ModelRunner:

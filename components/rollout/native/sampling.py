@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from ..base import SamplingParams
+from dynarl.components.rollout.base import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
-from ..base import GenerationRequest, QueueKey
-from .block_manager import BlockManager
-from .radix_cache import RadixCache
-from .sequence import Sequence, Status
+from dynarl.components.rollout.base import GenerationRequest, QueueKey
+from dynarl.components.rollout.native.block_manager import BlockManager
+from dynarl.components.rollout.native.radix_cache import RadixCache
+from dynarl.components.rollout.native.sequence import Sequence, Status
 
 
 def fifo_key(request: GenerationRequest, cached_tokens: int) -> float:

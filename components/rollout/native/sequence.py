@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from enum import Enum, auto
 
-from ..base import GenerationRequest
+from dynarl.components.rollout.base import GenerationRequest
 
 
 class Status(Enum):

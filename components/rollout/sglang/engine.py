@@ -25,14 +25,16 @@ import shutil
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Sequence
 
-from ...extras import require_extra
-from ...trainer.base import bucket_by_bytes
-from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
-from .config import SGLangConfig
-from ..external import ExternalEngine, finished_before_start
-from .requests import (Entry, RidAllocator, continue_after, generate_kwargs, local_result, remaining_tokens,
-                       result_from_output, stopped_off_list)
-from .weights import BucketEncoder, NamedTensors, encode_buckets, flattened_bucket_encoder, push_payloads
+from dynarl.components.extras import require_extra
+from dynarl.components.trainer.base import bucket_by_bytes
+from dynarl.components.rollout.base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
+from dynarl.components.rollout.sglang.config import SGLangConfig
+from dynarl.components.rollout.external import ExternalEngine, finished_before_start
+from dynarl.components.rollout.sglang.requests import (Entry, RidAllocator, continue_after, generate_kwargs,
+                                                       local_result, remaining_tokens, result_from_output,
+                                                       stopped_off_list)
+from dynarl.components.rollout.sglang.weights import (BucketEncoder, NamedTensors, encode_buckets,
+                                                      flattened_bucket_encoder, push_payloads)
 
 IDLE_WAIT_S = 60.0
 """How long release_memory waits for SGLang's scheduler to go idle."""

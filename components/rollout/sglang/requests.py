@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import GenerationRequest, GenerationResult
+from dynarl.components.rollout.base import GenerationRequest, GenerationResult
 
 
 class RidAllocator:

@@ -25,12 +25,13 @@ import shutil
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from ...extras import require_extra
-from ..base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
-from .config import VLLMConfig
-from ..external import ExternalEngine
-from .requests import Entry, IdAllocator, finish_reason, remaining_tokens, result, sampling_kwargs, take_delta
-from . import weights
+from dynarl.components.extras import require_extra
+from dynarl.components.rollout.base import EngineLoad, GenerationRequest, GenerationResult, InflightRequest, QueueKey
+from dynarl.components.rollout.vllm.config import VLLMConfig
+from dynarl.components.rollout.external import ExternalEngine
+from dynarl.components.rollout.vllm.requests import (Entry, IdAllocator, finish_reason, remaining_tokens, result,
+                                                     sampling_kwargs, take_delta)
+from dynarl.components.rollout.vllm import weights
 
 ABORT_LIMIT_S = 120.0
 """abort()/export_inflight() give up (RuntimeError) when vLLM has not ended every

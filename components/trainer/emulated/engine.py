@@ -30,7 +30,7 @@ from dynarl.components.trainer.base import STATE_NAMES, StateLayout, TrainBatch,
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.core.files import atomic_open
 
-from .layout import build_layout
+from dynarl.components.trainer.emulated.layout import build_layout
 from dynarl.core.config_tree import wire_config
 
 MASTER_ITEMSIZE = 4

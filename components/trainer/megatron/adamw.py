@@ -19,8 +19,8 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from ..base import TrainerConfig
-from ..native.adamw import adamw_update
+from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.trainer.native.adamw import adamw_update
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

@@ -21,11 +21,12 @@ from typing import Any, Iterator, Mapping
 import torch
 from safetensors.torch import load_file
 
-from ..native.checkpoint import read_versioned_meta, save_shard, shard_file, write_versioned_meta
-from ...model.config import ModelConfig
-from .convert import join_tp_shards, megatron_to_hf
-from .layout import WEIGHTS, ShardedLayout, plan_copies
-from .sharded_state import apply_copies
+from dynarl.components.trainer.native.checkpoint import (read_versioned_meta, save_shard, shard_file,
+                                                         write_versioned_meta)
+from dynarl.components.model.config import ModelConfig
+from dynarl.components.trainer.megatron.convert import join_tp_shards, megatron_to_hf
+from dynarl.components.trainer.megatron.layout import WEIGHTS, ShardedLayout, plan_copies
+from dynarl.components.trainer.megatron.sharded_state import apply_copies
 
 META_FILE = "megatron.json"
 FORMAT_VERSION = 2

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from ...model.config import ModelConfig
+from dynarl.components.model.config import ModelConfig
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -190,7 +190,7 @@ def hf_names(config: ModelConfig) -> list[str]:
     """Every HF tensor name in the order of the native model's named_parameters()
     (what weight_sync's receivers derive their bucket plan from), read off that model
     built on the meta device (no memory). A tied model has no lm_head entry."""
-    from ...model.qwen2 import Qwen2ForCausalLM
+    from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 
     with torch.device("meta"):
         return [name for name, _ in Qwen2ForCausalLM(config).named_parameters()]

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from dynarl.core.reshard_plan import Shard
 
-from ..base import ParamSpec, check_param_offsets
+from dynarl.components.trainer.base import ParamSpec, check_param_offsets
 
 WEIGHTS = "param"
 """The state kind of the weights themselves; every other kind is optimizer state."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...model.config import ModelConfig
-from .config import MegatronConfig
-from .convert import check_tp_divisible, rope_scaling_problem, tp_partition
+from dynarl.components.model.config import ModelConfig
+from dynarl.components.trainer.megatron.config import MegatronConfig
+from dynarl.components.trainer.megatron.convert import check_tp_divisible, rope_scaling_problem, tp_partition
 
 
 def transformer_config(model: ModelConfig, cfg: MegatronConfig):

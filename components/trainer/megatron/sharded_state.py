@@ -17,8 +17,9 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from ..base import ParamSpec
-from .layout import WEIGHTS, Box, BoxCopy, FlatRange, Piece, ShardedLayout, box_slices, state_pieces
+from dynarl.components.trainer.base import ParamSpec
+from dynarl.components.trainer.megatron.layout import (WEIGHTS, Box, BoxCopy, FlatRange, Piece, ShardedLayout,
+                                                       box_slices, state_pieces)
 
 RankPieces = tuple[list[Piece], list[Piece], list[FlatRange], dict[str, tuple[tuple[int, ...], str]]]
 

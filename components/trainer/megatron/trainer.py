@@ -28,21 +28,21 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from ...extras import require_extra
-from ...model.config import ModelConfig
-from ..base import TrainBatch, TrainerConfig
-from ..metrics import TrainMetrics
-from ..native.losses import micro_batch_loss, step_advantages
-from ..native.micro_batch import MicroBatch, build_micro_batch
-from . import checkpoint
-from .adamw import LocalAdamW
-from .config import MegatronConfig
-from .core_optimizer import CoreOptimizer
-from .layout import ShardedLayout
-from .model import build_gpt_model, causal_mask
-from .sharded_state import gather_layout, rank_pieces
-from .vocab_parallel import vocab_parallel_logprobs
-from .weights import hf_buckets, load_hf_weights
+from dynarl.components.extras import require_extra
+from dynarl.components.model.config import ModelConfig
+from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+from dynarl.components.trainer.metrics import TrainMetrics
+from dynarl.components.trainer.native.losses import micro_batch_loss, step_advantages
+from dynarl.components.trainer.native.micro_batch import MicroBatch, build_micro_batch
+from dynarl.components.trainer.megatron import checkpoint
+from dynarl.components.trainer.megatron.adamw import LocalAdamW
+from dynarl.components.trainer.megatron.config import MegatronConfig
+from dynarl.components.trainer.megatron.core_optimizer import CoreOptimizer
+from dynarl.components.trainer.megatron.layout import ShardedLayout
+from dynarl.components.trainer.megatron.model import build_gpt_model, causal_mask
+from dynarl.components.trainer.megatron.sharded_state import gather_layout, rank_pieces
+from dynarl.components.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
+from dynarl.components.trainer.megatron.weights import hf_buckets, load_hf_weights
 
 OptimizerFactory = Callable[[Any, TrainerConfig, MegatronConfig], Any]
 """(DDP model, configs) -> an object with megatron's optimizer interface: zero_grad(),

@@ -14,10 +14,10 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from ...model.config import ModelConfig
-from ..base import bucket_by_bytes
-from .convert import (global_layer_name, hf_names, hf_to_megatron, in_order, join_tp_shards, megatron_to_hf,
-                      slice_for_tp, tp_partition)
+from dynarl.components.model.config import ModelConfig
+from dynarl.components.trainer.base import bucket_by_bytes
+from dynarl.components.trainer.megatron.convert import (global_layer_name, hf_names, hf_to_megatron, in_order,
+                                                        join_tp_shards, megatron_to_hf, slice_for_tp, tp_partition)
 
 
 def _tp():

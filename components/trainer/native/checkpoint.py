@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from dynarl.core.files import atomic_open
 
-from ..base import StateLayout
-from .sharding import overlaps
+from dynarl.components.trainer.base import StateLayout
+from dynarl.components.trainer.native.sharding import overlaps
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"

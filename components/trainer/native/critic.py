@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..base import TrainBatch, TrainerConfig
-from .losses import token_mean, value_loss
-from .micro_batch import MicroBatch, build_micro_batch
-from .trainer import NativeTrainer
+from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+from dynarl.components.trainer.native.losses import token_mean, value_loss
+from dynarl.components.trainer.native.micro_batch import MicroBatch, build_micro_batch
+from dynarl.components.trainer.native.trainer import NativeTrainer
 
 
 def value_head(model: nn.Module) -> nn.Module:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from ..base import TrainBatch
+from dynarl.components.trainer.base import TrainBatch
 
 
 @dataclass(slots=True)

@@ -28,13 +28,14 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..base import STATE_NAMES, ParamSpec, StateLayout, TrainBatch, TrainerConfig, bucket_by_bytes
-from ..metrics import TrainMetrics
-from . import checkpoint
-from .adamw import adamw_update
-from .losses import entropy_from_logprobs, micro_batch_loss, step_advantages
-from .micro_batch import MicroBatch, build_micro_batch
-from .sharding import flatten, param_pieces, shard_ranges, unflatten_into
+from dynarl.components.trainer.base import (STATE_NAMES, ParamSpec, StateLayout, TrainBatch, TrainerConfig,
+                                            bucket_by_bytes)
+from dynarl.components.trainer.metrics import TrainMetrics
+from dynarl.components.trainer.native import checkpoint
+from dynarl.components.trainer.native.adamw import adamw_update
+from dynarl.components.trainer.native.losses import entropy_from_logprobs, micro_batch_loss, step_advantages
+from dynarl.components.trainer.native.micro_batch import MicroBatch, build_micro_batch
+from dynarl.components.trainer.native.sharding import flatten, param_pieces, shard_ranges, unflatten_into
 
 __all__ = ["NativeTrainer", "TrainerConfig"]
 
