@@ -8,9 +8,11 @@ from dynarl.components.rollout.run_control import (IllegalTransition, Phase, Run
 
 LEGAL = [  # (phase, transition, the phase it enters)
     ("running", "pause", "paused"), ("paused", "export", "exported"),
-    ("running", "adopt", "running"), ("exported", "adopt", "paused"),
+    ("running", "adopt", "running"), ("exported", "adopt", "paused"), ("handed_off", "adopt", "running"),
     ("running", "resume", "running"), ("paused", "resume", "running"), ("exported", "resume", "handed_off"),
     ("running", "hold", "running"), ("paused", "hold", "paused"), ("exported", "hold", "exported"),
+    ("handed_off", "hold", "handed_off"),  # a rank a rolled-back move left empty, before its loop ends: the
+    ("handed_off", "let_go", "handed_off"),  # next move may keep it (its drive loop waits while held)
     ("running", "let_go", "running"), ("paused", "let_go", "paused"), ("exported", "let_go", "exported"),
     ("running", "close", "closed"), ("paused", "close", "closed"), ("exported", "close", "closed"),
     ("handed_off", "close", "closed"), ("closed", "finish", "finished"),

@@ -21,10 +21,11 @@ OPEN: tuple[Phase, ...] = ("running", "paused", "exported", "handed_off")
 PHASES: dict[Transition, dict[Phase, Phase]] = {
     "pause": {"running": "paused"},
     "export": {"paused": "exported"},
-    "adopt": {"running": "running", "exported": "paused"},  # a kept rank; a released one given its work back
+    # a kept rank; a released one given its work back; one a rolled-back move left empty, kept by the next move
+    "adopt": {"running": "running", "exported": "paused", "handed_off": "running"},
     "resume": {"running": "running", "paused": "running", "exported": "handed_off"},  # running: a move that failed
-    "hold": {"running": "running", "paused": "paused", "exported": "exported"},
-    "let_go": {"running": "running", "paused": "paused", "exported": "exported"},
+    "hold": {"running": "running", "paused": "paused", "exported": "exported", "handed_off": "handed_off"},
+    "let_go": {"running": "running", "paused": "paused", "exported": "exported", "handed_off": "handed_off"},
     "close": {p: "closed" for p in OPEN},
     "finish": {"closed": "finished"},
 }
