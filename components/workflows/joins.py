@@ -13,6 +13,7 @@ from typing import Any
 
 from dynarl.components.experience import END
 from dynarl.components.inference.worker import InferenceWorker
+from dynarl.components.roles import PolicyRank
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.core.roles import MigratableRank
@@ -50,7 +51,7 @@ class StepRanks:
     async def load_weights(self, group: WorkerGroup, positions: list[int], version: int) -> None:
         """The ranks that do not hold `version` yet receive it from the trainer, over a
         group of their own (a parked rank may hold it already)."""
-        held = await group.on(positions).call(RolloutWorker.weight_version)
+        held = await group.on(positions).call(PolicyRank.weight_version)
         positions = [p for p, v in zip(positions, held) if v != version]
         if not positions:
             return
@@ -59,7 +60,7 @@ class StepRanks:
         try:
             await gather_or_cancel([self.wf.g.trainer.on(self.wf.export_ranks).call(  # (TP: a collective export)
                 TrainerWorker.send_weights, name, version),
-                group.on(positions).call(RolloutWorker.receive_weights, name, version)])
+                group.on(positions).call(PolicyRank.receive_weights, name, version)])
         finally:
             await self.wf.ctl.process_groups.destroy(name)
 
