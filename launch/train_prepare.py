@@ -54,9 +54,13 @@ def resolve_config(config_path: str | None, overrides: list[tuple[str, Any]], re
     """The TrainConfig a command line names: CONFIG (or the defaults) with overrides,
     or with --resume DIR that run's own config.yaml."""
     from dynarl.components.workflows.config import load_config
-    if resume is not None:
-        config_path = os.path.join(resume, "config.yaml")
-    return load_config(_read_yaml(config_path) if config_path else None, overrides)
+    if resume is None:
+        return load_config(_read_yaml(config_path) if config_path else None, overrides)
+    data = _read_yaml(os.path.join(resume, "config.yaml"))
+    placement = data.get("placement") if isinstance(data, dict) else None
+    if isinstance(placement, dict) and placement.get("mode") == "temporal":  # a run written before the rename
+        placement["mode"] = "colocated"
+    return load_config(data, overrides)
 
 
 def check_wired_of(cfg: Any) -> None:

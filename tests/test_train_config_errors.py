@@ -143,3 +143,11 @@ def test_a_model_folder_of_an_unsupported_architecture_fails_at_load_in_one_line
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "model_type 'gpt2' is not supported; supported: qwen2, qwen3, llama" in lines[0], lines
         assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_run_written_before_the_rename_resumes_colocated(tmp_path):
+    """--resume reads the run's own config.yaml, written fully resolved: one from before
+    the rename says 'temporal' (the old default), and is read as colocated."""
+    from dynarl.launch.train_prepare import resolve_config
+    (tmp_path / "config.yaml").write_text("placement:\n  mode: temporal\n")
+    assert resolve_config(None, [], str(tmp_path)).placement.mode == "colocated"
