@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 DRIVER = "driver"
 CHANNEL_OPS = {"put": "put", "put_nowait": "put", "get": "get", "get_nowait": "get", "get_batch": "get",
-               "get_raw": "get"}
+               "get_entry": "get", "take_nowait": "get"}
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ chunk is complete, so the next stage starts while the long tail still decodes.
 Weights arrive over a runtime process group (weight_sync.py); the engine's
 version is checked before a step generates, so a stale policy never samples.
 
-device_lock: when this rank shares its device (temporal / hybrid placement),
+device_lock: when this rank shares its device (colocated / hybrid placement),
 offload frees the KV cache and the prefix cache (`release_memory`), and onload
 allocates them again; the weights stay resident, as they must to receive the
 next update. On a device of its own the cache simply stays.

@@ -12,7 +12,7 @@ profile of this job's own engines taken before training.
                between two stages that time-share a device)
 
 The profiling ranks time-share device 0 (each onloaded for its part only, as in a
-temporal placement), at weight version -1 (no policy yet: RLinf profiles before
+colocated placement), at weight version -1 (no policy yet: RLinf profiles before
 training too), and are stopped before the job's groups start, also when the
 profile fails or is cancelled; the
 rewards of the batch are zeros (a train step's time does not depend on them). The

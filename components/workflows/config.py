@@ -76,7 +76,7 @@ class TrainConfig:
 
     def placement_plan(self) -> Placement:
         """The placement of `placement.mode` (components/placement/plan.py); auto has
-        none until the job has profiled its components (GRPO.run)."""
+        none until the job has profiled its components (job.py Job.run)."""
         if self.placement.mode == "auto":
             raise PlacementError("placement.mode auto: the placement is planned at start, from a profile")
         return from_pools(self.placement.mode, self.runtime.cluster.num_devices, self.ranks(),

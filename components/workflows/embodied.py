@@ -17,7 +17,7 @@ steps one while the policy acts for another.
 
 Placement (placement.mode): hybrid, RLinf's default for embodied runs: env workers
 on devices of their own, rollout and trainer time-sharing the next one (device_lock);
-spatial: rollout and trainer on one device each; temporal: everything on the
+spatial: rollout and trainer on one device each; colocated: everything on the
 cluster's devices, time-shared. `dynarl sim` gives the workflow placements of many
 policy and learner ranks (components/placement/embodied.py) and emulated workers
 (embodied.backend emulated); the learner's ranks train on their part of the envs.
@@ -116,7 +116,7 @@ class Embodied:
         """scheduler.policy dynarl (emulated workers): the scheduler's barrier rule (embodied_barrier.py)."""
         self.turns: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         """Device -> its turn: one call computes on a device at a time (an env step, an act):
-        an env worker and a policy rank on one device (temporal) take turns, and a policy
+        an env worker and a policy rank on one device (colocated) take turns, and a policy
         rank acts for one chunk at a time."""
         self.clock = StageClock(on_stage=progress.stage)
         self.envs: list[WorkerGroup] = []

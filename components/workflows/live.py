@@ -1,6 +1,6 @@
 """A GRPO step in progress, as a scheduler that moves devices during it sees it.
 
-Every step (grpo.py) runs its stages through a LiveStep:
+Every step (pipeline.py) runs its stages through a LiveStep:
 - a component may gain ranks while its stage runs (a receiver of devices): each new
   rank runs the stage's method on the same input channel as an extra task beside
   the stage, and gets its own END once the upstream component (its stage and every

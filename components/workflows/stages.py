@@ -11,7 +11,7 @@ reads its input with prefetch 1, so it never takes a second rank's END.
 
 With `lock`, the stage runs inside the group's device_lock. Locks are FIFO and
 stages ask for them in the order they are started, which is the order of the data
-dependencies; so on shared devices (temporal) rollout runs first, then inference
+dependencies; so on shared devices (colocated) rollout runs first, then inference
 and trainer follow as the devices free up, while on disjoint devices (spatial) a
 downstream stage holds its own devices and starts on the first finished chunk.
 """
