@@ -5,8 +5,9 @@
 
 `AsyncMethod[P, R]` and `SyncMethod[P, R]` are a worker's methods seen from the
 controller (a call overloads on the two): mypy checks the arguments against the
-method's signature (ParamSpec) and types the results as what it returns, awaited. The wire carries the method's name; `method_name` checks that the group's
-class defines it, so a wrong reference fails at the call, naming both.
+method's signature (ParamSpec) and types the results as what it returns, awaited.
+The wire carries the method's name; `method_name` checks that the group's class
+defines it, so a wrong reference fails at the call, naming both.
 """
 from __future__ import annotations
 

@@ -233,8 +233,8 @@ async def _generate(migrate: bool, refuse: bool = False, backend: str = "native"
                                                          [Sample(f"p{i}/{k}", 100 * i + k) for k in range(SAMPLES)]))
         for _ in range(group.world_size):
             await ctl.channel("prompts").put(END)
-        generate = asyncio.ensure_future(group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=2,
-                                                    sampling=SAMPLING))
+        generate = asyncio.ensure_future(group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1,
+                                                    chunk_size=2, sampling=SAMPLING))
         result = None
         if migrate:
             while True:  # both ranks hold their last prompt and rank 0 is decoding: its long tail

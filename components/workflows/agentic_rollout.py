@@ -67,7 +67,8 @@ def turn_result(r: Any, wait_s: float, rank: Any = None, load: Any = None) -> di
 
 
 class AgenticRolloutWorker(RolloutWorker):
-    def __init__(self, *args: Any, queue: Literal["fifo", "priority"] | None = None, max_bonus_s: float = PriorityConfig().max_bonus_s,
+    def __init__(self, *args: Any, queue: Literal["fifo", "priority"] | None = None,
+                 max_bonus_s: float = PriorityConfig().max_bonus_s,
                  **kwargs: Any) -> None:
         """`queue`, `max_bonus_s`: the engine's waiting-queue order (agentic.queue), part of
         the rank's init so a rank started later (a move, a standby pool) has it too;

@@ -98,17 +98,18 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
             offset = old.world_size  # new rank r is rank offset + r of the transfer group
             if boxes:  # each rank plans its own copies from the two layouts
                 transfers = -1
-                calls = [old.call(ReshardableRank.reshard_send_boxes, transfer_group, layouts[0], new_layouts[0], offset),
-                         new.call(ReshardableRank.reshard_recv_boxes, transfer_group, layouts[0], new_layouts[0])]
+                old_layout, new_layout = layouts[0], new_layouts[0]
+                calls = [old.call(ReshardableRank.reshard_send_boxes, transfer_group, old_layout, new_layout, offset),
+                         new.call(ReshardableRank.reshard_recv_boxes, transfer_group, old_layout, new_layout)]
             else:
                 plan = _flat_plan(layouts, new_layouts, total)
                 transfers = len(plan)
                 wire = [[t.key, t.src, offset + t.dst, t.offset[0], t.shape[0], tag] for tag, t in enumerate(plan)]
-                calls = [old.scatter(ReshardableRank.reshard_send, [[transfer_group, [w for w in wire if w[1] == r]]
-                                                      for r in range(old.world_size)]),
-                         new.scatter(ReshardableRank.reshard_recv, [[transfer_group, [w for w in wire if w[2] == offset + r],
-                                                       *new_layouts[r]["ranges"]["master"][r]]
-                                                      for r in range(new.world_size)])]
+                sends = [[transfer_group, [w for w in wire if w[1] == r]] for r in range(old.world_size)]
+                recvs = [[transfer_group, [w for w in wire if w[2] == offset + r], *new_layouts[r]["ranges"]["master"][r]]
+                         for r in range(new.world_size)]
+                calls = [old.scatter(ReshardableRank.reshard_send, sends),
+                         new.scatter(ReshardableRank.reshard_recv, recvs)]
             phase("plan")
             sent, received = await gather_or_cancel(calls)
             if sum(sent) != sum(received):
@@ -155,7 +156,8 @@ async def _retire(ctl: "Controller", old: WorkerGroup, groups: list[str], standb
     and drop their state, all at once. False (the caller stops them instead) if that
     fails: a rank that cannot retire cleanly is no standby."""
     try:
-        await gather_or_cancel([*(ctl.process_groups.destroy(g) for g in groups), old.call(ReshardableRank.reshard_retire)])
+        await gather_or_cancel([*(ctl.process_groups.destroy(g) for g in groups),
+                                old.call(ReshardableRank.reshard_retire)])
     except Exception as exc:
         log.warning("retiring %s to standby failed, stopping it: %r", old.name, exc)
         return False

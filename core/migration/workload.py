@@ -100,7 +100,8 @@ async def workload_migrate(ctl: "Controller", group: WorkerGroup, release: Seque
             raise MigrationFailed(f"workload_import failed on positions {failed}")
         # The released ranks end their generation only now: until here a rollback could
         # still give their items back to them.
-        await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_commit) for p in release), return_exceptions=True)
+        await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_commit) for p in release),
+                             return_exceptions=True)
     except BaseException as exc:
         lost = await roll_back(group, keep, release, exported, placed, per_rank)
         if isinstance(exc, asyncio.CancelledError):
@@ -118,7 +119,8 @@ async def export_each(group: WorkerGroup, release: list[int], exported: dict[int
     """workload_export on every released rank, recording each rank's items as they
     come; a failed export fails the migration with the others' items recorded, and a
     cancellation waits for the exports under way (their items must not vanish)."""
-    calls = asyncio.gather(*(group.handles[p].call(MigratableRank.workload_export) for p in release), return_exceptions=True)
+    calls = asyncio.gather(*(group.handles[p].call(MigratableRank.workload_export) for p in release),
+                           return_exceptions=True)
     try:
         results = await asyncio.shield(calls)
     except asyncio.CancelledError:
@@ -152,7 +154,8 @@ async def roll_back(group: WorkerGroup, keep: list[int], release: list[int], exp
     # released rank that got items back was let go by that import).
     given_back = {p for p, items in back if items}
     await _release_holds(group, [p for p in keep if p not in placed] + [p for p in release if p not in given_back])
-    await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_resume) for p in release), return_exceptions=True)
+    await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_resume) for p in release),
+                         return_exceptions=True)
     return lost
 
 
@@ -161,8 +164,8 @@ async def _import_each(group: WorkerGroup, parts: list[tuple[int, list[WorkItem]
     """workload_import(items) on each (rank position, items); returns the positions that
     failed (a rank that ended its generation, or is gone), adding what the others took
     to `taken`. Cancellation is raised."""
-    results = await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_import, items) for p, items in parts),
-                                   return_exceptions=True)
+    results = await asyncio.gather(*(group.handles[p].call(MigratableRank.workload_import, items)
+                                     for p, items in parts), return_exceptions=True)
     failed = []
     for (p, _), result in zip(parts, results):
         if isinstance(result, BaseException):
