@@ -7,6 +7,7 @@ import pytest
 
 from dynarl.components.workflows import pipeline
 from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.launch.sim import runner
 from dynarl.launch.sim.scenario import SimConfig, build_scenario
 
