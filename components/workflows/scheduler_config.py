@@ -3,9 +3,12 @@ the components run, whether devices move during a step, and how stale a sample m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dynarl.components.workflows.config_checks import whole_number
+
+if TYPE_CHECKING:
+    from dynarl.core.scheduler.policy import DynarlConfig
 
 
 @dataclass(kw_only=True, slots=True)
