@@ -150,40 +150,19 @@ def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, mega
         # the starting weights with HF names: the folder's tensors as stored (no float32
         # model built on the side), or the seeded init of a built-in config
         start = read_state_dict(spec.path) if spec.path else dict(build_model(spec).state_dict())
+        from dynarl.components.trainer.world import init_default_group
+
         init_default_group(group)
         return MegatronTrainer(spec.config(), config, megatron or MegatronConfig(), hf_weights=start)
     raise ValueError(f"trainer backend {backend!r} has no engine here; choose 'native', 'megatron' or 'emulated'")
 
 
-def init_default_group(group: Any) -> None:
-    """megatron's parallel_state builds its groups from torch.distributed's default
-    (world) group, which dynarl's runtime never creates (its groups are built
-    directly, see transport/process_group.py). Make the trainer's group the world:
-    same members and ranks, keys under their own prefix in that group's store."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    store: dist.Store
-    if group is None:
-        store, rank, size = dist.HashStore(), 0, 1
-    else:
-        _, group_store = dist.distributed_c10d._world.pg_map[group]
-        store, rank, size = dist.PrefixStore("megatron-world/", group_store), group.rank(), group.size()
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=rank,
-                            world_size=size)
-
-
 def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> Qwen2ForCausalLM:
     """The trainer's current weights as a native (HF-layout) model, for save_pretrained.
-    Collective over the trainer's TP group for megatron."""
+    Collective: over the native trainer's DP group (FSDP gathers each weight), over
+    megatron's TP group."""
     from dynarl.components.model.io import load_weights
-    from dynarl.components.trainer.native.trainer import NativeTrainer
-
     engine = trainer.engine  # a ThreadedTrainer's blocking engine (this runs in a thread)
-    if isinstance(engine, NativeTrainer) and isinstance(engine.model, Qwen2ForCausalLM):
-        return engine.model
-
     native = build_model(model)
     load_weights(native, [pair for bucket in engine.named_weights(bucket_bytes) for pair in bucket], strict=True)
     return native

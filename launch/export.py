@@ -1,9 +1,9 @@
 """`dynarl export RUN_DIR OUT_DIR [--step N]`: a run's trained policy as an HF folder.
 
-A native trainer's checkpoint (components/workflows/checkpoints.py) holds its ZeRO-1
-shards: flat fp32 master weights, Adam moments and gradients split over the
-data-parallel ranks (components/trainer/native/checkpoint.py); the export reassembles
-the master weights from every shard. A megatron trainer's holds each rank's TP slice
+A native trainer's checkpoint (components/workflows/checkpoints.py) holds its FSDP2
+shards, written with torch.distributed.checkpoint: the fp32 weights and Adam moments
+split by rows over the data-parallel ranks (components/trainer/native/checkpoint.py);
+the export reads the whole weights back in one process. A megatron trainer's holds each rank's TP slice
 by megatron name (components/trainer/megatron/checkpoint.py); the export joins one
 replica's slices and converts the names. Either way the weights go into the run's
 model (its config.yaml's `model`), and the export writes config.json, model.safetensors and generation_config.json,
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -61,11 +60,14 @@ def policy_weights(path: str, model: object) -> list[tuple[str, object]]:
 
 
 def master_weights(path: str) -> list[tuple[str, object]]:
-    """(parameter name, fp32 tensor) for every parameter, from every rank's shard."""
+    """(parameter name, fp32 tensor) for every parameter, joined from every rank's
+    shards (DCP, in this one process)."""
+    import torch
+
     from dynarl.components.trainer.native import checkpoint
-    layout, _ = checkpoint.load_meta(path)
-    flat = checkpoint.read_flat_range(path, layout, "master", 0, layout.total_numel)
-    return [(p.name, flat[p.offset:p.offset + math.prod(p.shape)].view(p.shape)) for p in layout.params]
+    names = checkpoint.load_meta(path)["params"]
+    weights = checkpoint.read_weights(path, {name: torch.zeros(shape) for name, shape in names})
+    return [(name, weights[name]) for name, _ in names]
 
 
 def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:

@@ -53,10 +53,10 @@ class ReshardTrainer(TrainerWorker):
         await self.start(None)
         await self.reshard_retire()
 
-    async def reshard_recv(self, group, transfers, start, end):
+    async def reshard_recv_boxes(self, group, old, new):
         if self.fail == "transfer" and self.rank == 0:
             os._exit(4)  # dies midway: its peers' sends to it fail
-        return await super().reshard_recv(group, transfers, start, end)
+        return await super().reshard_recv_boxes(group, old, new)
 
     async def reshard_install(self, step):
         if self.fail == "confirm":

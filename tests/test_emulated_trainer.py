@@ -43,7 +43,7 @@ def shape_of(config, name="tiny"):
 def test_layout_matches_the_native_trainer(tied, world_size):
     from dynarl.components.model.config import TINY_CONFIGS
     from dynarl.components.model.qwen2 import Qwen2ForCausalLM
-    from dynarl.components.trainer.native import sharding
+    from dynarl.components.trainer.base import shard_ranges
     from dynarl.components.trainer.native.trainer import NativeTrainer
 
     config = dataclasses.replace(TINY_CONFIGS["tiny-0.5m"], tie_word_embeddings=tied)
@@ -51,7 +51,7 @@ def test_layout_matches_the_native_trainer(tied, world_size):
     ours = build_layout(shape_of(config), world_size, dtype="float32")
     assert [(p.name, p.shape, p.offset) for p in ours.params] == [(p.name, p.shape, p.offset) for p in native.params]
     assert ours.total_numel == native.total_numel == config.num_parameters
-    assert ours.shards["master"] == tuple(sharding.shard_ranges(ours.total_numel, world_size))
+    assert ours.shards["master"] == tuple(shard_ranges(ours.total_numel, world_size))
 
 
 @pytest.mark.parametrize("name, card_params, card_non_embedding, rel", [

@@ -2,12 +2,9 @@ NUM_GPUS = 0
 
 import msgpack
 import pytest
-import torch
 from hypothesis import given, strategies as st
 
-from dynarl.components.trainer.base import STATE_NAMES, ParamSpec, StateLayout
-from dynarl.components.trainer.native.sharding import (
-    flatten, overlaps, param_pieces, shard_ranges, unflatten_into)
+from dynarl.components.trainer.base import STATE_NAMES, ParamSpec, StateLayout, shard_ranges
 
 
 @pytest.mark.parametrize("total, world, expected", [
@@ -38,41 +35,6 @@ def test_shard_ranges_cover_once_and_balanced(total, world):
     sizes = [e - s for s, e in ranges]
     assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)
-
-
-@pytest.mark.parametrize("start, end, expected", [
-    pytest.param(0, 10, [(0, 0, 4), (1, 4, 7), (2, 7, 10)], id="everything"),
-    pytest.param(3, 5, [(0, 3, 4), (1, 4, 5)], id="straddles_boundary"),
-    pytest.param(4, 7, [(1, 4, 7)], id="exactly_one_rank"),
-    pytest.param(5, 5, [], id="empty"),
-])
-def test_overlaps_table(start, end, expected):
-    assert overlaps(shard_ranges(10, 3), start, end) == expected
-
-
-@given(total=st.integers(0, 5000), old_world=st.integers(1, 17), new_world=st.integers(1, 17), data=st.data())
-def test_overlaps_reassemble_any_new_range(total, old_world, new_world, data):
-    rank = data.draw(st.integers(0, new_world - 1))
-    start, end = shard_ranges(total, new_world)[rank]
-    pieces = overlaps(shard_ranges(total, old_world), start, end)
-    covered = [i for _, lo, hi in pieces for i in range(lo, hi)]
-    assert covered == list(range(start, end))
-
-
-def test_param_pieces_local_coordinates():
-    # params of 6, 4 and 5 elements at offsets 0, 6, 10
-    assert param_pieces([0, 6, 10], [6, 4, 5], 4, 12) == [(0, 4, 6), (1, 0, 4), (2, 0, 2)]
-    assert param_pieces([0, 6, 10], [6, 4, 5], 6, 10) == [(1, 0, 4)]
-
-
-def test_flatten_unflatten_roundtrip_with_dtypes_and_missing():
-    a, b = torch.randn(2, 3), torch.randn(4).to(torch.bfloat16)
-    flat = flatten([a, None, b], [6, 2, 4])
-    assert flat.dtype == torch.float32 and flat.numel() == 12
-    assert torch.equal(flat[6:8], torch.zeros(2))
-    a2, b2 = torch.zeros_like(a), torch.zeros_like(b)
-    unflatten_into(flat[[*range(6), *range(8, 12)]], [a2, b2], [0, 6])
-    assert torch.equal(a2, a) and torch.equal(b2, b)
 
 
 def _layout(world: int) -> StateLayout:

@@ -344,6 +344,9 @@ class TrainerEngine(Protocol):
         """Collective. One optimizer step on this rank's part of the global batch (with
         `config` instead of the engine's own, e.g. the warm start's). Returns the step's
         global metrics."""
+    async def begin_stream(self) -> None:
+        """Collective. Streaming: ready the engine for a step's parts (the native
+        trainer gathers its weights once, so `accumulate` needs no collective)."""
     async def accumulate(self, batch: TrainBatch) -> None:
         """Streaming: forward/backward of one part of this step's batch (its advantages
         precomputed), added to the gradients. Not collective: ranks take parts as they come."""
@@ -354,11 +357,11 @@ class TrainerEngine(Protocol):
         """A critic's values per response token of this rank's part (None: an emulated
         critic's, lengths only). Not collective."""
     def layout(self) -> StateLayout | ShardedLayout:
-        """Where the state lives: ZeRO-1 ranges (native, emulated) or megatron's boxes."""
+        """Where the state lives: flat ranges (emulated) or boxes (native FSDP2, megatron)."""
     def export_state_shard(self) -> dict[str, Any]:
-        """This rank's owned ranges of STATE_NAMES, plus 'step'."""
+        """This rank's part of the state (the layout's ranges or boxes), plus 'step'."""
     async def import_state_shard(self, shard: Mapping[str, Any]) -> None:
-        """Collective. Install an exported shard for this rank's range, rebuild full weights."""
+        """Collective. Install an exported shard laid out for this rank."""
     def weight_stream(self, bucket_bytes: int) -> Iterator[tuple[str, Any]]:
         """Full weights for the rollout engines, (HF name, tensor) in the native model's
         order, made as they are taken (blocking: consume it in a thread; collective over

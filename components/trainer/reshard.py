@@ -1,30 +1,30 @@
 """The worker side of P2P trainer resharding (core/migration/p2p.py drives it).
 
-A trainer worker keeps a `Resharding` and hands it its trainer engine (a
-ThreadedTrainer over a NativeTrainer) on every call; through it the worker can hand
-its ZeRO-1 state to a new set of ranks:
-- old ranks `reshard_send` the slices the plan assigns them, straight from their
-  live state, to new ranks over a transfer process group;
-- new ranks `reshard_recv` into buffers laid out for their own range, checking
+A trainer worker keeps a `Resharding` and hands it its trainer engine on every call;
+through it the worker hands its state to a new set of ranks, create-before-destroy.
+A trainer holds boxes of global tensors (megatron/layout.py ShardedLayout): the
+native FSDP2 trainer each parameter's dim-0 rows (native/layout.py), megatron its TP
+slices. Each rank plans its own part of the copies from both layouts
+(layout.plan_copies, pure and the same on every rank):
+- old ranks `reshard_send_boxes` what the plan reads from them, straight from their
+  live state, to new ranks over a transfer process group, for the weights and every
+  optimizer moment;
+- new ranks `reshard_recv_boxes` into buffers laid out for their own boxes, checking
   that every element arrives exactly once;
-- new ranks `reshard_install` the received shard (a collective over their new
-  DP group that also rebuilds the full weights), then confirm.
+- new ranks `reshard_install` what they received, then confirm with a digest.
 All transfers are posted at once, in an order every rank agrees on
 (transport/device_group.post_all: by peer pair; local hand-offs between ranks on
-one device), so no ordering can deadlock.
+one device), so no ordering can deadlock. Under megatron's distributed optimizer the
+state kinds have their own boxes (each rank a flat range of each parameter:
+ShardedLayout.state, sharded_state.box_view); the optimizer's counters ("adam_step")
+travel in the old layout's `scalars`.
 With a standby pool, old ranks `reshard_retire` after the switch: they drop their
 state and wait, parked, to be adopted by a later migration (`start` rebuilds).
 The worker's methods (core/roles.py ReshardableRank) are thin calls into this object,
 which owns what a new rank received until it installs it.
 
-A model-parallel trainer (megatron) holds boxes of global tensors, not one flat
-range (megatron/layout.py ShardedLayout): its layout is "boxes", and each rank
-plans its own part of the copies from both layouts (layout.plan_copies, pure and
-the same on every rank), `reshard_send_boxes` / `reshard_recv_boxes`, for the
-weights and every optimizer moment, across changes of DP and TP. Under megatron's
-distributed optimizer the state kinds have their own boxes (each rank a flat range
-of each parameter: ShardedLayout.state, sharded_state.box_view); the optimizer's
-counters ("adam_step") travel in the old layout's `scalars`.
+The emulated trainer's state is sizes in flat ranges (base.py StateLayout): the
+controller plans its transfers (`reshard_send` / `reshard_recv`) and no byte moves.
 """
 from __future__ import annotations
 
@@ -129,53 +129,23 @@ class Resharding:
         return received
 
     async def send(self, engine: TrainerEngine, group: str, transfers: list[Transfer]) -> int:
-        """Sends this old rank's slices. Returns the elements sent."""
-        state = engine.export_state_shard()
-        if _sizes_only(state):  # an emulated trainer: nothing to send (the mover charges the bytes' time)
-            return sum(t[4] for t in transfers)
-        pg = self.process_group(group)
-        start = engine.layout().shards["master"][engine.rank][0]
-
-        def run() -> int:
-            ops, sent = [], 0
-            for key, _, dst, offset, length, tag in transfers:
-                # (an offloaded native trainer's state is in host memory: onto the device for the wire)
-                piece = state[key][offset - start: offset - start + length].contiguous().to(self.device)
-                ops.append(dist.P2POp(dist.isend, piece, group=pg, tag=tag, group_peer=dst))
-                sent += length
-            for w in post_all(ops):
-                w.wait()
-            return sent
-        return await asyncio.to_thread(run)
+        """A flat-range (emulated) old rank's part: its state is sizes, so nothing goes on
+        the wire (the mover charges the bytes' time). Returns the elements it would send."""
+        return sum(t[4] for t in transfers)
 
     async def recv(self, engine: TrainerEngine, group: str, transfers: list[Transfer], start: int, end: int) -> int:
-        """Receives this new rank's range [start, end) of every state. Returns elements received."""
+        """A flat-range (emulated) new rank's range [start, end) of every state: the plan
+        must cover it exactly once; its sizes arrive. Returns the elements received."""
         size = end - start
-        for key in STATE_NAMES:  # every element arrives exactly once: checked on the plan, before any byte moves
+        for key in STATE_NAMES:  # every element arrives exactly once: checked on the plan
             pieces = [Shard(key, src, (offset - start,), (length,))
                       for k, src, _, offset, length, _ in transfers if k == key]
             try:
                 check_tiling(pieces, (size,), f"reshard of {key!r} into [{start}, {end})")
             except LayoutError as exc:
                 raise RuntimeError(f"reshard plan covers {key!r} of range [{start}, {end}) unevenly: {exc}") from None
-        own = engine.export_state_shard()
-        if _sizes_only(own):  # an emulated trainer: its range's sizes arrive
-            self.received = {key: {"start": start, "end": end, "numel": size, "nbytes": size * 4}
-                             for key in STATE_NAMES}
-            return sum(t[4] for t in transfers)
-        pg = self.process_group(group)
-        device = own["master"].device
-        buffers = {key: torch.empty(size, dtype=torch.float32, device=device) for key in STATE_NAMES}
-
-        def run() -> int:
-            ops = [dist.P2POp(dist.irecv, buffers[key][offset - start: offset - start + length], group=pg, tag=tag,
-                              group_peer=src) for key, src, _, offset, length, tag in transfers]
-            for w in post_all(ops):
-                w.wait()
-            return sum(t[4] for t in transfers)
-        received = await asyncio.to_thread(run)
-        self.received = buffers
-        return received
+        self.received = {key: {"start": start, "end": end, "numel": size, "nbytes": size * 4} for key in STATE_NAMES}
+        return sum(t[4] for t in transfers)
 
     async def install(self, engine: TrainerEngine, step: int) -> None:
         """Collective over the new DP group: installs the received shard."""
@@ -207,16 +177,14 @@ class Resharding:
 
     @staticmethod
     def full_state(engine: Any) -> dict:
-        """Rank's state ranges and weights as tensors (tests compare them bitwise); boxes:
-        its whole state shard by key."""
+        """Boxes: the rank's whole state shard by key, as tensors (tests compare them
+        bitwise); flat ranges (emulated): its range and their sizes."""
         state = engine.export_state_shard()
         if isinstance(engine.layout(), ShardedLayout):
             return {"step": engine.global_step,
                     "state": {k: v.clone() for k, v in state.items() if k != "step"}}
         start, end = engine.layout().shards["master"][engine.rank]
-        return {"range": [start, end], "step": engine.global_step,
-                **{k: state[k].clone() for k in STATE_NAMES},
-                "params": {n: p.detach().clone() for n, p in engine.engine.model.named_parameters()}}
+        return {"range": [start, end], "step": engine.global_step, **{k: state[k] for k in STATE_NAMES}}
 
 
 def _box_plan(old: dict, new: dict) -> list[tuple[int, str, BoxCopy]]:
@@ -240,14 +208,6 @@ def _kinds(state: dict[str, Any]) -> list[str]:
     return sorted({k.split("/", 1)[0] for k in state if "/" in k})
 
 
-def _sizes_only(state: dict) -> bool:
-    """An emulated trainer's state shard: sizes (dicts), not tensors."""
-    return isinstance(state.get("master"), dict)
-
-
 def _sum(shard: Any) -> float:
-    """A state range's float64 sum; an emulated trainer's range is its sizes: its
-    element count stands in (what a move of it must preserve)."""
-    if isinstance(shard, dict):
-        return float(shard["numel"])
-    return float(shard.double().sum())
+    """An emulated rank's range stands in by its element count (what a move must preserve)."""
+    return float(shard["numel"])

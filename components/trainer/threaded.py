@@ -28,6 +28,7 @@ class BlockingTrainer(Protocol):
     frees_offloaded_state: bool
 
     def train_step(self, batch: TrainBatch) -> TrainMetrics: ...
+    def begin_stream(self) -> None: ...
     def accumulate(self, batch: TrainBatch) -> None: ...
     def apply(self) -> TrainMetrics: ...
     def layout(self) -> StateLayout | ShardedLayout: ...
@@ -73,6 +74,9 @@ class ThreadedTrainer:
 
     async def train_step(self, batch: TrainBatch, config: TrainerConfig | None = None) -> TrainMetrics:
         return await asyncio.to_thread(self._with_config, config, self.engine.train_step, batch)
+
+    async def begin_stream(self) -> None:
+        await asyncio.to_thread(self.engine.begin_stream)
 
     async def accumulate(self, batch: TrainBatch) -> None:
         await asyncio.to_thread(self.engine.accumulate, batch)

@@ -1,6 +1,6 @@
 """TrainerWorker: one data-parallel rank of the trainer component.
 
-Wraps the configured trainer engine (engine_factory: NativeTrainer, ZeRO-1 over
+Wraps the configured trainer engine (engine_factory: NativeTrainer, FSDP2 over
 the runtime process group `dp_group` when there are several ranks, MegatronTrainer,
 whose world is that same group, or the emulated one), through the async
 TrainerEngine contract (trainer/base.py). Besides the GRPO step it runs the
@@ -132,6 +132,7 @@ class TrainerWorker(Residency, dynarl.Worker):
         self.step_samples = self.step_tokens = 0
         self.training = True
         try:
+            await self.trainer.begin_stream()
             while (chunk := await inbox.get()) is not END:
                 batch = experience.stream_batch(chunk, with_ref, lengths_only=not self.trainer.needs_token_ids,
                                                 behaviour=behaviour)

@@ -196,9 +196,10 @@ class Job:
 
     @property
     def export_ranks(self) -> list[int] | None:
-        """Trainer ranks that take part in exporting the weights: rank 0 alone, or every
-        rank when the export is a collective over tensor-parallel slices."""
-        return [0] if self.tensor_parallel == 1 else None
+        """Trainer ranks that take part in exporting the weights: every rank when the
+        export is a collective (the native trainer's FSDP2 shards, megatron's
+        tensor-parallel slices), else rank 0 alone."""
+        return None if self.cfg.trainer.backend == "native" or self.tensor_parallel > 1 else [0]
 
     async def sync_weights(self, version: int, label: str) -> None:
         g = self.g

@@ -116,6 +116,9 @@ class EmulatedTrainer:
         self.global_step += 1
         return self._metrics(batch.num_loss_tokens(), dt)
 
+    async def begin_stream(self) -> None:
+        """Nothing to gather: the emulated step's time is its forward/backward and apply."""
+
     async def accumulate(self, batch: TrainBatch) -> None:
         """Streaming: one part's forward/backward time; the step comes with apply()."""
         self._accumulated += batch.num_loss_tokens()

@@ -4,8 +4,7 @@ restore_from_cpu, param_groups).
 
 Why it exists: megatron-core's own optimizers allocate on "cuda" in their
 constructors (docs/BACKENDS.md B3), so a megatron trainer on a CPU needs another one.
-This one applies the native trainer's update (native/adamw.py, the same elementwise
-arithmetic, decay on 2+-dim tensors only, clip by the global norm) to each rank's
+This one applies AdamW elementwise (`adamw_update`, torch.optim.AdamW's arithmetic, decay on 2+-dim tensors only, clip by the global norm) to each rank's
 TP slice, reading the gradient megatron's DDP reduced into `param.main_grad`. With
 use_distributed_optimizer off, DDP all-reduces that gradient, so every DP replica
 takes the same step and holds the same state. Its state is plain tensors keyed by
@@ -14,15 +13,40 @@ local parameter name: what export_state_shard and checkpoints save.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from dynarl.components.trainer.base import TrainerConfig
-from dynarl.components.trainer.native.adamw import adamw_update
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                 *, step: int, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                 decay_segments: Sequence[tuple[int, int]]) -> None:
+    """One AdamW step in place (Loshchilov & Hutter; torch.optim.AdamW's arithmetic):
+
+        theta <- theta * (1 - lr * wd)             on decay_segments only
+        m     <- b1 * m + (1 - b1) * g
+        v     <- b2 * v + (1 - b2) * g^2
+        theta <- theta - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+    `step` is t, counted from 1. `decay_segments` are [lo, hi) slices of the shard
+    that get weight decay.
+    """
+    beta1, beta2 = betas
+    if weight_decay:
+        keep = 1.0 - lr * weight_decay
+        for lo, hi in decay_segments:
+            param[lo:hi].mul_(keep)
+    exp_avg.mul_(beta1).add_(grad * (1.0 - beta1))
+    exp_avg_sq.mul_(beta2).add_(grad * grad * (1.0 - beta2))
+    bias_correction1 = 1.0 - beta1 ** step
+    bias_correction2 = 1.0 - beta2 ** step
+    denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
+    param.sub_(exp_avg / denom * (lr / bias_correction1))
 
 
 class LocalAdamW:

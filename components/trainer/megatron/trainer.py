@@ -43,6 +43,7 @@ from dynarl.components.trainer.megatron.model import build_gpt_model, causal_mas
 from dynarl.components.trainer.megatron.sharded_state import gather_layout, rank_pieces
 from dynarl.components.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
 from dynarl.components.trainer.megatron.weights import hf_buckets, load_hf_weights
+from dynarl.components.trainer.world import leave_default_group
 
 OptimizerFactory = Callable[[Any, TrainerConfig, MegatronConfig], Any]
 """(DDP model, configs) -> an object with megatron's optimizer interface: zero_grad(),
@@ -150,6 +151,9 @@ class MegatronTrainer:
         return TrainMetrics(loss=loss, pg_loss=pg_loss, kl=kl, entropy=entropy, clip_frac=clip_frac,
                             grad_norm=float(grad_norm if grad_norm is not None else float("nan")),
                             tokens=num_tokens, step=self.global_step, update_skipped=not success)
+
+    def begin_stream(self) -> None:
+        raise NotImplementedError("the megatron trainer steps on whole batches: set trainer.streaming false")
 
     def accumulate(self, batch: TrainBatch) -> None:
         """Streaming is the native trainer's (the config refuses trainer.streaming here)."""
@@ -268,17 +272,7 @@ class MegatronTrainer:
         from megatron.core import parallel_state
 
         parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            # destroying the default group forgets every group torch knows of; dynarl's own
-            # (transport/process_group.py: registered without a name) stay for their members
-            world = dist.distributed_c10d._world
-            own = {pg: (world.pg_map[pg], world.pg_group_ranks.get(pg)) for pg in list(world.pg_map)
-                   if pg not in world.pg_names}
-            dist.destroy_process_group()
-            for pg, (entry, ranks) in own.items():
-                world.pg_map[pg] = entry
-                if ranks is not None:
-                    world.pg_group_ranks[pg] = ranks
+        leave_default_group()
 
     def _checkpoint_layout(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "tensor_parallel_size": self.megatron.tensor_parallel_size,

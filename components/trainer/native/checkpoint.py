@@ -1,9 +1,13 @@
-"""Trainer checkpoints on disk: one safetensors file per data-parallel rank plus
-`meta.json` (format version, StateLayout, config, step). No pickle: tensors are
-safetensors, everything else is JSON.
+"""Trainer checkpoints on disk. The native trainer's state is written with
+torch.distributed.checkpoint (DCP): every rank writes its shards of the weights and of
+AdamW's moments, and DCP's metadata lets any number of ranks read them back (a
+checkpoint written at DP 2 loads at DP 1 or 3, each rank reading the rows it holds).
+Beside them: `meta.json` (format version, config, step, the world size it was
+written at) and each rank's RNG stream as safetensors. No pickle: DCP writes tensors
+and its own metadata, everything else is JSON or safetensors.
 
-A reader with another world size assembles its own flat range from whichever
-old shard files overlap it (`read_flat_range`), reading only those slices.
+The generic pieces (`save_shard`, the versioned JSON metadata) serve megatron's
+checkpoints too (megatron/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -12,15 +16,15 @@ import os
 from typing import Any, Mapping
 
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dynarl.core.files import atomic_open
 
-from dynarl.components.trainer.base import StateLayout
-from dynarl.components.trainer.native.sharding import overlaps
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""1: the ZeRO-1 flat shards of releases before FSDP2 (not readable: the message says so)."""
 META_FILE = "meta.json"
 
 
@@ -49,22 +53,60 @@ def _alone(t: torch.Tensor, seen: set[int]) -> torch.Tensor:
     return t
 
 
-def save_meta(path: str, layout: StateLayout, config: Mapping[str, Any], step: int) -> None:
+def rng_file(path: str, rank: int) -> str:
+    return os.path.join(path, f"rng-{rank:05d}.safetensors")
+
+
+def save(path: str, state: dict[str, Any], group: Any, rank: int, rng: torch.Tensor,
+         meta: Mapping[str, Any]) -> None:
+    """Collective over `group`. DCP writes every rank's shards of `state` (state dicts
+    of DTensors), each rank its RNG stream, rank 0 the metadata."""
     os.makedirs(path, exist_ok=True)
-    write_versioned_meta(path, META_FILE, FORMAT_VERSION,
-                         {"layout": layout.to_wire(), "config": dict(config), "step": step})
+    dcp.save(state, checkpoint_id=path, process_group=group)
+    tmp = rng_file(path, rank) + ".tmp"
+    save_file({"rng_state": rng.contiguous()}, tmp)
+    os.replace(tmp, rng_file(path, rank))
+    if rank == 0:
+        write_versioned_meta(path, META_FILE, FORMAT_VERSION, meta)
+
+
+def load(path: str, state: dict[str, Any], group: Any) -> None:
+    """Collective over `group`. Fills `state` (state dicts laid out for this world) in
+    place from a checkpoint written at any world size."""
+    dcp.load(state, checkpoint_id=path, process_group=group)
+
+
+def load_meta(path: str) -> dict[str, Any]:
+    """The checkpoint's metadata; one written by the ZeRO-1 trainer is refused by name."""
+    meta = read_versioned_meta(path, META_FILE, FORMAT_VERSION, readable=(1,))
+    if meta["format_version"] == 1:
+        raise ValueError(f"checkpoint {path} holds ZeRO-1 flat shards (format 1) of an older dynarl; this "
+                         "trainer (FSDP2) reads format 2: export it with that release, or start from its HF export")
+    return meta
+
+
+def read_rng(path: str, rank: int) -> torch.Tensor | None:
+    """Rank `rank`'s RNG stream, or None when the checkpoint was written by fewer ranks."""
+    file = rng_file(path, rank)
+    if not os.path.exists(file):
+        return None
+    with safe_open(file, framework="pt") as f:
+        return f.get_tensor("rng_state")
+
+
+def read_weights(path: str, template: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The whole weights of a checkpoint, in one process without any group: `template`
+    (a plain model's state dict) gives the names and shapes, filled in place."""
+    load_meta(path)
+    model = dict(template)
+    dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+    return model
 
 
 def write_versioned_meta(path: str, name: str, version: int, meta: Mapping[str, Any]) -> None:
     """A checkpoint's JSON metadata with its format version, written atomically."""
     with atomic_open(os.path.join(path, name)) as f:
         json.dump({"format_version": version, **meta}, f, indent=1)
-
-
-def load_meta(path: str) -> tuple[StateLayout, dict[str, Any]]:
-    """(layout the checkpoint was written with, the whole metadata dict)."""
-    meta = read_versioned_meta(path, META_FILE, FORMAT_VERSION)
-    return StateLayout.from_wire(meta["layout"]), meta
 
 
 def read_versioned_meta(path: str, name: str, version: int, kind: str = "",
@@ -79,25 +121,3 @@ def read_versioned_meta(path: str, name: str, version: int, kind: str = "",
     if meta.get("format_version") != version and meta.get("format_version") not in readable:
         raise ValueError(f"checkpoint {path}: format_version {meta.get('format_version')}, expected {version}")
     return meta
-
-
-def read_flat_range(path: str, layout: StateLayout, state: str, start: int, end: int) -> torch.Tensor:
-    """Elements [start, end) of `state`'s flat space, gathered from the shard files
-    of a checkpoint written with `layout` (any world size)."""
-    pieces = []
-    for rank, lo, hi in overlaps(layout.shards[state], start, end):
-        owner_start = layout.shards[state][rank][0]
-        with safe_open(shard_file(path, rank, layout.world_size), framework="pt") as f:
-            pieces.append(f.get_slice(state)[lo - owner_start:hi - owner_start])
-    if not pieces:
-        return torch.zeros(0, dtype=torch.float32)
-    return torch.cat(pieces)
-
-
-def read_tensor(path: str, rank: int, world_size: int, name: str) -> torch.Tensor | None:
-    """A whole named tensor from one rank's file, or None when it is not there."""
-    file = shard_file(path, rank, world_size)
-    if not os.path.exists(file):
-        return None
-    with safe_open(file, framework="pt") as f:
-        return f.get_tensor(name) if name in f.keys() else None

@@ -1,5 +1,5 @@
 """The native critic: PPO's value model, trained as the native trainer trains the
-policy (data parallel, ZeRO-1, AdamW; trainer.py), on a different head and loss.
+policy (data parallel on FSDP2, AdamW; trainer.py), on a different head and loss.
 
 The model is the policy's decoder with its LM head replaced by a scalar head
 (`value_head`): position t's hidden state gives V_t, the value of the state in
@@ -11,11 +11,12 @@ batch's `returns`, clipped around its `old_values`.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.native.losses import token_mean, value_loss
-from dynarl.components.trainer.native.micro_batch import MicroBatch, build_micro_batch
+from dynarl.components.trainer.native.micro_batch import MicroBatch
 from dynarl.components.trainer.native.trainer import NativeTrainer
 
 
@@ -66,25 +67,29 @@ class NativeCritic(NativeTrainer):
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> list[list[float]]:
-        """V per response token of every sample (0 where the response mask is 0). Not collective."""
+        """V per response token of every sample (0 where the response mask is 0).
+        Collective (FSDP gathers the weights): every rank runs as many forwards."""
         if not self._onloaded:
             raise RuntimeError("critic is offloaded; call onload() before values()")
         self.model.eval()
+        micro = list(self._micro_batches(batch, [0.0] * len(batch)))
+        passes = int(self._all_reduce(torch.tensor([len(micro)], device=self.device), dist.ReduceOp.MAX).item())
+        flat: list[float] = []
+        for index in range(passes):
+            if index < len(micro) and micro[index].num_tokens:
+                flat += self._values(micro[index]).tolist()
+            else:  # (its part of the gathers)
+                self.model(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         out: list[list[float]] = []
-        size = self.config.micro_batch_size
-        for start in range(0, len(batch), size):
-            rows = range(start, min(start + size, len(batch)))
-            mb = build_micro_batch(batch, [0.0] * len(batch), rows, self.device)
-            flat = self._values(mb).tolist() if mb.num_tokens else []
-            cursor = 0
-            for i in rows:
-                mask = batch.response_mask[i] if batch.response_mask is not None else None
-                row = []
-                for k in range(len(batch.input_ids[i]) - batch.prompt_lens[i]):
-                    if mask is not None and not mask[k]:
-                        row.append(0.0)
-                        continue
-                    row.append(flat[cursor])
-                    cursor += 1
-                out.append(row)
+        cursor = 0
+        for i in range(len(batch)):
+            mask = batch.response_mask[i] if batch.response_mask is not None else None
+            row = []
+            for k in range(len(batch.input_ids[i]) - batch.prompt_lens[i]):
+                if mask is not None and not mask[k]:
+                    row.append(0.0)
+                    continue
+                row.append(flat[cursor])
+                cursor += 1
+            out.append(row)
         return out
