@@ -152,9 +152,12 @@ def test_dp2_checkpoint_loads_into_dp1_exactly(dp_run):
 def test_bench_runs_and_reports_measured_numbers():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = bench.main(["--json", "--steps", "1", "--batch", "8", "--prompt-len", "4", "--response-len", "8"])
+        code = bench.main(["--json", "--steps", "1", "--batch", "8", "--prompt-len", "4", "--response-len", "8",
+                           "--pack-samples", "8", "--pack-max-response", "24", "--pack-max-tokens", "48",
+                           "--pack-rounds", "1"])
     assert code == 0
     result = json.loads(out.getvalue())
-    for key in ("tokens_per_s_dp1", "tokens_per_s_dp2", "state_export_import_s"):
+    for key in ("tokens_per_s_dp1", "tokens_per_s_dp2", "state_export_import_s", "tokens_per_s_padded",
+                "tokens_per_s_packed", "packed_speedup"):
         assert result[key] > 0, key
     assert result["state_shard_bytes_per_rank"] >= 4 * 4 * result["params"] // 2  # 4 fp32 states per element
