@@ -3,7 +3,9 @@ and its relatives by config (config.py): Qwen3 (no q/k/v bias, q/k RMSNorm per h
 and Llama (no bias, Llama 3's RoPE scaling). Same names, so one class loads all three.
 
 Two ways to run it:
-- `forward(input_ids, attention_mask)`: the whole sequence at once (training, log-probs).
+- `forward(input_ids, attention_mask)`: the whole sequence at once (training, log-probs);
+  or, with `cu_seqlens`, several samples packed into one row, each attending to itself
+  only (packed_attention.py; the trainer's packed micro-batches).
 - `forward_paged(input_ids, cache, ctx)`: only the new tokens of each sequence, reading
   and writing a block KV cache (the rollout engine's prefill and batched decode).
 Both share every layer; they differ only in how attention finds its keys.
