@@ -3,7 +3,9 @@ and its relatives by config (config.py): Qwen3 (no q/k/v bias, q/k RMSNorm per h
 and Llama (no bias, Llama 3's RoPE scaling). Same names, so one class loads all three.
 
 Two ways to run it:
-- `forward(input_ids, attention_mask)`: the whole sequence at once (training, log-probs).
+- `forward(input_ids, attention_mask)`: the whole sequence at once (training, log-probs);
+  or, with `cu_seqlens`, several samples packed into one row, each attending to itself
+  only (packed_attention.py; the trainer's packed micro-batches).
 - `forward_paged(input_ids, cache, ctx)`: only the new tokens of each sequence, reading
   and writing a block KV cache (the rollout engine's prefill and batched decode).
 Both share every layer; they differ only in how attention finds its keys.
@@ -18,6 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dynarl.components.model.config import ModelConfig
+from dynarl.components.model.packed_attention import (block_causal_mask, packed_attention, packed_positions,
+                                                      uses_varlen)
 from dynarl.components.model.paged_attention import KVCache, PagedContext, paged_attention
 
 # attend(layer_index, q [..., H, D], k [..., Hkv, D], v [..., Hkv, D]) -> [..., H, D]
@@ -161,10 +165,18 @@ class Qwen2ForCausalLM(nn.Module):
                     module.weight.fill_(1.0)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """input_ids [B, T] -> logits [B, T, V]. attention_mask [B, T] (1 = token, 0 = pad)
         works with left or right padding; positions then count real tokens only. Logits at
-        pad positions are meaningless."""
+        pad positions are meaningless.
+
+        Packed samples: input_ids [1, T] holding N samples back to back, cu_seqlens [N + 1]
+        their boundaries (0, len_0, len_0 + len_1, ..., T; packed_attention.py). Each
+        sample attends only to itself and its positions restart at 0 (position_ids, if
+        given, win); no attention_mask."""
+        if cu_seqlens is not None:
+            return self._forward_packed(input_ids, cu_seqlens, position_ids)
         batch, length = input_ids.shape
         device = input_ids.device
         if attention_mask is None:
@@ -187,6 +199,24 @@ class Qwen2ForCausalLM(nn.Module):
             return out.transpose(1, 2)
 
         return self.lm_head(self.model(input_ids, positions, attend, self.config))
+
+    def _forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                        position_ids: torch.Tensor | None) -> torch.Tensor:
+        batch, length = input_ids.shape
+        bounds = cu_seqlens.tolist()
+        if batch != 1 or bounds[0] != 0 or bounds[-1] != length:
+            raise ValueError(f"packed input needs input_ids [1, T] and cu_seqlens from 0 to T; got "
+                             f"input_ids {list(input_ids.shape)}, cu_seqlens from {bounds[0]} to {bounds[-1]}")
+        max_seqlen = max(b - a for a, b in zip(bounds, bounds[1:]))
+        positions = packed_positions(cu_seqlens, length) if position_ids is None else position_ids.reshape(-1)
+        masks: list[torch.Tensor] = []  # the T x T mask, built once for all layers if needed
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if not masks and not uses_varlen(q):
+                masks.append(block_causal_mask(cu_seqlens, length))
+            return packed_attention(q, k, v, cu_seqlens, max_seqlen, masks[0] if masks else None)
+
+        return self.lm_head(self.model(input_ids, positions.expand(1, length), attend, self.config))
 
     def forward_paged(self, input_ids: torch.Tensor, cache: KVCache, ctx: PagedContext) -> torch.Tensor:
         """input_ids [N] packed new tokens -> logits [B, V] at each sequence's last new token."""

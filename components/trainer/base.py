@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Se
 from dynarl.core.config_tree import wire_config
 
 from dynarl.components.trainer.metrics import TrainMetrics
+from dynarl.components.trainer.native.packing import balance_parts
 
 if TYPE_CHECKING:
     from dynarl.components.trainer.megatron.layout import ShardedLayout
@@ -112,16 +113,19 @@ class TrainBatch:
             picked[f.name] = None if value is None else [value[i] for i in indices]
         return TrainBatch(**picked)
 
-    def shard(self, rank: int, world_size: int) -> "TrainBatch":
+    def shard(self, rank: int, world_size: int, *, by_tokens: bool = False) -> "TrainBatch":
         """This data-parallel rank's part: contiguous whole groups (so GRPO advantages
         computed on a rank equal those of the full batch), balanced by group count;
-        without group ids, contiguous samples balanced by count."""
-        return self.select(self.shard_indices(rank, world_size))
+        without group ids, contiguous samples balanced by count. `by_tokens`: balanced
+        by the samples' token count instead (packing.balance_parts)."""
+        return self.select(self.shard_indices(rank, world_size, by_tokens=by_tokens))
 
-    def shard_indices(self, rank: int, world_size: int) -> list[int]:
-        """The samples of `shard(rank, world_size)`, in batch order."""
+    def shard_indices(self, rank: int, world_size: int, *, by_tokens: bool = False) -> list[int]:
+        """The samples of `shard(rank, world_size, by_tokens=...)`, in batch order."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if by_tokens:
+            return balance_parts([len(ids) for ids in self.input_ids], self.group_ids, world_size)[rank]
         keys = self.group_ids if self.group_ids is not None else list(range(len(self)))
         order = list(dict.fromkeys(keys))  # groups by first appearance
         start, end = shard_ranges(len(order), world_size)[rank]
@@ -266,6 +270,12 @@ class TrainerConfig:
     """Max global L2 norm of the gradient; 0 disables clipping."""
     micro_batch_size: int = 8
     """Samples per forward/backward; gradients accumulate over a step's micro-batches."""
+    max_tokens_per_micro_batch: int = 0
+    """> 0: micro-batches of packed samples, at most this many tokens each (one row, no
+    padding, attention kept within each sample; a longer sample alone), instead of
+    micro_batch_size padded samples (native engine: micro_batch.micro_batches); set on
+    trainer.engine, the GRPO workflow also balances its DP ranks' parts by tokens, not
+    by group count. 0 = off."""
     clip_eps_low: float = 0.2
     """PPO ratio clip below: ratio >= 1 - clip_eps_low."""
     clip_eps_high: float = 0.2
@@ -306,6 +316,9 @@ class TrainerConfig:
             raise ValueError(f"clip_eps_low must be in [0, 1), got {self.clip_eps_low}")
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.max_tokens_per_micro_batch < 0:
+            raise ValueError(f"max_tokens_per_micro_batch must be >= 0 (0 = no packing), "
+                             f"got {self.max_tokens_per_micro_batch}")
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)

@@ -126,7 +126,9 @@ class GRPO(Job):
     async def train(self, batch: TrainBatch, label: str, method: Any = TrainerWorker.train) -> TrainMetrics:
         async with self.busy("trainer"):  # a train step is not interruptible
             trainer = self.g.trainer
-            shards = [[batch.shard(*part).to_wire()] for part in data_parts(trainer.world_size, self.tensor_parallel)]
+            by_tokens = self.cfg.trainer.engine.max_tokens_per_micro_batch > 0  # packed: balance tokens
+            shards = [[batch.shard(*part, by_tokens=by_tokens).to_wire()]
+                      for part in data_parts(trainer.world_size, self.tensor_parallel)]
             results = await held(self.ctl, trainer, self.clock, label, method.__name__,
                                  lambda: trainer.scatter(method, shards), component="trainer")
         return results[0]  # global metrics: the same on every rank

@@ -1,7 +1,10 @@
 """Trainer benchmark: GRPO step throughput at DP=1 and DP=2 (gloo, same global
 batch), and the time to export then import the full sharded state.
 
-    dynarl bench trainer [--json] [--model tiny-0.5m] [--steps 6] [--batch 32]
+    dynarl bench trainer [--json] [--model tiny-0.5m] [--steps 6] [--batch 32] [--packing-only]
+
+Then padded vs packed micro-batches on a long-tailed batch (trainer_packing.py):
+tokens/s of each and `packed_speedup`, in one process on one thread.
 
 Every rank runs one torch thread, so DP=1 and DP=2 are compared on equal
 per-rank compute; on a 2-core machine DP=2 uses both cores. The DP=2 ranks are
@@ -32,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="global batch, samples (groups of 4)")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--response-len", type=int, default=48)
+    parser.add_argument("--packing-only", action="store_true", help="only padded vs packed micro-batches")
+    parser.add_argument("--pack-samples", type=int, default=64, help="long-tailed batch, samples")
+    parser.add_argument("--pack-max-response", type=int, default=512, help="its longest response")
+    parser.add_argument("--pack-max-tokens", type=int, default=1024, help="max_tokens_per_micro_batch")
+    parser.add_argument("--pack-rounds", type=int, default=3, help="timed rounds of each (best kept)")
     parser.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -127,9 +135,18 @@ def _run_dp2(args: argparse.Namespace, workdir: str) -> list[dict]:
     return results
 
 
+def _packing(args: argparse.Namespace) -> dict:
+    from dynarl.launch.bench.trainer_packing import measure_packing
+    return measure_packing(args.model, args.pack_samples, args.prompt_len, args.pack_max_response,
+                           micro_batch_size=8, max_tokens=args.pack_max_tokens, rounds=args.pack_rounds)
+
+
 def _run(args: argparse.Namespace) -> dict:
     import torch
     torch.set_num_threads(1)
+    packing = _packing(args)
+    if args.packing_only:
+        return {"model": args.model, "threads_per_rank": 1, "cpu_count": os.cpu_count(), **packing}
     single = _trainer(args)
     dp1_s, dp1_tokens = _timed_steps(args, single, 0, 1, lambda: None)
     numel = single.layout().total_numel
@@ -149,6 +166,7 @@ def _run(args: argparse.Namespace) -> dict:
         "dp2_over_dp1": round(tokens_per_s_dp2 / tokens_per_s_dp1, 3),
         "state_export_import_s": round(max(r["export_import_s"] for r in ranks), 4),
         "state_shard_bytes_per_rank": max(r["shard_bytes"] for r in ranks),
+        **packing,
         "note": "tokens = response tokens in the loss; DP=2 ranks are 2 processes over gloo on this host",
     }
 
