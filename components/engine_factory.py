@@ -28,7 +28,7 @@ import torch
 
 from dynarl.components.inference.base import InferenceEngine
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
-from dynarl.components.model.spec import ModelSpec, build_model, meta_model
+from dynarl.components.model.spec import ModelSpec, build_model, build_policy_model, meta_model
 from dynarl.components.rollout.base import RolloutEngine
 from dynarl.components.trainer.base import TrainerConfig, TrainerEngine
 from dynarl.components.trainer.threaded import BlockingTrainer
@@ -141,7 +141,7 @@ def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, mega
     if backend == "native":
         from dynarl.components.trainer.native.trainer import NativeTrainer
 
-        return NativeTrainer(build_model(spec, device), config, group)
+        return NativeTrainer(build_policy_model(spec, device), config, group)  # LoRA-adapted with model.lora
     if backend == "megatron":
         from dynarl.components.model.io import read_state_dict
         from dynarl.components.trainer.megatron.config import MegatronConfig
@@ -176,16 +176,19 @@ def init_default_group(group: Any) -> None:
 
 def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> Qwen2ForCausalLM:
     """The trainer's current weights as a native (HF-layout) model, for save_pretrained.
-    Collective over the trainer's TP group for megatron."""
+    Collective over the trainer's TP group for megatron. A LoRA policy's adapters are
+    merged into its weights (model.lora)."""
     from dynarl.components.model.io import load_weights
+    from dynarl.components.model.lora import merge_lora
     from dynarl.components.trainer.native.trainer import NativeTrainer
 
     engine = trainer.engine  # a ThreadedTrainer's blocking engine (this runs in a thread)
-    if isinstance(engine, NativeTrainer) and isinstance(engine.model, Qwen2ForCausalLM):
+    if isinstance(engine, NativeTrainer) and isinstance(engine.model, Qwen2ForCausalLM) and not model.lora.enabled:
         return engine.model
 
     native = build_model(model)
-    load_weights(native, [pair for bucket in engine.named_weights(bucket_bytes) for pair in bucket], strict=True)
+    pairs = dict(pair for bucket in engine.named_weights(bucket_bytes) for pair in bucket)
+    load_weights(native, merge_lora(pairs, model.lora.scaling).items(), strict=True)
     return native
 
 
