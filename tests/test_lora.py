@@ -77,7 +77,8 @@ def test_the_cli_override_parses_and_the_spec_crosses_the_wire():
     from dynarl.components.workflows.config import load_config
     from dynarl.launch.train import parse_override
     from dynarl.transport.wire import decode_blob, encode_blob
-    cfg = load_config(None, [parse_override("model.lora.rank=8"), parse_override("model.lora.target_modules=[q_proj,v_proj]")])
+    cfg = load_config(None, [parse_override(arg) for arg in ("model.lora.rank=8",
+                                                             "model.lora.target_modules=[q_proj,v_proj]")])
     assert cfg.model.lora == LoraConfig(rank=8, target_modules=("q_proj", "v_proj"))
     assert cfg.model.lora.scaling == 16.0 / 8
     assert decode_blob(encode_blob(cfg.model)) == cfg.model
