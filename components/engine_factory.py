@@ -28,7 +28,7 @@ import torch
 
 from dynarl.components.inference.base import InferenceEngine
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
-from dynarl.components.model.spec import ModelSpec, build_model, meta_model
+from dynarl.components.model.spec import ModelSpec, build_model, build_policy_model, meta_model
 from dynarl.components.rollout.base import RolloutEngine
 from dynarl.components.trainer.base import TrainerConfig, TrainerEngine
 from dynarl.components.trainer.threaded import BlockingTrainer
@@ -141,7 +141,7 @@ def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, mega
     if backend == "native":
         from dynarl.components.trainer.native.trainer import NativeTrainer
 
-        return NativeTrainer(build_model(spec, device), config, group)
+        return NativeTrainer(build_policy_model(spec, device), config, group)  # LoRA-adapted with model.lora
     if backend == "megatron":
         from dynarl.components.model.io import read_state_dict
         from dynarl.components.trainer.megatron.config import MegatronConfig
@@ -160,7 +160,7 @@ def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, mega
 def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> Qwen2ForCausalLM:
     """The trainer's current weights as a native (HF-layout) model, for save_pretrained.
     Collective: over the native trainer's DP group (FSDP gathers each weight), over
-    megatron's TP group."""
+    megatron's TP group. A LoRA policy's weights come merged (NativeTrainer.named_weights)."""
     from dynarl.components.model.io import load_weights
     engine = trainer.engine  # a ThreadedTrainer's blocking engine (this runs in a thread)
     native = build_model(model)

@@ -6,9 +6,12 @@ split by rows over the data-parallel ranks (components/trainer/native/checkpoint
 the export reads the whole weights back in one process. A megatron trainer's holds each rank's TP slice
 by megatron name (components/trainer/megatron/checkpoint.py); the export joins one
 replica's slices and converts the names. Either way the weights go into the run's
-model (its config.yaml's `model`), and the export writes config.json, model.safetensors and generation_config.json,
-plus the tokenizer files of `model.path` when the run started from a folder (for the
-built-in model, its character tokenizer's own file). The result loads with
+model (its config.yaml's `model`), and the export writes config.json, model.safetensors and
+generation_config.json (a LoRA run, model.lora: the adapters merged into the weights, and
+the adapter itself in PEFT's format under adapter/, which
+`peft.PeftModel.from_pretrained(base, OUT_DIR/adapter)` loads), plus the tokenizer files
+of `model.path` when the run started from a folder (for the built-in model, its character
+tokenizer's own file). The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`, and as `model.path`.
 """
 from __future__ import annotations
@@ -70,9 +73,33 @@ def master_weights(path: str) -> list[tuple[str, object]]:
     return [(name, weights[name]) for name, _ in names]
 
 
-def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
+def write_weights(model: object, spec: object, weights: list[tuple[str, object]], out_dir: str) -> list[str]:
+    """The checkpoint's `weights` (HF name, tensor) into `model` (build_policy_model's:
+    LoRA-adapted when spec.lora is on), then written: config.json + model.safetensors,
+    the adapters merged in, and for LoRA the adapter in PEFT's format under adapter/
+    (components/model/lora_export.py). A LoRA checkpoint must hold every adapter; base
+    weights it leaves out keep the run's starting values (frozen, so the trained ones)."""
     from dynarl.components.model.io import load_weights, save_pretrained
-    from dynarl.components.model.spec import build_model
+    from dynarl.components.model.lora import is_adapter
+    from dynarl.components.model.lora_export import write_lora_export
+
+    lora = spec.lora
+    if not lora.enabled:
+        load_weights(model, weights, strict=True)
+        save_pretrained(model, out_dir)
+        return ["config.json", "model.safetensors"]
+    loaded = set(load_weights(model, weights))
+    named = dict(model.named_parameters())
+    missing = [name for name in named if is_adapter(name) and name not in loaded]
+    if missing:
+        raise ExportError(f"the run's model.lora has adapters the checkpoint lacks ({missing[0]}, "
+                          f"{len(missing)} in all): was it written by a LoRA run?")
+    base = os.path.abspath(spec.path) if spec.path else None
+    return write_lora_export(named, model.config, lora, out_dir, base)
+
+
+def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
+    from dynarl.components.model.spec import build_policy_model
     from dynarl.launch.train import resolve_config
 
     if not os.path.isfile(os.path.join(run_dir, "config.yaml")):
@@ -81,11 +108,9 @@ def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
     path, state = pick_checkpoint(run_dir, step)
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ExportError(f"{out_dir} exists and is not empty")
-    model = build_model(cfg.model)
-    load_weights(model, policy_weights(path, model.config), strict=True)
-    save_pretrained(model, out_dir)
+    model = build_policy_model(cfg.model)
+    written = write_weights(model, cfg.model, policy_weights(path, model.config), out_dir)
     c = model.config
-    written = ["config.json", "model.safetensors"]
     source = cfg.model.path
     if source and os.path.isfile(os.path.join(source, "generation_config.json")):
         shutil.copy(os.path.join(source, "generation_config.json"), out_dir)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from dynarl.components.model.config import ModelConfig
+from dynarl.components.model.lora import is_adapter
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 
 CONFIG_FILE = "config.json"
@@ -85,16 +86,28 @@ def load_weights(model: Qwen2ForCausalLM, named_tensors: Iterable[tuple[str, tor
 def save_pretrained(model: Qwen2ForCausalLM, folder: str | Path, max_shard_bytes: int | None = None) -> None:
     """Write config.json and the weights; above max_shard_bytes per file, shards
     model-0000i-of-0000n.safetensors plus the index, as HF does."""
+    save_state(model.config, model.state_dict(), folder, max_shard_bytes)
+
+
+def save_state(config: ModelConfig, state: Mapping[str, torch.Tensor], folder: str | Path,
+               max_shard_bytes: int | None = None) -> None:
+    """save_pretrained from a config and tensors by HF name (no model needed): e.g. the
+    merged weights of a LoRA model (lora.py merge_lora). config.json's dtype is the
+    first tensor's."""
+    adapters = [name for name in state if is_adapter(name)]
+    if adapters:
+        raise ValueError(f"{adapters[0]} is a LoRA adapter, which an HF model folder has no place for: "
+                         "save merge_lora's weights (lora_export.py writes both)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_hf_dict()
-    first = next(model.parameters())
-    config["torch_dtype"] = config["dtype"] = str(first.dtype).removeprefix("torch.")
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    state = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop(TIED_NAME, None)  # safetensors refuses shared storage; HF leaves it out too
-    shards = _split(state, max_shard_bytes)
+    hf = config.to_hf_dict()
+    first = next(iter(state.values()))
+    hf["torch_dtype"] = hf["dtype"] = str(first.dtype).removeprefix("torch.")
+    (folder / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
+    tensors = {name: t.detach().contiguous().cpu() for name, t in state.items()}
+    if config.tie_word_embeddings:
+        tensors.pop(TIED_NAME, None)  # safetensors refuses shared storage; HF leaves it out too
+    shards = _split(tensors, max_shard_bytes)
     for stale in list(folder.glob("*.safetensors")) + [folder / INDEX_FILE]:
         stale.unlink(missing_ok=True)
     if len(shards) == 1:
@@ -105,7 +118,7 @@ def save_pretrained(model: Qwen2ForCausalLM, folder: str | Path, max_shard_bytes
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, folder / file, metadata={"format": "pt"})
         weight_map.update({name: file for name in shard})
-    total = sum(t.numel() * t.element_size() for t in state.values())
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (folder / INDEX_FILE).write_text(json.dumps(index, indent=2))
 

@@ -6,10 +6,11 @@ worker builds its own model and tokenizer from it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dynarl.components.model.config import TINY_CONFIGS, ModelConfig
+from dynarl.components.model.lora_config import LoraConfig
 from dynarl.components.model.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from dynarl.core.config_tree import wire_config
 
@@ -30,6 +31,8 @@ class ModelSpec:
     """The dtype of the rollout and inference engines' weights, and so of the weight sync:
     auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16. The native trainer
     keeps float32 weights and casts them for the sync."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters for the native trainer (rank 0: off, the whole model trains)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -69,6 +72,17 @@ def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = None) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.init_seed)
         return Qwen2ForCausalLM(TINY_CONFIGS[spec.name]).to(device=device, dtype=dtype)
+
+
+def build_policy_model(spec: ModelSpec, device: Any = "cpu") -> Any:
+    """The native trainer's policy: build_model's float32 model, with LoRA adapters
+    (components/model/lora.py; only they require grad) when spec.lora.rank > 0. The
+    adapters' init is seeded by init_seed, so every rank starts from the same ones."""
+    model = build_model(spec, device)
+    if spec.lora.enabled:
+        from dynarl.components.model.lora import apply_lora
+        apply_lora(model, spec.lora, seed=spec.init_seed)
+    return model
 
 
 def meta_model(spec: ModelSpec, dtype: Any) -> Any:

@@ -48,6 +48,7 @@ def check(cfg: TrainConfig) -> None:
                                     "(runtime.cluster.device_kind) run only emulated engines")
     if cfg.trainer.streaming and cfg.trainer.backend == "megatron":
         raise ConfigError("trainer.streaming", "the megatron trainer steps on whole batches; set it false")
+    check_lora(cfg)
     if cfg.trainer.streaming and cfg.scheduler.policy == "dynarl" and cfg.trainer.backend != "emulated":
         raise ConfigError("trainer.streaming", "scheduler.policy 'dynarl' grows a streaming trainer mid-step "
                                                "only on emulated devices; a real trainer reshards between "
@@ -76,6 +77,15 @@ def check(cfg: TrainConfig) -> None:
     max_len = cfg.model.config().max_position_embeddings
     if cfg.rollout.max_new_tokens >= max_len and not emulated:
         raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
+
+
+def check_lora(cfg: TrainConfig) -> None:
+    """LoRA (model.lora) adapts the native trainer's policy only."""
+    if cfg.model.lora.enabled and cfg.trainer.backend == "megatron":
+        raise ConfigError("model.lora.rank", "LoRA adapts the native trainer's policy; the megatron trainer "
+                                             "trains every weight: set it 0 or trainer.backend native")
+    if cfg.critic.model is not None and cfg.critic.model.lora.enabled:
+        raise ConfigError("critic.model.lora.rank", "the critic trains its whole decoder and value head: set it 0")
 
 
 def check_placed(cfg: TrainConfig) -> None:

@@ -53,6 +53,12 @@ class NativeCritic(NativeTrainer):
             raise ValueError("a critic's batch needs returns and old_values")
         return [0.0] * len(batch)
 
+    @staticmethod
+    def _loss_tokens(batch: TrainBatch, i: int) -> int:
+        if batch.response_mask is None:
+            return len(batch.input_ids[i]) - batch.prompt_lens[i]
+        return sum(1 for m in batch.response_mask[i] if m)
+
     def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
         assert mb.old_values is not None and mb.returns is not None  # (_advantages checked the batch)
         values = self._values(mb)
@@ -63,7 +69,7 @@ class NativeCritic(NativeTrainer):
         return torch.stack([loss.detach().double(), token_mean(clipped, torch.ones_like(clipped), num_tokens).double()])
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
-        return self.model(mb.input_ids, attention_mask=mb.attention_mask)[:, :-1, 0][mb.loss_mask].float()
+        return mb.logits(self.model)[:, :-1, 0][mb.loss_mask].float()
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> list[list[float]]:
@@ -72,24 +78,21 @@ class NativeCritic(NativeTrainer):
         if not self._onloaded:
             raise RuntimeError("critic is offloaded; call onload() before values()")
         self.model.eval()
-        micro = list(self._micro_batches(batch, [0.0] * len(batch)))
+        micro = self._micro_batches(batch, [0.0] * len(batch))
         passes = int(self._all_reduce(torch.tensor([len(micro)], device=self.device), dist.ReduceOp.MAX).item())
-        flat: list[float] = []
+        per_sample: dict[int, list[float]] = {}
         for index in range(passes):
-            if index < len(micro) and micro[index].num_tokens:
-                flat += self._values(micro[index]).tolist()
-            else:  # (its part of the gathers)
-                self.model(torch.zeros(1, 1, dtype=torch.long, device=self.device))
+            if index >= len(micro) or not micro[index].num_tokens:
+                self.model(torch.zeros(1, 1, dtype=torch.long, device=self.device))  # (its part of the gathers)
+                continue
+            flat, cursor = self._values(micro[index]).tolist(), 0
+            for i in micro[index].rows:  # the samples in row-major order, as the loss mask picks them
+                n = self._loss_tokens(batch, i)
+                per_sample[i], cursor = flat[cursor:cursor + n], cursor + n
         out: list[list[float]] = []
-        cursor = 0
         for i in range(len(batch)):
             mask = batch.response_mask[i] if batch.response_mask is not None else None
-            row = []
-            for k in range(len(batch.input_ids[i]) - batch.prompt_lens[i]):
-                if mask is not None and not mask[k]:
-                    row.append(0.0)
-                    continue
-                row.append(flat[cursor])
-                cursor += 1
-            out.append(row)
+            taken = iter(per_sample.get(i, []))
+            out.append([next(taken) if mask is None or mask[k] else 0.0
+                        for k in range(len(batch.input_ids[i]) - batch.prompt_lens[i])])
         return out

@@ -25,6 +25,7 @@ world (trainer/world.py). Only group-relative ranks are used.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -34,13 +35,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from dynarl.components.model.lora import LoraLinear, merge_lora
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig, bucket_by_bytes
 from dynarl.components.trainer.megatron.layout import WEIGHTS, ShardedLayout
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native import checkpoint
 from dynarl.components.trainer.native.layout import fsdp_layout
 from dynarl.components.trainer.native.losses import entropy_from_logprobs, micro_batch_loss, step_advantages
-from dynarl.components.trainer.native.micro_batch import MicroBatch, build_micro_batch
+from dynarl.components.trainer.native.micro_batch import MicroBatch, micro_batches
 from dynarl.components.trainer.world import init_default_group, leave_default_group
 
 __all__ = ["NativeTrainer", "TrainerConfig"]
@@ -81,6 +83,7 @@ class NativeTrainer:
         self._shapes = [(n, tuple(p.shape), "float32") for n, p in named]
         self.model = _shard(model.float(), DeviceMesh.from_group(self.group, self.device.type), self.dtype)
         self._params = [p for _, p in self.model.named_parameters()]
+        self._lora_scaling = next((m.scaling for m in self.model.modules() if isinstance(m, LoraLinear)), 0.0)
         self._layout = fsdp_layout(self._shapes, self.world_size)
         decay = [p for p in self._params if p.requires_grad and p.dim() >= 2]
         rest = [p for p in self._params if p.requires_grad and p.dim() < 2]
@@ -205,10 +208,10 @@ class NativeTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def _micro_batches(self, batch: TrainBatch, advantages: Sequence[Any]) -> Iterator[MicroBatch]:
-        size = self.config.micro_batch_size
-        for start in range(0, len(batch), size):
-            yield build_micro_batch(batch, advantages, range(start, min(start + size, len(batch))), self.device)
+    def _micro_batches(self, batch: TrainBatch, advantages: Sequence[Any]) -> list[MicroBatch]:
+        """Padded micro-batches of micro_batch_size samples, or packed ones of at most
+        max_tokens_per_micro_batch tokens (micro_batch.py)."""
+        return micro_batches(batch, advantages, self.config, self.device)
 
     def _advantages(self, batch: TrainBatch) -> list:
         """What the loss of `batch` weighs its tokens by: GRPO's (or the batch's own) advantages."""
@@ -221,7 +224,7 @@ class NativeTrainer:
         """Backward of this micro-batch's share of the global token-mean loss;
         returns its (loss, pg, kl, entropy, clip_frac) shares."""
         cfg = self.config
-        logits = self.model(mb.input_ids, attention_mask=mb.attention_mask)
+        logits = mb.logits(self.model)
         # Position t predicts token t + 1; keep only the positions in the loss.
         logp = torch.log_softmax(logits[:, :-1][mb.loss_mask].float(), dim=-1)
         logprobs = logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
@@ -316,11 +319,14 @@ class NativeTrainer:
     def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Collective (each parameter is gathered from its shards). Every parameter
         once, in the model's order and dtype, in buckets of at most `bucket_bytes`
-        (a parameter larger than that gets a bucket of its own)."""
+        (a parameter larger than that gets a bucket of its own). A LoRA layer's
+        adapters come merged into its weight (model/lora.py merge_lora): the plain
+        model's tensors, what the rollout engines load."""
         def full() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, p in zip(self._names, self._params):
-                tensor = p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()
-                yield name, tensor.to(self.dtype)
+            for _, module in itertools.groupby(zip(self._names, self._params), lambda n_p: n_p[0].rsplit(".", 1)[0]):
+                tensors = {n: (p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()) for n, p in module}
+                merged = merge_lora(tensors, self._lora_scaling) if self._lora_scaling else tensors
+                yield from ((n, t.to(self.dtype)) for n, t in merged.items())
         yield from bucket_by_bytes(full(), bucket_bytes)
 
     def offload(self) -> None:
