@@ -2,6 +2,7 @@
 (with its supervised warm start) and, for workflow ppo, the critic."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,7 +60,8 @@ class TrainerSection:
             raise ValueError(f"num_ranks must be >= 1, got {self.num_ranks}")
         if self.sync_bucket_bytes < 1024:
             raise ValueError(f"sync_bucket_bytes must be >= 1024, got {self.sync_bucket_bytes}")
-        self.engine.lr_step_offset = self.warmup.steps  # the trainer's steps before the first RL step
+        # the trainer's steps before the first RL step (a copy: a config passed in stays as it is)
+        self.engine = dataclasses.replace(self.engine, lr_step_offset=self.warmup.steps)
         if self.nonfinite == "skip" and self.backend == "megatron":
             raise ValueError("nonfinite skip needs the native trainer (megatron's optimizer applies a non-finite "
                              "update unless fp16 loss scaling catches it): use stop")
