@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from dynarl.components.inference.base import InferenceEngine
-from dynarl.components.model.qwen2 import Qwen2ForCausalLM
+from dynarl.components.model.qwen2 import Qwen2ForCausalLM, set_activation_checkpointing
 from dynarl.components.model.spec import ModelSpec, build_model, build_policy_model, meta_model
 from dynarl.components.rollout.base import RolloutEngine
 from dynarl.components.trainer.base import TrainerConfig, TrainerEngine
@@ -123,7 +123,7 @@ async def make_trainer(backend: str, model: ModelSpec, config: TrainerConfig, ba
         from dynarl.components.trainer.threaded import ThreadedTrainer
 
         return ThreadedTrainer(await asyncio.to_thread(
-            lambda: NativeCritic(value_head(build_model(model, device)), config, group)))
+            lambda: NativeCritic(value_head(trainer_model(model, device, config)), config, group)))
     if backend == "emulated":  # (a critic's is the same: the cost model times a value head as an LM head)
         from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 
@@ -141,7 +141,7 @@ def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, mega
     if backend == "native":
         from dynarl.components.trainer.native.trainer import NativeTrainer
 
-        return NativeTrainer(build_policy_model(spec, device), config, group)  # LoRA-adapted with model.lora
+        return NativeTrainer(trainer_model(spec, device, config), config, group)
     if backend == "megatron":
         from dynarl.components.model.io import read_state_dict
         from dynarl.components.trainer.megatron.config import MegatronConfig
@@ -155,6 +155,14 @@ def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, mega
         init_default_group(group)
         return MegatronTrainer(spec.config(), config, megatron or MegatronConfig(), hf_weights=start)
     raise ValueError(f"trainer backend {backend!r} has no engine here; choose 'native', 'megatron' or 'emulated'")
+
+
+def trainer_model(spec: ModelSpec, device: str, config: TrainerConfig) -> Qwen2ForCausalLM:
+    """A native trainer's model on `device`: LoRA-adapted when model.lora asks for it,
+    with the config's activation checkpointing."""
+    model = build_policy_model(spec, device)
+    set_activation_checkpointing(model, config.activation_checkpointing)
+    return model
 
 
 def hf_model(trainer: Any, model: ModelSpec, bucket_bytes: int) -> Qwen2ForCausalLM:

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from dynarl.components.model.config import ModelConfig
 from dynarl.components.model.packed_attention import (block_causal_mask, packed_attention, packed_positions,
@@ -134,13 +135,32 @@ class Qwen2Model(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        """Activation checkpointing (set_activation_checkpointing): in training with grad on, each
+        layer keeps only its input and recomputes the rest in the backward. A plain attribute, so
+        parameter names (weight sync, reshard layouts, checkpoints) stay HF's."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend, config: ModelConfig):
         x = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, x.dtype, config.rope_llama3)
+        # (never in the rollout's paged forward: it runs without grad, and its attend writes the KV cache)
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            x = layer(x, cos, sin, attend)
+            if recompute:
+                x = checkpoint(layer, x, cos, sin, attend, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, attend)
         return self.norm(x)
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """Turn activation checkpointing on or off in every Qwen2Model inside `model` (a
+    causal LM, a critic's value head on a decoder); TrainerConfig.activation_checkpointing."""
+    decoders = [m for m in model.modules() if isinstance(m, Qwen2Model)]
+    if enabled and not decoders:
+        raise ValueError(f"activation checkpointing: {type(model).__name__} holds no Qwen2Model decoder")
+    for decoder in decoders:
+        decoder.gradient_checkpointing = enabled
 
 
 class Qwen2ForCausalLM(nn.Module):

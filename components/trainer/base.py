@@ -8,10 +8,11 @@ emulated twin uses them without tensors, and the P2P reshard planner reads a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Mapping, Protocol, Sequence
 
 from dynarl.core.config_tree import wire_config
 
+from dynarl.components.trainer.lr_schedule import check_schedule
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native.packing import balance_parts
 
@@ -261,6 +262,21 @@ class StateLayout:
 @dataclass(kw_only=True, slots=True)
 class TrainerConfig:
     lr: float = 1e-5
+    """Peak learning rate; each step's is lr_at(step) (trainer/lr_schedule.py: a function of the step)."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After the warmup: constant lr, or a cosine decay to lr * lr_min_ratio over lr_decay_steps."""
+    lr_warmup_steps: int = 0
+    """Linear warmup: schedule step i < lr_warmup_steps trains at lr * (i + 1) / lr_warmup_steps."""
+    lr_decay_steps: int = 0
+    """cosine: steps after the warmup from lr to lr * lr_min_ratio (then it stays there); > 0."""
+    lr_min_ratio: float = 0.0
+    """cosine: the final lr as a fraction of lr, in [0, 1]."""
+    lr_step_offset: int = 0
+    """Optimizer steps before schedule step 0 (i = step - lr_step_offset): dynarl train sets the policy's
+    to trainer.warmup.steps (the warm start trains at its own constant warmup.lr); a critic's stays 0."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them (less
+    activation memory for one more forward; model/qwen2.py set_activation_checkpointing)."""
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     """AdamW denominator epsilon."""
@@ -319,6 +335,7 @@ class TrainerConfig:
         if self.max_tokens_per_micro_batch < 0:
             raise ValueError(f"max_tokens_per_micro_batch must be >= 0 (0 = no packing), "
                              f"got {self.max_tokens_per_micro_batch}")
+        check_schedule(self)
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)

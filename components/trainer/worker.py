@@ -41,6 +41,7 @@ from dynarl.components import experience
 from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+from dynarl.components.trainer.lr_schedule import constant_lr
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.device_memory import release_cached_memory
 from dynarl.components.trainer.reshard import Resharding, Transfer
@@ -60,7 +61,8 @@ class TrainerWorker(Residency, dynarl.Worker):
         self.head = head
         self.backend, self.backend_config = backend, backend_config
         self.config = engine
-        self.warmup_config = dataclasses.replace(self.config, lr=warmup_lr, entropy_coef=0.0, kl_coef=0.0)
+        # the warm start's supervised steps train at their own constant lr (no schedule)
+        self.warmup_config = dataclasses.replace(constant_lr(self.config, warmup_lr), entropy_coef=0.0, kl_coef=0.0)
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
         self.trainer: Any = None

@@ -2,6 +2,7 @@
 (with its supervised warm start) and, for workflow ppo, the critic."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,6 +32,8 @@ class TrainerSection:
     """Data-parallel ranks (ZeRO-1)."""
     engine: TrainerConfig = field(default_factory=lambda: TrainerConfig(
         lr=3e-4, entropy_coef=0.02, micro_batch_size=64, grad_clip=1.0))
+    """The policy's optimizer and loss. Its lr_step_offset is set to warmup.steps (a value given
+    is replaced): the lr schedule counts the RL steps, after the warm start's."""
     warmup: WarmupSection = field(default_factory=WarmupSection)
     sync_bucket_bytes: int = 1 << 20
     """Weight sync bucket size (bytes) for trainer -> rollout/inference."""
@@ -57,6 +60,8 @@ class TrainerSection:
             raise ValueError(f"num_ranks must be >= 1, got {self.num_ranks}")
         if self.sync_bucket_bytes < 1024:
             raise ValueError(f"sync_bucket_bytes must be >= 1024, got {self.sync_bucket_bytes}")
+        # the trainer's steps before the first RL step (a copy: a config passed in stays as it is)
+        self.engine = dataclasses.replace(self.engine, lr_step_offset=self.warmup.steps)
         if self.nonfinite == "skip" and self.backend == "megatron":
             raise ValueError("nonfinite skip needs the native trainer (megatron's optimizer applies a non-finite "
                              "update unless fp16 loss scaling catches it): use stop")

@@ -5,6 +5,10 @@ batch), and the time to export then import the full sharded state.
 
 Then padded vs packed micro-batches on a long-tailed batch (trainer_packing.py):
 tokens/s of each and `packed_speedup`, in one process on one thread.
+    dynarl bench trainer [--json] [--model tiny-0.5m] [--steps 6] [--batch 32] [--ckpt-seq-len 1024]
+
+and the activations one forward keeps for its backward, with and without activation
+checkpointing (TrainerConfig.activation_checkpointing), side by side.
 
 Every rank runs one torch thread, so DP=1 and DP=2 are compared on equal
 per-rank compute; on a 2-core machine DP=2 uses both cores. The DP=2 ranks are
@@ -40,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pack-max-response", type=int, default=512, help="its longest response")
     parser.add_argument("--pack-max-tokens", type=int, default=1024, help="max_tokens_per_micro_batch")
     parser.add_argument("--pack-rounds", type=int, default=3, help="timed rounds of each (best kept)")
+    parser.add_argument("--ckpt-seq-len", type=int, default=1024,
+                        help="tokens of the activation-checkpointing memory measure (batch 1)")
     parser.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -139,6 +145,38 @@ def _packing(args: argparse.Namespace) -> dict:
     from dynarl.launch.bench.trainer_packing import measure_packing
     return measure_packing(args.model, args.pack_samples, args.prompt_len, args.pack_max_response,
                            micro_batch_size=8, max_tokens=args.pack_max_tokens, rounds=args.pack_rounds)
+def _activation_memory(args: argparse.Namespace) -> dict:
+    """Activation checkpointing side by side on args.model, one sequence of --ckpt-seq-len
+    tokens: the bytes one forward keeps for its backward (what autograd saves, counted
+    once per storage, parameters left out; with checkpointing, each layer's input),
+    which is what checkpointing reduces. The CPU allocator keeps no peak statistics."""
+    import torch
+    from torch.autograd.graph import saved_tensors_hooks
+    from dynarl.components.model.config import TINY_CONFIGS
+    from dynarl.components.model.qwen2 import Qwen2ForCausalLM, set_activation_checkpointing
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(TINY_CONFIGS[args.model]).train()
+    ids = torch.randint(3, model.config.vocab_size, (1, args.ckpt_seq_len + 1))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved_bytes(enabled: bool) -> int:
+        set_activation_checkpointing(model, enabled)
+        model.zero_grad(set_to_none=True)
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return t
+        with saved_tensors_hooks(pack, lambda t: t):  # (the recompute in the backward saves inside)
+            logprobs = model(ids[:, :-1]).log_softmax(-1).gather(-1, ids[:, 1:, None])
+        logprobs.mean().backward()
+        return sum(storages.values())
+    plain, checkpointed = saved_bytes(False), saved_bytes(True)
+    return {"ckpt_seq_len": args.ckpt_seq_len, "saved_activation_bytes": plain,
+            "saved_activation_bytes_checkpointed": checkpointed,
+            "checkpointed_over_plain": round(checkpointed / plain, 3)}
 
 
 def _run(args: argparse.Namespace) -> dict:
@@ -168,6 +206,7 @@ def _run(args: argparse.Namespace) -> dict:
         "state_shard_bytes_per_rank": max(r["shard_bytes"] for r in ranks),
         **packing,
         "note": "tokens = response tokens in the loss; DP=2 ranks are 2 processes over gloo on this host",
+        **_activation_memory(args),
     }
 
 

@@ -19,7 +19,8 @@ from dynarl.components.trainer.megatron.config import MegatronConfig
 from dynarl.components.trainer.megatron.convert import check_tp_divisible, rope_scaling_problem, tp_partition
 
 
-def transformer_config(model: ModelConfig, cfg: MegatronConfig):
+def transformer_config(model: ModelConfig, cfg: MegatronConfig, activation_checkpointing: bool = False):
+    """activation_checkpointing: megatron's full recompute of every layer (TrainerConfig's flag)."""
     from megatron.core.transformer import TransformerConfig
 
     check_tp_divisible(model, cfg.tensor_parallel_size)
@@ -41,11 +42,14 @@ def transformer_config(model: ModelConfig, cfg: MegatronConfig):
         calculate_per_token_loss=True,
         # fused kernels need TransformerEngine/Apex; the local spec runs without them
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
-        persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False)
+        persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+           if activation_checkpointing else {}))
 
 
-def build_gpt_model(model: ModelConfig, cfg: MegatronConfig):
-    """The GPTModel of this rank's pipeline stage and tensor-parallel slice."""
+def build_gpt_model(model: ModelConfig, cfg: MegatronConfig, activation_checkpointing: bool = False):
+    """The GPTModel of this rank's pipeline stage and tensor-parallel slice (recomputing each
+    layer in the backward with activation_checkpointing; parameter names are the same)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -56,7 +60,7 @@ def build_gpt_model(model: ModelConfig, cfg: MegatronConfig):
     if problem:
         raise ValueError(problem)
     gpt = GPTModel(
-        config=transformer_config(model, cfg),
+        config=transformer_config(model, cfg, activation_checkpointing),
         transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=model.qk_norm, normalization="RMSNorm"),
         vocab_size=model.vocab_size, max_sequence_length=model.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),

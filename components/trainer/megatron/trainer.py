@@ -31,6 +31,7 @@ import torch.distributed as dist
 from dynarl.components.extras import require_extra
 from dynarl.components.model.config import ModelConfig
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
+from dynarl.components.trainer.lr_schedule import lr_at
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native.losses import micro_batch_loss, step_advantages
 from dynarl.components.trainer.native.micro_batch import MicroBatch, build_micro_batch
@@ -97,7 +98,7 @@ class MegatronTrainer:
         self._dp_group = parallel_state.get_data_parallel_group()
         self.global_step = 0
 
-        self.model = build_gpt_model(model_config, megatron)
+        self.model = build_gpt_model(model_config, megatron, config.activation_checkpointing)
         if torch.cuda.is_available():
             self.model.cuda(torch.cuda.current_device())
         self.device = next(self.model.parameters()).device
@@ -143,7 +144,7 @@ class MegatronTrainer:
                 sums += self._forward_backward(mb, num_tokens)
         finalize_model_grads([self.ddp])
         for group in self.optimizer.param_groups:
-            group["lr"] = cfg.lr  # the warm start swaps in its own config
+            group["lr"] = lr_at(self.global_step, cfg)  # (the warm start swaps in its own config)
         success, grad_norm, _ = self.optimizer.step()
         self._dp_sum(sums)
         self.global_step += 1
