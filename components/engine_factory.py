@@ -30,7 +30,8 @@ from dynarl.components.inference.base import InferenceEngine
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM, set_activation_checkpointing
 from dynarl.components.model.spec import ModelSpec, build_model, build_policy_model, meta_model
 from dynarl.components.rollout.base import RolloutEngine
-from dynarl.components.trainer.base import TrainerConfig, TrainerEngine
+from dynarl.components.trainer.base import TrainerConfig
+from dynarl.components.trainer.engine import TrainerEngine
 from dynarl.components.trainer.threaded import BlockingTrainer
 
 

@@ -10,7 +10,8 @@ import pytest
 from dynarl.components import costmodel as cm
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
-from dynarl.components.trainer.base import STATE_NAMES, TrainBatch, TrainerConfig, TrainerEngine
+from dynarl.components.trainer.base import STATE_NAMES, TrainBatch, TrainerConfig
+from dynarl.components.trainer.engine import TrainerEngine
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 from dynarl.components.trainer.emulated.layout import build_layout, shard_ranges
 from dynarl.components.trainer.threaded import ThreadedTrainer

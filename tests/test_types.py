@@ -1,7 +1,7 @@
 """The runtime (core/, transport/) and the engine protocols, checked by mypy
 (pyproject.toml [tool.mypy]): each role's
 Protocol (rollout/base.py RolloutEngine, inference/base.py InferenceEngine,
-trainer/base.py TrainerEngine, threaded.py BlockingTrainer) and the engines that
+trainer/engine.py TrainerEngine, threaded.py BlockingTrainer) and the engines that
 implement it. engine_factory's typed returns are where mypy proves that every
 backend (native, emulated, sglang, vllm, megatron) meets its role's Protocol, and
 components/roles.py's where the worker ranks meet the role Protocols core/ calls

@@ -34,7 +34,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from dynarl.components.trainer.base import STATE_NAMES, TrainerEngine
+from dynarl.components.trainer.base import STATE_NAMES
+from dynarl.components.trainer.engine import TrainerEngine
 from dynarl.transport.device_group import post_all
 from dynarl.components.trainer.megatron.layout import WEIGHTS, BoxCopy, ShardedLayout, plan_copies
 from dynarl.components.trainer.megatron.sharded_state import box_view

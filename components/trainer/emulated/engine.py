@@ -67,7 +67,7 @@ class EmulatedTrainerConfig:
 
 class EmulatedTrainer:
     frees_offloaded_state = False
-    """(trainer/base.py TrainerEngine)"""
+    """(trainer/engine.py TrainerEngine)"""
     needs_token_ids = False
     """Only lengths are read: a batch's input_ids may be ranges."""
 

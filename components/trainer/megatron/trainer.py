@@ -73,7 +73,7 @@ class MegatronTrainer:
     """Collective methods (train_step, layout, named_weights and the constructor) must
     be called on every rank."""
     frees_offloaded_state = True
-    """(trainer/base.py TrainerEngine)"""
+    """(trainer/engine.py TrainerEngine)"""
 
     def __init__(self, model_config: ModelConfig, config: TrainerConfig, megatron: MegatronConfig, *,
                  hf_weights: Mapping[str, torch.Tensor] | None = None,

@@ -12,7 +12,8 @@ A step:
                                          loss is scaled by the *global* token count)
     the same number of passes per rank   a rank with fewer micro-batches runs idle
                                          passes, so the collectives pair up
-    global grad norm, clip, AdamW        on the shards; a norm that is not finite
+    global grad norm, clip, AdamW        on the shards, at the step's learning rate
+                                         (lr_schedule.py); a norm that is not finite
                                          leaves the state as it was
 
 Streaming (`begin_stream`, `accumulate`, `apply`) gathers the weights once, runs
@@ -37,6 +38,7 @@ from torch.distributed.tensor import DTensor
 
 from dynarl.components.model.lora import LoraLinear, merge_lora
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig, bucket_by_bytes
+from dynarl.components.trainer.lr_schedule import lr_at
 from dynarl.components.trainer.megatron.layout import WEIGHTS, ShardedLayout
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native import checkpoint
@@ -56,7 +58,7 @@ class NativeTrainer:
     begin_stream, apply, values of a critic, named_weights, save/load_checkpoint) must
     be called on every rank of `process_group`."""
     frees_offloaded_state = False
-    """(trainer/base.py TrainerEngine)"""
+    """(trainer/engine.py TrainerEngine)"""
 
     TERMS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
     """The loss terms a step reports (token-means over the global batch; TrainMetrics fields)."""
@@ -74,7 +76,7 @@ class NativeTrainer:
         self.dtype = named[0][1].dtype
         """The model's dtype: what it computes in and what named_weights hands out."""
         init_default_group(process_group)
-        self.group = dist.group.WORLD
+        self.group: dist.ProcessGroup = dist.distributed_c10d._get_default_group()
         if self.world_size > 1:  # replicas start identical, as DDP does: rank 0's weights win
             with torch.no_grad():
                 for _, p in named:
@@ -88,7 +90,8 @@ class NativeTrainer:
         decay = [p for p in self._params if p.requires_grad and p.dim() >= 2]
         rest = [p for p in self._params if p.requires_grad and p.dim() < 2]
         # weight decay applies to matrices only (not biases or norm scales)
-        self.optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
+        groups: list[dict[str, Any]] = [{"params": decay}, {"params": rest, "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups,
                                            lr=config.lr, betas=config.betas, eps=config.eps)
         for p in decay + rest:  # the state exists from the start: a reshard or checkpoint moves it
             self.optimizer.state[p] = {"step": torch.tensor(0.0), **{m: torch.zeros_like(p) for m in MOMENTS}}
@@ -193,7 +196,7 @@ class NativeTrainer:
         for p in params:  # every parameter steps (AdamW's count stays one number; decay applies)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
         grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -201,8 +204,8 @@ class NativeTrainer:
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, cfg.grad_clip, norm, foreach=True)
         decay, rest = self.optimizer.param_groups
-        for group in (decay, rest):
-            group.update(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        for group in (decay, rest):  # (the config may be the warm start's, swapped in for a step)
+            group.update(lr=lr_at(self.global_step, cfg), betas=cfg.betas, eps=cfg.eps)
         decay["weight_decay"] = cfg.weight_decay
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -324,7 +327,7 @@ class NativeTrainer:
         model's tensors, what the rollout engines load."""
         def full() -> Iterator[tuple[str, torch.Tensor]]:
             for _, module in itertools.groupby(zip(self._names, self._params), lambda n_p: n_p[0].rsplit(".", 1)[0]):
-                tensors = {n: (p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()) for n, p in module}
+                tensors = {n: _full(p.detach()) for n, p in module}
                 merged = merge_lora(tensors, self._lora_scaling) if self._lora_scaling else tensors
                 yield from ((n, t.to(self.dtype)) for n, t in merged.items())
         yield from bucket_by_bytes(full(), bucket_bytes)
@@ -392,6 +395,10 @@ def _shard(model: torch.nn.Module, mesh: DeviceMesh, dtype: torch.dtype) -> torc
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
