@@ -1,20 +1,19 @@
-"""Trainer benchmark: GRPO step throughput at DP=1 and DP=2 (gloo, same global
-batch), and the time to export then import the full sharded state.
+"""Trainer benchmark: the native (FSDP2) trainer's GRPO step throughput and the state
+each rank holds at DP 1, 2 and 4 (gloo, same global batch), the time to export then
+import a rank's sharded state; padded vs packed micro-batches on a long-tailed batch
+(trainer_packing.py); and the activations one forward keeps for its backward, with and
+without activation checkpointing. All side by side in one run.
 
     dynarl bench trainer [--json] [--model tiny-0.5m] [--steps 6] [--batch 32] [--packing-only]
+                         [--ckpt-seq-len 1024]
 
-Then padded vs packed micro-batches on a long-tailed batch (trainer_packing.py):
-tokens/s of each and `packed_speedup`, in one process on one thread.
-    dynarl bench trainer [--json] [--model tiny-0.5m] [--steps 6] [--batch 32] [--ckpt-seq-len 1024]
-
-and the activations one forward keeps for its backward, with and without activation
-checkpointing (TrainerConfig.activation_checkpointing), side by side.
-
-Every rank runs one torch thread, so DP=1 and DP=2 are compared on equal
-per-rank compute; on a 2-core machine DP=2 uses both cores. The DP=2 ranks are
-subprocesses of this command (`--worker-rank`), joined over a TCPStore hosted
-here on a free port, and always reaped before it returns. Results travel back as
-JSON files, never pickle.
+Every rank runs one torch thread. The DP=2 and DP=4 ranks are subprocesses of this
+command (`--worker-rank`), joined as the runtime joins trainer ranks
+(transport/process_group.py) over a TCPStore hosted here on a free port, and always
+reaped before it returns. Results travel back as JSON files, never pickle. State per
+rank = the rank's rows of the fp32 weights, of their gradients and of AdamW's two
+moments (FSDP2: about 1/N of the whole); peak RSS adds what every process holds
+(torch itself, activations).
 """
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ import tempfile
 import time
 from datetime import timedelta
 
-WORLD = 2
+WORLDS = (2, 4)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ckpt-seq-len", type=int, default=1024,
                         help="tokens of the activation-checkpointing memory measure (batch 1)")
     parser.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return parser
@@ -79,7 +79,8 @@ def _trainer(args: argparse.Namespace, group=None, seed: int = 0):
 
 def _timed_steps(args: argparse.Namespace, trainer, rank: int, world: int, barrier) -> tuple[float, int]:
     """(seconds for args.steps steps after a warm-up, response tokens trained)."""
-    vocab = trainer.model.config.vocab_size
+    from dynarl.components.model.config import TINY_CONFIGS
+    vocab = TINY_CONFIGS[args.model].vocab_size
     trainer.train_step(_batch(args, 0, vocab).shard(rank, world))
     barrier()
     start, tokens = time.perf_counter(), 0
@@ -89,41 +90,53 @@ def _timed_steps(args: argparse.Namespace, trainer, rank: int, world: int, barri
     return time.perf_counter() - start, tokens
 
 
+def _state_bytes(trainer) -> int:
+    """This rank's weights, gradients (the same rows) and both moments, in bytes."""
+    shard = trainer.export_state_shard()
+    weights = sum(t.numel() * t.element_size() for k, t in shard.items() if k.startswith("param/"))
+    return weights + sum(t.numel() * t.element_size() for k, t in shard.items() if k.startswith("exp_avg"))\
+        + weights
+
+
 def _worker(args: argparse.Namespace) -> int:
-    """One DP rank: timed steps, then a full sharded export -> import on fresh ranks."""
+    """One DP rank: timed steps, its state's size, then an export -> import on a fresh rank."""
+    import resource
+
     import torch
     import torch.distributed as dist
+
+    from dynarl.transport.process_group import join_group
     torch.set_num_threads(1)
-    timeout = timedelta(seconds=60)
-    store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timeout)
-    group = dist.ProcessGroupGloo(store, args.worker_rank, WORLD, timeout)
+    store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timedelta(seconds=120))
+    member = join_group(f"bench{args.world}", f"bench/{args.world}/", args.worker_rank, args.world, "127.0.0.1",
+                        args.port, "gloo", 120.0, store=store, secret=b"bench" * 8)
+    group = member.group
     barrier = lambda: dist.all_reduce(torch.zeros(1), group=group)  # noqa: E731
     trainer = _trainer(args, group)
-    seconds, tokens = _timed_steps(args, trainer, args.worker_rank, WORLD, barrier)
+    seconds, tokens = _timed_steps(args, trainer, args.worker_rank, args.world, barrier)
     fresh = _trainer(args, group, seed=1)
     barrier()
     start = time.perf_counter()
-    shard = {k: v.clone() for k, v in trainer.export_state_shard().items()}
-    fresh.import_state_shard(shard)  # collective: all-gathers the new full weights
+    fresh.import_state_shard({k: v.clone() for k, v in trainer.export_state_shard().items()})
     barrier()
     export_import_s = time.perf_counter() - start
-    shard_bytes = sum(t.numel() * t.element_size() for t in shard.values())
     with open(args.out, "w") as f:
         json.dump({"seconds": seconds, "tokens": tokens, "export_import_s": export_import_s,
-                   "shard_bytes": shard_bytes}, f)
+                   "state_bytes": _state_bytes(trainer),
+                   "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, f)
     return 0
 
 
-def _run_dp2(args: argparse.Namespace, workdir: str) -> list[dict]:
+def _run_dp(args: argparse.Namespace, world: int, workdir: str) -> list[dict]:
     import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120))
     forwarded = ["--model", args.model, "--steps", str(args.steps), "--batch", str(args.batch),
                  "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len)]
-    outs = [os.path.join(workdir, f"rank{r}.json") for r in range(WORLD)]
+    outs = [os.path.join(workdir, f"dp{world}-rank{r}.json") for r in range(world)]
     procs = []
     try:
-        for rank in range(WORLD):
-            cmd = [sys.executable, "-m", "dynarl.launch.bench.trainer", *forwarded,
+        for rank in range(world):
+            cmd = [sys.executable, "-m", "dynarl.launch.bench.trainer", *forwarded, "--world", str(world),
                    "--worker-rank", str(rank), "--port", str(store.port), "--out", outs[rank]]
             procs.append(subprocess.Popen(cmd))
         codes = [p.wait(timeout=600) for p in procs]
@@ -133,7 +146,7 @@ def _run_dp2(args: argparse.Namespace, workdir: str) -> list[dict]:
                 p.kill()
                 p.wait()
     if any(codes):
-        raise RuntimeError(f"DP=2 ranks exited with codes {codes}")
+        raise RuntimeError(f"DP={world} ranks exited with codes {codes}")
     results = []
     for out in outs:
         with open(out) as f:
@@ -145,6 +158,8 @@ def _packing(args: argparse.Namespace) -> dict:
     from dynarl.launch.bench.trainer_packing import measure_packing
     return measure_packing(args.model, args.pack_samples, args.prompt_len, args.pack_max_response,
                            micro_batch_size=8, max_tokens=args.pack_max_tokens, rounds=args.pack_rounds)
+
+
 def _activation_memory(args: argparse.Namespace) -> dict:
     """Activation checkpointing side by side on args.model, one sequence of --ckpt-seq-len
     tokens: the bytes one forward keeps for its backward (what autograd saves, counted
@@ -187,27 +202,23 @@ def _run(args: argparse.Namespace) -> dict:
         return {"model": args.model, "threads_per_rank": 1, "cpu_count": os.cpu_count(), **packing}
     single = _trainer(args)
     dp1_s, dp1_tokens = _timed_steps(args, single, 0, 1, lambda: None)
-    numel = single.layout().total_numel
+    numel, dp1_state = single.layout().total_numel, _state_bytes(single)
     del single
     with tempfile.TemporaryDirectory(prefix="dynarl-bench-trainer-") as workdir:
-        ranks = _run_dp2(args, workdir)
-    dp2_s = max(r["seconds"] for r in ranks)
-    dp2_tokens = sum(r["tokens"] for r in ranks) // WORLD  # each rank reports the global count
-    tokens_per_s_dp1 = dp1_tokens / dp1_s
-    tokens_per_s_dp2 = dp2_tokens / dp2_s
-    return {
-        "model": args.model, "params": numel, "global_batch": args.batch,
-        "sequence_len": args.prompt_len + args.response_len, "steps": args.steps, "threads_per_rank": 1,
-        "cpu_count": os.cpu_count(),
-        "tokens_per_s_dp1": round(tokens_per_s_dp1, 1),
-        "tokens_per_s_dp2": round(tokens_per_s_dp2, 1),
-        "dp2_over_dp1": round(tokens_per_s_dp2 / tokens_per_s_dp1, 3),
-        "state_export_import_s": round(max(r["export_import_s"] for r in ranks), 4),
-        "state_shard_bytes_per_rank": max(r["shard_bytes"] for r in ranks),
-        **packing,
-        "note": "tokens = response tokens in the loss; DP=2 ranks are 2 processes over gloo on this host",
-        **_activation_memory(args),
-    }
+        ranks = {world: _run_dp(args, world, workdir) for world in WORLDS}
+    result: dict = {"model": args.model, "params": numel, "global_batch": args.batch,
+                    "sequence_len": args.prompt_len + args.response_len, "steps": args.steps, "threads_per_rank": 1,
+                    "cpu_count": os.cpu_count(), "tokens_per_s_dp1": round(dp1_tokens / dp1_s, 1),
+                    "state_bytes_per_rank_dp1": dp1_state}
+    for world, rs in ranks.items():
+        tokens = sum(r["tokens"] for r in rs) // world  # each rank reports the global count
+        result[f"tokens_per_s_dp{world}"] = round(tokens / max(r["seconds"] for r in rs), 1)
+        result[f"state_bytes_per_rank_dp{world}"] = max(r["state_bytes"] for r in rs)
+        result[f"state_per_rank_dp{world}_over_dp1"] = round(max(r["state_bytes"] for r in rs) / dp1_state, 3)
+        result[f"max_rss_mb_dp{world}"] = round(max(r["max_rss_mb"] for r in rs), 1)
+    result["state_export_import_s"] = round(max(r["export_import_s"] for r in ranks[2]), 4)
+    return {**result, **packing, **_activation_memory(args),
+            "note": "tokens = response tokens in the loss; DP ranks are processes over gloo on this host"}
 
 
 def main(argv: list[str] | None = None) -> int:
