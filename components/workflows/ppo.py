@@ -10,7 +10,7 @@ baseline.
     weight sync trainer -> rollout, inference
 
 The critic is a worker group of its own (TrainerWorker with a value head,
-trainer/native/critic.py: its own AdamW and ZeRO-1 state over "critic_dp") on the
+trainer/native/critic.py: its own AdamW and FSDP2 state over "critic_dp") on the
 trainer's home devices. It starts from the warm-started policy's decoder (or from
 critic.model) and its state goes into every checkpoint, under critic/. Under the
 DynaRL scheduler the critic follows the trainer: each P2P move of the trainer

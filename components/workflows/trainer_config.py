@@ -29,7 +29,7 @@ class WarmupSection:
 @dataclass(kw_only=True, slots=True)
 class TrainerSection:
     num_ranks: int = 2
-    """Data-parallel ranks (ZeRO-1)."""
+    """Data-parallel ranks (the native trainer shards its state over them with FSDP2)."""
     engine: TrainerConfig = field(default_factory=lambda: TrainerConfig(
         lr=3e-4, entropy_coef=0.02, micro_batch_size=64, grad_clip=1.0))
     """The policy's optimizer and loss. Its lr_step_offset is set to warmup.steps (a value given
