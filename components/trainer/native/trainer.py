@@ -104,8 +104,6 @@ class NativeTrainer:
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self._params if p.requires_grad]
 
-    # ---- training ---------------------------------------------------------------
-
     def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """Collective. One AdamW step on this rank's part of the global batch (see
         `TrainBatch.shard`). Loss is the token-mean over the whole global batch."""
@@ -340,7 +338,6 @@ class NativeTrainer:
             torch.cuda.empty_cache()
 
     def onload(self) -> None:
-        """Move the sharded weights and optimizer state back to the training device."""
         self._move_to(self.device)
         self._onloaded = True
 
@@ -362,8 +359,6 @@ class NativeTrainer:
 
     def _fsdp_modules(self) -> list[FSDPModule]:
         return [m for m in self.model.modules() if isinstance(m, FSDPModule)]
-
-    # ---- collectives over the group ---------------------------------------------
 
     def _all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
         if self.world_size > 1:
