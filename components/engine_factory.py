@@ -153,7 +153,7 @@ def _blocking_trainer(backend: str, spec: ModelSpec, config: TrainerConfig, mega
         start = read_state_dict(spec.path) if spec.path else dict(build_model(spec).state_dict())
         from dynarl.components.trainer.world import init_default_group
 
-        init_default_group(group)
+        init_default_group(group, replace=False)
         return MegatronTrainer(spec.config(), config, megatron or MegatronConfig(), hf_weights=start)
     raise ValueError(f"trainer backend {backend!r} has no engine here; choose 'native', 'megatron' or 'emulated'")
 

@@ -73,12 +73,14 @@ def master_weights(path: str) -> list[tuple[str, object]]:
     return [(name, weights[name]) for name, _ in names]
 
 
-def write_weights(model: object, spec: object, weights: list[tuple[str, object]], out_dir: str) -> list[str]:
+def write_weights(model: object, spec: object, weights: list[tuple[str, object]], out_dir: str,
+                  base: str | None = None) -> list[str]:
     """The checkpoint's `weights` (HF name, tensor) into `model` (build_policy_model's:
     LoRA-adapted when spec.lora is on), then written: config.json + model.safetensors,
     the adapters merged in, and for LoRA the adapter in PEFT's format under adapter/
     (components/model/lora_export.py). A LoRA checkpoint must hold every adapter; base
-    weights it leaves out keep the run's starting values (frozen, so the trained ones)."""
+    weights it leaves out keep the run's starting values (frozen, so the trained ones).
+    `base`: the adapter's base model folder (default model.path)."""
     from dynarl.components.model.io import load_weights, save_pretrained
     from dynarl.components.model.lora import is_adapter
     from dynarl.components.model.lora_export import write_lora_export
@@ -94,7 +96,7 @@ def write_weights(model: object, spec: object, weights: list[tuple[str, object]]
     if missing:
         raise ExportError(f"the run's model.lora has adapters the checkpoint lacks ({missing[0]}, "
                           f"{len(missing)} in all): was it written by a LoRA run?")
-    base = os.path.abspath(spec.path) if spec.path else None
+    base = base or (os.path.abspath(spec.path) if spec.path else None)
     return write_lora_export(named, model.config, lora, out_dir, base)
 
 
@@ -109,7 +111,10 @@ def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ExportError(f"{out_dir} exists and is not empty")
     model = build_policy_model(cfg.model)
-    written = write_weights(model, cfg.model, policy_weights(path, model.config), out_dir)
+    from dynarl.components.workflows.job import LORA_BASE
+    lora_base = os.path.join(os.path.abspath(run_dir), LORA_BASE)  # (a LoRA run's warm-started base)
+    written = write_weights(model, cfg.model, policy_weights(path, model.config), out_dir,
+                            lora_base if os.path.isdir(lora_base) else None)
     c = model.config
     source = cfg.model.path
     if source and os.path.isfile(os.path.join(source, "generation_config.json")):

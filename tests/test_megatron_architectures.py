@@ -21,7 +21,7 @@ from dynarl.components.extras import is_available
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.megatron.convert import hf_to_megatron, rope_scaling_problem, slice_for_tp
 from dynarl.components.trainer.native.trainer import NativeTrainer
-from test_trainer import MODEL, make_batch, make_config, one_torch_thread  # noqa: F401  (autouse fixture)
+from test_trainer import MODEL, make_batch, make_config, one_torch_thread, step_gradients  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.skipif(not is_available("megatron"),
                                 reason="megatron-core not installed: pip install 'dynarl[megatron]'")
@@ -86,9 +86,7 @@ def run(tmp_path_factory):
         with torch.no_grad():
             logits = model(PROBE_IDS)
         trainer = NativeTrainer(model, make_config(**STEP_CONFIG))
-        metrics = trainer.train_step(make_batch(BATCH_SEED))
-        flat = trainer.export_state_shard()["grad"]
-        grads = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in trainer.layout().params}
+        metrics, grads = step_gradients(trainer, make_batch(BATCH_SEED))
         native[name] = {"hf": hf, "logits": logits, "metrics": dataclasses.asdict(metrics),
                         "grads": dict(hf_to_megatron(grads, config))}
     result = spawn_ranks(_ranks, 2, str(out), error_dir=str(out), timeout_s=600)  # a hang bound

@@ -35,7 +35,7 @@ from dynarl.components.trainer.megatron.layout import ShardedLayout, plan_copies
 from dynarl.components.trainer.megatron.sharded_state import apply_copies
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.core.reshard_plan import plan_reshard
-from test_trainer import MODEL, make_batch, make_config, one_torch_thread  # noqa: F401  (autouse fixture)
+from test_trainer import MODEL, make_batch, make_config, one_torch_thread, step_gradients  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.skipif(not is_available("megatron"),
                                 reason="megatron-core not installed: pip install 'dynarl[megatron]'")
@@ -134,9 +134,7 @@ def native(run):
     with torch.no_grad():
         logits = model(PROBE_IDS)
     trainer = NativeTrainer(model, make_config(**STEP_CONFIG))
-    metrics = trainer.train_step(make_batch(BATCH_SEED))
-    flat = trainer.export_state_shard()["grad"]
-    grads = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in trainer.layout().params}
+    metrics, grads = step_gradients(trainer, make_batch(BATCH_SEED))
     return {"hf": hf, "logits": logits, "metrics": dataclasses.asdict(metrics),
             "grads": dict(hf_to_megatron(grads, MODEL))}
 

@@ -349,3 +349,20 @@ def test_grpo_raises_toy_reward():
         trainer.train_step(TrainBatch(input_ids=ids, prompt_lens=[3] * len(ids), old_logprobs=logprobs,
                                       rewards=rewards, group_ids=[i // 8 for i in range(len(ids))]))
     assert sum(history[-3:]) / 3 > sum(history[:3]) / 3 + 0.1, history
+
+
+def step_gradients(trainer: NativeTrainer, batch: TrainBatch) -> tuple[TrainMetrics, dict[str, torch.Tensor]]:
+    """One train_step and the whole reduced gradient it stepped with, by HF name (caught
+    as the optimizer steps, so after clipping: pass grad_clip=0 for the raw gradient)."""
+    grads: dict[str, torch.Tensor] = {}
+    step = trainer.optimizer.step
+
+    def catching(*args, **kwargs):
+        for name, p in trainer.model.named_parameters():
+            grads[name] = p.grad.full_tensor().clone()
+        return step(*args, **kwargs)
+    trainer.optimizer.step = catching
+    try:
+        return trainer.train_step(batch), grads
+    finally:
+        trainer.optimizer.step = step

@@ -36,6 +36,7 @@ import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.engine_factory import hf_model, make_trainer
 from dynarl.components.model.io import save_pretrained
+from dynarl.components.model.lora_config import LoraConfig
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components import experience
 from dynarl.components.busy import BusyLog
@@ -80,14 +81,17 @@ class TrainerWorker(Residency, dynarl.Worker):
                           samples=self.step_samples, tokens=self.step_tokens)
 
     async def start(self, dp_group: str | None = None, tensor_parallel_size: int | None = None,
-                    init_from: str | None = None) -> int:
+                    init_from: str | None = None, adapters: bool = True) -> int:
         """Collective over `dp_group` (replicas start from rank 0's weights). Returns the
         parameter count. `tensor_parallel_size`: a megatron trainer's TP for this start
         (a P2P reshard to another layout), else the configured one. `init_from`: an HF
         folder whose weights this rank starts from instead of the model's (a critic from
-        the warm-started policy's decoder)."""
+        the warm-started policy's decoder; a LoRA policy from its warm-started base).
+        `adapters` False: the whole model trains, model.lora aside (a LoRA run's warm start)."""
         group = self.process_group(dp_group) if dp_group else None
         model = self.model if init_from is None else dataclasses.replace(self.model, path=init_from)
+        if not adapters:
+            model = dataclasses.replace(model, lora=LoraConfig())
         backend_config = self.backend_config
         if tensor_parallel_size is not None:
             if self.backend != "megatron":

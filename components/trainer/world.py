@@ -20,10 +20,12 @@ _mirrored: list[Any] = []
 """The trainer group the current default group mirrors (None: a one-rank world)."""
 
 
-def init_default_group(group: Any) -> None:
-    """Makes the default group mirror `group` (None: a one-rank world), unless it already does."""
+def init_default_group(group: Any, replace: bool = True) -> None:
+    """Makes the default group mirror `group` (None: a one-rank world), unless it already
+    does. `replace` False: any default group stays (megatron's parallel state holds groups
+    built from it, which replacing it would destroy under megatron; its close leaves)."""
     if dist.is_initialized():
-        if _mirrored and _mirrored[0] is group:
+        if (_mirrored and _mirrored[0] is group) or not replace:
             return
         leave_default_group()
     store: dist.Store

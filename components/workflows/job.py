@@ -31,6 +31,8 @@ from dynarl.core.hypergraph import GRAPH_FILE
 from dynarl.core.health import STATES
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
 
+LORA_BASE = "lora_base"
+"""A LoRA run's warm-started policy (an HF folder in the run directory): the base its adapters train on."""
 
 
 @dataclass(slots=True)
@@ -245,11 +247,18 @@ class Job:
 
     async def warm_start(self) -> None:
         total = self.cfg.trainer.warmup.steps
+        adapt = self.cfg.model.lora.enabled and total > 0
+        if adapt:  # the warm start stands in for the pretrained base LoRA adapts: it trains the whole model
+            await self.restart_trainer(adapters=False)
         for i in range(total):
             self.progress.warmup(i, total)
             batch = self.warmup_batch(i)
             await self.train(batch, "warmup", TrainerWorker.warmup_step)
         self.progress.warmup(total, total)
+        if adapt:  # then the adapters go on the warm-started weights (frozen from here on)
+            base = os.path.join(self.run_dir, LORA_BASE)
+            await self.g.trainer.on(self.export_ranks).call(TrainerWorker.save_model, base)
+            await self.restart_trainer(init_from=base)
         await self.warm_started()
         if self.cfg.with_ref:
             reference = os.path.join(self.run_dir, "reference")
@@ -257,6 +266,11 @@ class Job:
         await self.load_reference()
         await self.sync_weights(0, "warmup")
         await self.checkpoint(0)
+
+    async def restart_trainer(self, init_from: str | None = None, adapters: bool = True) -> None:
+        trainer = self.g.trainer
+        await trainer.call(TrainerWorker.start, "trainer_dp" if trainer.world_size > 1 else None, None, init_from,
+                           adapters)
 
     async def warm_started(self) -> None:
         """After the warm start, before the reference is saved and step 0's checkpoint:
