@@ -16,12 +16,13 @@ import sys
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from dynarl.components.workflows import checkpoints as ckpt
 from grpo_tiny import TINY
 
-SHARD = "shard-00000-of-00001.safetensors"
+SHARD = "__0_0.distcp"
+"""The trainer's rank-0 data file (torch.distributed.checkpoint: weights and Adam moments)."""
+RNG = "rng-00000.safetensors"
 BASE_STEPS, EVERY = 4, 2
 
 
@@ -67,20 +68,28 @@ def flip(file, start, n=4096):
         f.write(bytes(b ^ 0x5A for b in data))
 
 
-def in_tensor(name):
+def in_tensor(file_name, name):
     def damage(path):
-        file = os.path.join(path, SHARD)
+        file = os.path.join(path, file_name)
         start, end = tensor_bytes(file, name)
         flip(file, start + (end - start) // 3, min(4096, end - start))
     return damage
 
 
+def in_file(name, fraction):
+    """4,096 bytes changed in place at `fraction` of the file (DCP's data file holds the
+    weights first, then the optimizer's moments)."""
+    def damage(path):
+        file = os.path.join(path, name)
+        flip(file, int(os.path.getsize(file) * fraction), 4096)
+    return damage
+
+
 DAMAGE = {
-    "master_weights": (in_tensor("master"), SHARD),
-    "exp_avg": (in_tensor("exp_avg"), SHARD),
-    "exp_avg_sq": (in_tensor("exp_avg_sq"), SHARD),
-    "grad": (in_tensor("grad"), SHARD),
-    "rng_state": (in_tensor("rng_state"), SHARD),
+    "weights": (in_file(SHARD, 0.1), SHARD),
+    "adam_moments": (in_file(SHARD, 0.8), SHARD),
+    "dcp_metadata": (in_file(".metadata", 0.5), ".metadata"),
+    "rng_state": (in_tensor(RNG, "rng_state"), RNG),
     "ledger_copy": (lambda p: flip(os.path.join(p, ckpt.LEDGER_FILE), 40, 8), ckpt.LEDGER_FILE),
     "meta_json": (lambda p: flip(os.path.join(p, "meta.json"), 20, 4), "meta.json"),
     "state_json": (lambda p: flip(os.path.join(p, ckpt.STATE_FILE), 2, 2), ckpt.STATE_FILE),
@@ -105,11 +114,11 @@ def test_each_damage_is_named_and_the_checkpoint_before_it_used(run_copy, kind):
 
 
 def test_a_corrupt_newest_checkpoint_resumes_from_the_one_before(run_copy, tmp_path):
-    """The issue's first probe: 4,096 bytes of master weights changed in place; the
+    """The issue's first probe: 4,096 bytes of the weights changed in place; the
     resume used to exit 0 from them. Now it says so in one line and trains steps 2..5
     again from step 2's checkpoint, each sample once."""
     newest = ckpt.checkpoint_dir(run_copy, 4)
-    in_tensor("master")(newest)
+    in_file(SHARD, 0.1)(newest)
     result = train("--resume", run_copy, "run.steps=5", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"checkpoint {newest} not used: {SHARD}: expected " in result.stderr
@@ -123,8 +132,9 @@ def test_a_corrupt_newest_checkpoint_resumes_from_the_one_before(run_copy, tmp_p
 
 
 def master(path):
-    with safe_open(os.path.join(path, SHARD), framework="pt") as f:
-        return f.get_tensor("master")
+    """The checkpoint's weights, read back as one vector."""
+    from dynarl.launch.export import master_weights
+    return torch.cat([t.reshape(-1) for _, t in master_weights(path)])
 
 
 def test_a_nan_step_stops_the_run_with_the_last_good_checkpoint_intact(run_copy, tmp_path):
