@@ -73,8 +73,7 @@ class NativeTrainer:
         if not named:
             raise ValueError("model has no parameters")
         self.device = named[0][1].device
-        self.dtype = named[0][1].dtype
-        """The model's dtype: what it computes in and what named_weights hands out."""
+        self.dtype = named[0][1].dtype  # what the model computes in and named_weights hands out
         init_default_group(process_group)
         self.group: dist.ProcessGroup = dist.distributed_c10d._get_default_group()
         if self.world_size > 1:  # replicas start identical, as DDP does: rank 0's weights win
@@ -83,7 +82,8 @@ class NativeTrainer:
                     dist.broadcast(p.data, group_src=0, group=self.group)
         self._names = [n for n, _ in named]
         self._shapes = [(n, tuple(p.shape), "float32") for n, p in named]
-        self.model = _shard(model.float(), DeviceMesh.from_group(self.group, self.device.type), self.dtype)
+        mesh = DeviceMesh.from_group(self.group, "cuda" if self.device.type == "cuda" else "cpu")  # (meta: sizes)
+        self.model = _shard(model.float(), mesh, self.dtype)
         self._params = [p for _, p in self.model.named_parameters()]
         self._lora_scaling = next((m.scaling for m in self.model.modules() if isinstance(m, LoraLinear)), 0.0)
         self._layout = fsdp_layout(self._shapes, self.world_size)
