@@ -95,3 +95,41 @@ def test_eval_of_a_run_and_of_its_export_agree(run):
 def test_eval_refuses_what_it_cannot_read(run):
     bad = dynarl("eval", str(run), cwd=run)
     assert bad.returncode == 2 and "neither a run directory" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A LoRA run (model.lora.rank=4): the warm start trains the whole model, then two
+    steps train the adapters on it."""
+    folder = tmp_path_factory.mktemp("export_lora")
+    done = dynarl("train", "model.lora.rank=4", "run.steps=2", "run.prompts_per_step=4", "trainer.warmup.steps=2",
+                  "trainer.engine.lr=0.01", "--run-dir", str(folder / "run"), cwd=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+def test_a_lora_run_exports_an_adapter_peft_loads_with_the_run_s_logits(lora_run):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from dynarl.components.model.io import load_weights
+    from dynarl.components.model.spec import build_policy_model
+    from dynarl.launch.train import resolve_config
+    out = lora_run / "hf"
+    done = dynarl("export", str(lora_run / "run"), str(out), cwd=lora_run)
+    assert done.returncode == 0, done.stderr
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and adapter["base_model_name_or_path"] == str(lora_run / "run" / "lora_base")
+    # the run's own policy: its model with the checkpoint's weights, adapters and all
+    cfg = resolve_config(None, [], str(lora_run / "run"))
+    ours = build_policy_model(cfg.model).eval()
+    load_weights(ours, master_weights(str(lora_run / "run" / "checkpoints" / "step_000002")), strict=True)
+    trained = {n: t for n, t in ours.named_parameters() if n.endswith("lora_B")}
+    assert any(t.abs().max() > 0 for t in trained.values())  # the adapters trained (B starts at zero)
+    base = AutoModelForCausalLM.from_pretrained(adapter["base_model_name_or_path"], torch_dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
+    merged = AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32).eval()
+    ids = torch.randint(3, cfg.model.config().vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ours(ids)
+        torch.testing.assert_close(peft(input_ids=ids).logits, expected, atol=1e-4, rtol=0)
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-4, rtol=0)
