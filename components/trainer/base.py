@@ -274,6 +274,10 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them (less
     activation memory for one more forward; model/qwen2.py set_activation_checkpointing)."""
+    cpu_offload: bool = False
+    """The native trainer on a GPU keeps its sharded weights, gradients and optimizer state in
+    host memory and steps AdamW there (FSDP2's CPUOffloadPolicy), for a trainer sharing its
+    devices; on a CPU device they are in host memory anyway."""
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     """AdamW denominator epsilon."""

@@ -4,8 +4,8 @@ Each decoder layer and the root are `fully_shard`ed over the data-parallel group
 every parameter is a DTensor sharded on dim 0 and a rank holds its rows of the fp32
 weights, of their gradients and of AdamW's moments (torch.optim.AdamW on the
 DTensors): the state falls as 1/N with N ranks. A model in bf16 trains under a
-MixedPrecisionPolicy (bf16 compute, fp32 gradient reduction, fp32 master weights).
-A step:
+MixedPrecisionPolicy (bf16 compute, fp32 gradient reduction, fp32 master weights);
+`cpu_offload` on a GPU keeps the state in host memory (CPUOffloadPolicy). A step:
 
     forward/backward per micro-batch     FSDP gathers a layer's weights for it and
                                          reduce-scatters its gradients (a sum: the
@@ -21,7 +21,7 @@ each part's forward/backward without any collective (ranks take parts as they
 come), and reduces the gradients in `apply`.
 
 torch's DeviceMesh reads the default group: the trainer's DP group becomes the
-world (trainer/world.py). Only group-relative ranks are used.
+world (trainer/world.py).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from dynarl.components.model.lora import LoraLinear, merge_lora
@@ -46,8 +46,6 @@ from dynarl.components.trainer.native.layout import fsdp_layout
 from dynarl.components.trainer.native.losses import entropy_from_logprobs, micro_batch_loss, step_advantages
 from dynarl.components.trainer.native.micro_batch import MicroBatch, micro_batches
 from dynarl.components.trainer.world import init_default_group, leave_default_group
-
-__all__ = ["NativeTrainer", "TrainerConfig"]
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 """AdamW's per-element state: with the weights, the state kinds a reshard moves."""
@@ -83,7 +81,8 @@ class NativeTrainer:
         self._names = [n for n, _ in named]
         self._shapes = [(n, tuple(p.shape), "float32") for n, p in named]
         mesh = DeviceMesh.from_group(self.group, "cuda" if self.device.type == "cuda" else "cpu")  # (meta: sizes)
-        self.model = _shard(model.float(), mesh, self.dtype)
+        self.offloaded_by_fsdp = config.cpu_offload and self.device.type == "cuda"
+        self.model = _shard(model.float(), mesh, self.dtype, self.offloaded_by_fsdp)
         self._params = [p for _, p in self.model.named_parameters()]
         self._lora_scaling = next((m.scaling for m in self.model.modules() if isinstance(m, LoraLinear)), 0.0)
         self._layout = fsdp_layout(self._shapes, self.world_size)
@@ -97,12 +96,9 @@ class NativeTrainer:
             self.optimizer.state[p] = {"step": torch.tensor(0.0), **{m: torch.zeros_like(p) for m in MOMENTS}}
         self._rng_state = torch.Generator().manual_seed(config.seed + self.rank).get_state()
         self._onloaded = True
-        self._pending: dict | None = None
-        """Streaming: the loss tokens and metric sums accumulated since begin_stream."""
+        self._pending: dict | None = None  # streaming: loss tokens and metric sums since begin_stream
 
-    @property
-    def trainable(self) -> list[torch.nn.Parameter]:
-        return [p for p in self._params if p.requires_grad]
+    trainable = property(lambda self: [p for p in self._params if p.requires_grad])
 
     def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """Collective. One AdamW step on this rank's part of the global batch (see
@@ -334,8 +330,6 @@ class NativeTrainer:
         """Move the sharded weights and optimizer state to CPU (device_lock release)."""
         self._move_to(torch.device("cpu"))
         self._onloaded = False
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     def onload(self) -> None:
         self._move_to(self.device)
@@ -351,11 +345,15 @@ class NativeTrainer:
         leave_default_group()
 
     def _move_to(self, device: torch.device) -> None:
+        if self.offloaded_by_fsdp:  # (the state lives in host memory already)
+            return
         self.model.to(device)  # FSDP2 re-points its sharded parameters; self._params stay valid
         for state in self.optimizer.state.values():
             for key, t in state.items():
                 if key != "step":
                     state[key] = t.to(device)
+        if device.type == "cpu" and self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _fsdp_modules(self) -> list[FSDPModule]:
         return [m for m in self.model.modules() if isinstance(m, FSDPModule)]
@@ -375,16 +373,17 @@ class NativeTrainer:
             self._rng_state = torch.get_rng_state()
 
 
-def _shard(model: torch.nn.Module, mesh: DeviceMesh, dtype: torch.dtype) -> torch.nn.Module:
+def _shard(model: torch.nn.Module, mesh: DeviceMesh, dtype: torch.dtype, offload: bool) -> torch.nn.Module:
     """`fully_shard` each decoder layer, then the root (embeddings, final norm, head).
     Gradients are reduced as sums (the loss is already a global token-mean), by SUM
     collectives (gloo has no pre-multiplied sum)."""
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
         else MixedPrecisionPolicy()
     layers = getattr(getattr(model, "model", None), "layers", [])
+    where = CPUOffloadPolicy() if offload else OffloadPolicy()
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=where)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=where)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
