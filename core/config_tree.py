@@ -7,11 +7,15 @@ a typo silently falling back to a default costs a cluster run.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from dynarl.transport.errors import ConfigError
+
+_DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+"""A number as written in a config: 3, 0.5, 2e-3, 1.0e+30 (not nan or inf)."""
 
 
 def build(cls: type, data: Any, path: str = "") -> Any:
@@ -114,6 +118,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         raise ConfigError(path, f"expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):  # YAML 1.1 reads 2e-3 as a string
             return float(value)
         raise ConfigError(path, f"expected a number, got {value!r}")
     if tp is str:

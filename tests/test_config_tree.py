@@ -31,3 +31,17 @@ def test_dotted_override():
     data: dict = {}
     apply_override(data, "cluster.devices_per_node", 4)
     assert build(RuntimeConfig, data).cluster.devices_per_node == 4
+
+
+@pytest.mark.parametrize("text, value", [("2e-3", 0.002), ("1e-5", 1e-5), ("+1.5E+2", 150.0), (".5", 0.5),
+                                         ("3", 3.0)])
+def test_a_float_field_takes_numbers_yaml_reads_as_strings(text, value):
+    from dynarl.components.trainer.base import TrainerConfig
+    assert build(TrainerConfig, {"lr": text}).lr == value
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "2e", "e-3", "1,5", "0x10"])
+def test_a_float_field_refuses_what_is_not_a_decimal_number(text):
+    from dynarl.components.trainer.base import TrainerConfig
+    with pytest.raises(ConfigError, match="lr: expected a number"):
+        build(TrainerConfig, {"lr": text})
