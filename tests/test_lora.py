@@ -104,8 +104,8 @@ def test_adapted_model_starts_bitwise_as_the_base_and_keeps_hf_names():
     names = [n for n, _ in model.named_parameters()]
     assert [n for n in names if not is_adapter(n)] == [n for n, _ in base.named_parameters()]
     adapted = {n.rpartition(".")[0] for n in names if is_adapter(n)}
-    assert len(adapted) == SMALL.num_hidden_layers * 7 and all(isinstance(model.get_submodule(m), LoraLinear)
-                                                               for m in adapted)
+    assert len(adapted) == SMALL.num_hidden_layers * 7 + 1 and "lm_head" in adapted  # the default: every linear
+    assert all(isinstance(model.get_submodule(m), LoraLinear) for m in adapted)
     assert {n for n, p in model.named_parameters() if p.requires_grad} == {n for n in names if is_adapter(n)}
     a = model.get_submodule("model.layers.0.self_attn.q_proj").lora_A
     assert a.shape == (LORA.rank, SMALL.hidden_size) and a.abs().max() > 0
@@ -254,3 +254,11 @@ def test_the_trainer_s_saved_model_is_merged():
     x = ids(spec.config())
     with torch.no_grad():
         torch.testing.assert_close(saved(x), policy(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_default_targets_leave_a_tied_head_out_an_explicit_one_is_refused():
+    tied = dataclasses.replace(SMALL, tie_word_embeddings=True)
+    model = apply_lora(base_model(tied), LoraConfig(rank=2))
+    assert not isinstance(model.lm_head, LoraLinear) and isinstance(model.model.layers[0].mlp.up_proj, LoraLinear)
+    with pytest.raises(ValueError, match="tied"):
+        apply_lora(base_model(tied), LoraConfig(rank=2, target_modules=("q_proj", "lm_head")))

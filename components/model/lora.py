@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dynarl.components.model.lora_config import LoraConfig
+from dynarl.components.model.lora_config import LINEAR_NAMES, LoraConfig
 
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 
@@ -82,6 +82,8 @@ def apply_lora(model: nn.Module, config: LoraConfig, seed: int = 0) -> nn.Module
         linear = sorted({n.rpartition(".")[2] for n, m in modules.items() if isinstance(m, nn.Linear)})
         raise ValueError(f"target_modules {missing} match no linear layer of the model; it has {linear}")
     shared = _shared_weights(model)
+    if config.target_modules == LINEAR_NAMES:  # the default: a tied head stays out (its weight is the embeddings')
+        targets = [name for name in targets if id(modules[name].weight) not in shared]
     for name in targets:
         if id(modules[name].weight) in shared:
             raise ValueError(f"target_modules: {name}.weight is tied to another parameter (tie_word_embeddings); "

@@ -23,9 +23,11 @@ class LoraConfig:
     """Scale numerator: the adapter's output is multiplied by alpha / rank (PEFT's lora_alpha)."""
     dropout: float = 0.0
     """Dropout on the adapter's input while training (PEFT's lora_dropout)."""
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    target_modules: tuple[str, ...] = LINEAR_NAMES
     """The linear layers that get adapters, by their last name (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-    down_proj, lm_head); every layer of each name gets one."""
+    down_proj, lm_head); every layer of each name gets one. The default is every one, the output head included
+    (left out where it is tied to the embeddings); PEFT's "all-linear" leaves the head out: list the other
+    seven for that (on the built-in task the head's adapter is what lifts the reward: docs/benchmarks.md)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
