@@ -21,12 +21,12 @@ import dynarl
 from dynarl.components import weight_sync
 from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.model.spec import ModelSpec
-from dynarl.components.stage_results import RolloutStats
 from dynarl.components.rollout.generation import Generation
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.base import EngineLoad, InflightRequest, KVBlocks
 from dynarl.components.rollout.kv_choice import KVCost, KVLinkFit, choose
 from dynarl.components.rollout.run_control import Run, Unfinished
+from dynarl.components.stage_results import RolloutStats
 from dynarl.core.migration.records import Taken, WorkItem
 from dynarl.core.scheduler.report import RankReport
 from dynarl.transport.wire import RemoteRef
