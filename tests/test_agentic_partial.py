@@ -19,6 +19,8 @@ import yaml
 from conftest import assert_reaped, kill_9_mid_run
 from dynarl.components.experience import END
 from dynarl.components.experience import PromptGroup, Sample
+from dynarl.components.rollout.base import GenerationRequest, InflightRequest
+from dynarl.components.rollout.run_control import Unfinished
 from dynarl.components.workflows.agentic import episode_of, fill_sample, keep_unfinished
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, EpisodeState
 from dynarl.components.workflows.ledger import read_entries
@@ -27,6 +29,12 @@ from test_agentic_train import ARGS, PROMPTS, SAMPLES
 from test_partial_rollout import Outbox  # (a rank's outbox: what it puts, in order)
 
 PARTIAL = ["rollout.oversample=1.5", "algorithm.max_staleness=1"]
+
+
+def _handed_back(turn_id, version, tokens, logprobs):
+    """A turn a rank's partial_close handed back: its tokens so far, made by `version`."""
+    request = InflightRequest(GenerationRequest(turn_id, [1]), tokens, logprobs)
+    return Unfinished(id=turn_id, weight=float(len(tokens)), inflight=[request], version=version)
 
 
 def _pairs(args):
@@ -92,8 +100,7 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
                            "version": 4, "cached_tokens": 0, "wait_s": 0.0})
         await asyncio.sleep(0.01)
         await driver.stop()
-        driver.cut([{"id": "e/0#0", "version": 4, "inflight": [
-            {"request": {}, "output_token_ids": [7, 7], "output_logprobs": [-0.5, -0.5]}]}])
+        driver.cut([_handed_back("e/0#0", 4, [7, 7], [-0.5, -0.5])])
         await asyncio.sleep(0.01)
         assert not run.done()  # e/1's tool call is still under way
         tool.set()
@@ -107,8 +114,7 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
         await asyncio.sleep(0)
         assert sent[-1]["id"] == "e/0#0" and sent[-1]["partial"] == [[7, 7], [-0.5, -0.5]]
         await nxt.stop()
-        nxt.cut([{"id": "e/0#0", "version": 5, "inflight": [
-            {"request": {}, "output_token_ids": [7, 7, 8], "output_logprobs": [-0.5, -0.5, -0.3]}]}])
+        nxt.cut([_handed_back("e/0#0", 5, [7, 7, 8], [-0.5, -0.5, -0.3])])
         await asyncio.wait_for(run, 1.0)
         assert eps[0].pending[2] == [[2, 4], [3, 5]] and eps[0].oldest == 4
         # the step after: the turn ends on version 6, each run with the weights that made it
@@ -183,9 +189,9 @@ def test_a_cut_turn_comes_back_with_its_tokens_and_the_next_step_finishes_it():
         (item,) = await first.export()
         await serve
         await engine.resume()
-        request = item["inflight"][0]
-        so_far = [list(request["output_token_ids"]), list(request["output_logprobs"])]
-        assert item["id"] == "b#0" and 0 < len(so_far[0]) < 400 and [r["id"] for r in box.chunks] == ["a#0"]
+        request = item.inflight[0]
+        so_far = [list(request.output_token_ids), list(request.output_logprobs)]
+        assert item.id == "b#0" and 0 < len(so_far[0]) < 400 and [r["id"] for r in box.chunks] == ["a#0"]
 
         await engine.update_weights(None, 1)
         box2 = Outbox()

@@ -84,7 +84,7 @@ def run_scripted(turns: dict[str, list[str]], affinity: str, ranks: int = 2):
 
     async def call_tool(tool, argument):
         calls.append(argument)
-        return calculate(argument).to_dict()
+        return calculate(argument)
 
     driver = EpisodeDriver(ReactTurns(tok, LIMITS, call_tool), range(ranks), submit, affinity=affinity, capacity=4)
     episodes = [Episode(ep_id, tok.encode("12*34=", add_bos=True), seed=i) for i, ep_id in enumerate(turns)]

@@ -111,7 +111,7 @@ async def test_generate_emits_groups_sampled_by_sglang(worker):
     w.channel = {"prompts": inbox, "out": outbox}.__getitem__  # the runtime's channels
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6}
     counters = await w.generate("prompts", "out", version=-1, chunk_size=1, sampling=sampling)
-    assert counters["groups"] == 2 and counters["tokens"] == 2 * 2 * 6
+    assert counters.groups == 2 and counters.tokens == 2 * 2 * 6
     emitted = [g for chunk, _ in outbox.chunks for g in chunk]
     assert sorted(g.index for g in emitted) == [0, 1]
     for group in emitted:

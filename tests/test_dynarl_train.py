@@ -284,8 +284,8 @@ async def test_released_rollout_rank_hands_whole_groups_over_mid_generation(back
     assert migrated == reference  # continued from the exported state: the same tokens
     assert all(len(t) == NEW_TOKENS for t in migrated.values())
     # the released rank's generate() returned its counters; tokens are counted once overall
-    assert len(stats_m) == 2 and sum(s["tokens"] for s in stats_m) == GROUPS * SAMPLES * NEW_TOKENS
-    assert sum(s["groups_exported"] for s in stats_m) == sum(s["groups_imported"] for s in stats_m) == moved
+    assert len(stats_m) == 2 and sum(s.tokens for s in stats_m) == GROUPS * SAMPLES * NEW_TOKENS
+    assert sum(s.groups_exported for s in stats_m) == sum(s.groups_imported for s in stats_m) == moved
 
 
 @pytest.mark.parametrize("backend_of", ["native", "sglang"], indirect=True)
@@ -296,7 +296,7 @@ async def test_a_rolled_back_migration_gives_the_real_workers_groups_back(backen
     rolled_back, emitted_r, stats_r, _ = await _generate(migrate=True, refuse=True, backend=backend_of)
     assert emitted == emitted_r == list(range(GROUPS))  # every group downstream exactly once
     assert rolled_back == reference
-    assert sum(s["tokens"] for s in stats_r) == GROUPS * SAMPLES * NEW_TOKENS
+    assert sum(s.tokens for s in stats_r) == GROUPS * SAMPLES * NEW_TOKENS
 
 
 @pytest.mark.parametrize("launcher", ["inproc", "local"])
@@ -316,12 +316,12 @@ async def test_moved_groups_carry_their_kv_and_the_kept_rank_re_prefills_less(la
     taken = result.taken  # every request that offered KV moved it (kv_choice "always")
     assert taken.kv_requests > 0 and taken.kv_tokens > 0 and taken.reprefilled == 0 and taken.kv_s > 0
     assert result_plain.taken.kv_requests == result_plain.taken.kv_tokens == 0
-    fetched = sum(s["kv_fetched"] for s in stats_kv)
-    assert sum(s["kv_lost"] for s in stats_kv) == 0
+    fetched = sum(s.kv_fetched for s in stats_kv)
+    assert sum(s.kv_lost for s in stats_kv) == 0
     assert fetched == (taken.kv_requests if launcher == "local" else 0)  # inproc: no data plane, inline
     assert with_kv == plain == reference
-    per_request = {"plain": sum(s["reprefill_tokens"] for s in stats_plain) / (moved_plain * SAMPLES),
-                   "kv": sum(s["reprefill_tokens"] for s in stats_kv) / (moved * SAMPLES)}
+    per_request = {"plain": sum(s.reprefill_tokens for s in stats_plain) / (moved_plain * SAMPLES),
+                   "kv": sum(s.reprefill_tokens for s in stats_kv) / (moved * SAMPLES)}
     # with the KV, under one block (16 tokens) each; without, prompt and every token so far
     assert per_request["kv"] < min(16, per_request["plain"]), per_request
 
@@ -340,7 +340,7 @@ async def test_the_taker_prefills_again_where_moving_the_kv_costs_it_more():
     assert taken.reprefilled >= result.moved >= 1
     # only the probes (every PROBE_EVERY-th request declined) moved their KV, to measure the link again
     assert taken.kv_requests == (taken.reprefilled + taken.kv_requests) // PROBE_EVERY
-    assert sum(s["kv_fetched"] for s in stats) == taken.kv_requests
+    assert sum(s.kv_fetched for s in stats) == taken.kv_requests
     # a rank with no such history measures its link on the first move and keeps moving KV
     _, _, _, result = await _generate(migrate=True, move_kv=True, kv_choice="cost", launcher="local")
     assert result.taken.kv_requests >= 1
@@ -356,7 +356,7 @@ async def test_an_sglang_export_that_fails_midway_rolls_back_and_loses_nothing(s
     rolled_back, emitted_r, stats_r, _ = await _generate(migrate=True, refuse=True, backend="sglang")
     assert emitted == emitted_r == list(range(GROUPS))
     assert rolled_back == reference
-    assert sum(s["groups_exported"] for s in stats_r) == 0
+    assert sum(s.groups_exported for s in stats_r) == 0
 
 
 async def test_a_released_sglang_engine_frees_its_kv_until_it_rejoins(sglang_workers):
@@ -384,7 +384,7 @@ async def test_a_released_sglang_engine_frees_its_kv_until_it_rejoins(sglang_wor
         for _ in range(2):
             await ctl.channel("prompts").put(END)
         stats = await group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=1, sampling=SAMPLING)
-        assert sum(s["groups"] for s in stats) == 1  # the rejoined engine serves again
+        assert sum(s.groups for s in stats) == 1  # the rejoined engine serves again
 
 
 async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does():
@@ -399,7 +399,7 @@ async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does()
         sampling = {**SAMPLING, "max_new_tokens": 120}
         done = await group.on([1]).call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=1,
                                         sampling=sampling)
-        assert done[0]["groups"] == 0
+        assert done[0].groups == 0
         await ctl.channel("prompts").put(PromptGroup(0, "p0", "", [1, 2, 3], [Sample("p0/0", 1), Sample("p0/1", 2)]))
         await ctl.channel("prompts").put(END)
         busy = asyncio.ensure_future(group.on([0]).call(RolloutWorker.generate, "prompts", "rollouts", version=-1,
@@ -410,7 +410,7 @@ async def test_no_release_while_a_released_rank_generates_and_no_kept_one_does()
             await workload_migrate(ctl, group, [0])  # rank 0 decodes; kept rank 1 is over
         assert group.world_size == 2 and group.devices == [0, 1]  # nothing moved
         stats = await busy  # and rank 0 finishes its work undisturbed
-        assert stats[0]["groups"] == 1 and stats[0]["groups_exported"] == 0
+        assert stats[0].groups == 1 and stats[0].groups_exported == 0
         result = await workload_migrate(ctl, group, [0])  # now both are done
         assert result.moved == 0 and result.freed_devices == [0] and group.devices == [1]
 

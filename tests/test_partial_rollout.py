@@ -163,12 +163,12 @@ def test_a_closed_generation_hands_back_its_unfinished_groups_and_the_next_conti
         items = await first.close()
         await drive
         assert [g.problem for chunk in box.chunks for g in chunk] == ["p1"]
-        assert [it["group"].problem for it in items] == ["p0"]
-        carried = items[0]["group"]
-        (request,) = items[0]["inflight"]
-        so_far = list(request["output_token_ids"])
+        assert [it.group.problem for it in items] == ["p0"]
+        carried = items[0].group
+        (request,) = items[0].inflight
+        so_far = list(request.output_token_ids)
         assert 0 < len(so_far) < 400 and carried.samples[0].finish  # the short sample stays finished
-        carried.samples[1].carry(so_far, request["output_logprobs"], 0)
+        carried.samples[1].carry(so_far, request.output_logprobs, 0)
         made_first = first.num_tokens
         await engine.resume()
 

@@ -15,18 +15,19 @@ async def test_tool_worker_serves_concurrent_calls(launcher):
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         tools = await ctl.spawn(ToolWorker, num_ranks=1, init={"config": {"max_concurrency": 16, "timeout_s": 5}})
         answers = await asyncio.gather(*(tools.call(ToolWorker.python, f"print({i} + {i})") for i in range(16)))
-        assert [a[0]["stdout"] for a in answers] == [f"{2 * i}\n" for i in range(16)]
-        assert all(a[0]["ok"] and a[0]["latency_s"] > 0 for a in answers)
+        assert [a[0].stdout for a in answers] == [f"{2 * i}\n" for i in range(16)]
+        assert all(a[0].ok and a[0].latency_s > 0 for a in answers)
         [blocked] = await tools.call(ToolWorker.python, "import socket\nsocket.create_connection(('1.1.1.1', 80))", 2.0)
-        assert blocked["error"] == "forbidden: no network"
+        assert blocked.error == "forbidden: no network"
         [slow] = await tools.call(ToolWorker.python, "while True:\n    pass", 1.0)
-        assert slow["error"] == "timeout after 1.0 s"
+        assert slow.error == "timeout after 1.0 s"
         [bad] = await tools.call(ToolWorker.python, 42)
-        assert bad["error"] == "malformed request: code must be a string, got int"
+        assert bad.error == "malformed request: code must be a string, got int" and bad.rejected
+        assert not slow.rejected  # (it ran, and was stopped)
         [sum_] = await tools.call(ToolWorker.calculator, "(1 + 2) * 3 / 4")
-        assert (sum_["ok"], sum_["stdout"]) == (True, "2.25")
+        assert (sum_.ok, sum_.stdout) == (True, "2.25")
         [refused] = await tools.call(ToolWorker.calculator, "open('/etc/passwd')")
-        assert refused["error"] == "not arithmetic: calling open() is not allowed"
+        assert refused.error == "not arithmetic: calling open() is not allowed"
         [stats] = await tools.call(ToolWorker.latency_stats)
         assert (stats["python"]["calls"], stats["python"]["errors"], stats["python"]["rejected"]) == (19, 2, 1)
         assert (stats["calculator"]["calls"], stats["calculator"]["errors"]) == (2, 1)

@@ -12,6 +12,7 @@ from dynarl import ClusterConfig, RuntimeConfig
 from dynarl.components.experience import END
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.stage_results import RolloutStats
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "stop_token_ids": []}
@@ -20,7 +21,7 @@ PROMPT = list(range(3, 33))
 
 
 
-async def _turns(launcher: str, carry: bool) -> tuple[list[int], dict, dict]:
+async def _turns(launcher: str, carry: bool) -> tuple[list[int], dict, RolloutStats]:
     """Turn 0 on rank 0, then (rank 0 leaving) turn 1 on rank 1, with rank 0's KV of the
     context if `carry`. Returns turn 1's output, its result and rank 1's counters."""
     config = RuntimeConfig(launcher=launcher, cluster=ClusterConfig(devices_per_node=2))
@@ -31,7 +32,7 @@ async def _turns(launcher: str, carry: bool) -> tuple[list[int], dict, dict]:
         keys = [h.spec.worker_id for h in group.handles]
         turns, results = ctl.channel("turns"), ctl.channel("results")
 
-        async def serve(position: int, turn: dict) -> tuple[dict, dict]:
+        async def serve(position: int, turn: dict) -> tuple[dict, RolloutStats]:
             call = asyncio.ensure_future(group.on([position]).call(AgenticRolloutWorker.serve_turns, "turns", "results",
                                                                    keys[position], -1, SAMPLING))
             await turns.put(turn, key=keys[position])
@@ -58,7 +59,7 @@ async def test_a_follow_up_turn_takes_its_context_kv_from_the_rank_it_leaves(lau
     plain_out, plain, plain_stats = await _turns(launcher, carry=False)
     moved_out, moved, stats = await _turns(launcher, carry=True)
     assert moved_out == plain_out  # the same tokens as prefilling the context again
-    assert plain["cached_tokens"] == 0 and plain_stats["turn_kv_requests"] == 0
+    assert plain["cached_tokens"] == 0 and plain_stats.turn_kv_requests == 0
     assert moved["cached_tokens"] == 32  # the context's two full blocks came from rank 0 (no KV for its last token)
-    assert stats["turn_kv_requests"] == 1 and stats["turn_kv_tokens"] == 32 and stats["turn_kv_reprefilled"] == 0
-    assert stats["turn_kv_s"] > 0
+    assert stats.turn_kv_requests == 1 and stats.turn_kv_tokens == 32 and stats.turn_kv_reprefilled == 0
+    assert stats.turn_kv_s > 0

@@ -27,7 +27,7 @@ import os
 import struct
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import msgpack
@@ -245,9 +245,10 @@ def register_struct(code: int, encode: Callable[[Any], list] | None = None,
                     decode: Callable[[list], Any] | None = None):
     """Class decorator: instances of a dataclass cross the wire as themselves, not as
     dicts. The class gives `to_wire() -> list` (plain data, arrays, tensors, other
-    records) and `from_wire(list)`, or `encode` / `decode` do; decoding must reject
-    what it cannot build (a malformed record); the receiving process must have
-    imported the class."""
+    records) and `from_wire(list)`, or `encode` / `decode` do, or neither does: then
+    its fields, in order (plain data and records), rebuilt by calling the class.
+    Decoding must reject what it cannot build (a malformed record); the receiving
+    process must have imported the class."""
     if code < EXT_STRUCTS_FROM or code > 127:
         raise ValueError(f"struct ext codes are {EXT_STRUCTS_FROM}..127, not {code}")
 
@@ -255,9 +256,22 @@ def register_struct(code: int, encode: Callable[[Any], list] | None = None,
         if _STRUCT_TYPES.get(code, cls) is not cls:
             raise ValueError(f"ext code {code} is {_STRUCT_TYPES[code].__name__}'s")
         _STRUCT_CODES[cls], _STRUCT_TYPES[code] = code, cls
-        _CODECS[cls] = (encode or cls.to_wire, decode or cls.from_wire)
+        own = (cls.to_wire, cls.from_wire) if hasattr(cls, "to_wire") else _by_fields(cls)
+        _CODECS[cls] = (encode or own[0], decode or own[1])
         return cls
     return register
+
+
+def _by_fields(cls: type) -> tuple[Callable[[Any], list], Callable[[list], Any]]:
+    """A dataclass's codec from its fields: their values in order; a record of another
+    length is malformed (the class's own checks, __post_init__, run as it is built)."""
+    names = [f.name for f in fields(cls)]
+
+    def decode(values: list) -> Any:
+        if not isinstance(values, list) or len(values) != len(names):
+            raise ValueError(f"expected {len(names)} fields")
+        return cls(**dict(zip(names, values)))
+    return (lambda obj: [getattr(obj, name) for name in names]), decode
 
 
 # --- tensors and arrays as frames ---------------------------------------------
@@ -307,7 +321,7 @@ def _from_ext(code: int, data: bytes, frames: Sequence[memoryview]) -> Any:
                                  strict_map_key=False)
         try:
             return _CODECS[cls][1](fields)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, LookupError) as exc:  # (LookupError: a field's plain data lacks a key)
             raise WireError("malformed", f"bad {cls.__name__}: {exc}") from None
     meta = msgpack.unpackb(data, raw=False)
     if code == EXT_REMOTE:

@@ -17,6 +17,7 @@ the time and the bytes are the real run's.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import dynarl
@@ -28,6 +29,21 @@ from dynarl.components.embodied.workers import Action, Trajectory
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
+from dynarl.transport.wire import register_struct
+
+
+@register_struct(65)
+@dataclass(kw_only=True, slots=True)
+class EmulatedTrainMetrics:
+    """An emulated learner's iteration (EmulatedLearner.train, a wire record): the
+    trainer's loss (0: emulated), the sequences it trained, the loop seconds it took.
+    Its fields go into the step's metrics row (row)."""
+    loss: float
+    sequences: float
+    time_s: float
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class EmulatedEnvWorker(dynarl.Worker):
@@ -88,7 +104,7 @@ class EmulatedLearner(TrainerWorker):
         super().__init__(*args, **kwargs)
         self.emulated = emulated
 
-    async def train(self, trajectory: Trajectory) -> dict[str, float]:  # (the embodied learner's protocol)
+    async def train(self, trajectory: Trajectory) -> EmulatedTrainMetrics:  # (the embodied learner's protocol)
         sequences = sum(len(row) for row in trajectory.obs)
         seq, prompt = self.emulated.sequence, self.emulated.obs_tokens
         batch = TrainBatch(input_ids=[range(seq)] * sequences, prompt_lens=[prompt] * sequences,
@@ -101,4 +117,4 @@ class EmulatedLearner(TrainerWorker):
             metrics = await self.trainer.train_step(batch)
         finally:
             self.training = False
-        return {"loss": metrics.loss, "sequences": float(sequences), "time_s": loop.time() - begun}
+        return EmulatedTrainMetrics(loss=metrics.loss, sequences=float(sequences), time_s=loop.time() - begun)

@@ -12,15 +12,15 @@ Pure torch functions on an iteration's rollout, [T, N] tensors (T steps of N env
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from dynarl.components.trainer.native.losses import explained_variance
-
 from dynarl.components.embodied.policy import Actor, Critic
+from dynarl.components.trainer.native.losses import explained_variance
+from dynarl.transport.wire import register_struct
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
@@ -53,10 +53,33 @@ class Rollout:
     values: torch.Tensor       # [B] the critic's before the update
 
 
+@register_struct(64)
+@dataclass(kw_only=True, slots=True)
+class PPOMetrics:
+    """An iteration's PPO update (LearnerWorker.train, a wire record): means over its
+    minibatch updates. Its fields go into the step's metrics row (row)."""
+    pg_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clip_frac: float
+    explained_var: float | None
+    """None where the returns did not vary."""
+    updates: float
+    action_std: float | None = None
+    """A Box actor's mean standard deviation (None: a Discrete actor, left out of the row)."""
+
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        if self.action_std is None:
+            del row["action_std"]
+        return row
+
+
 def ppo_update(actor: Actor, critic: Critic, optimizer: torch.optim.Optimizer, data: Rollout, *, epochs: int,
                minibatches: int, clip_eps: float, value_coef: float, entropy_coef: float, max_grad_norm: float,
                generator: torch.Generator, average: Callable[[list[torch.Tensor]], None] | None = None
-               ) -> dict[str, float]:
+               ) -> PPOMetrics:
     """`average`: data-parallel ranks average their gradients with it before the clip
     (each rank updates on its own part; every rank makes the same number of updates:
     `minibatches` per epoch)."""
@@ -92,5 +115,5 @@ def ppo_update(actor: Actor, critic: Critic, optimizer: torch.optim.Optimizer, d
                 sums["approx_kl"] += float(((ratio - 1) - log_ratio).mean())
                 sums["clip_frac"] += float(((ratio - 1).abs() > clip_eps).float().mean())
             updates += 1
-    return {k: v / max(updates, 1) for k, v in sums.items()} | {
-        "explained_var": explained_variance(data.values, data.returns), "updates": float(updates)}
+    return PPOMetrics(**{k: v / max(updates, 1) for k, v in sums.items()},
+                      explained_var=explained_variance(data.values, data.returns), updates=float(updates))

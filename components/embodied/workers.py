@@ -26,7 +26,7 @@ import torch
 
 import dynarl
 from dynarl.components import weight_sync
-from dynarl.components.embodied.learn import Rollout, gae, ppo_update
+from dynarl.components.embodied.learn import PPOMetrics, Rollout, gae, ppo_update
 from dynarl.components.embodied.policy import Actor, Critic, clip
 from dynarl.components.embodied.spaces import EnvSpec
 from dynarl.components.workflows.checkpoints import LEARNER_FILE
@@ -151,10 +151,10 @@ class LearnerWorker(dynarl.Worker):
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
 
-    async def train(self, trajectory: Trajectory) -> dict[str, float]:
+    async def train(self, trajectory: Trajectory) -> PPOMetrics:
         return await asyncio.to_thread(self._train, trajectory)
 
-    def _train(self, tr: Trajectory) -> dict[str, float]:
+    def _train(self, tr: Trajectory) -> PPOMetrics:
         c = self.config
         obs = torch.tensor(tr.obs, dtype=torch.float32)                       # [T, N, D]
         t, n = obs.shape[:2]
@@ -179,7 +179,7 @@ class LearnerWorker(dynarl.Worker):
                              average=self._average if self.dp_group is not None else None)
         self.step += 1
         if not self.spec.discrete:
-            metrics["action_std"] = float(self.actor.log_std.detach().exp().mean())
+            metrics.action_std = float(self.actor.log_std.detach().exp().mean())
         return metrics
 
     def weights_digest(self) -> str:

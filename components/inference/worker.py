@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from typing import Any
 
 import dynarl
@@ -25,6 +24,7 @@ from dynarl.components.busy import BusyLog
 from dynarl.components.engine_factory import make_inference_engine
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.experience import END, made_of
+from dynarl.components.stage_results import InferenceStats
 from dynarl.core.scheduler.report import RankReport
 
 
@@ -74,7 +74,7 @@ class InferenceWorker(dynarl.Worker):
     def metrics(self) -> RankReport:
         return RankReport(samples=self.samples_done, tokens=self.tokens_done)
 
-    async def compute_logprobs(self, get: str, put: str, *, version: int, split: bool = False) -> dict:
+    async def compute_logprobs(self, get: str, put: str, *, version: int, split: bool = False) -> InferenceStats:
         """Consumes scored chunks from `get` until END; puts them on `put` with
         old_logprobs (and ref_logprobs) on every sample."""
         if self.engine.weight_version != version:
@@ -84,7 +84,7 @@ class InferenceWorker(dynarl.Worker):
             raise RuntimeError("with_ref is set but no reference policy was loaded (load_reference)")
         inbox, outbox = self.channel(get), self.channel(put)
         loop = asyncio.get_running_loop()
-        started, busy = time.perf_counter(), BusyLog()
+        busy = BusyLog()
         self.samples_done = self.tokens_done = 0
         while (chunk := await inbox.get()) is not END:
             samples = [(g, s) for g in chunk for s in g.samples]
@@ -109,5 +109,4 @@ class InferenceWorker(dynarl.Worker):
             else:
                 await outbox.put(chunk, weight=len(chunk), **held)
         await outbox.flush()
-        return {"samples": self.samples_done, "tokens": self.tokens_done, "busy_s": time.perf_counter() - started,
-                "busy": busy.intervals}
+        return InferenceStats(samples=self.samples_done, tokens=self.tokens_done, busy=busy.intervals)

@@ -7,12 +7,11 @@ holds the devices, chunk by chunk as rollout finishes groups.
 """
 from __future__ import annotations
 
-import time
-
 import dynarl
 from dynarl.components.experience import END, PromptGroup, Sample, group_advantages, made_of
 from dynarl.components.model.spec import ModelSpec, build_tokenizer, safe_decode
 from dynarl.components.reward.verifiers import make_verifier
+from dynarl.components.stage_results import RewardStats
 
 
 class RewardWorker(dynarl.Worker):
@@ -21,10 +20,10 @@ class RewardWorker(dynarl.Worker):
         self.tokenizer = build_tokenizer(model) if self.verify is not None else None
         self.adv_eps = adv_eps
 
-    async def score(self, get: str, put: str) -> dict:
+    async def score(self, get: str, put: str) -> RewardStats:
         """Consumes chunks from `get` until END, puts them on `put` with a reward per sample."""
         inbox, outbox = self.channel(get), self.channel(put)
-        started, num_samples = time.perf_counter(), 0
+        num_samples = 0
         while (chunk := await inbox.get()) is not END:
             for group in chunk:
                 for sample in group.samples:
@@ -35,7 +34,7 @@ class RewardWorker(dynarl.Worker):
                     sample.advantage = advantage
             await outbox.put(chunk, weight=len(chunk), **made_of(inbox, chunk))
         await outbox.flush()
-        return {"samples": num_samples, "busy_s": time.perf_counter() - started, "verifier": self.backend}
+        return RewardStats(verifier=self.backend, samples=num_samples)
 
     def _score(self, sample: Sample, group: PromptGroup) -> float:
         if self.verify is None:

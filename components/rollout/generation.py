@@ -10,7 +10,7 @@ from dynarl.components.busy import BusyLog
 from dynarl.components.experience import END, PromptGroup, made_of
 from dynarl.components.rollout.base import (GenerationRequest, GenerationResult, InflightRequest,
                                             RolloutEngine, SamplingParams)
-from dynarl.components.rollout.run_control import Run, RunControl
+from dynarl.components.rollout.run_control import Run, RunControl, Unfinished
 
 
 class Generation(Run):
@@ -40,7 +40,7 @@ class Generation(Run):
     def mean_step_s(self) -> float:
         return self.busy.seconds / self.num_steps if self.num_steps else 0.0
 
-    async def export(self) -> list[dict]:
+    async def export(self) -> list[Unfinished]:
         """Whole groups that still have samples generating here (see RolloutWorker)."""
         self.control.check("export")
         inflight = {i.request.request_id: i for i in await self.engine.export_inflight()}
@@ -55,14 +55,13 @@ class Generation(Run):
                 raise RuntimeError(f"group {index}: bookkeeping disagrees with the engine's requests")
             self.num_tokens += sum(len(r.output_token_ids) for r in requests)  # generated here
             weight = float(sum(max(len(r.output_token_ids), 1) for r in requests))  # as workload_load's
-            items.append({"id": f"group/{index}", "weight": weight, "group": group,
-                          "inflight": [r.to_wire() for r in requests]})
+            items.append(Unfinished(id=f"group/{index}", weight=weight, inflight=requests, group=group))
         self.num_exported = len(items)
         self.control.go("export")
         self.control.arrived.set()
         return items
 
-    def adopt(self, items: list[dict]) -> None:
+    def adopt(self, items: list[Unfinished]) -> None:
         """Takes whole groups over from a released rank (or back, on this released
         rank, from a migration rolled back): this rank completes and emits them, from
         the KV that came with them where it did (its prefix cache serves it:
@@ -70,15 +69,14 @@ class Generation(Run):
         self.control.go("adopt")
         requests = []
         for item in items:
-            group = item["group"]
+            group = item.group
             index_of = {s.id: k for k, s in enumerate(group.samples)}
-            inflight = [InflightRequest.from_wire(r) for r in item["inflight"]]
-            for r in inflight:
+            for r in item.inflight:
                 self.pending[r.request.request_id] = (group, index_of[r.request.request_id])
                 self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
-            self.left[group.index] = len(inflight)
+            self.left[group.index] = len(item.inflight)
             self.groups_by_index[group.index] = group
-            requests += inflight
+            requests += item.inflight
         self.engine.import_inflight(requests)
         self.num_imported += len(items)
         self.control.arrived.set()

@@ -5,14 +5,18 @@ drive loop and the rank's migration calls share.
 Phases: running; paused (at an engine-step boundary); exported (paused, its work
 handed off: its drive loop ends once not held); handed_off (exported, then resumed:
 nothing left, it ends); closed (its drive loop ended); finished (its counters are
-in). Held, while open: a migration may still hand it work, or give its work back."""
+in). Held, while open: a migration may still hand it work, or give its work back.
+What a run hands back unfinished crosses processes as a registered wire record
+(Unfinished)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
-from dynarl.components.rollout.base import RolloutEngine
+from dynarl.components.experience import PromptGroup
+from dynarl.components.rollout.base import InflightRequest, RolloutEngine
+from dynarl.transport.wire import register_struct
 
 Phase = Literal["running", "paused", "exported", "handed_off", "closed", "finished"]
 Transition = Literal["pause", "export", "adopt", "resume", "hold", "let_go", "close", "finish"]
@@ -34,6 +38,35 @@ PHASES: dict[Transition, dict[Phase, Phase]] = {
 
 class IllegalTransition(RuntimeError):
     pass
+
+
+@register_struct(59)
+@dataclass(kw_only=True, slots=True)
+class Unfinished:
+    """A run's work not finished, with its tokens so far: what a Workload migration
+    moves (a WorkItem's body) and a partial rollout's close hands back. A whole group
+    (Generation: its finished samples kept in it) or one agentic turn (_TurnServe)."""
+    id: str
+    weight: float
+    """Its expected remaining work (WorkItem.weight, in workload_load's unit)."""
+    inflight: list[InflightRequest]
+    group: PromptGroup | None = None
+    version: int = -1
+    """The weights that made its tokens (set at a partial rollout's close)."""
+    kv: list[list[Any]] = field(default_factory=list)
+    """rollout.move_kv: [tokens, KV or its RemoteRef] of each request whose KV was held."""
+    node: int | None = None
+    """The node it left (with its KV)."""
+
+    def to_wire(self) -> list[Any]:
+        return [self.id, self.weight, [r.to_wire() for r in self.inflight], self.group, self.version, self.kv,
+                self.node]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> "Unfinished":
+        id_, weight, inflight, group, version, kv, node = w
+        return cls(id=str(id_), weight=float(weight), inflight=[InflightRequest.from_wire(r) for r in inflight],
+                   group=group, version=int(version), kv=list(kv), node=node)
 
 
 @dataclass(frozen=True)
@@ -130,10 +163,10 @@ class Run(Protocol):
         """Mean seconds of its engine steps so far (0: none, or not counted)."""
         return 0.0
 
-    async def export(self) -> list[dict]:
-        """Its unfinished work, once paused, as a migration's items {"id", "weight", ...}."""
+    async def export(self) -> list[Unfinished]:
+        """Its unfinished work, once paused, as a migration's items."""
 
-    def adopt(self, items: list[dict]) -> None:
+    def adopt(self, items: list[Unfinished]) -> None:
         """Takes exported items over (or back)."""
 
     async def pause(self) -> None:
@@ -142,7 +175,7 @@ class Run(Protocol):
     async def resume(self) -> None:
         await self.control.resume(self.engine)
 
-    async def close(self) -> list[dict]:
+    async def close(self) -> list[Unfinished]:
         """Partial rollout: the step has its batch. The run stops at an engine-step
         boundary and hands back what it has not finished (export's items); its drive
         loop then emits what finished and ends."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import dynarl
@@ -26,7 +25,8 @@ from dynarl.components.rollout.generation import Generation
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.base import EngineLoad, InflightRequest, KVBlocks
 from dynarl.components.rollout.kv_choice import KVCost, KVLinkFit, choose
-from dynarl.components.rollout.run_control import Run
+from dynarl.components.rollout.run_control import Run, Unfinished
+from dynarl.components.stage_results import RolloutStats
 from dynarl.core.migration.records import Taken, WorkItem
 from dynarl.core.scheduler.report import RankReport
 from dynarl.transport.wire import RemoteRef
@@ -173,7 +173,7 @@ class RolloutWorker(dynarl.Worker):
 
     async def workload_export(self) -> list[WorkItem]:
         """Whole groups with samples still generating here: their finished samples
-        stay in the group dict, their unfinished requests travel as in-flight state.
+        stay in the group, their unfinished requests travel as in-flight state.
         The rank's generate() emits what it finished and returns at workload_commit."""
         run = self.run
         if run is None or not run.control.paused:  # was over when paused: nothing to hand over
@@ -183,16 +183,14 @@ class RolloutWorker(dynarl.Worker):
         if self.move_kv:
             for item in items:
                 await self._attach_kv(item)
-        return [WorkItem(item["id"], item["weight"], item) for item in items]
+        return [WorkItem(item.id, item.weight, item) for item in items]
 
-    async def _attach_kv(self, item: dict) -> None:
+    async def _attach_kv(self, item: Unfinished) -> None:
         """rollout.move_kv: the KV the engine still holds for each of the item's requests
         (their tokens so far), offered one request at a time (the taker chooses per
-        request), as item["kv"] = [[tokens, KV or its RemoteRef], ...]; and the node it leaves from."""
-        offers = [await self._offer_kv(InflightRequest.from_wire(r), self.offered) for r in item["inflight"]]
-        item["kv"] = kv = [offer for offer in offers if offer is not None]
-        item["kv_tokens"] = sum(tokens for tokens, _ in kv)
-        item["node"] = self.node
+        request), as item.kv; and the node it leaves from."""
+        offers = [await self._offer_kv(r, self.offered) for r in item.inflight]
+        item.kv, item.node = [offer for offer in offers if offer is not None], self.node
 
     async def _offer_kv(self, request: InflightRequest, offers: list[Any]) -> list | None:
         """The KV the engine holds for `request` as [tokens, KV or its RemoteRef] (offered:
@@ -241,11 +239,11 @@ class RolloutWorker(dynarl.Worker):
         """Takes the items over; returns what it took: per request with KV on offer, the
         KV moved (fetched and installed, its measured cost) or left to be prefilled
         again here (the cheaper choice, or its KV could not be fetched)."""
-        items = [w.body for w in work]
+        items: list[Unfinished] = [w.body for w in work]
         taken = Taken(len(items))
         load = await self.engine.load()
         # the KV first: the run stays held (workload_load) while it is fetched
-        kvs = [await self._kv_in(item, load, taken) for item in items]
+        kvs = [await self._kv_in(item.kv, self._across(item.node), load, taken, item.id) for item in items]
         if self.run is not None:
             self.run.control.let_go()
         if not items:
@@ -253,11 +251,15 @@ class RolloutWorker(dynarl.Worker):
         if self.run is None or self.run.control.closed:
             raise RuntimeError("workload_import: this rank has no generation to take work into")
         for item, blocks in zip(items, kvs):  # first: the engine's prefix cache then serves the moved prefixes
-            await self._install(item, blocks, taken)
+            await self._install(blocks, self._across(item.node), taken)
         self.run.adopt(items)
         return taken
 
-    async def _install(self, item: dict, blocks: list[tuple[KVBlocks, float]], taken: Taken) -> None:
+    def _across(self, node: int | None) -> bool:
+        """KV from `node` (None: not said) comes across nodes."""
+        return node is not None and node != self.node
+
+    async def _install(self, blocks: list[tuple[KVBlocks, float]], across: bool, taken: Taken) -> None:
         """Into the engine, each with its measured cost (its fetch, plus the engine's
         import), which this link's fit learns from, per token that came (installed or
         already cached here). An import the engine refuses (other weights, no room) or
@@ -265,7 +267,6 @@ class RolloutWorker(dynarl.Worker):
         reprefill_tokens) show what it computed again."""
         if not blocks:
             return
-        across = item.get("node", self.node) != self.node
         before = (await self.engine.load()).kv_import_s
         for kv, fetch_s in blocks:
             installed = self.engine.import_kv(kv, across_nodes=across)
@@ -282,16 +283,16 @@ class RolloutWorker(dynarl.Worker):
             return measured
         return KVCost(0.0, load.kv_move_s_per_token) if load.kv_move_s_per_token > 0 else None
 
-    async def _kv_in(self, item: dict, load: EngineLoad, taken: Taken) -> list[tuple[KVBlocks, float]]:
-        """The KV that came with an item, per request: inline, or offered by the released
+    async def _kv_in(self, offers: list, across: bool, load: EngineLoad, taken: Taken,
+                     what: str) -> list[tuple[KVBlocks, float]]:
+        """The KV that came with an item (`what`), per request: inline, or offered by the released
         rank and fetched straight from it (the data plane), with the seconds its fetch
         took; only where moving it is the cheaper choice (kv_choice). KV that is not
         taken, or cannot be fetched, is not needed for correctness: its request is
         prefilled again (counted; a failed fetch is logged)."""
-        across = item.get("node", self.node) != self.node
         loop = asyncio.get_running_loop()
         wanted = []
-        for tokens, kv in item.get("kv", ()):
+        for tokens, kv in offers:
             if self.kv_choice == "cost" and not choose(tokens, self._kv_cost(load, across), load.prefill_s_per_token):
                 self.kv_declined += 1
                 if self.kv_declined % PROBE_EVERY:  # else moved anyway: the link is measured again
@@ -306,7 +307,7 @@ class RolloutWorker(dynarl.Worker):
                     kv = await self.fetch(kv)
                 except Exception as exc:  # PayloadLost, or the rank is gone: re-prefill instead
                     log.warning("rollout rank %d: the KV of %s could not be fetched, re-prefilling: %r",
-                                self.rank, item.get("id"), exc)
+                                self.rank, what, exc)
                     self.kv_lost += 1
                     taken.reprefilled += 1
                     return None
@@ -323,12 +324,13 @@ class RolloutWorker(dynarl.Worker):
             await self.engine.resume()
 
     # --- partial rollout (components/workflows/partial.py) ---------------------------
-    async def partial_close(self) -> list[dict]:
-        """The step has enough groups: this rank stops generating and hands back the
-        groups it has not finished (its run's close items) for a later step; its
-        generate() emits what it finished and returns, and its engine runs again,
-        empty, for the next step. [] if its generation is over (or not begun)."""
-        run = self.run
+    async def partial_close(self) -> list[Unfinished]:
+        """The step has enough groups (turns): this rank stops generating and hands back
+        the work it has not finished (its run's close items, with the weights that made
+        their tokens) for a later step; its generate() emits what it finished and
+        returns, and its engine runs again, empty, for the next step. [] if its
+        generation is over (or not begun)."""
+        version, run = self.engine.weight_version, self.run
         if run is None or run.control.closed:
             return []
         if run.fetch_task is not None:  # every prompt of the step is in the engine (all came before END)
@@ -338,16 +340,18 @@ class RolloutWorker(dynarl.Worker):
         items = await run.close()
         await run.control.finished.wait()
         await self.engine.resume()
+        for item in items:
+            item.version = version
         return items
 
-    async def generate(self, get: str, put: str, *, version: int, chunk_size: int, sampling: dict[str, Any]) -> dict:
+    async def generate(self, get: str, put: str, *, version: int, chunk_size: int,
+                       sampling: dict[str, Any]) -> RolloutStats:
         """Consumes prompt groups from `get` until END; puts chunks of finished
-        groups (at most `chunk_size` each) on `put`. Returns counters."""
+        groups (at most `chunk_size` each) on `put`. Returns its counters."""
         if self.engine.weight_version != version:
             raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
         run = self.run = Generation(self.engine, self.channel(put), chunk_size, sampling)
-        started = time.perf_counter()
 
         async def take_prompts() -> None:
             await run.fetch(self.channel(get))
@@ -368,12 +372,12 @@ class RolloutWorker(dynarl.Worker):
             self.tokens_done += run.num_tokens
             self.run = None
         try:
-            return {"groups": run.num_groups, "tokens": run.num_tokens, "engine_steps": run.num_steps,
-                    "busy_s": time.perf_counter() - started, "busy": run.busy.intervals,
-                    "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
-                    "reprefill_tokens": load.reprefill_tokens - reprefilled,
-                    "kv_fetched": self.kv_fetched - kv_fetched, "kv_lost": self.kv_lost - kv_lost,
-                    "devices": load.devices, "groups_exported": run.num_exported,
-                    "groups_imported": run.num_imported}
+            load = await self.engine.load()
+            return RolloutStats(groups=run.num_groups, tokens=run.num_tokens, engine_steps=run.num_steps,
+                                busy=run.busy.intervals, preemptions=load.num_preemptions - preempted,
+                                reprefill_tokens=load.reprefill_tokens - reprefilled,
+                                kv_fetched=self.kv_fetched - kv_fetched, kv_lost=self.kv_lost - kv_lost,
+                                devices=load.devices, groups_exported=run.num_exported,
+                                groups_imported=run.num_imported)
         finally:
             run.control.finish()

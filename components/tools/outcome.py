@@ -11,11 +11,15 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from dynarl.transport.wire import register_struct
+
 MAX_ERROR_CHARS = 300
 
 
+@register_struct(63)
 @dataclass(slots=True)
 class ToolResult:
+    """What a tool call gives back (a registered wire record: ToolWorker's python and calculator)."""
     ok: bool
     stdout: str
     """The text the model reads: the code's stdout, or the calculator's value."""
@@ -24,9 +28,6 @@ class ToolResult:
     """From the call's arrival to its answer, waiting for a free slot included."""
     rejected: bool = False
     """A malformed request, answered without running anything."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "stdout": self.stdout, "error": self.error, "latency_s": self.latency_s}
 
 
 def reject(reason: str) -> ToolResult:

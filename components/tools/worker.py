@@ -1,7 +1,7 @@
 """ToolWorker: the tool component as a runtime worker.
 
     tools = await ctl.spawn(ToolWorker, num_ranks=1, init={"config": {"max_concurrency": 16}})
-    [result] = await tools.call(ToolWorker.python, "print(1 + 1)", 5.0)   # {"ok": True, "stdout": "2\\n", ...}
+    [result] = await tools.call(ToolWorker.python, "print(1 + 1)", 5.0)   # ToolResult(ok=True, stdout="2\\n", ...)
 
 setup() proves the sandbox works, so a node without a usable bubblewrap fails at
 spawn with the reason instead of at the first agent turn. Python calls run
@@ -17,6 +17,7 @@ import dynarl
 from dynarl.components.tools.calculator import calculate
 from dynarl.components.tools.config import ToolConfig
 from dynarl.components.tools.latency import LatencyLog
+from dynarl.components.tools.outcome import ToolResult
 from dynarl.components.tools.python_sandbox import PythonSandbox
 from dynarl.core.config_tree import build
 
@@ -33,16 +34,16 @@ class ToolWorker(dynarl.Worker):
     async def teardown(self) -> None:
         self.sandbox.close()
 
-    async def python(self, code: Any, timeout_s: float | None = None) -> dict[str, Any]:
-        """Runs model-generated code; {"ok", "stdout", "error", "latency_s"}."""
-        return (await self.sandbox.run(code, timeout_s)).to_dict()
+    async def python(self, code: Any, timeout_s: float | None = None) -> ToolResult:
+        """Runs model-generated code."""
+        return await self.sandbox.run(code, timeout_s)
 
-    async def calculator(self, expression: Any) -> dict[str, Any]:
+    async def calculator(self, expression: Any) -> ToolResult:
         started = time.perf_counter()
         result = calculate(expression)
         result.latency_s = time.perf_counter() - started
         self.latency.record("calculator", result.latency_s, ok=result.ok, rejected=result.rejected)
-        return result.to_dict()
+        return result
 
     def latency_stats(self) -> dict[str, dict[str, float | int]]:
         return self.latency.stats()

@@ -27,8 +27,10 @@ from dynarl.components import experience
 from dynarl.components.costmodel import get_model
 from dynarl.components.experience import END, PromptGroup, Sample
 from dynarl.components.model.spec import safe_decode
+from dynarl.components.stage_results import RewardStats, RolloutStats
 from dynarl.components.tasks.calc import calc_score, demonstration, is_direct
 from dynarl.components.tasks.tool_syntax import CLOSE
+from dynarl.components.tools.outcome import ToolResult
 from dynarl.components.tools.worker import ToolWorker
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
@@ -171,7 +173,7 @@ class AgenticGRPO(GRPO):
             e = self.cfg.rollout.emulated
             turns: Any = ScriptedTurns(scripts, get_model(e.model).vocab_size, e.time_scale)
         else:
-            async def call_tool(tool: str, argument: str) -> dict:
+            async def call_tool(tool: str, argument: str) -> ToolResult:
                 if tool == "py":
                     return (await self.tools.call(ToolWorker.python, argument, a.python_timeout_s))[0]
                 return (await self.tools.call(ToolWorker.calculator, argument))[0]
@@ -182,7 +184,7 @@ class AgenticGRPO(GRPO):
         return EpisodeDriver(turns, keys, submit, affinity=a.affinity, end=end, capacity=engine.max_num_seqs)
 
     async def play(self, groups: list[PromptGroup], driver: EpisodeDriver,
-                   unfinished_out: asyncio.Future | None = None) -> list[dict]:
+                   unfinished_out: asyncio.Future | None = None) -> list[RewardStats]:
         """Runs every episode (a partial rollout's carried ones from where they were); a
         group goes to "scored", with its advantages, as soon as its last episode ends.
         With partial rollout the step's close (close_rollout) may leave episodes
@@ -226,7 +228,7 @@ class AgenticGRPO(GRPO):
                 unfinished_out.set_exception(exc)
                 unfinished_out.exception()  # (retrieved: a close that never came does not log it)
             raise
-        return [{"verifier": verifier, "busy": [], "episodes": driver_metrics(driver)}]
+        return [RewardStats(verifier=verifier, episodes=driver_metrics(driver))]
 
     async def close_rollout(self, step: int, carried: list[PromptGroup]) -> int:
         """Partial rollout: the step has its batch. No more turns are routed, every rank
@@ -337,11 +339,16 @@ def driver_metrics(driver: EpisodeDriver) -> dict[str, Any]:
             "route_reasons": dict(driver.router.by_reason)}
 
 
-def episode_metrics(episodes: dict[str, Any], rollout_stats: list[dict]) -> dict[str, Any]:
+def episode_metrics(episodes: dict[str, Any], rollout_stats: list[RolloutStats]) -> dict[str, Any]:
     """The step's episode metrics: the driver's counts (driver_metrics, in the reward
     stage's result) and the rollout ranks'."""
-    return {**episodes,
-            "cached_tokens": sum(r["cached_tokens"] for r in rollout_stats),
-            # follow-up turns whose last rank left, with its KV of their context: moved in, or prefilled again
-            **{key: sum(r.get(key, 0) for r in rollout_stats)
-               for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")}}
+    return {**episodes, **rollout_sums(rollout_stats, "cached_tokens", *TURN_KV)}
+
+
+TURN_KV = ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")
+"""Follow-up turns whose last rank left, with its KV of their context: moved in, or prefilled again."""
+
+
+def rollout_sums(rollout_stats: list[RolloutStats], *names: str) -> dict[str, Any]:
+    """These RolloutStats fields, summed over the ranks."""
+    return {name: sum(getattr(r, name) for r in rollout_stats) for name in names}

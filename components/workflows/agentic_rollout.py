@@ -13,8 +13,8 @@ long the turn waited for admission.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import time
 from typing import Any, Literal
 
 from dynarl.components import weight_sync
@@ -22,8 +22,9 @@ from dynarl.components.experience import END
 from dynarl.components.busy import BusyLog
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.queue_keys import make_queue_key
-from dynarl.components.rollout.run_control import Run, RunControl
+from dynarl.components.rollout.run_control import Run, RunControl, Unfinished
 from dynarl.components.rollout.worker import RolloutWorker
+from dynarl.components.stage_results import RolloutStats
 from dynarl.core.migration.workload import Taken
 from dynarl.core.priority import PriorityConfig, TurnLengths
 
@@ -98,15 +99,16 @@ class AgenticRolloutWorker(RolloutWorker):
         """A follow-up turn routed away from the rank that served its last turn may carry
         that rank's KV of its context: moved in where that is the cheaper choice
         (kv_choice), before the turn is queued, so its admission finds it cached."""
+        across = self._across(item.get("node"))
         try:
-            blocks = await self._kv_in(item, await self.engine.load(), self.turn_kv)
-            await self._install(item, blocks, self.turn_kv)
+            blocks = await self._kv_in(item["kv"], across, await self.engine.load(), self.turn_kv, item["id"])
+            await self._install(blocks, across, self.turn_kv)
         except Exception as exc:  # not needed for correctness: the turn prefills its context
             log.warning("rollout rank %d: the KV of turn %s could not be taken in, prefilling: %r",
                         self.rank, item.get("id"), exc)
             self.turn_kv.reprefilled += 1
 
-    async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> dict:
+    async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> RolloutStats:
         """Turns {"id", "prompt_ids", "seed", "tool_count", "max_new_tokens"} from
         `get` (under `key`) until END; each result goes to `put` at once. Returns
         counters and the engine's busy intervals. While it runs the rank takes part in
@@ -122,7 +124,6 @@ class AgenticRolloutWorker(RolloutWorker):
         self.admitting = False  # its work is the turns the driver routes to it, not the prompt channel
         load = await self.engine.load()
         preempted, reprefilled = load.num_preemptions, load.reprefill_tokens
-        started = time.perf_counter()
         fetch = run.fetch_task = asyncio.ensure_future(run.fetch(self.channel(get)))
         try:
             await run.serve(fetch)
@@ -135,25 +136,15 @@ class AgenticRolloutWorker(RolloutWorker):
             self.run = None
         try:
             await run.outbox.flush()
-            return run.counters | {"tokens": run.num_tokens, "busy_s": time.perf_counter() - started,
-                                   "busy": run.busy.intervals, "turns_exported": run.num_exported,
-                                   "turns_imported": run.num_imported,
-                                   "preemptions": (load := await self.engine.load()).num_preemptions - preempted,
-                                   "reprefill_tokens": load.reprefill_tokens - reprefilled,
-                                   "devices": load.devices, "turn_kv_requests": self.turn_kv.kv_requests,
-                                   "turn_kv_tokens": self.turn_kv.kv_tokens, "turn_kv_s": self.turn_kv.kv_s / self.time_scale,
-                                   "turn_kv_reprefilled": self.turn_kv.reprefilled}
+            load, kv = await self.engine.load(), self.turn_kv
+            return dataclasses.replace(
+                run.stats, tokens=run.num_tokens, busy=run.busy.intervals, devices=load.devices,
+                turns_exported=run.num_exported, turns_imported=run.num_imported,
+                preemptions=load.num_preemptions - preempted, reprefill_tokens=load.reprefill_tokens - reprefilled,
+                turn_kv_requests=kv.kv_requests, turn_kv_tokens=kv.kv_tokens, turn_kv_s=kv.kv_s / self.time_scale,
+                turn_kv_reprefilled=kv.reprefilled)
         finally:
             run.control.finish()
-
-    async def partial_close(self) -> list[dict]:
-        """Partial rollout: the step has its batch and the driver has ended this rank's
-        run (its END is in): the turns it holds come back with their tokens so far and
-        the weights that made them ({"id", "version", "inflight"}); its serve_turns
-        puts what it finished and returns, and the engine runs again, empty, for the
-        next step. [] if its run is over."""
-        version = self.engine.weight_version
-        return [item | {"version": version} for item in await super().partial_close()]
 
     @property
     def time_scale(self) -> float:
@@ -177,7 +168,8 @@ class _TurnServe(Run):
         self.time_scale = time_scale
         self.waits = TurnWaits()
         self.busy = BusyLog()
-        self.counters = {"turns": 0, "cached_tokens": 0, "engine_steps": 0, "max_wait_s": 0.0}
+        self.stats = RolloutStats()
+        """Its counters (turns, cached_tokens, engine_steps, max_wait_s); serve_turns adds the rest."""
         self.num_tokens = self.num_finished = self.finished_tokens = 0
         self.num_exported = self.num_imported = 0
         self.control = RunControl()
@@ -225,7 +217,7 @@ class _TurnServe(Run):
                 begun = loop.time()
                 results = await self.engine.step()
                 self.busy.add(begun, loop.time())
-                self.counters["engine_steps"] += 1
+                self.stats.engine_steps += 1
                 self.waits.after_step(self.engine, self.now())
                 await self._results(results)
                 await asyncio.sleep(0)  # lets fetch add turns that arrived meanwhile
@@ -242,17 +234,17 @@ class _TurnServe(Run):
             if tool_count is not None and self.lengths is not None:
                 self.lengths.observe(tool_count, len(r.output_token_ids))
             wait = self.waits.finished(r.request_id, now)
-            c = self.counters
-            c["turns"] += 1
-            c["cached_tokens"] += r.cached_tokens
-            c["max_wait_s"] = max(c["max_wait_s"], wait)
+            c = self.stats
+            c.turns += 1
+            c.cached_tokens += r.cached_tokens
+            c.max_wait_s = max(c.max_wait_s, wait)
             self.num_tokens += len(r.output_token_ids)
             self.num_finished += 1
             self.finished_tokens += len(r.output_token_ids)
             await self.outbox.put(turn_result(r, wait, self.key, load))
 
     # --- Workload migration (RolloutWorker's workload_* methods call these) ---------
-    async def export(self) -> list[dict]:
+    async def export(self) -> list[Unfinished]:
         """Every turn here (queued or running) with its tokens so far, once this rank has
         its END (the driver routes nothing more here): one item per turn."""
         self.control.check("export")
@@ -262,18 +254,18 @@ class _TurnServe(Run):
         for item in await self.engine.export_inflight():
             self.waits.finished(item.request.request_id, self.now())
             self.num_tokens += len(item.output_token_ids)  # generated here
-            items.append({"id": item.request.request_id, "weight": float(max(len(item.output_token_ids), 1)),
-                          "inflight": [item.to_wire()]})
+            items.append(Unfinished(id=item.request.request_id, weight=float(max(len(item.output_token_ids), 1)),
+                                    inflight=[item]))
         self.num_exported = len(items)
         self.control.go("export")
         self.control.arrived.set()
         return items
 
-    def adopt(self, items: list[dict]) -> None:
+    def adopt(self, items: list[Unfinished]) -> None:
         """Takes turns over from a released rank (or back, from a rolled-back migration)."""
         self.control.go("adopt")
         now = self.now()
-        inflight = [InflightRequest.from_wire(r) for item in items for r in item["inflight"]]
+        inflight = [r for item in items for r in item.inflight]
         for r in inflight:
             self.num_tokens -= len(r.output_token_ids)  # counted by the rank that generated them
             self.waits.arrived(r.request.request_id, now)

@@ -245,11 +245,11 @@ class DynamicScheduling:
         if not isinstance(self.rates, MeasuredRates):
             return
         rollout = measured.get("rollout", [])
-        steps = sum(r.get("engine_steps", 0) for r in rollout)
-        busy = sum(e - s for r in rollout for s, e in r.get("busy", []))
+        steps = sum(r.engine_steps for r in rollout)
+        busy = sum(e - s for r in rollout for s, e in r.busy)
         inference = measured.get("inference", [])
-        inference_busy = sum(e - s for r in inference for s, e in r.get("busy", []))
-        inference_tokens = sum(r.get("tokens", 0) for r in inference)
+        inference_busy = sum(e - s for r in inference for s, e in r.busy)
+        inference_tokens = sum(r.tokens for r in inference)
         ranks = len(inference)  # each on a device of its own; their busy time in parallel
         self.rates.learn_step(
             step_s=busy / steps if steps else None, trainer=measured.get("trainer"),

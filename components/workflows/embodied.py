@@ -36,7 +36,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynarl.components.embodied.emulated import EmulatedEnvWorker, EmulatedLearner, EmulatedPolicyWorker
+from dynarl.components.embodied.emulated import (EmulatedEnvWorker, EmulatedLearner, EmulatedPolicyWorker,
+                                                  EmulatedTrainMetrics)
+from dynarl.components.embodied.learn import PPOMetrics
 from dynarl.components.embodied.env_worker import EnvStep, EnvWorker
 from dynarl.components.embodied.spaces import EnvSpec, describe
 from dynarl.components.embodied.workers import Action, LearnerWorker, PolicyWorker, Trajectory
@@ -280,8 +282,8 @@ class Embodied:
                 "seed": self.cfg.run.seed + 7919 * i + 104_729 * restart}
         return init if self.emulated is None else init | {"spec": self.spec, "emulated": self.emulated}
 
-    def metrics(self, step: int, chunks: list[Chunk], train: dict[str, float], rollout_s: float, trainer_s: float,
-                sync_s: float, step_s: float) -> dict[str, Any]:
+    def metrics(self, step: int, chunks: list[Chunk], train: PPOMetrics | EmulatedTrainMetrics, rollout_s: float,
+                trainer_s: float, sync_s: float, step_s: float) -> dict[str, Any]:
         episodes = [ep for c in chunks for ep in c.episodes]
         if episodes:
             self.last_return = sum(ep[0] for ep in episodes) / len(episodes)
@@ -297,7 +299,7 @@ class Embodied:
             "env_busy_s": sum(c.busy_s for c in chunks), "act_busy_s": sum(c.act_s for c in chunks),
             "env_errors": sum(c.errors for c in chunks), "env_restarts": sum(c.restarts for c in chunks),
             "rollout_s": rollout_s, "trainer_s": trainer_s, "sync_s": sync_s, "step_time_s": step_s,
-            "time": time.time(), **train}
+            "time": time.time(), **train.row()}
 
     # --- weights and checkpoints ---------------------------------------------------------
     async def sync_weights(self, version: int, label: str) -> None:

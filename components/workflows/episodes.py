@@ -23,6 +23,7 @@ import asyncio
 from collections import Counter
 from typing import Any, Awaitable, Callable, Sequence
 
+from dynarl.components.rollout.run_control import Unfinished
 from dynarl.components.tasks.problem import stable_seed
 from dynarl.components.workflows.episode import Episode, EpisodeState, Limits, next_action
 from dynarl.components.workflows.turns import ReactTurns, ScriptedTurns, Turns
@@ -172,24 +173,24 @@ class EpisodeDriver:
         self.closing = True
         await self.close()
 
-    def cut(self, turns: list[dict]) -> None:
-        """The turns the ranks handed back when the step closed ({"id", "inflight":
-        [InflightRequest wire]}, tokens so far and log-probs): each episode waits, its
-        turn's tokens kept, made by `version`."""
+    def cut(self, turns: list[Unfinished]) -> None:
+        """The turns the ranks handed back when the step closed (RolloutWorker.partial_close:
+        tokens so far and log-probs): each episode waits, its turn's tokens kept, made by
+        the item's version."""
         for item in turns:
-            rid = item["id"]
+            rid = item.id
             ep = self.live.get(rid.rsplit("#", 1)[0])
             routed = self.routed_to.pop(rid, None)
             if routed in self.outstanding:
                 self.outstanding[routed] -= 1
             if ep is None:
                 continue
-            request = item["inflight"][0]
-            tokens = list(request["output_token_ids"])
+            request = item.inflight[0]
+            tokens = list(request.output_token_ids)
             runs = [list(r) for r in ep.pending[2]] if ep.pending else []  # (cut before: its older runs stay)
             if len(tokens) > (runs[-1][0] if runs else 0):
-                runs.append([len(tokens), int(item["version"])])
-            ep.pending = [tokens, list(request["output_logprobs"]), runs]
+                runs.append([len(tokens), item.version])
+            ep.pending = [tokens, list(request.output_logprobs), runs]
             self.parked.add(ep.id)
         self._poke()
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Awaitable, Callable
 
 from dynarl.components.experience import END, PromptGroup
+from dynarl.components.stage_results import RewardStats, RolloutStats
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.pipeline import AHEAD, Fresh, Opened, StartRollout, StepResult
 from dynarl.core.files import atomic_open
@@ -38,8 +39,8 @@ class Generated:
     """One step's scored groups, made ahead, with the stage results of making them."""
     step: int
     groups: list[PromptGroup]
-    rollout_stats: list[dict]
-    reward_stats: list[dict]
+    rollout_stats: list[RolloutStats]
+    reward_stats: list[RewardStats]
 
 
 class MadeAhead(Fresh):
@@ -87,7 +88,7 @@ class MadeAhead(Fresh):
             await ahead.put(END)
         return Opened([], AHEAD, None, self.made.groups, len(self.made.groups))
 
-    def stats(self, results: list[Any]) -> tuple[list[dict], list[dict]]:
+    def stats(self, results: list[Any]) -> tuple[list[RolloutStats], list[RewardStats]]:
         return self.made.rollout_stats, self.made.reward_stats
 
     async def beside(self, step: int, body: Awaitable[StepResult]) -> StepResult:
@@ -120,7 +121,8 @@ class MadeAhead(Fresh):
             return
         with atomic_open(file, sync=True) as f:
             json.dump({"format": 1, "step": self.ahead.step, "groups": [g.to_json() for g in self.ahead.groups],
-                       "rollout_stats": self.ahead.rollout_stats, "reward_stats": self.ahead.reward_stats}, f)
+                       "rollout_stats": [asdict(r) for r in self.ahead.rollout_stats],
+                       "reward_stats": [asdict(r) for r in self.ahead.reward_stats]}, f)
 
     def load(self, path: str, step: int) -> None:
         """Groups made ahead for `step` (the checkpoint's next step), if it kept any."""
@@ -135,5 +137,12 @@ class MadeAhead(Fresh):
         if data["step"] != step:
             raise ValueError(f"{file}: groups made for step {data['step']}, the checkpoint resumes at step {step}")
         groups = [PromptGroup.from_json(g) for g in data["groups"]]
-        self.ahead = Generated(step, groups, data["rollout_stats"], data["reward_stats"])
+        self.ahead = Generated(step, groups, [_kept(RolloutStats, r) for r in data["rollout_stats"]],
+                               [_kept(RewardStats, r) for r in data["reward_stats"]])
+
+
+def _kept(cls: type, data: dict[str, Any]) -> Any:
+    """A stage result as ahead.json keeps it (a key of an older file's that is no field, dropped)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
 

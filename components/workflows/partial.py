@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from dynarl.components.experience import PromptGroup, Sample
-from dynarl.components.rollout.base import InflightRequest
+from dynarl.components.rollout.run_control import Unfinished
+from dynarl.components.stage_results import RewardStats, RolloutStats
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.pipeline import AHEAD, Fresh, Opened, StartRollout
 from dynarl.core.files import atomic_open
@@ -179,7 +180,7 @@ class Partial(Fresh):
         closer = live.done["closer"] = asyncio.ensure_future(self._close(step, p, self.n - len(p.ready)))
         return Opened([closer, rollout, reward], AHEAD, closer, self.batch, self.n)
 
-    def stats(self, results: list[Any]) -> tuple[list[dict], list[dict]]:
+    def stats(self, results: list[Any]) -> tuple[list[RolloutStats], list[RewardStats]]:
         return results[1], results[2]
 
     def done(self) -> dict[str, Any]:
@@ -236,16 +237,16 @@ class Partial(Fresh):
         self.stream = PromptStream(self.prompts, *data["stream"])
 
 
-def take_back(per_rank: list[list[dict]], step: int, carried: list[PromptGroup]) -> int:
+def take_back(per_rank: list[list[Unfinished]], step: int, carried: list[PromptGroup]) -> int:
     """The rollout ranks' unfinished groups (RolloutWorker.partial_close's results) go
     to `carried`, their samples keeping their tokens so far (made by `step`'s weights).
     Returns how many."""
     exported = 0
     for items in per_rank:
         for item in items:
-            group = item["group"]
+            group = item.group
             by_id = {s.id: s for s in group.samples}
-            for r in map(InflightRequest.from_wire, item["inflight"]):
+            for r in item.inflight:
                 by_id[r.request.request_id].carry(r.output_token_ids, r.output_logprobs, step)
             carried.append(group)
             exported += 1

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from dynarl.components import experience
 from dynarl.components.experience import PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
+from dynarl.components.stage_results import InferenceStats, RewardStats, RolloutStats
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows.ledger import SampleLedger
@@ -32,22 +33,24 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class StageStats:
-    """A step's per-rank stage results (each rank's dict, as its worker returns it)."""
-    rollout: list[dict]
-    reward: list[dict]
-    inference: list[dict] = field(default_factory=list)
+    """A step's per-rank stage results, as the ranks' workers return them."""
+    rollout: list[RolloutStats]
+    reward: list[RewardStats]
+    inference: list[InferenceStats] = field(default_factory=list)
     trainer: list[dict] | None = None
     """A streaming trainer's ranks' (None: a barrier trainer, whose one call is no stage)."""
 
-    def ranked(self) -> dict[str, list[dict]]:
-        """The stages that ran, by component."""
-        out = {"rollout": self.rollout, "reward": self.reward, "inference": self.inference}
-        return out if self.trainer is None else out | {"trainer": self.trainer}
+    def busy(self) -> dict[str, list[tuple[list[list[float]], int | None]]]:
+        """Each rank's busy intervals and the devices it spans (None: its component's
+        unit), by device stage that ran (reward's runs on no device)."""
+        out = {"rollout": [(r.busy, r.devices) for r in self.rollout],
+               "inference": [(r.busy, None) for r in self.inference]}
+        return out if self.trainer is None else out | {"trainer": [(r["busy"], None) for r in self.trainer]}
 
     @property
     def episodes(self) -> dict[str, Any]:
         """The agentic reward stage's episode counts (agentic.py driver_metrics)."""
-        return self.reward[0]["episodes"]
+        return self.reward[0].episodes
 
 
 @dataclass(slots=True)
@@ -104,7 +107,7 @@ class Fresh:
         rollout, reward = await self.start(self.groups, step, label, live)
         return Opened([rollout, reward], "scored", reward, self.groups, len(self.groups))
 
-    def stats(self, results: list[Any]) -> tuple[list[dict], list[dict]]:
+    def stats(self, results: list[Any]) -> tuple[list[RolloutStats], list[RewardStats]]:
         """The rollout's and reward's per-rank results, of `results` (of Opened.work)."""
         return results[0], results[1]
 

@@ -5,17 +5,18 @@ import time
 from typing import Any, Sequence
 
 from dynarl.components.experience import Trained
+from dynarl.components.stage_results import RewardStats, RolloutStats
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.core.scheduler.log import DeviceCounts, device_stats
 
 STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 
 
-def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats: Sequence[dict],
-                 reward_stats: Sequence[dict], stage_s: dict[str, float], step_time_s: float) -> dict[str, Any]:
+def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats: Sequence[RolloutStats],
+                 reward_stats: Sequence[RewardStats], stage_s: dict[str, float], step_time_s: float) -> dict[str, Any]:
     rewards = trained.rewards
     lengths = sorted(trained.lengths)
-    tokens = sum(r["tokens"] for r in rollout_stats)
+    tokens = sum(r.tokens for r in rollout_stats)
     n = len(rewards)
     mean = sum(rewards) / n
     return {
@@ -30,7 +31,7 @@ def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats
         "truncated_frac": sum(f == "length" for f in trained.finishes) / n,
         "samples": n,
         "tokens": tokens,
-        "moved_reprefill_tokens": sum(r.get("reprefill_tokens", 0) for r in rollout_stats),
+        "moved_reprefill_tokens": sum(r.reprefill_tokens for r in rollout_stats),
         "tokens_per_s": tokens / step_time_s,
         "step_time_s": step_time_s,
         **{f"{name}_s": stage_s.get(name, 0.0) for name in STAGES},
@@ -40,7 +41,7 @@ def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats
         "staleness_mean": sum(step - v for v in trained.versions) / n,
         "loss": train.loss, "entropy": train.entropy, "grad_norm": train.grad_norm,
         "kl": train.kl, "clip_frac": train.clip_frac,
-        "verifier": reward_stats[0]["verifier"],
+        "verifier": reward_stats[0].verifier,
         "time": time.time(),
     }
 

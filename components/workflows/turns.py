@@ -7,11 +7,12 @@ from collections import Counter
 from typing import Any, Awaitable, Callable
 
 from dynarl.components.tasks.tool_syntax import malformed_observation, observation_text, parse_turn
+from dynarl.components.tools.outcome import ToolResult
 from dynarl.components.workflows.episode import Episode, Limits, next_action
 from dynarl.components.workloads.prompts import token_ids
 
-CallTool = Callable[[str, str], Awaitable[dict[str, Any]]]
-"""(tool, argument) -> {"ok", "stdout", "error"}."""
+CallTool = Callable[[str, str], Awaitable[ToolResult]]
+"""(tool, argument) -> what the tool gave back."""
 
 
 class ReactTurns:
@@ -45,10 +46,9 @@ class ReactTurns:
             ep.tool_calls += 1
             self.calls_by_tool[reply.tool] += 1
             outcome = await self.call_tool(reply.tool, reply.argument)
-            if not outcome["ok"]:
+            if not outcome.ok:
                 ep.tool_errors += 1
-            text = observation_text(outcome["ok"], outcome["stdout"], outcome["error"],
-                                    self.limits.max_observation_chars)
+            text = observation_text(outcome.ok, outcome.stdout, outcome.error, self.limits.max_observation_chars)
         else:
             ep.malformed += 1
             text = malformed_observation(reply.reason, self.limits.max_observation_chars)

@@ -46,6 +46,7 @@ from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRo
 from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.tasks.source import ProblemSource, TaskConfig
 from dynarl.components.tools.calculator import calculate
+from dynarl.components.tools.outcome import ToolResult
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from dynarl.components.workflows.agentic import demonstration_batch, episode_reward
@@ -92,9 +93,9 @@ async def run_mode(mode: str, model, args) -> dict:
         waits[rank].arrived(turn["id"], now)
         wake[rank].set()
 
-    async def call_tool(tool: str, argument: str) -> dict:
+    async def call_tool(tool: str, argument: str) -> ToolResult:
         await asyncio.sleep(rng.uniform(lo, hi) / 1000)
-        return calculate(argument).to_dict()
+        return calculate(argument)
 
     async def drive(rank: int) -> None:
         engine = engines[rank]

@@ -23,6 +23,7 @@ from dynarl.components.placement.profile import StageProfile
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
 from dynarl.components.rollout.native.engine import NativeEngineConfig
 from dynarl.components.rollout.worker import RolloutWorker
+from dynarl.components.stage_results import RolloutStats
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, ScriptedTurns
@@ -84,7 +85,7 @@ def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
             # version -1: the profile's engines hold no policy weights (none is needed to time them)
             results = await group.call(RolloutWorker.generate, "prompts", "rollouts", version=-1, chunk_size=1,
                                        sampling={"max_new_tokens": 1})
-        ends = [r["busy"][-1][1] for r in results if r["busy"]]
+        ends = [r.busy[-1][1] for r in results if r.busy]
         return max(ends, default=loop.time()) - start
 
     config = dynarl.RuntimeConfig(launcher="inproc", cluster=dynarl.ClusterConfig(devices_per_node=1,
@@ -92,7 +93,7 @@ def rollout_time(scn: Scenario, batch: list[Group], engines: int) -> float:
     return max(dynarl.run(workflow, config, virtual_time=True), 1e-9)
 
 
-async def _play_episodes(ctl, groups: list[dict], sampled: int, init: dict, vocab_size: int) -> list[dict]:
+async def _play_episodes(ctl, groups: list[dict], sampled: int, init: dict, vocab_size: int) -> list[RolloutStats]:
     """Engine k serves the episodes of groups k, k + sampled, ... (round-robin, as the
     batch's groups over the engines): one driver per engine, its turns scripted."""
     engine = init["backend_config"]  # as train_config sets the agentic queue

@@ -30,7 +30,7 @@ from dynarl.components.engine_factory import emulated_trainer_min_devices
 from dynarl.components.placement.plan import COMPONENTS, Placement, with_unit
 from dynarl.components.placement.policy import PlanContext, Replan, Snapshot, make_policy
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
-from dynarl.components.workflows.agentic import AgenticGRPO
+from dynarl.components.workflows.agentic import TURN_KV, AgenticGRPO, rollout_sums
 from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workflows.ppo import PPO
 from dynarl.components.workloads.prompts import WorkloadPrompts
@@ -157,16 +157,16 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
     stage_s: dict[str, float] = {}
     label = f"step {it}"
     stats = wf.stage_stats
-    ranked = stats.ranked()
+    ranked = stats.busy()
     for component in COMPONENTS:
         if component not in ranked:  # a trainer that steps on the whole batch: its held spans, below
             continue
         unit = placement.unit_of(component)
         totals = []
-        for r in ranked[component]:
-            width = r.get("devices", unit)  # a rollout engine's TP (tail-TP's are wider)
+        for busy, devices in ranked[component]:
+            width = unit if devices is None else devices  # a rollout engine's TP (tail-TP's are wider)
             total = 0.0
-            for s, e in r["busy"]:
+            for s, e in busy:
                 s, e = (s - origin) / scale, (e - origin) / scale
                 total += e - s
                 run.busy.append((s, e, width))
@@ -181,8 +181,8 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
         busy_ds += (e - s) * len(span.devices)
         run.busy.append((s, e, len(span.devices)))
         stage_s[span.component] = stage_s.get(span.component, 0.0) + e - s
-    run.preemptions += sum(r["preemptions"] for r in stats.rollout)
-    run.moved_reprefill_tokens.append(sum(r.get("reprefill_tokens", 0) for r in stats.rollout))
+    run.preemptions += sum(r.preemptions for r in stats.rollout)
+    run.moved_reprefill_tokens.append(sum(r.reprefill_tokens for r in stats.rollout))
     if wf.scheduling is not None:  # what the takers of this iteration's Workload migrations did with the KV
         run.moved_kv.append(kv_stats([m for m in wf.scheduling.scheduler.log.migrations
                                       if start <= (m.started - origin) / scale < end]))
@@ -202,8 +202,7 @@ def record(run: PolicyRun, scn: Scenario, wf: GRPO, it: int, start: float, end: 
                 run.ownership.append((c, placement.num_devices_of(c), start, end))
     if wf.multi_turn:  # the context recomputed on another engine (or after eviction), of the trained episodes
         run.reprefill_tokens.append(stats.episodes["reprefill_tokens"])
-        run.turn_kv.append({key: sum(r.get(key, 0) for r in stats.rollout)
-                            for key in ("turn_kv_requests", "turn_kv_tokens", "turn_kv_s", "turn_kv_reprefilled")})
+        run.turn_kv.append(rollout_sums(stats.rollout, *TURN_KV))
     entry = wf.ledger.entries[-1]  # this iteration's: how far behind the trainer its samples' weights were
     run.staleness_counts.append(Counter(entry.step - v for v in entry.versions))
     run.regenerated.append((metrics.get("regenerated_groups", 0), metrics.get("regenerated_tokens", 0)))
