@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from dynarl.components.trainer.native.layout import dim0_rows
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from test_trainer import (  # noqa: F401  (one_torch_thread is an autouse fixture)
     flat_params, make_batch, make_config, make_model, one_torch_thread, run_steps)
@@ -67,7 +68,15 @@ def _dp_worker(rank: int, world: int, port: int, out_dir: str, job: str) -> None
     if job == "resume":
         trainer.load_checkpoint(os.path.join(out_dir, "ckpt_dp2"))
         out = {f"state.{k}": v.clone() for k, v in trainer.export_state_shard().items()}
+        # the same state handed over in memory: the DP-2 writer's shards joined, this rank's rows cut out
+        written = full_state([{k.removeprefix("state."): v for k, v in load_file(
+            os.path.join(out_dir, f"train2_rank{r}.safetensors")).items() if k.startswith("state.")} for r in range(2)])
+        handed = NativeTrainer(make_dp_model(9), config, member.group)
+        mine = {k: v[slice(*dim0_rows(v.shape[0], rank, world))] for k, v in written.items()}
+        handed.import_state_shard({**mine, "adam_step": out["state.adam_step"], "step": out["state.step"]})
+        handed._rng_state = trainer._rng_state  # (the checkpoint's stream for this rank, or a fresh one: the same)
         metrics = dataclasses.asdict(trainer.train_step(nxt))
+        out["handed_loss"] = torch.tensor([handed.train_step(nxt).loss], dtype=torch.float64)
         _save(out_dir, f"resume{world}_rank{rank}", {**out, "next_params": flat_params(trainer)}, [metrics])
         return
     metrics = [dataclasses.asdict(m) for m in run_steps(trainer, DP_STEPS, rank, world)]
@@ -232,6 +241,8 @@ def test_a_dp2_checkpoint_resumes_at_dp1_bitwise(dp_run):
 
 
 def test_a_dp2_checkpoint_resumes_at_dp3_bitwise(dp_run):
+    """At DP 3 the whole state is the DP-2 writer's, bit for bit, and the next step's
+    loss equals bitwise that of DP-3 ranks handed the same rows in memory."""
     run = dp_run["runs"][(3, "resume")]
     joined = full_state([{k.removeprefix("state."): v for k, v in r.items() if k.startswith("state.")}
                          for r in run["ranks"]])
@@ -239,6 +250,7 @@ def test_a_dp2_checkpoint_resumes_at_dp3_bitwise(dp_run):
     assert joined.keys() == written.keys() and all(torch.equal(joined[k], written[k]) for k in written)
     losses = {m[0]["loss"] for m in run["metrics"]}
     assert len(losses) == 1  # one global loss on every rank
+    assert {float(r["handed_loss"]) for r in run["ranks"]} == losses  # bitwise: the state handed over in memory
     dp2_next = NativeTrainer(make_dp_model(7), make_config(**DP_CONFIG))
     dp2_next.import_state_shard({**written, "adam_step": torch.tensor([3]), "step": torch.tensor([3])})
     assert losses.pop() == pytest.approx(dp2_next.train_step(make_batch(NEXT)).loss, rel=1e-6)
