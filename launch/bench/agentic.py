@@ -38,6 +38,7 @@ import time
 import torch
 
 from dynarl.components.model.config import TINY_CONFIGS
+from dynarl.components.model.io import load_weights
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.model.spec import safe_decode
 from dynarl.components.model.tokenizer import CharTokenizer
@@ -65,7 +66,9 @@ def warm_model(steps: int, batch_size: int, seed: int, direct_frac: float = 0.0)
     for i in range(steps):
         trainer.train_step(demonstration_batch(source.warmup_problems(i * batch_size, batch_size), tok, 24,
                                                direct_frac, seed))
-    return model.eval()
+    trained = Qwen2ForCausalLM(TINY_CONFIGS["tiny-0.5m"])  # (the trainer's own model is FSDP-sharded)
+    load_weights(trained, [pair for bucket in trainer.named_weights(1 << 40) for pair in bucket], strict=True)
+    return trained.eval()
 
 
 async def run_mode(mode: str, model, args) -> dict:
