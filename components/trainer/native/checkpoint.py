@@ -11,12 +11,14 @@ checkpoints too (megatron/checkpoint.py).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -62,7 +64,8 @@ def save(path: str, state: dict[str, Any], group: Any, rank: int, rng: torch.Ten
     """Collective over `group`. DCP writes every rank's shards of `state` (state dicts
     of DTensors), each rank its RNG stream, rank 0 the metadata."""
     os.makedirs(path, exist_ok=True)
-    dcp.save(state, checkpoint_id=path, process_group=group)
+    with _plain_errors():
+        dcp.save(state, checkpoint_id=path, process_group=group)
     tmp = rng_file(path, rank) + ".tmp"
     save_file({"rng_state": rng.contiguous()}, tmp)
     os.replace(tmp, rng_file(path, rank))
@@ -73,7 +76,20 @@ def save(path: str, state: dict[str, Any], group: Any, rank: int, rng: torch.Ten
 def load(path: str, state: dict[str, Any], group: Any) -> None:
     """Collective over `group`. Fills `state` (state dicts laid out for this world) in
     place from a checkpoint written at any world size."""
-    dcp.load(state, checkpoint_id=path, process_group=group)
+    with _plain_errors():
+        dcp.load(state, checkpoint_id=path, process_group=group)
+
+
+@contextlib.contextmanager
+def _plain_errors() -> Iterator[None]:
+    """DCP raises CheckpointException, a BaseException (no `except Exception` catches it:
+    it would end the worker process); the first rank's own error is raised instead, so
+    a full disk is an OSError ENOSPC as with any other file the run writes."""
+    try:
+        yield
+    except CheckpointException as exc:
+        cause = next((e for e, _ in exc.failures.values() if isinstance(e, Exception)), None)
+        raise (cause or RuntimeError(str(exc))) from None
 
 
 def load_meta(path: str) -> dict[str, Any]:
