@@ -335,9 +335,7 @@ class NativeTrainer:
         self._move_to(self.device)
         self._onloaded = True
 
-    @property
-    def is_onloaded(self) -> bool:
-        return self._onloaded
+    is_onloaded = property(lambda self: self._onloaded)
 
     def close(self) -> None:
         """Leave the default group this trainer made (a later trainer in this process,
@@ -345,8 +343,10 @@ class NativeTrainer:
         leave_default_group()
 
     def _move_to(self, device: torch.device) -> None:
-        if self.offloaded_by_fsdp:  # (the state lives in host memory already)
+        if self.offloaded_by_fsdp or self.device.type == "cpu":  # (the state lives in host memory already)
             return
+        for module in self._fsdp_modules():  # (a step cut short may leave a layer gathered)
+            module.reshard()
         self.model.to(device)  # FSDP2 re-points its sharded parameters; self._params stay valid
         for state in self.optimizer.state.values():
             for key, t in state.items():
