@@ -1,7 +1,5 @@
 NUM_GPUS = 0
 
-import asyncio
-
 import pytest
 import torch
 
