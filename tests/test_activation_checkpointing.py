@@ -14,16 +14,9 @@ from dynarl.components.model.qwen2 import DecoderLayer, Qwen2ForCausalLM, set_ac
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.native.critic import value_head
+from test_trainer import one_torch_thread  # noqa: F401  (autouse fixture)
 
 CONFIG = TINY_CONFIGS["tiny-0.5m"]
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def make_model(seed: int = 0) -> Qwen2ForCausalLM:
