@@ -38,6 +38,35 @@ def test_the_sweep_removes_only_the_dead_owners_dirs(tmp_path):
     assert tempdirs.sweep(str(tmp_path)) == [str(made[f"dynarl-tool-{ns}-{dead}-abc"])]
 
 
+def test_a_reused_pid_or_a_zombie_does_not_keep_the_dead_owners_dir(tmp_path):
+    """The name carries the owner's start time: a live process under the same pid
+    that started at another time is not the owner; nor is a zombie."""
+    ns, pid = tempdirs._pid_namespace(), os.getpid()
+    start = tempdirs._start_time(pid)
+    assert start is not None
+    reused, own = tmp_path / f"dynarl-ctl-{ns}-{pid}-s{start - 1}-abc", tmp_path / f"dynarl-ctl-{ns}-{pid}-s{start}-abc"
+    reused.mkdir()
+    own.mkdir()
+    assert tempdirs.sweep(str(tmp_path)) == [str(reused)]
+    assert [p.name for p in tmp_path.iterdir()] == [own.name]
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits, and nobody waits for it yet
+    try:
+        deadline = time.monotonic() + 60
+        while running(zombie.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.path.exists(f"/proc/{zombie.pid}") and not running(zombie.pid)
+        undead = tmp_path / f"dynarl-p2p-{ns}-{zombie.pid}-s{tempdirs._start_time(zombie.pid)}-abc"
+        undead.mkdir()
+        assert tempdirs.sweep(str(tmp_path)) == [str(undead)]
+    finally:
+        zombie.wait()
+    made = tempdirs.make("ctl")
+    try:
+        assert os.path.basename(made).startswith(f"dynarl-ctl-{ns}-{pid}-s{start}-")
+    finally:
+        os.rmdir(made)
+
+
 KILLED = """
 import asyncio, os, sys, time
 sys.path.insert(0, {tests!r})
