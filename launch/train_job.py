@@ -21,6 +21,9 @@ from dynarl.transport.errors import DynarlError, RemoteError
 
 
 def workflow_class(cfg: Any) -> type:
+    if cfg.workflow == "agentic" and cfg.agentic.episodes == "agent":
+        from dynarl.components.agents.workflow import AgentGRPO
+        return AgentGRPO
     if cfg.workflow == "agentic":
         from dynarl.components.workflows.agentic import AgenticGRPO
         return AgenticGRPO

@@ -36,6 +36,7 @@ from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.workflows.episodes import (Episode, EpisodeDriver, EpisodeState, Limits, ReactTurns,
                                                   ScriptedTurns)
+from dynarl.components.workflows.turns import Turns
 from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workflows.job import Groups
 from dynarl.components.workflows.joins import StepRanks
@@ -168,20 +169,25 @@ class AgenticGRPO(GRPO):
         async def end(key: str) -> None:
             await ctl.channel(TURNS).put(END, key=key)
 
+        r = self.cfg.rollout
+        engine = r.emulated if r.backend == "emulated" else r.engine
+        return EpisodeDriver(self.episode_turns(groups), keys, submit, affinity=a.affinity, end=end,
+                             capacity=engine.max_num_seqs)
+
+    def episode_turns(self, groups: list[PromptGroup]) -> Turns:
+        """What each turn of the step's episodes leads to (turns.py)."""
         if self.scripted:
             scripts = {s.id: s.turns for group in groups for s in group.samples}
             e = self.cfg.rollout.emulated
-            turns: Any = ScriptedTurns(scripts, get_model(e.model).vocab_size, e.time_scale)
-        else:
-            async def call_tool(tool: str, argument: str) -> ToolResult:
-                if tool == "py":
-                    return (await self.tools.call(ToolWorker.python, argument, a.python_timeout_s))[0]
-                return (await self.tools.call(ToolWorker.calculator, argument))[0]
-            turns = ReactTurns(self.tokenizer, self.limits, call_tool, close_id=self.close_id,
-                               decode=functools.partial(safe_decode, self.tokenizer))
-        r = self.cfg.rollout
-        engine = r.emulated if r.backend == "emulated" else r.engine
-        return EpisodeDriver(turns, keys, submit, affinity=a.affinity, end=end, capacity=engine.max_num_seqs)
+            return ScriptedTurns(scripts, get_model(e.model).vocab_size, e.time_scale)
+        a = self.cfg.agentic
+
+        async def call_tool(tool: str, argument: str) -> ToolResult:
+            if tool == "py":
+                return (await self.tools.call(ToolWorker.python, argument, a.python_timeout_s))[0]
+            return (await self.tools.call(ToolWorker.calculator, argument))[0]
+        return ReactTurns(self.tokenizer, self.limits, call_tool, close_id=self.close_id,
+                          decode=functools.partial(safe_decode, self.tokenizer))
 
     async def play(self, groups: list[PromptGroup], driver: EpisodeDriver,
                    unfinished_out: asyncio.Future | None = None) -> list[RewardStats]:

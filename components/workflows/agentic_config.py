@@ -23,16 +23,17 @@ class AgenticSection:
     """A tool's output beyond this is cut before the model reads it."""
     python_timeout_s: float = 5.0
     """Wall-clock limit of one `[py ...]` call in the sandbox."""
-    episodes: Literal["react", "scripted"] = "react"
+    episodes: Literal["react", "scripted", "agent"] = "react"
     """react: the model's text decides each turn and the tools run in the sandbox;
     scripted: each sample's script (a simulated workload's, dynarl sim) gives its
-    turns' lengths, tool latencies and observation lengths."""
+    turns' lengths, tool latencies and observation lengths; agent: the `agent:` section's
+    function plays each episode over the job's OpenAI-compatible endpoint."""
 
     def __post_init__(self) -> None:
         at_least_one(self, "max_turns", "max_observation_chars")
         if self.max_bonus_s < 0:
             raise ValueError(f"max_bonus_s must be >= 0, got {self.max_bonus_s}")
-        if self.episodes not in ("react", "scripted"):
-            raise ValueError(f"episodes must be 'react' or 'scripted', got {self.episodes!r}")
+        if self.episodes not in ("react", "scripted", "agent"):
+            raise ValueError(f"episodes must be 'react', 'scripted' or 'agent', got {self.episodes!r}")
         if self.python_timeout_s <= 0:
             raise ValueError(f"python_timeout_s must be > 0, got {self.python_timeout_s}")

@@ -26,6 +26,7 @@ from dynarl.components.memory.config import MemorySection
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.placement.plan import COMPONENTS, Placement, PlacementError, from_pools
 from dynarl.components.tasks.source import TaskConfig
+from dynarl.components.agents.config import AgentSection
 from dynarl.components.workflows.agentic_config import AgenticSection
 from dynarl.components.workflows.config_checks import check
 from dynarl.components.workflows.embodied_config import EmbodiedSection
@@ -62,6 +63,8 @@ class TrainConfig:
     small policy on a simulator's envs (components/workflows/embodied.py, the
     `embodied` section; model, task, rollout, inference and trainer do not apply)."""
     agentic: AgenticSection = field(default_factory=AgenticSection)
+    agent: AgentSection = field(default_factory=AgentSection)
+    """agentic.episodes agent: the OpenAI-API agent that plays each episode."""
     critic: CriticSection = field(default_factory=CriticSection)
     embodied: EmbodiedSection = field(default_factory=EmbodiedSection)
     memory: MemorySection = field(default_factory=MemorySection)

@@ -204,13 +204,27 @@ def check_workflow(cfg: TrainConfig) -> None:
     if scripted and cfg.rollout.backend != "emulated":
         raise ConfigError("agentic.episodes", "scripted episodes play a simulated workload's scripts "
                                               "(dynarl sim): they need rollout.backend emulated")
-    if cfg.workflow == "agentic" and not scripted and cfg.task.kind != "calc":
+    if cfg.workflow == "agentic" and cfg.agentic.episodes == "agent":
+        check_agent(cfg)
+    elif cfg.workflow == "agentic" and not scripted and cfg.task.kind != "calc":
         raise ConfigError("task.kind", f"workflow 'agentic' trains the built-in tool task 'calc', "
                                        f"not {cfg.task.kind!r}")
     if cfg.task.kind == "calc" and cfg.workflow != "agentic":
         raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
     if cfg.workflow == "agentic" and cfg.agentic.queue == "priority":
         _check_engine_priority(cfg)
+
+
+def check_agent(cfg: TrainConfig) -> None:
+    """An agent's episodes live in the job's process: none waits for a later step."""
+    a = cfg.agent
+    if a.episodes_per_prompt and a.episodes_per_prompt != cfg.rollout.samples_per_prompt:
+        raise ConfigError("agent.episodes_per_prompt", f"is the group size, rollout.samples_per_prompt "
+                                                       f"({cfg.rollout.samples_per_prompt}): set one of them")
+    if cfg.rollout.oversample > 1:
+        raise ConfigError("rollout.oversample", "partial rollout carries unfinished episodes into later "
+                                                "steps; an agent's episode lives in the job's process and "
+                                                "cannot wait in a checkpoint: set it 1")
 
 
 def _check_engine_priority(cfg: TrainConfig) -> None:

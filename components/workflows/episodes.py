@@ -11,7 +11,8 @@ One episode is a ReAct loop over a rollout engine and the tools:
 `next_action` is the pure decision (episode.py, with the Episode); `EpisodeDriver`
 is the thin async loop around it, written against a callable that submits a turn to
 a rank and a `turns` strategy (turns.py: ReactTurns parses the model's text and calls
-the tools; ScriptedTurns plays a simulated workload's script, for `dynarl sim`), so the
+the tools; ScriptedTurns plays a simulated workload's script, for `dynarl sim`;
+AgentTurns follows an agent's requests on the OpenAI endpoint), so the
 training workflow, the simulator and `dynarl bench agentic` (engines in process)
 run the very same episode logic. Re-prefill is measured, not modelled:
 context the previous turn's engine had computed minus the prompt tokens the
@@ -270,11 +271,21 @@ class EpisodeDriver:
             if await self.on_result(ep, result):
                 await events.put(("done", ep))
 
-        for ep in episodes:
-            await self.route(ep)
+        async def begin(ep: Episode) -> None:  # (an agent's episode: once its first request is in)
+            if await self.turns_logic.begin(ep):  # type: ignore[union-attr]
+                await self.route(ep)
+            else:
+                await events.put(("done", ep))
+
+        waits = hasattr(self.turns_logic, "begin")
+        if not waits:
+            for ep in episodes:
+                await self.route(ep)
         left = len(episodes)
         async with asyncio.TaskGroup() as tasks:
             feeder = tasks.create_task(pump())
+            for ep in episodes if waits else ():
+                tasks.create_task(begin(ep))
             while left and not self.settled():
                 kind, value = await events.get()
                 if kind == "check":

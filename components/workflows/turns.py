@@ -1,5 +1,6 @@
 """What a finished turn of an episode leads to: ReactTurns parses the model's text and
-calls the tools; ScriptedTurns plays a simulated workload's script (dynarl sim)."""
+calls the tools; ScriptedTurns plays a simulated workload's script (dynarl sim);
+AgentTurns waits for what an agent on the OpenAI endpoint asks next (components/agents)."""
 from __future__ import annotations
 
 import asyncio
@@ -84,4 +85,33 @@ class ScriptedTurns:
         return token_ids(f"{ep.id}#{k}", int(obs), self.vocab_size) if obs else []
 
 
-Turns = ReactTurns | ScriptedTurns
+class AgentTurns:
+    """What a turn leads to when an agent's requests decide: the turn answers the request
+    waiting for it, and the agent's next request gives the next turn's new ids (its new
+    messages, masked out of the loss); the agent's return ends the episode. An episode
+    begins when its agent's first request arrives (`begin`)."""
+
+    def __init__(self, sessions: Any) -> None:
+        self.sessions = sessions
+        """components/agents/sessions.py Sessions: the step's sessions, one per episode."""
+
+    @property
+    def calls_by_tool(self) -> Counter[str]:
+        return self.sessions.calls_by_tool
+
+    async def begin(self, ep: Episode) -> bool:
+        """Once the agent's first request is in (its prompt is the episode's): True; False
+        if the agent ended without one."""
+        return bool(await self.sessions.by_episode[ep.id].started)
+
+    def budget(self, ep: Episode) -> int:
+        return self.sessions.budget(ep)
+
+    async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
+        new = await self.sessions.turn_done(ep, out, finish)
+        if new is None:
+            ep.finish = "failed" if self.sessions.by_episode[ep.id].failure else "answer"
+        return new
+
+
+Turns = ReactTurns | ScriptedTurns | AgentTurns

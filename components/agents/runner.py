@@ -1,0 +1,131 @@
+"""Running the user's agent: one call of `fn(client, sample)` per episode, on the job's
+loop, with an OpenAI client bound to the episode's session; its result is the
+episode's reward. A raise or a timeout fails that episode alone (counted; dropped
+from the loss), never the run."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from dynarl.components.agents.sessions import Session, Sessions
+from dynarl.components.experience import PromptGroup, group_advantages
+from dynarl.components.workflows.episode import Episode
+
+log = logging.getLogger(__name__)
+
+Agent = Callable[[Any, "AgentSample"], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSample:
+    """What an agent is given for one episode."""
+    id: str
+    prompt: str
+    """The task's problem text."""
+    answer: str
+    """The task's reference answer (for the agent's own reward)."""
+    group: int
+    """Its prompt's index in the step; a group's episodes share the prompt."""
+    index: int
+    """Its place among the group's episodes."""
+
+
+def load_agent(function: str) -> Agent:
+    """`module:fn` imported; a clear error when it is missing or not a coroutine function."""
+    module_name, _, name = function.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"agent.function: cannot import {module_name!r}: {exc}") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ValueError(f"agent.function: {module_name!r} has no {name!r}")
+    if not asyncio.iscoroutinefunction(fn):
+        raise ValueError(f"agent.function: {function} must be an async def (client, sample)")
+    return fn
+
+
+def reward_of(result: Any) -> tuple[float, dict[str, float]]:
+    """An agent's result as (reward, named scores): a number, a mapping with "reward"
+    (its other numbers are scores), or a record with a `reward` field."""
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        result = dataclasses.asdict(result)
+    if isinstance(result, Mapping):
+        scores = {str(k): float(v) for k, v in result.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if "reward" not in scores:
+            raise ValueError(f"an agent's scores need a numeric 'reward', got {sorted(result)}")
+        reward = scores.pop("reward")
+    elif isinstance(result, (int, float)) and not isinstance(result, bool):
+        reward, scores = float(result), {}
+    else:
+        raise ValueError(f"an agent returns a number or a mapping with 'reward', got {type(result).__name__}")
+    if not math.isfinite(reward):
+        raise ValueError(f"an agent's reward must be finite, got {reward}")
+    return reward, scores
+
+
+async def play_episode(fn: Agent, client: Any, sessions: Sessions, session: Session, sample: AgentSample,
+                       timeout_s: float) -> None:
+    """The agent plays one episode; whatever happens, its session is finished."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            result = await fn(client, sample)
+        reward, scores = reward_of(result)
+    except asyncio.CancelledError:
+        sessions.finish(session, failure="cancelled")
+        raise
+    except TimeoutError:
+        log.warning("agent episode %s: timed out after %.0f s (agent.timeout_s)", sample.id, timeout_s)
+        sessions.finish(session, failure="timeout")
+    except Exception as exc:  # the agent's own error: this episode fails, the run goes on
+        log.warning("agent episode %s failed: %s: %s", sample.id, type(exc).__name__, exc)
+        sessions.finish(session, failure=type(exc).__name__)
+    else:
+        sessions.finish(session, reward, scores)
+    finally:
+        await client.close()
+
+
+def finish_group(group: PromptGroup, episodes: Sequence[Episode], failed: Sequence[bool],
+                 rewards: Sequence[float], end_id: int, eps: float) -> None:
+    """A group's episodes into its samples. The group's prompt is the prefix its
+    episodes' contexts share (usually the whole first prompt); each sample's output is
+    the rest of its context, its own prompt part masked. A failed episode is kept
+    with every token masked and advantage 0; the others' advantages are over them alone."""
+    live = [ep.context for ep, bad in zip(episodes, failed) if not bad and ep.prompt_ids]
+    if live:  # (none: every episode failed; the task's prompt stands in)
+        common = shared_prefix(live) or live[0][:1]
+        group.prompt_ids = list(common)
+    common = list(group.prompt_ids)
+    kept = [not bad and ep.context[:len(common)] == common and len(ep.context) > len(common)
+            for ep, bad in zip(episodes, failed)]
+    advantages = iter(group_advantages([r for r, k in zip(rewards, kept) if k], eps))
+    for sample, ep, keep, reward in zip(group.samples, episodes, kept, rewards):
+        if keep:
+            own = len(ep.prompt_ids) - len(common)  # the episode's prompt past the shared part
+            sample.output_ids = ep.context[len(common):]
+            sample.mask = [0] * own + list(ep.mask)
+            sample.logprobs = [0.0] * own + list(ep.logprobs)
+            sample.reward, sample.advantage = reward, next(advantages)
+        else:
+            sample.output_ids, sample.mask, sample.logprobs = [end_id], [0], [0.0]
+            sample.reward, sample.advantage = 0.0, 0.0
+        sample.finish = ep.finish or "failed"
+        sample.version = ep.oldest
+        sample.segments = None
+        sample.episode = None
+
+
+def shared_prefix(sequences: Sequence[Sequence[int]]) -> list[int]:
+    first = sequences[0]
+    n = min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences):
+            return list(first[:i])
+    return list(first[:n])

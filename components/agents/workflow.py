@@ -1,0 +1,141 @@
+"""Agentic GRPO whose episodes an unmodified agent plays over the OpenAI API
+(agentic.episodes agent). The job serves /v1/chat/completions and /v1/completions
+(server.py) on its own loop; each episode's agent gets a client bound to its
+session; every turn the agent asks for is routed to a rollout rank like any agentic
+turn (affinity, (tool_count, cached_prefix) priority, KV and device moves apply);
+the ids the engines produced are what is trained (sessions.py)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections import Counter
+from typing import Any
+
+from dynarl.components.agents.calc_agent import TOOLS
+from dynarl.components.agents.chat_format import ChatFormat
+from dynarl.components.agents.messages import ChatMessage, ToolCall, ToolSpec
+from dynarl.components.agents.runner import AgentSample, finish_group, load_agent, play_episode
+from dynarl.components.agents.server import AgentServer
+from dynarl.components.agents.sessions import Sessions
+from dynarl.components.agents.tool_calls import call_text, parser_for
+from dynarl.components.experience import PromptGroup
+from dynarl.components.stage_results import RewardStats
+from dynarl.components.tasks.calc import expression, is_direct
+from dynarl.components.trainer.base import TrainBatch
+from dynarl.components.workflows.agentic import TURN_RESULTS, AgenticGRPO, driver_metrics
+from dynarl.components.workflows.episode import Episode
+from dynarl.components.workflows.episodes import EpisodeDriver
+from dynarl.components.workflows.grpo import GRPO
+from dynarl.components.workflows.turns import AgentTurns, Turns
+
+
+class AgentGRPO(AgenticGRPO):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        a = self.cfg.agent
+        self.agent = load_agent(a.function)
+        self.parser = parser_for(getattr(self.tokenizer, "chat_template", None), a.tool_parser)
+        self.fmt = ChatFormat(self.tokenizer, self.parser)
+        self.sessions = Sessions(self.fmt, self.tokenizer, self.limits, self.cfg.rollout.temperature, self.parser)
+        self.token = secrets.token_urlsafe(32)
+        self.server = AgentServer(self.sessions, self.token, host=a.host, max_body_bytes=a.max_body_bytes)
+        self.counted: Counter[str] = Counter()
+        """The endpoint's and the sessions' counters at the last step's end."""
+
+    async def run(self, resume: Any = None) -> None:
+        await self.server.start()
+        try:
+            await super().run(resume)
+        finally:
+            await self.server.stop()
+
+    def episode_turns(self, groups: list[PromptGroup]) -> Turns:
+        return AgentTurns(self.sessions)
+
+    def sampling(self) -> dict[str, Any]:
+        return GRPO.sampling(self) | {"stop_token_ids": [self.fmt.end_id]}
+
+    async def step(self, step: int) -> dict[str, Any]:
+        metrics = await super().step(step)
+        now = Counter(self.sessions.counters) + Counter({f"http_{k}": v for k, v in self.server.counters.items()})
+        metrics.update({f"agent_{k}": now[k] - self.counted[k] for k in sorted(now)})
+        self.counted = now
+        return metrics
+
+    async def play(self, groups: list[PromptGroup], driver: EpisodeDriver,
+                   unfinished_out: asyncio.Future | None = None) -> list[RewardStats]:
+        """Every episode's agent runs beside the driver; a group goes to "scored" once its
+        episodes are over (finish_group: the trained ids, masks, advantages)."""
+        a, scored = self.cfg.agent, self.ctl.channel("scored")
+        eps = self.cfg.trainer.engine.adv_eps
+        episodes: dict[int, list[Episode]] = {}
+        sessions, agents = [], []
+        for group in groups:
+            prompt = self.tokenizer.decode(list(group.prompt_ids))
+            episodes[group.index] = []
+            for k, sample in enumerate(group.samples):
+                ep = Episode(sample.id, [], sample.seed, group=group.index)
+                session = self.sessions.open(ep)
+                sessions.append(session)
+                episodes[group.index].append(ep)
+                agents.append(asyncio.ensure_future(play_episode(
+                    self.agent, self.client(session.id), self.sessions, session,
+                    AgentSample(sample.id, prompt, group.answer, group.index, k), a.timeout_s)))
+        by_index = {group.index: group for group in groups}
+        left = {index: len(eps_) for index, eps_ in episodes.items()}
+
+        async def on_done(ep: Episode) -> None:
+            left[ep.group] -= 1
+            if left[ep.group] == 0:
+                group, done = by_index[ep.group], episodes[ep.group]
+                states = [self.sessions.by_episode[e.id] for e in done]
+                finish_group(group, done, [bool(s.failure) for s in states], [s.reward for s in states],
+                             self.fmt.end_id, eps)
+                await scored.put([group], weight=1)
+
+        try:
+            await driver.run([ep for eps_ in episodes.values() for ep in eps_], self.ctl.channel(TURN_RESULTS).get,
+                             on_done)
+            await driver.close()
+        finally:
+            for task in agents:
+                task.cancel()
+            await asyncio.gather(*agents, return_exceptions=True)
+            for session in sessions:
+                self.sessions.close(session)
+        if unfinished_out is not None:
+            unfinished_out.set_result([])
+        return [RewardStats(verifier="agent", episodes=driver_metrics(driver))]
+
+    def client(self, session_id: str) -> Any:
+        import openai  # the agent extra: only a run with agents needs it
+        return openai.AsyncOpenAI(base_url=self.server.base_url(session_id), api_key=self.token, max_retries=0,
+                                  timeout=self.cfg.agent.timeout_s)
+
+    def warmup_batch(self, index: int) -> TrainBatch:
+        """The calc task's episodes as the built-in agent plays them, in the chat format:
+        the model's turns imitated, the rest masked (the same renders the endpoint uses)."""
+        size, calc = self.cfg.trainer.warmup.batch_size, self.cfg.task.calc
+        tools = tuple(ToolSpec(t["function"]["name"], t["function"]["description"], t["function"]["parameters"])
+                      for t in TOOLS)
+        end = self.fmt.end_id
+        ids, plens, masks = [], [], []
+        for problem in self.source.warmup_problems(index * size, size):
+            user = ChatMessage("user", problem.prompt)
+            prompt = self.fmt.render([user], tools, True)
+            if is_direct(problem, self.cfg.run.seed, calc.warmup_direct_frac):
+                response, mask = self.tokenizer.encode(problem.answer) + [end], None
+            else:
+                call = ToolCall("call_0_0", "calc", json.dumps({"x": expression(problem)}))
+                turn = self.tokenizer.encode(call_text(call, self.parser)) + [end]
+                history = [user, ChatMessage("assistant", "", (call,))]
+                tool = self.fmt.continuation(history, [ChatMessage("tool", problem.answer, tool_call_id=call.id)],
+                                             tools, True)
+                answer = self.tokenizer.encode(problem.answer) + [end]
+                response = turn + tool + answer
+                mask = [1] * len(turn) + [0] * len(tool) + [1] * len(answer)
+            ids.append(prompt + response)
+            plens.append(len(prompt))
+            masks.append(mask or [1] * len(response))
+        return TrainBatch(input_ids=ids, prompt_lens=plens, response_mask=masks, advantages=[1.0] * len(ids))
