@@ -123,22 +123,35 @@ class HFTokenizer:
     def chat(self, text: str) -> str:
         """`text` as the user's message, formatted by the model's chat template with the
         assistant's turn opened (what transformers' apply_chat_template(...,
-        add_generation_prompt=True) renders), in a sandboxed jinja environment."""
+        add_generation_prompt=True) renders)."""
+        return self.render_chat([{"role": "user", "content": text}], None, True)
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+        """OpenAI-style message dicts (and tool dicts, or None) through the model's chat
+        template, in a sandboxed jinja environment set up as transformers sets its own
+        (its tojson: no HTML escaping, keys in order), so the text is what the model saw
+        in training."""
         if self.chat_template is None:
             raise ValueError("the tokenizer has no chat_template")
         if self._chat_render is None:  # compiled once: a dataset formats every row with it
+            from jinja2.ext import loopcontrols
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             def raise_exception(message: str) -> None:
                 raise ValueError(f"chat template: {message}")
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                  sort_keys=sort_keys)
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+            env.filters["tojson"] = tojson
             env.globals["raise_exception"] = raise_exception
             # Llama 3.x templates print today's date
             env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
             self._chat_render = env.from_string(self.chat_template).render
         special = {f"{kind}_token": self._tok.id_to_token(i) if i is not None else ""
                    for kind, i in (("bos", self.bos_id), ("eos", self.eos_id), ("pad", self.pad_id))}
-        return self._chat_render(messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+        return self._chat_render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                  **special)
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
