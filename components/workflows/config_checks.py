@@ -3,6 +3,7 @@ calls them from __post_init__; each raises ConfigError naming the field), and th
 per-field checks the sections share (ValueError: the loader prefixes the section)."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import TYPE_CHECKING
@@ -218,6 +219,8 @@ def check_workflow(cfg: TrainConfig) -> None:
 def check_agent(cfg: TrainConfig) -> None:
     """An agent's episodes live in the job's process: none waits for a later step."""
     a = cfg.agent
+    if importlib.util.find_spec("openai") is None:
+        raise ConfigError("agentic.episodes", "an agent's client is the openai package: pip install 'dynarl[agent]'")
     if a.episodes_per_prompt and a.episodes_per_prompt != cfg.rollout.samples_per_prompt:
         raise ConfigError("agent.episodes_per_prompt", f"is the group size, rollout.samples_per_prompt "
                                                        f"({cfg.rollout.samples_per_prompt}): set one of them")
