@@ -162,7 +162,7 @@ async def test_unknown_busy_and_over_long_requests_are_refused():
     with pytest.raises(UnknownSession):  # over: its session answers no more
         await sessions.chat(session.id, chat([ChatMessage("user", "q")]))
     assert sessions.counters["unknown_session"] == 2 and sessions.counters["busy"] == 1
-    assert sessions.counters["agent_failures"] == 1
+    assert sessions.counters["failures"] == 1
 
 
 @pytest.mark.asyncio

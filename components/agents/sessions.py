@@ -87,7 +87,7 @@ class Sessions:
         """The agent returned (or failed): the episode ends at its next boundary."""
         session.done, session.reward, session.scores, session.failure = True, reward, dict(scores or {}), failure
         if failure:
-            self.counters["agent_failures"] += 1
+            self.counters["failures"] += 1
         if not session.started.done():
             session.started.set_result(False)
         if session.next_prompt is not None and not session.next_prompt.done():

@@ -201,6 +201,9 @@ def check_partial(cfg: TrainConfig) -> None:
 def check_workflow(cfg: TrainConfig) -> None:
     """The calc task is built for tool calls and the agentic workflow runs only it
     (or, with scripted episodes, a simulated workload's scripts on emulated engines)."""
+    if cfg.run.save_samples and cfg.trainer.streaming:
+        raise ConfigError("run.save_samples", "a streaming trainer's samples never meet in one place; "
+                                              "set trainer.streaming false")
     scripted = cfg.workflow == "agentic" and cfg.agentic.episodes == "scripted"
     if scripted and cfg.rollout.backend != "emulated":
         raise ConfigError("agentic.episodes", "scripted episodes play a simulated workload's scripts "

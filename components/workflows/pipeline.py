@@ -11,6 +11,7 @@ source composed with a trainer mode, and one ending.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -19,8 +20,10 @@ from dynarl.components import experience
 from dynarl.components.experience import PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.stage_results import InferenceStats, RewardStats, RolloutStats
+from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.worker import TrainerWorker
+from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.ledger import SampleLedger
 from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.stages import stage
@@ -65,6 +68,8 @@ class StepResult:
     """Loop time the trainer's first input came (pipelining: before the rollout ended?)."""
     trainer_rate: tuple[int, float] | None
     """A barrier train's devices and tokens/s (the scheduler learns it)."""
+    batch: TrainBatch | None = None
+    """What a barrier trainer was given (run.save_samples keeps it)."""
 
 
 @dataclass(slots=True)
@@ -192,7 +197,7 @@ class StepPipeline:
             tokens = sum(len(x) for x in batch.input_ids)
             rate = (devices, tokens * h.trainer_passes / train_s) if train_s > 0 else None
         stats = StageStats(*source.stats(results), inference_stats, trainer_stats)
-        return StepResult(ids, trained, train, stats, first, rate)
+        return StepResult(ids, trained, train, stats, first, rate, None if streaming else batch)
 
     async def end(self, step: int, label: str, result: StepResult, started: float, begun: float) -> dict[str, Any]:
         """The one ending of every step: the ledger commit, the scheduler's end (its
@@ -200,6 +205,8 @@ class StepPipeline:
         h, stats, sched = self.host, result.stats, self.host.scheduling
         extra = self.source.done()
         h.commit_step(step, result.ids, result.trained)
+        if h.cfg.run.save_samples and h.run_dir is not None and result.batch is not None:
+            jsonl.append(os.path.join(h.run_dir, SAMPLES_FILE), trained_samples(step, result.ids, result.batch))
         self.stats = stats
         timed: dict[str, float] = {}
         if self.source.timed:
@@ -248,3 +255,17 @@ class StepPipeline:
             groups += await self.host.ctl.channel("experience").get()
             first = first or asyncio.get_running_loop().time()
         return groups, first
+
+
+SAMPLES_FILE = "samples.jsonl"
+"""run.save_samples: each step's trained samples."""
+
+
+def trained_samples(step: int, ids: list[str], batch: TrainBatch) -> dict[str, Any]:
+    """One samples.jsonl line: the step's samples as the trainer was given them."""
+    masks = batch.response_mask or [None] * len(ids)
+    rewards = batch.rewards or [None] * len(ids)
+    return {"step": step, "samples": [
+        {"id": i, "input_ids": list(x), "prompt_len": p,
+         "mask": list(m) if m is not None else [1] * (len(x) - p), "reward": r}
+        for i, x, p, m, r in zip(ids, batch.input_ids, batch.prompt_lens, masks, rewards, strict=True)]}

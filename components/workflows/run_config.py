@@ -18,6 +18,10 @@ class RunSection:
     """Prompts (groups of rollout.samples_per_prompt samples) per step."""
     seed: int = 0
     """Seeds the data stream and every sample's sampling seed."""
+    save_samples: bool = False
+    """Append each step's trained samples to samples.jsonl in the run directory, a line
+    per step: each sample's id, token ids, prompt length, loss mask and reward (what
+    the trainer was given; a streaming trainer's step writes none)."""
     checkpoint_every: int = 50
     """Checkpoint after every this many steps (and after the warm start and the last step)."""
     keep_checkpoints: int = 2
