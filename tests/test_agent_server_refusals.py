@@ -44,6 +44,7 @@ def head(route, *lines):
 @pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong"},
                                      {"authorization": f"Basic {TOKEN}"},
                                      {"authorization": f"Bearer {TOKEN}x"},
+                                     {"authorization": f"Bearer {TOKEN[:-1]}"},
                                      {"authorization": "Bearer tök".encode()}])  # not ASCII
 async def test_bad_token_401(served, headers):
     server, backend = served

@@ -101,11 +101,10 @@ class AgentServer:
         self.max_body_bytes, self.model, self.grace_s = max_body_bytes, model, grace_s
         self._token = token.encode()
         self.counters: collections.Counter[str] = collections.Counter()
-        prefix = "/sessions/{sid}/v1"
         self.app = Starlette(routes=[
-            Route(f"{prefix}/chat/completions", self._chat, methods=["POST"]),
-            Route(f"{prefix}/completions", self._complete, methods=["POST"]),
-            Route(f"{prefix}/models", self._models, methods=["GET"]),
+            Route("/sessions/{sid}/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/sessions/{sid}/v1/completions", self._complete, methods=["POST"]),
+            Route("/sessions/{sid}/v1/models", self._models, methods=["GET"]),
         ], exception_handlers={404: self._no_route, 405: self._no_route})
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task | None = None
@@ -130,8 +129,7 @@ class AgentServer:
         sock = socket.socket(family, kind, proto)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-            sock.setblocking(False)
+            sock.bind(address)  # asyncio's create_server makes it non-blocking
         except BaseException:
             sock.close()
             raise
