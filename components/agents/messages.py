@@ -49,6 +49,8 @@ class Sampling:
     logprobs: bool = False
     top_logprobs: int = 0
     stream: bool = False
+    include_usage: bool = False
+    """A stream ends with a usage chunk (stream_options.include_usage)."""
 
 
 @dataclass(frozen=True, slots=True)
