@@ -12,12 +12,15 @@ it; what crosses the wire is the method's name (remote.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence, overload
 
 from dynarl.core.remote import AsyncMethod, P, R, SyncMethod, method_name
 from dynarl.core.worker import Worker
 from dynarl.core.worker_handle import WorkerHandle
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from dynarl.core.controller import Controller
@@ -78,9 +81,15 @@ class WorkerGroup:
             await self._on_live(Worker.onload)
             try:
                 yield
+            except BaseException:  # the work failed: its error is the one raised, not the offload's after it
+                try:
+                    await self._on_live(Worker.offload, set(map(id, holders)))
+                except Exception as exc:
+                    log.warning("%s: offload after a failure failed too: %r", self.name, exc)
+                raise
+            else:
+                await self._on_live(Worker.offload, set(map(id, holders)))
             finally:
-                held = set(map(id, holders))
-                await self._on_live(Worker.offload, held)
                 self._ctl.tracer.complete("device_held", "device_lock", self.name, 0, got, loop.time())
 
     async def _on_live(self, method: AsyncMethod[[], None], among: set[int] | None = None) -> None:

@@ -36,7 +36,9 @@ def agent_run(tmp_path, *args, steps=STEPS):
 
 def token_ids(texts):
     tok = CharTokenizer()
-    return [tok.eos_id if t == "<eos>" else tok.encode(t)[0] for t in texts]
+    specials = {"<pad>": tok.pad_id, "<bos>": tok.bos_id, "<eos>": tok.eos_id}
+    return [specials[t] if t in specials else int(t[len("token_id:"):]) if t.startswith("token_id:")
+            else tok.encode(t)[0] for t in texts]
 
 
 def runs_of_ones(mask, ids):

@@ -69,3 +69,26 @@ async def test_a_rank_grown_while_the_lock_is_held_is_not_offloaded_by_its_relea
         events = await group.call(Echo.get_events)
     assert events[0] == ["onload", "offload"]  # the holder
     assert events[1] == []  # grown on device 2 meanwhile: neither onloaded nor offloaded by this lock
+
+
+async def test_the_works_error_is_raised_not_the_offload_that_fails_after_it():
+    """A failed stage leaves its engines busy, so their offload fails too: the stage's
+    error is what the run reports; the offload's is logged."""
+    from workers import StuckOffload
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc")) as ctl:
+        group = await ctl.spawn(StuckOffload, devices=[0])
+        try:
+            async with group.device_lock():
+                raise ValueError("the stage failed")
+        except ValueError as exc:
+            assert str(exc) == "the stage failed"
+        else:
+            raise AssertionError("the lock swallowed the stage's error")
+        try:  # a clean exit still reports its offload's failure
+            async with group.device_lock():
+                pass
+        except Exception as exc:
+            assert "offload: work still running" in str(exc)
+        else:
+            raise AssertionError("the offload's failure was lost")
+        assert not ctl.locks.statistics()[next(iter(ctl.locks.statistics()))]["locked"]

@@ -266,3 +266,10 @@ class Counter(dynarl.Worker):
         if self.fail_restore:
             raise RuntimeError("restore failed (fault injection)")
         self.count = sum(s["count"] for s in states)
+
+
+class StuckOffload(Echo):
+    """An Echo whose offload fails (a device that still holds work)."""
+
+    async def offload(self):
+        raise RuntimeError("offload: work still running")

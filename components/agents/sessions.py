@@ -29,6 +29,7 @@ from dynarl.components.agents.chat_format import ChatFormat
 from dynarl.components.agents.messages import (BadRequest, ChatMessage, ChatRequest, CompletionRequest,
                                                SessionBusy, ToolCall, TurnOutput, UnknownSession)
 from dynarl.components.agents.tool_calls import parse_reply
+from dynarl.components.model.spec import safe_decode
 from dynarl.components.workflows.episode import Episode, Limits
 
 
@@ -105,7 +106,8 @@ class Sessions:
                 session.max_tokens = request.sampling.max_tokens
                 return await self._turn(session, lambda: session.started.set_result(True), messages, request)
             new = self._extension(session, messages)
-            ids = self._render(lambda: self.fmt.continuation(session.history, new, request.tools, session.ended))
+            ids = self._render(lambda: self.fmt.continuation(bare(session.history), new, request.tools,
+                                                             session.ended))
             return await self._next(session, ids, messages, request)
         finally:
             session.output = None
@@ -232,7 +234,7 @@ class Sessions:
     def _output(self, session: Session, out: list[int], logprobs: list[float], finish: str,
                 prompt_tokens: int) -> TurnOutput:
         body = out[:-1] if session.ended else out
-        text = self.tokenizer.decode(body)
+        text = safe_decode(self.tokenizer, body)
         calls: tuple[ToolCall, ...] = ()
         if session.kind == "chat":
             parsed = parse_reply(text, self.tool_parser, id_prefix=f"call_{session.episode.turns}")
@@ -242,17 +244,34 @@ class Sessions:
             if calls:
                 session.episode.tool_calls += 1
                 self.calls_by_tool.update(call.name for call in calls)
-        tokens = tuple(self.tokenizer.decode([i], skip_special=False) for i in out)
+        tokens = tuple(token_text(self.tokenizer, i) for i in out)
         return TurnOutput(text, calls, _finish(finish, calls), tuple(out), tuple(logprobs), tokens, prompt_tokens)
 
     def _text(self, output: TurnOutput) -> str:
-        return self.tokenizer.decode([i for i in output.token_ids if i != self.fmt.end_id])
+        return safe_decode(self.tokenizer, [i for i in output.token_ids if i != self.fmt.end_id])
 
 
 def _finish(engine_finish: str, calls: Sequence[ToolCall]) -> Any:
     if calls:
         return "tool_calls"
     return "length" if engine_finish == "length" else "stop"
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """One id's text for a response's log-probs; an id the tokenizer does not know (the
+    model's vocabulary is padded) as "token_id:<id>", vLLM's form for ids."""
+    if token_id >= tokenizer.vocab_size:
+        return f"token_id:{token_id}"
+    return tokenizer.decode([token_id], skip_special=False)
+
+
+def bare(history: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The recorded conversation with the model's own text left out (its turns keep
+    only how many calls they made): continuation renders it only to count its turns,
+    and the model's text need not be renderable (an id the tokenizer does not know)."""
+    return [m if m.role != "assistant" else
+            ChatMessage("assistant", "", tuple(ToolCall(c.id, "call", "{}") for c in m.tool_calls))
+            for m in history]
 
 
 def same_message(a: ChatMessage, b: ChatMessage) -> bool:

@@ -30,6 +30,13 @@ from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workflows.turns import AgentTurns, Turns
 
 
+COUNTED = ("failures", "malformed_tool_calls", "diverged", "too_long", "turn_cap", "http_requests", "http_ok",
+           "http_unauthorized", "http_too_large", "http_bad_json", "http_bad_request", "http_unknown_session",
+           "http_busy", "http_failed")
+"""The step's counts every metrics row has (agent_<name>): episodes whose agent failed,
+tool-call text that did not parse, requests refused by reason; others appear once seen."""
+
+
 class AgentGRPO(AgenticGRPO):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -59,7 +66,7 @@ class AgentGRPO(AgenticGRPO):
     async def step(self, step: int) -> dict[str, Any]:
         metrics = await super().step(step)
         now = Counter(self.sessions.counters) + Counter({f"http_{k}": v for k, v in self.server.counters.items()})
-        metrics.update({f"agent_{k}": now[k] - self.counted[k] for k in sorted(now)})
+        metrics.update({f"agent_{k}": now[k] - self.counted[k] for k in sorted(set(now) | set(COUNTED))})
         self.counted = now
         return metrics
 
