@@ -195,10 +195,12 @@ def stream_batch(groups: Sequence[PromptGroup], with_ref: bool, lengths_only: bo
     return TrainBatch(**_sequences(samples, with_ref, behaviour), response_mask=masks, advantages=advantages)
 
 
+@register_struct(72)
 @dataclass(slots=True)
 class Trained:
-    """What a streaming trainer rank trained in one step, per sample (msgpack-safe
-    as to_wire()): the ledger's ids and digests, the step metrics' inputs."""
+    """What a streaming trainer rank trained in one step, per sample (a wire record, by
+    its fields: stage_results.py TrainerStats carries it): the ledger's ids and
+    digests, the step metrics' inputs. `merge` joins the ranks'."""
     ids: list[str] = field(default_factory=list)
     digests: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
@@ -218,15 +220,12 @@ class Trained:
                 self.finishes.append(str(s.finish))
                 self.versions.append(int(s.version))
 
-    def to_wire(self) -> dict[str, list]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
     @classmethod
-    def merge(cls, parts: Sequence[dict[str, list]]) -> "Trained":
+    def merge(cls, parts: Sequence["Trained"]) -> "Trained":
         out = cls()
         for part in parts:
             for f in fields(out):
-                getattr(out, f.name).extend(part[f.name])
+                getattr(out, f.name).extend(getattr(part, f.name))
         return out
 
 

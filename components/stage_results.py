@@ -1,6 +1,7 @@
 """What a step's stage ranks return (registered wire records, transport/wire.py
 register_struct): a rollout rank's generate or serve_turns, a reward rank's score, an
-inference rank's compute_logprobs. The workflow's StageStats (workflows/pipeline.py)
+inference rank's compute_logprobs, a streaming trainer rank's train_stream. The
+workflow's StageStats (workflows/pipeline.py)
 holds them; its metrics and the scheduler's rates read their fields. Their field
 names are the keys a checkpoint's ahead.json keeps them under (workflows/overlap.py)."""
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynarl.components.experience import Trained
+from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.transport.wire import register_struct
 
 
@@ -66,3 +69,14 @@ class InferenceStats:
     tokens: int
     busy: list[list[float]]
     """When its engine computed: [start, end] intervals, loop time."""
+
+
+@register_struct(66)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerStats:
+    """A streaming trainer rank's step (train_stream): the step's metrics (equal on
+    every rank), when it computed ([start, end] intervals, loop time), and what it
+    trained (the ledger's ids and digests, the step metrics' inputs)."""
+    metrics: TrainMetrics
+    busy: list[list[float]]
+    trained: Trained

@@ -131,7 +131,7 @@ async def _p2p_move(gpu: bool) -> dict:
         moved = await p2p_migrate(ctl, old, [0], init)  # the new rank on the old one's device
         seconds = time.perf_counter() - begun
         after = (await moved.group.call(TrainerWorker.state_digest))[0]
-        if before["sums"] != after["sums"] or before["step"] != after["step"]:
+        if before.sums != after.sums or before.step != after.step:
             raise RuntimeError(f"the state changed in the move: {before} -> {after}")
         await moved.group.call(TrainerWorker.train, batch)  # and it trains on
     return {"elements_moved": moved.elements_moved, "seconds": round(seconds, 3),

@@ -74,8 +74,8 @@ async def p2p_across_hosts(ctl, out):
 
     async def gathered(g):  # each tensor joined from the ranks' dim-0 rows (FSDP2), in rank order
         parts = await g.call(ReshardTrainer.full_state)
-        keys = [k for k in parts[0]["state"] if "/" in k]
-        return {k: torch.cat([p["state"][k] for p in parts]) for k in keys}, sorted({p["step"] for p in parts})
+        keys = [k for k in parts[0].state if "/" in k]
+        return {k: torch.cat([p.state[k] for p in parts]) for k in keys}, sorted({p.step for p in parts})
 
     def equal(a, b):
         return {"equal": {k: bool(torch.equal(a[0][k], b[0][k])) for k in a[0]}, "steps": [a[1], b[1]]}

@@ -75,40 +75,40 @@ async def test_dp_and_tp_round_trips_keep_the_state_bitwise(megatron_cpu, optimi
         for group in (trainer, unmoved):
             await group.call(TrainerWorker.train, make_batch(31).to_wire())  # moments are not zero
         before = (await trainer.call(TrainerWorker.full_state))[0]
-        assert not _equal(before["state"], (await unmoved.call(TrainerWorker.full_state))[0]["state"])
+        assert not _equal(before.state, (await unmoved.call(TrainerWorker.full_state))[0].state)
         pool = StandbyPool(ctl, TrainerWorker, "trainer", init)
         pids = list(trainer.pids)
 
         dp2 = await p2p_migrate(ctl, trainer, [0, 1], init, standby=pool)  # DP 1 -> 2 (replicas)
         halves = await dp2.group.call(TrainerWorker.full_state)
         for half in halves:
-            assert half["step"] == before["step"]
+            assert half.step == before.step
         if distributed:  # each DP rank holds a flat range of each parameter's state: the two make it whole
-            state_keys = [k for k in before["state"] if k.split("/")[0] in ("exp_avg", "exp_avg_sq", "main_param")]
+            state_keys = [k for k in before.state if k.split("/")[0] in ("exp_avg", "exp_avg_sq", "main_param")]
             assert state_keys
             for key in state_keys:
-                assert torch.equal(torch.cat([h["state"][key] for h in halves]), before["state"][key]), key
+                assert torch.equal(torch.cat([h.state[key] for h in halves]), before.state[key]), key
         else:
             for replica in halves:
-                assert not _equal(replica["state"], before["state"])
+                assert not _equal(replica.state, before.state)
         dp1 = await p2p_migrate(ctl, dp2.group, [0], init, standby=pool)  # back, onto the parked rank
         assert dp1.group.pids == pids  # adopted from the pool: no process started
         after_dp = (await dp1.group.call(TrainerWorker.full_state))[0]
-        assert after_dp["step"] == before["step"] and not _equal(after_dp["state"], before["state"])
+        assert after_dp.step == before.step and not _equal(after_dp.state, before.state)
 
         tp2 = await p2p_migrate(ctl, dp1.group, [0, 1], init, standby=pool, start={"tensor_parallel_size": 2})
         slices = await tp2.group.call(TrainerWorker.full_state)
-        wide = [k for k in before["state"] if slices[0]["state"][k].shape != before["state"][k].shape]
+        wide = [k for k in before.state if slices[0].state[k].shape != before.state[k].shape]
         assert wide  # the TP=2 ranks hold slices of the sharded weights and their moments
         tp1 = await p2p_migrate(ctl, tp2.group, [0], init, standby=pool, start={"tensor_parallel_size": 1})
         after_tp = (await tp1.group.call(TrainerWorker.full_state))[0]
-        assert not _equal(after_tp["state"], before["state"])
+        assert not _equal(after_tp.state, before.state)
 
         # and the moved trainer steps as the unmoved one does
         moved_metrics = (await tp1.group.call(TrainerWorker.train, make_batch(32).to_wire()))[0]
         unmoved_metrics = (await unmoved.call(TrainerWorker.train, make_batch(32).to_wire()))[0]
         assert moved_metrics == unmoved_metrics
-        assert not _equal((await tp1.group.call(TrainerWorker.full_state))[0]["state"],
-                          (await unmoved.call(TrainerWorker.full_state))[0]["state"])
+        assert not _equal((await tp1.group.call(TrainerWorker.full_state))[0].state,
+                          (await unmoved.call(TrainerWorker.full_state))[0].state)
         every = [*tp1.group.pids, *unmoved.pids, *pool.group.pids]
     assert_reaped(every)

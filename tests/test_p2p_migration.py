@@ -6,6 +6,7 @@ import torch
 import dynarl
 from dynarl import ClusterConfig, RuntimeConfig
 from dynarl.core.migration.p2p import MigrationFailed, p2p_migrate
+from dynarl.core.migration.reshard_records import BoxDigest
 from conftest import assert_reaped
 from reshard_workers import ReshardTrainer, make_batch
 
@@ -27,9 +28,9 @@ async def gathered(group):
     """The full state (weights, both moments), each tensor joined from the ranks' dim-0
     rows in rank order (FSDP2's Shard(0)), the optimizer counters and the steps."""
     parts = await group.call(ReshardTrainer.full_state)
-    keys = [k for k in parts[0]["state"] if "/" in k]
-    state = {k: torch.cat([p["state"][k] for p in parts]) for k in keys}
-    return state, {int(p["state"]["adam_step"]) for p in parts}, {p["step"] for p in parts}
+    keys = [k for k in parts[0].state if "/" in k]
+    state = {k: torch.cat([p.state[k] for p in parts]) for k in keys}
+    return state, {int(p.state["adam_step"]) for p in parts}, {p.step for p in parts}
 
 
 def assert_bitwise_equal(a, b):
@@ -83,8 +84,8 @@ async def test_a_fault_in_any_phase_rolls_back_and_training_continues(fault):
 def test_confirmation_compares_the_optimizer_counters(new_scalars, fails):
     from dynarl.core.migration.p2p import _check_confirmations
 
-    old = [{"owned": 6, "step": 3, "sums": {"param": 1.5}, "scalars": {"adam_step": 3}}]
-    new = [{"owned": 6, "step": 3, "sums": {"param": 1.5}, "scalars": new_scalars}]
+    old = [BoxDigest(owned=6, step=3, sums={"param": 1.5}, scalars={"adam_step": 3})]
+    new = [BoxDigest(owned=6, step=3, sums={"param": 1.5}, scalars=new_scalars)]
     if fails:
         with pytest.raises(MigrationFailed, match="optimizer counters"):
             _check_confirmations(new, 6, 3, old)

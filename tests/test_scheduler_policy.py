@@ -389,9 +389,10 @@ def test_at_the_barrier_with_nothing_to_lend_the_rollouts_idle_engines_still_mov
 
 def test_a_rank_report_crosses_the_wire_as_itself():
     from dynarl.core.scheduler.report import RankReport
-    from dynarl.transport.wire import Codec
+    from dynarl.transport.wire import Codec, WireError
 
     sent, codec = RankReport(utilization=0.5, admitting=True, running=3, step_s=0.02), Codec(b"s" * 32)
     assert codec.decode(codec.encode([sent])) == [sent]
-    with pytest.raises(ValueError):
-        RankReport.from_wire([0.5] * 14 + ["x"])  # not a number: refused
+    frames = codec.encode([RankReport(tokens="x")])  # sent as it is, refused where it arrives
+    with pytest.raises(WireError, match="bad RankReport: tokens: expected a number"):
+        codec.decode(frames)

@@ -93,9 +93,9 @@ def test_hooks_can_hold_a_stage_and_add_a_rank_while_the_step_runs():
     results = dynarl.run(workflow, train_config(scn, placement).runtime, virtual_time=True)
     assert seen == {"gate_open_before": False}
     assert len(results) == placement.num_ranks("trainer") + 1
-    ids = [i for r in results for i in r["ids"]]
+    ids = [i for r in results for i in r.trained.ids]
     assert len(ids) == len(set(ids)) == sum(len(g.samples) for g in scn.batches[0])
-    assert results[-1]["ids"] and all(r["ids"] for r in results)  # the new rank trained its share too
+    assert results[-1].trained.ids and all(r.trained.ids for r in results)  # the new rank trained its share too
 
 
 async def _first(call):

@@ -242,13 +242,14 @@ _CODECS: dict[type, tuple[Callable[[Any], list], Callable[[list], Any]]] = {}
 
 
 def register_struct(code: int, encode: Callable[[Any], list] | None = None,
-                    decode: Callable[[list], Any] | None = None):
+                    decode: Callable[[list], Any] | None = None, *, numbers: bool = False):
     """Class decorator: instances of a dataclass cross the wire as themselves, not as
     dicts. The class gives `to_wire() -> list` (plain data, arrays, tensors, other
     records) and `from_wire(list)`, or `encode` / `decode` do, or neither does: then
-    its fields, in order (plain data and records), rebuilt by calling the class.
-    Decoding must reject what it cannot build (a malformed record); the receiving
-    process must have imported the class."""
+    its fields, in order (plain data and records), rebuilt by calling the class;
+    `numbers`: each of them must be a number (bool, int, float: a flat report, such as
+    TrainMetrics or RankReport). Decoding must reject what it cannot build (a malformed
+    record); the receiving process must have imported the class."""
     if code < EXT_STRUCTS_FROM or code > 127:
         raise ValueError(f"struct ext codes are {EXT_STRUCTS_FROM}..127, not {code}")
 
@@ -256,20 +257,25 @@ def register_struct(code: int, encode: Callable[[Any], list] | None = None,
         if _STRUCT_TYPES.get(code, cls) is not cls:
             raise ValueError(f"ext code {code} is {_STRUCT_TYPES[code].__name__}'s")
         _STRUCT_CODES[cls], _STRUCT_TYPES[code] = code, cls
-        own = (cls.to_wire, cls.from_wire) if hasattr(cls, "to_wire") else _by_fields(cls)
+        own = (cls.to_wire, cls.from_wire) if hasattr(cls, "to_wire") else _by_fields(cls, numbers)
         _CODECS[cls] = (encode or own[0], decode or own[1])
         return cls
     return register
 
 
-def _by_fields(cls: type) -> tuple[Callable[[Any], list], Callable[[list], Any]]:
+def _by_fields(cls: type, numbers: bool = False) -> tuple[Callable[[Any], list], Callable[[list], Any]]:
     """A dataclass's codec from its fields: their values in order; a record of another
-    length is malformed (the class's own checks, __post_init__, run as it is built)."""
+    length is malformed, and with `numbers` one whose field is no number (the class's
+    own checks, __post_init__, run as it is built)."""
     names = [f.name for f in fields(cls)]
 
     def decode(values: list) -> Any:
         if not isinstance(values, list) or len(values) != len(names):
             raise ValueError(f"expected {len(names)} fields")
+        if numbers:
+            for name, value in zip(names, values):
+                if not isinstance(value, (int, float)):
+                    raise ValueError(f"{name}: expected a number, got {value!r}")
         return cls(**dict(zip(names, values)))
     return (lambda obj: [getattr(obj, name) for name in names]), decode
 

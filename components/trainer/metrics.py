@@ -1,14 +1,14 @@
 """What a trainer engine reports for one optimizer step (TrainerEngine.train_step and
-apply): a typed record that crosses the wire as itself (transport/wire.py
-register_struct), from the trainer ranks to the controller."""
+apply): a typed record that crosses the wire as itself, its fields numbers
+(transport/wire.py register_struct), from the trainer ranks to the controller."""
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass
 
 from dynarl.transport.wire import register_struct
 
 
-@register_struct(32)
+@register_struct(32, numbers=True)
 @dataclass(kw_only=True, slots=True)
 class TrainMetrics:
     """Global over the data-parallel group, so equal on every rank (emulated: `tokens`
@@ -33,18 +33,3 @@ class TrainMetrics:
     """megatron's optimizer skipped the update (a non-finite gradient)."""
     time_s: float = 0.0
     """Emulated: the step's cost-model seconds (0 on real engines)."""
-
-    def to_wire(self) -> list:
-        return list(astuple(self))
-
-    @classmethod
-    def from_wire(cls, values: list) -> "TrainMetrics":
-        if not isinstance(values, list) or len(values) != len(_FIELDS):
-            raise ValueError(f"expected {len(_FIELDS)} fields")
-        metrics = cls(**dict(zip(_FIELDS, values)))
-        if not all(isinstance(getattr(metrics, f), (int, float)) for f in _FIELDS):
-            raise ValueError("every field is a number")
-        return metrics
-
-
-_FIELDS = tuple(f.name for f in fields(TrainMetrics))

@@ -40,6 +40,8 @@ from dynarl.transport.device_group import post_all
 from dynarl.components.trainer.megatron.layout import WEIGHTS, BoxCopy, ShardedLayout, plan_copies
 from dynarl.components.trainer.megatron.sharded_state import box_view
 from dynarl.components.trainer.threaded import ThreadedTrainer
+from dynarl.core.migration.reshard_records import (BoxDigest, BoxLayout, FullState, RangeDigest, RangeLayout,
+                                                   ReshardLayout, StateDigest)
 from dynarl.core.reshard_plan import LayoutError, Shard, check_tiling
 
 Transfer = list
@@ -57,7 +59,7 @@ class Resharding:
         self.received: dict[str, Any] | None = None
         """What this new rank received, until it installs it."""
 
-    async def layout(self, engine: TrainerEngine) -> dict:
+    async def layout(self, engine: TrainerEngine) -> ReshardLayout:
         """What the planner needs: the flat extent and this rank's range per state; or
         for a model-parallel trainer (collective over its world) the boxes layout and
         the state kinds it carries."""
@@ -66,16 +68,16 @@ class Resharding:
         layout = await asyncio.to_thread(engine.layout) if threaded else engine.layout()
         if isinstance(layout, ShardedLayout):
             state = engine.export_state_shard()
-            return {"kind": "boxes", "total_numel": layout.total_numel, "layout": layout.to_wire(),
-                    "kinds": _kinds(state), "scalars": _scalars(state)}
-        return {"total_numel": layout.total_numel,
-                "ranges": {s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES}}
+            return BoxLayout(total_numel=int(layout.total_numel), layout=layout.to_wire(), kinds=_kinds(state),
+                             scalars=_scalars(state))
+        return RangeLayout(total_numel=int(layout.total_numel),
+                           ranges={s: [list(r) for r in layout.shards[s]] for s in STATE_NAMES})
 
-    async def send_boxes(self, engine: TrainerEngine, group: str, old: dict, new: dict, offset: int) -> int:
+    async def send_boxes(self, engine: TrainerEngine, group: str, old: BoxLayout, new: BoxLayout, offset: int) -> int:
         """An old rank sends every box the plan reads from it (each state kind), to new
         rank r at rank offset + r of the transfer group. Returns the elements sent."""
         me, pg = engine.rank, self.process_group(group)
-        layout = ShardedLayout.from_wire(old["layout"])
+        layout = ShardedLayout.from_wire(old.layout)
         state = engine.export_state_shard()
 
         def run() -> int:
@@ -92,11 +94,11 @@ class Resharding:
             return sent
         return await asyncio.to_thread(run)
 
-    async def recv_boxes(self, engine: TrainerEngine, group: str, old: dict, new: dict) -> int:
+    async def recv_boxes(self, engine: TrainerEngine, group: str, old: BoxLayout, new: BoxLayout) -> int:
         """A new rank receives every box of its own tensors (replicas too), checking that
         each element of each arrives exactly once. Returns the elements received."""
         me, pg = engine.rank, self.process_group(group)
-        layout = ShardedLayout.from_wire(new["layout"])
+        layout = ShardedLayout.from_wire(new.layout)
         copies = [(tag, kind, c) for tag, kind, c in _box_plan(old, new) if c.dst_rank == me]
         own = engine.export_state_shard()
         buffers = {f"{kind}/{c.dst_param}": torch.empty_like(own[f"{kind}/{c.dst_param}"]) for _, kind, c in copies}
@@ -110,7 +112,7 @@ class Resharding:
         if missing:
             raise RuntimeError(f"reshard plan leaves {missing[:3]} of this rank unfilled")
         buffers.update({k: torch.empty_like(t) for k, t in own.items() if "/" in k and k not in buffers})  # empty
-        buffers.update({k: torch.tensor([v], dtype=torch.int64) for k, v in old.get("scalars", {}).items()})
+        buffers.update({k: torch.tensor([v], dtype=torch.int64) for k, v in old.scalars.items()})
 
         def run() -> int:
             ops, copied = [], []
@@ -158,7 +160,7 @@ class Resharding:
         self.received = None
 
     @staticmethod
-    def digest(engine: TrainerEngine) -> dict:
+    def digest(engine: TrainerEngine) -> StateDigest:
         """Per state: this rank's range and a float64 sum of it (a cheap confirmation);
         boxes: the elements it holds as the one copy of (replica 0) and their sums."""
         state = engine.export_state_shard()
@@ -170,32 +172,32 @@ class Resharding:
                 sums[kind] = sum(float(box_view(state[f"{kind}/{p.param}"], p.param_box,
                                                 layout.flat_range(me, kind, p.param)).double().sum())
                                  for p in layout.geometry(kind).pieces[me] if p.replica == 0)
-            return {"owned": sum(p.numel for p in layout.pieces[me] if p.replica == 0),
-                    "step": engine.global_step, "sums": sums, "scalars": _scalars(state)}
+            return BoxDigest(owned=sum(p.numel for p in layout.pieces[me] if p.replica == 0),
+                             step=int(engine.global_step), sums=sums, scalars=_scalars(state))
         start, end = engine.layout().shards["master"][engine.rank]
-        return {"range": [start, end], "step": engine.global_step,
-                "sums": {k: _sum(state[k]) for k in STATE_NAMES}}
+        return RangeDigest(range=[start, end], step=int(engine.global_step),
+                           sums={k: _sum(state[k]) for k in STATE_NAMES})
 
     @staticmethod
-    def full_state(engine: Any) -> dict:
+    def full_state(engine: Any) -> FullState:
         """Boxes: the rank's whole state shard by key, as tensors (tests compare them
         bitwise); flat ranges (emulated): its range and their sizes."""
         state = engine.export_state_shard()
         if isinstance(engine.layout(), ShardedLayout):
-            return {"step": engine.global_step,
-                    "state": {k: v.clone() for k, v in state.items() if k != "step"}}
+            return FullState(step=int(engine.global_step),
+                             state={k: v.clone() for k, v in state.items() if k != "step"})
         start, end = engine.layout().shards["master"][engine.rank]
-        return {"range": [start, end], "step": engine.global_step, **{k: state[k] for k in STATE_NAMES}}
+        return FullState(step=int(engine.global_step), state={k: state[k] for k in STATE_NAMES}, range=[start, end])
 
 
-def _box_plan(old: dict, new: dict) -> list[tuple[int, str, BoxCopy]]:
+def _box_plan(old: BoxLayout, new: BoxLayout) -> list[tuple[int, str, BoxCopy]]:
     """(tag, kind, copy) for every box of every state kind: the weights ("param") on the
     weights' boxes, the optimizer's kinds on the state's (the same boxes unless the
     state is sharded apart). The same list on every rank: the tag is the index."""
-    a, b = ShardedLayout.from_wire(old["layout"]), ShardedLayout.from_wire(new["layout"])
+    a, b = ShardedLayout.from_wire(old.layout), ShardedLayout.from_wire(new.layout)
     weights = plan_copies(a, b)
     state = plan_copies(a.state_layout(), b.state_layout()) if a.state or b.state else weights
-    plan = [(kind, c) for kind in old["kinds"] for c in (weights if kind == WEIGHTS else state)]
+    plan = [(kind, c) for kind in old.kinds for c in (weights if kind == WEIGHTS else state)]
     return [(tag, kind, c) for tag, (kind, c) in enumerate(plan)]
 
 

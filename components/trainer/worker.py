@@ -11,8 +11,9 @@ Two ways to train a step: `train` takes this rank's part of the batch from the
 controller and steps on it (the batch is whole when the step begins); `train_stream`
 takes chunks from a channel as inference finishes them, accumulates their
 gradients, and steps after END (streaming gradient accumulation: the trainer starts
-while the rollout's tail still decodes). It returns what it trained: the sample ids
-and digests for the ledger, and each sample's reward, length, finish and version.
+while the rollout's tail still decodes). It returns a TrainerStats (stage_results.py):
+the step's metrics, when it computed, and what it trained (the sample ids and digests
+for the ledger, and each sample's reward, length, finish and version).
 
 Warm start = supervised fine-tuning through the same loss: with advantage 1 on
 every answer token and the sampling policy equal to the current one (no old
@@ -45,9 +46,11 @@ from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.lr_schedule import constant_lr
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.device_memory import release_cached_memory
+from dynarl.components.stage_results import TrainerStats
 from dynarl.components.trainer.reshard import Resharding, Transfer
 from dynarl.components.trainer.residency import Residency, on_device
 from dynarl.components.trainer.threaded import ThreadedTrainer
+from dynarl.core.migration.reshard_records import BoxLayout, FullState, ReshardLayout, StateDigest
 from dynarl.core.scheduler.report import RankReport
 from dynarl.transport.process_group import EmulatedGroup
 
@@ -128,10 +131,10 @@ class TrainerWorker(Residency, dynarl.Worker):
             self.training = False
 
     async def train_stream(self, get: str, put: str | None = None, *, with_ref: bool = False,
-                           behaviour: bool = False) -> dict:
+                           behaviour: bool = False) -> TrainerStats:
         """Collective at its end. Chunks of scored groups (each sample with its
         advantage) from `get` until END, accumulated as they come; then the step
-        (its TrainMetrics under "metrics").
+        (its TrainMetrics: the result's `metrics`).
         `behaviour`: the samples' own log-probs are the behaviour policy's (decoupled PPO)."""
         inbox, loop = self.channel(get), asyncio.get_running_loop()
         busy, trained = BusyLog(), experience.Trained()
@@ -153,7 +156,7 @@ class TrainerWorker(Residency, dynarl.Worker):
             busy.add(begun, loop.time())
         finally:
             self.training = False
-        return {"metrics": metrics, "busy": busy.intervals, **trained.to_wire()}
+        return TrainerStats(metrics=metrics, busy=busy.intervals, trained=trained)
 
     async def reshard_warm(self) -> None:
         """A warm standby's one-off warm-up (core/migration/standby.py): build a trainer
@@ -175,7 +178,7 @@ class TrainerWorker(Residency, dynarl.Worker):
 
     # P2P resharding (core/roles.py ReshardableRank): each a call into self.reshard with the engine
     @on_device
-    async def reshard_layout(self) -> dict:
+    async def reshard_layout(self) -> ReshardLayout:
         return await self.reshard.layout(self.trainer)
 
     @on_device
@@ -186,13 +189,13 @@ class TrainerWorker(Residency, dynarl.Worker):
         return await self.reshard.recv(self.trainer, group, transfers, start, end)
 
     @on_device
-    async def reshard_send_boxes(self, group: str, old: dict, new: dict, offset: int) -> int:
+    async def reshard_send_boxes(self, group: str, old: BoxLayout, new: BoxLayout, offset: int) -> int:
         return await self.reshard.send_boxes(self.trainer, group, old, new, offset)
 
-    async def reshard_recv_boxes(self, group: str, old: dict, new: dict) -> int:
+    async def reshard_recv_boxes(self, group: str, old: BoxLayout, new: BoxLayout) -> int:
         return await self.reshard.recv_boxes(self.trainer, group, old, new)
 
-    async def reshard_install(self, step: int) -> dict:
+    async def reshard_install(self, step: int) -> StateDigest:
         """Returns the installed state's digest, for the controller's confirmation."""
         await self.reshard.install(self.trainer, step)
         return await self.state_digest()
@@ -206,11 +209,11 @@ class TrainerWorker(Residency, dynarl.Worker):
         release_cached_memory()  # (a new rank on this device allocates what this one held)
 
     @on_device
-    async def state_digest(self) -> dict:
+    async def state_digest(self) -> StateDigest:
         return self.reshard.digest(self.trainer)
 
     @on_device
-    async def full_state(self) -> dict:
+    async def full_state(self) -> FullState:
         return self.reshard.full_state(self.trainer)
 
     async def warmup_step(self, batch: dict) -> TrainMetrics:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from dynarl.components import experience
 from dynarl.components.experience import PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
-from dynarl.components.stage_results import InferenceStats, RewardStats, RolloutStats
+from dynarl.components.stage_results import InferenceStats, RewardStats, RolloutStats, TrainerStats
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.worker import TrainerWorker
@@ -40,7 +40,7 @@ class StageStats:
     rollout: list[RolloutStats]
     reward: list[RewardStats]
     inference: list[InferenceStats] = field(default_factory=list)
-    trainer: list[dict] | None = None
+    trainer: list[TrainerStats] | None = None
     """A streaming trainer's ranks' (None: a barrier trainer, whose one call is no stage)."""
 
     def busy(self) -> dict[str, list[tuple[list[list[float]], int | None]]]:
@@ -48,7 +48,7 @@ class StageStats:
         unit), by device stage that ran (reward's runs on no device)."""
         out = {"rollout": [(r.busy, r.devices) for r in self.rollout],
                "inference": [(r.busy, None) for r in self.inference]}
-        return out if self.trainer is None else out | {"trainer": [(r["busy"], None) for r in self.trainer]}
+        return out if self.trainer is None else out | {"trainer": [(r.busy, None) for r in self.trainer]}
 
     @property
     def episodes(self) -> dict[str, Any]:
@@ -178,8 +178,9 @@ class StepPipeline:
                 behaviour=source.behaviour))
             *results, inference_stats, trainer_stats = await self.run_stages(
                 live, label, [*opened.work, inference, trainer])
-            trained, train = experience.Trained.merge(trainer_stats), trainer_stats[0]["metrics"]
-            starts = [b[0][0] for b in (r["busy"] for r in trainer_stats) if b]
+            trained = experience.Trained.merge([r.trained for r in trainer_stats])
+            train = trainer_stats[0].metrics
+            starts = [r.busy[0][0] for r in trainer_stats if r.busy]
             first, rate = min(starts) if starts else None, None
         else:
             *results, inference_stats, (groups, first) = await self.run_stages(

@@ -18,10 +18,12 @@ are stopped either way.
 
 The trainer ranks are ReshardableRanks (core/roles.py; components/trainer/reshard.py):
 `start(dp_group, **start)` builds a fresh trainer in the new group, and with a
-standby pool `reshard_retire()` drops an old rank's state before it is parked. A
-layout of kind "boxes" (a model-parallel trainer: TP x DP) is planned by the ranks
-themselves from both layouts (reshard_send_boxes / reshard_recv_boxes); `start`
-then may carry the new layout's own settings (e.g. tensor_parallel_size).
+standby pool `reshard_retire()` drops an old rank's state before it is parked. Their
+results are records (reshard_records.py): a RangeLayout (flat ranges: the controller
+plans the transfers) or a BoxLayout (a model-parallel trainer: TP x DP, whose ranks
+plan their own copies from both layouts: reshard_send_boxes / reshard_recv_boxes;
+`start` then may carry the new layout's own settings, e.g. tensor_parallel_size), and
+the digest of each kind the new ranks confirm with.
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
+from dynarl.core.migration.reshard_records import BoxDigest, BoxLayout, RangeDigest, RangeLayout, StateDigest
 from dynarl.core.migration.standby import StandbyPool
 from dynarl.core.reshard_plan import flat_layout, plan_reshard
 from dynarl.core.roles import ReshardableRank
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _generations = itertools.count(1)
+K = TypeVar("K")
 
 
 class MigrationFailed(DynarlError):
@@ -71,8 +75,8 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
     transfer_group = f"reshard@{gen}"
     layouts = await old.call(ReshardableRank.reshard_layout)
     digests = await old.call(ReshardableRank.state_digest)
-    total = layouts[0]["total_numel"]
-    boxes = layouts[0].get("kind") == "boxes"
+    total = layouts[0].total_numel
+    boxes = isinstance(layouts[0], BoxLayout)
     new: WorkerGroup | None = None
     phases: dict[str, float] = {}
     mark = loop.time()
@@ -98,15 +102,18 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
             offset = old.world_size  # new rank r is rank offset + r of the transfer group
             if boxes:  # each rank plans its own copies from the two layouts
                 transfers = -1
-                old_layout, new_layout = layouts[0], new_layouts[0]
+                old_layout = _all_of(BoxLayout, layouts, "old")[0]
+                new_layout = _all_of(BoxLayout, new_layouts, "new")[0]
                 calls = [old.call(ReshardableRank.reshard_send_boxes, transfer_group, old_layout, new_layout, offset),
                          new.call(ReshardableRank.reshard_recv_boxes, transfer_group, old_layout, new_layout)]
             else:
-                plan = _flat_plan(layouts, new_layouts, total)
+                old_ranges = _all_of(RangeLayout, layouts, "old")
+                new_ranges = _all_of(RangeLayout, new_layouts, "new")
+                plan = _flat_plan(old_ranges, new_ranges, total)
                 transfers = len(plan)
                 wire = [[t.key, t.src, offset + t.dst, t.offset[0], t.shape[0], tag] for tag, t in enumerate(plan)]
                 sends = [[transfer_group, [w for w in wire if w[1] == r]] for r in range(old.world_size)]
-                recvs = [[transfer_group, [w for w in wire if w[2] == offset + r], *new_layouts[r]["ranges"]["master"][r]]
+                recvs = [[transfer_group, [w for w in wire if w[2] == offset + r], *new_ranges[r].ranges["master"][r]]
                          for r in range(new.world_size)]
                 calls = [old.scatter(ReshardableRank.reshard_send, sends),
                          new.scatter(ReshardableRank.reshard_recv, recvs)]
@@ -115,7 +122,7 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
             if sum(sent) != sum(received):
                 raise MigrationFailed(f"sent {sum(sent)} elements but received {sum(received)}")
             phase("transfer")
-            step = digests[0]["step"]
+            step = digests[0].step
             confirmed = await new.call(ReshardableRank.reshard_install, step)
             _check_confirmations(confirmed, total, step, digests if boxes else None)
             phase("install")
@@ -138,10 +145,20 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
     return P2PResult(new, new_dp, sum(sent), transfers, seconds, phases)
 
 
-def _flat_plan(layouts: list[dict], new_layouts: list[dict], total: int) -> list:
-    def shards(ls: list[dict]) -> Any:
-        return flat_layout({k: [r["ranges"][k][i] for i, r in enumerate(ls)] for k in ls[0]["ranges"]})
-    return plan_reshard(shards(layouts), shards(new_layouts), {k: (total,) for k in layouts[0]["ranges"]})
+def _flat_plan(layouts: list[RangeLayout], new_layouts: list[RangeLayout], total: int) -> list:
+    def shards(ls: list[RangeLayout]) -> Any:  # each state's range of rank i, as rank i reports it
+        return flat_layout({k: [(start, end) for start, end in (r.ranges[k][i] for i, r in enumerate(ls))]
+                            for k in ls[0].ranges})
+    return plan_reshard(shards(layouts), shards(new_layouts), {k: (total,) for k in layouts[0].ranges})
+
+
+def _all_of(kind: type[K], records: Sequence[object], who: str) -> list[K]:
+    """The ranks' records, each of `kind` (one trainer's ranks report one kind of state)."""
+    out = [r for r in records if isinstance(r, kind)]
+    if len(out) != len(records):
+        other = next(type(r).__name__ for r in records if not isinstance(r, kind))
+        raise MigrationFailed(f"the {who} ranks reported a {other} beside a {kind.__name__}")
+    return out
 
 
 def _dp_groups_of(ctl: "Controller", old: WorkerGroup, prefix: str) -> list[str]:
@@ -165,22 +182,24 @@ async def _retire(ctl: "Controller", old: WorkerGroup, groups: list[str], standb
     return True
 
 
-def _check_confirmations(confirmed: list[dict], total: int, step: int, old: list[dict] | None = None) -> None:
+def _check_confirmations(confirmed: Sequence[StateDigest], total: int, step: int,
+                         old: Sequence[StateDigest] | None = None) -> None:
     """New ranks' ranges tile the state at the old step; boxes (`old`: the old ranks'
     digests): their one copies hold the old ones' sums per state kind."""
-    if any(c["step"] != step for c in confirmed):
+    if any(c.step != step for c in confirmed):
         raise MigrationFailed("a new rank installed a different optimizer step")
     if old is not None:
-        if sum(c["owned"] for c in confirmed) != total:
-            raise MigrationFailed(f"new ranks own {sum(c['owned'] for c in confirmed)} of {total} elements")
-        if any(c.get("scalars") != old[0].get("scalars") for c in confirmed):
-            raise MigrationFailed(f"a new rank installed other optimizer counters than {old[0].get('scalars')}")
-        for kind in old[0]["sums"]:
-            before, after = (sum(d["sums"][kind] for d in ds) for ds in (old, confirmed))
+        new_boxes, old_boxes = _all_of(BoxDigest, confirmed, "new"), _all_of(BoxDigest, old, "old")
+        if sum(c.owned for c in new_boxes) != total:
+            raise MigrationFailed(f"new ranks own {sum(c.owned for c in new_boxes)} of {total} elements")
+        if any(c.scalars != old_boxes[0].scalars for c in new_boxes):
+            raise MigrationFailed(f"a new rank installed other optimizer counters than {old_boxes[0].scalars}")
+        for kind in old_boxes[0].sums:
+            before, after = (sum(d.sums[kind] for d in ds) for ds in (old_boxes, new_boxes))
             if abs(after - before) > 1e-6 * max(1.0, abs(before)):  # float64 sums in another order
                 raise MigrationFailed(f"{kind}: the new ranks hold a sum of {after!r}, the old ones {before!r}")
         return
-    ranges = sorted(tuple(c["range"]) for c in confirmed)
+    ranges = sorted(tuple(c.range) for c in _all_of(RangeDigest, confirmed, "new"))
     position = 0
     for start, end in ranges:
         if start != position:

@@ -1,14 +1,14 @@
 """What a rank reports to the scheduler's poll (ReportingRank.metrics), as a
-registered wire record: each role fills what it knows, the rest keeps its default."""
+registered wire record (its fields numbers): each role fills what it knows, the rest
+keeps its default."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from dynarl.transport.wire import register_struct
 
 
-@register_struct(58)
+@register_struct(58, numbers=True)
 @dataclass(kw_only=True, slots=True)
 class RankReport:
     utilization: float = 0.0
@@ -36,15 +36,3 @@ class RankReport:
     samples: int = 0
     tokens: int = 0
     """A stage rank's samples and their sequence tokens processed this step."""
-
-    def to_wire(self) -> list[Any]:
-        return [getattr(self, name) for name in _FIELDS]
-
-    @classmethod
-    def from_wire(cls, values: list[Any]) -> RankReport:
-        if len(values) != len(_FIELDS) or not all(isinstance(v, (int, float)) for v in values):
-            raise ValueError(f"expected {len(_FIELDS)} numbers")
-        return cls(**dict(zip(_FIELDS, values)))
-
-
-_FIELDS = tuple(f.name for f in fields(RankReport))
