@@ -63,7 +63,7 @@ class ChatFormat:
     def _render_tiny(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec],
                      add_generation_prompt: bool) -> list[int]:
         encode = self.tokenizer.encode
-        ids = [self.tokenizer.bos_id]
+        ids: list[int] = [CharTokenizer.bos_id]
         if tools:
             ids += encode("S:tools " + ",".join(t.name for t in tools) + "\n")
         for m in messages:

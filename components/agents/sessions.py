@@ -28,7 +28,7 @@ from typing import Any, Sequence
 from dynarl.components.agents.chat_format import ChatFormat
 from dynarl.components.agents.messages import (BadRequest, ChatMessage, ChatRequest, CompletionRequest,
                                                SessionBusy, ToolCall, TurnOutput, UnknownSession)
-from dynarl.components.agents.tool_calls import parse_reply
+from dynarl.components.agents.tool_calls import Parser, parse_reply
 from dynarl.components.model.spec import safe_decode
 from dynarl.components.workflows.episode import Episode, Limits
 
@@ -63,7 +63,7 @@ class Sessions:
     HTTP server (server.py) calls `chat` and `complete`."""
 
     def __init__(self, fmt: ChatFormat, tokenizer: Any, limits: Limits, temperature: float,
-                 tool_parser: str) -> None:
+                 tool_parser: Parser) -> None:
         self.fmt, self.tokenizer, self.limits = fmt, tokenizer, limits
         self.temperature, self.tool_parser = temperature, tool_parser
         self.by_id: dict[str, Session] = {}
@@ -216,6 +216,7 @@ class Sessions:
         self._fits(session, len(ids))
         session.max_tokens = (request.sampling.max_tokens if request is not None else None)
         waiting = session.next_prompt
+        assert waiting is not None  # (_take refused a follow-up before the episode waits for one)
         session.next_prompt = None
         return await self._turn(session, lambda: waiting.set_result(ids), messages, request)
 
