@@ -14,6 +14,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from dynarl.components.agents.sessions import Session, Sessions
 from dynarl.components.experience import PromptGroup, group_advantages
+from dynarl.components.tools.outcome import ToolResult
+from dynarl.components.tools.worker import ToolWorker
 from dynarl.components.workflows.episode import Episode
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,22 @@ class AgentSample:
     """Its prompt's index in the step; a group's episodes share the prompt."""
     index: int
     """Its place among the group's episodes."""
+    sandbox: "Sandbox | None" = None
+    """The project's tools, for an agent to offer its model."""
+
+
+class Sandbox:
+    """The project's tools an agent may call: Python in the sandbox (no network, limits,
+    components/tools/python_sandbox.py) and the calculator, run by the job's tool worker."""
+
+    def __init__(self, tools: Any, timeout_s: float) -> None:
+        self.tools, self.timeout_s = tools, timeout_s
+
+    async def python(self, code: str) -> ToolResult:
+        return (await self.tools.call(ToolWorker.python, code, self.timeout_s))[0]
+
+    async def calculator(self, expression: str) -> ToolResult:
+        return (await self.tools.call(ToolWorker.calculator, expression))[0]
 
 
 def load_agent(function: str) -> Agent:

@@ -15,7 +15,7 @@ from typing import Any
 from dynarl.components.agents.calc_agent import TOOLS
 from dynarl.components.agents.chat_format import ChatFormat
 from dynarl.components.agents.messages import ChatMessage, ToolCall, ToolSpec
-from dynarl.components.agents.runner import AgentSample, finish_group, load_agent, play_episode
+from dynarl.components.agents.runner import AgentSample, Sandbox, finish_group, load_agent, play_episode
 from dynarl.components.agents.server import AgentServer
 from dynarl.components.agents.sessions import Sessions
 from dynarl.components.agents.tool_calls import call_text, parser_for
@@ -78,6 +78,7 @@ class AgentGRPO(AgenticGRPO):
         eps = self.cfg.trainer.engine.adv_eps
         episodes: dict[int, list[Episode]] = {}
         sessions, agents = [], []
+        sandbox = Sandbox(self.tools, self.cfg.agentic.python_timeout_s)
         for group in groups:
             prompt = self.tokenizer.decode(list(group.prompt_ids))
             episodes[group.index] = []
@@ -88,7 +89,7 @@ class AgentGRPO(AgenticGRPO):
                 episodes[group.index].append(ep)
                 agents.append(asyncio.ensure_future(play_episode(
                     self.agent, self.client(session.id), self.sessions, session,
-                    AgentSample(sample.id, prompt, group.answer, group.index, k), a.timeout_s)))
+                    AgentSample(sample.id, prompt, group.answer, group.index, k, sandbox), a.timeout_s)))
         by_index = {group.index: group for group in groups}
         left = {index: len(eps_) for index, eps_ in episodes.items()}
 
