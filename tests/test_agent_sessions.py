@@ -230,13 +230,25 @@ def test_reward_of_refuses(bad):
         reward_of(bad)
 
 
+def test_a_groups_prompt_is_what_its_prompts_share_not_its_responses():
+    """Every episode's response may begin alike (the same call): the group's prompt
+    still ends where its prompts do, so each mask fits its tokens."""
+    a = Episode("a", [1, 5], 0, response=[7, 8, 2], mask=[1, 1, 1], logprobs=[-1.0] * 3, group=0)
+    b = Episode("b", [1, 5], 0, response=[7, 8, 9, 2], mask=[1, 1, 1, 1], logprobs=[-1.0] * 4, group=0)
+    group = PromptGroup(0, "p", "", [1], [Sample(x, 0) for x in "ab"])
+    finish_group(group, [a, b], [False, False], [1.0, 0.0], end_id=2, eps=1e-6)
+    assert group.prompt_ids == [1, 5]
+    for sample, ep in zip(group.samples, (a, b)):
+        assert list(sample.output_ids) == ep.response and sample.mask == ep.mask
+
+
 def test_a_group_trains_its_shared_prompt_and_drops_a_failed_episode():
     a = Episode("a", [1, 5, 6], 0, response=[7, 2], mask=[1, 1], logprobs=[-1.0, -1.0], group=0)
     b = Episode("b", [1, 5, 9], 0, response=[8, 2], mask=[1, 1], logprobs=[-2.0, -2.0], group=0)
     c = Episode("c", [1, 5, 6], 0, response=[7], mask=[1], logprobs=[-1.0], group=0)
     group = PromptGroup(0, "p", "", [1, 3], [Sample(x, 0) for x in "abc"])
     finish_group(group, [a, b, c], [False, False, True], [1.0, 0.0, 1.0], end_id=2, eps=1e-6)
-    assert group.prompt_ids == [1, 5] == shared_prefix([a.context, b.context])
+    assert group.prompt_ids == [1, 5] == shared_prefix([a.prompt_ids, b.prompt_ids])
     sa, sb, sc = group.samples
     assert list(sa.output_ids) == [6, 7, 2] and sa.mask == [0, 1, 1] and sa.logprobs == [0.0, -1.0, -1.0]
     assert sa.advantage > 0 > sb.advantage

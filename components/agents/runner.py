@@ -113,10 +113,11 @@ async def play_episode(fn: Agent, client: Any, sessions: Sessions, session: Sess
 def finish_group(group: PromptGroup, episodes: Sequence[Episode], failed: Sequence[bool],
                  rewards: Sequence[float], end_id: int, eps: float) -> None:
     """A group's episodes into its samples. The group's prompt is the prefix its
-    episodes' contexts share (usually the whole first prompt); each sample's output is
+    episodes' prompts share (usually the whole first prompt; never their responses,
+    which may start alike); each sample's output is
     the rest of its context, its own prompt part masked. A failed episode is kept
     with every token masked and advantage 0; the others' advantages are over them alone."""
-    live = [ep.context for ep, bad in zip(episodes, failed) if not bad and ep.prompt_ids]
+    live = [ep.prompt_ids for ep, bad in zip(episodes, failed) if not bad and ep.prompt_ids]
     if live:  # (none: every episode failed; the task's prompt stands in)
         common = shared_prefix(live) or live[0][:1]
         group.prompt_ids = list(common)
