@@ -37,12 +37,13 @@ class Engine:
 
     def __init__(self, script, end=True):
         self.script, self.end = script, end
-        self.prompts = {}
+        self.prompts, self.tool_counts = {}, {}
         self.results = asyncio.Queue()
 
     async def submit(self, rank, turn):
         ep_id, k = turn["id"].rsplit("#", 1)
         self.prompts[turn["id"]] = list(turn["prompt_ids"])
+        self.tool_counts[turn["id"]] = turn["tool_count"]
         out = TOK.encode(self.script[int(k)]) + ([TOK.eos_id] if self.end else [])
         await self.results.put({"id": turn["id"], "output_ids": out, "logprobs": [-0.5] * len(out),
                                 "finish": "stop" if self.end else "length", "version": 0, "cached_tokens": 0,
@@ -102,6 +103,7 @@ async def test_a_two_turn_tool_episode_trains_the_recorded_ids_and_masks_the_new
     assert list(seen[0].token_ids) == turn0 and list(seen[1].token_ids) == turn1
     assert ep.finish == "answer" and session.reward == 1.0 and ep.turns == 2
     assert dict(sessions.calls_by_tool) == {"calc": 1}
+    assert engine.tool_counts == {"e0#0": 0, "e0#1": 1}  # the priority's tool_count: the session's turns so far
 
 
 @pytest.mark.asyncio

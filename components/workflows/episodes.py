@@ -114,7 +114,7 @@ class EpisodeDriver:
         if capacity:
             self.kv[rank] += (len(ep.context) + budget) / capacity
         turn = {"id": rid, "prompt_ids": ep.context, "seed": stable_seed(ep.seed, "turn", ep.turns),
-                "tool_count": ep.tool_calls, "max_new_tokens": budget}
+                "tool_count": self.turns_logic.tool_count(ep), "max_new_tokens": budget}
         if ep.pending is not None:  # the rest of the turn a closed step cut: its tokens so far go along
             turn["partial"] = ep.pending[:2]
         carried = self.carried.pop(ep.id, None)
@@ -243,7 +243,7 @@ class EpisodeDriver:
         ep.status.cached_prefix = ep.computed
         ep.status.steps = ep.turns
         obs = await self.turns_logic.reply(ep, out, result["finish"])
-        ep.status.tool_calls = ep.tool_calls
+        ep.status.tool_calls = self.turns_logic.tool_count(ep)
         if obs is None:
             return True
         ep.response += obs

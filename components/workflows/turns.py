@@ -31,6 +31,10 @@ class ReactTurns:
         """The next turn's max_new_tokens."""
         return min(self.limits.max_new_tokens, self.limits.max_context - len(ep.context))
 
+    def tool_count(self, ep: Episode) -> int:
+        """The priority's tool_count of the episode's next turn: its tool calls so far."""
+        return ep.tool_calls
+
     async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
         """The observation the episode reads next (mask 0), or None when it is over."""
         stopped_on_close = finish == "stop" and bool(out) and out[-1] == self.close_id
@@ -71,6 +75,9 @@ class ScriptedTurns:
     def budget(self, ep: Episode) -> int:
         return int(self.scripts[ep.id][ep.turns][0])
 
+    def tool_count(self, ep: Episode) -> int:
+        return ep.tool_calls
+
     async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
         script = self.scripts[ep.id]
         k = ep.turns - 1  # the turn just finished
@@ -106,6 +113,11 @@ class AgentTurns:
 
     def budget(self, ep: Episode) -> int:
         return self.sessions.budget(ep)
+
+    def tool_count(self, ep: Episode) -> int:
+        """The priority's tool_count of an agent's turn: the session's turns so far (every
+        follow-up request comes after the agent acted on a reply)."""
+        return ep.turns
 
     async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
         new = await self.sessions.turn_done(ep, out, finish)
