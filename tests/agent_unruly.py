@@ -2,13 +2,22 @@
 endpoint a wrong token, an oversized body, invalid JSON and a request for a session
 that does not exist (each must be refused with its 4xx), then plays one turn;
 episode 1 raises after its first turn; episode 2 runs Python in the project's sandbox
-(sample.sandbox) and fails unless it printed 42; the others play one turn."""
+(sample.sandbox) and fails unless it printed 42; episode 3 raises in its first attempt
+only (agent.on_failure retry plays it again); the others play one turn."""
+from collections import Counter
+
 import httpx
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 
 
+_attempts: Counter = Counter()
+
+
 async def play(client, sample):
+    _attempts[sample.id] += 1
+    if sample.index == 3 and _attempts[sample.id] == 1:
+        raise RuntimeError("a first attempt's bad luck")
     url = str(client.base_url).rstrip("/") + "/chat/completions"
     if sample.index == 0:
         good = {"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"}

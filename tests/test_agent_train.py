@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from agent_probe import ARGS, probe_env, trained_exactly_what_the_engine_produced
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "agent_openai.yaml")
@@ -30,27 +32,32 @@ def test_an_openai_agent_trains_exactly_the_ids_the_engine_produced(tmp_path):
     assert trained_exactly_what_the_engine_produced(tmp_path / "run", probe) == STEPS * PROMPTS * EPISODES
 
 
-def test_bad_requests_are_refused_and_counted_and_a_raising_agent_is_dropped_while_the_run_goes_on(tmp_path):
+@pytest.mark.parametrize("on_failure", ["drop", "retry"])
+def test_bad_requests_are_refused_and_counted_and_a_raising_agent_is_dropped_while_the_run_goes_on(tmp_path,
+                                                                                                   on_failure):
     """tests/agent_unruly.py: wrong token 401, oversized body 413, invalid JSON 400,
-    unknown session 404, each counted; its episode 1 raises: counted, its sample trained
-    with no token in the loss; every step ends."""
+    unknown session 404, each counted. Episode 1 always raises: counted, its sample
+    trained with no token in the loss. Episode 3 raises in its first attempt: dropped
+    likewise, or with agent.on_failure retry played again and trained. Every step ends."""
     done = subprocess.run(
         [sys.executable, "-m", "dynarl.launch.cli", "train", EXAMPLE, "run.steps=2", f"run.prompts_per_step={PROMPTS}",
          f"rollout.samples_per_prompt={EPISODES}", "trainer.warmup.steps=2", "run.checkpoint_every=100",
          "agentic.episodes=agent", "agent.function=agent_unruly:play", "run.save_samples=true",
-         "--run-dir", str(tmp_path / "run")],
+         f"agent.on_failure={on_failure}", "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
         env=dict(os.environ, **probe_env(tmp_path)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    retry = on_failure == "retry"
     for r in rows:
-        assert r["episodes"] == PROMPTS * EPISODES
-        assert r["agent_failures"] == PROMPTS  # episode 1 of each group
+        assert r["episodes"] == PROMPTS * (EPISODES + 2 * retry)  # (played: a retry is an episode too)
+        assert r["agent_failures"] == PROMPTS * (2 + retry)  # 1 (twice when retried) and 3's first
+        assert r["agent_retries"] == PROMPTS * 2 * retry
         assert (r["agent_http_unauthorized"], r["agent_http_too_large"], r["agent_http_bad_json"],
                 r["agent_http_unknown_session"]) == (PROMPTS,) * 4
     for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines():
         for sample in json.loads(line)["samples"]:
-            failed = sample["id"].endswith("/1")
+            failed = sample["id"].endswith("/1") or (sample["id"].endswith("/3") and not retry)
             assert (sum(sample["mask"]) == 0) == failed, sample["id"]
 
 

@@ -25,9 +25,12 @@ class AgentSection:
     tokenizer's chat template; hermes for the built-in tiny models)."""
     timeout_s: float = 300.0
     """One episode's wall-clock limit; past it the episode fails (on_failure)."""
-    on_failure: Literal["drop"] = "drop"
-    """An episode whose agent raised or timed out: dropped from the loss (its tokens
-    masked, left out of its group's advantages) and counted (agent_failures)."""
+    on_failure: Literal["drop", "retry"] = "drop"
+    """An episode whose agent raised or timed out is counted (agent_failures) and then
+    drop: kept with no token in the loss and left out of its group's advantages;
+    retry: played again from the start, up to max_retries times, then dropped."""
+    max_retries: int = 1
+    """on_failure retry: the fresh attempts one episode may have."""
     host: str = "127.0.0.1"
     """The address the endpoint binds: loopback, or the job's own network's."""
     max_body_bytes: int = 1 << 20
@@ -44,5 +47,7 @@ class AgentSection:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.tool_parser not in ("auto", "hermes", "llama3"):
             raise ValueError(f"tool_parser must be 'auto', 'hermes' or 'llama3', got {self.tool_parser!r}")
-        if self.on_failure != "drop":
-            raise ValueError(f"on_failure must be 'drop', got {self.on_failure!r}")
+        if self.on_failure not in ("drop", "retry"):
+            raise ValueError(f"on_failure must be 'drop' or 'retry', got {self.on_failure!r}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")

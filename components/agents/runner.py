@@ -89,8 +89,10 @@ def reward_of(result: Any) -> tuple[float, dict[str, float]]:
 
 
 async def play_episode(fn: Agent, client: Any, sessions: Sessions, session: Session, sample: AgentSample,
-                       timeout_s: float) -> None:
-    """The agent plays one episode; whatever happens, its session is finished."""
+                       timeout_s: float, failed: Callable[[], None] | None = None) -> None:
+    """The agent plays one episode; whatever happens, its session is finished.
+    `failed` is called at once when the agent raised or timed out (a retry replaces
+    the episode before the driver ends it)."""
     try:
         async with asyncio.timeout(timeout_s):
             result = await fn(client, sample)
@@ -101,9 +103,13 @@ async def play_episode(fn: Agent, client: Any, sessions: Sessions, session: Sess
     except TimeoutError:
         log.warning("agent episode %s: timed out after %.0f s (agent.timeout_s)", sample.id, timeout_s)
         sessions.finish(session, failure="timeout")
+        if failed is not None:
+            failed()
     except Exception as exc:  # the agent's own error: this episode fails, the run goes on
         log.warning("agent episode %s failed: %s: %s", sample.id, type(exc).__name__, exc)
         sessions.finish(session, failure=type(exc).__name__)
+        if failed is not None:
+            failed()
     else:
         sessions.finish(session, reward, scores)
     finally:

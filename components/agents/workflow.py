@@ -22,6 +22,7 @@ from dynarl.components.agents.tool_calls import call_text, parser_for
 from dynarl.components.experience import PromptGroup
 from dynarl.components.stage_results import RewardStats
 from dynarl.components.tasks.calc import expression, is_direct
+from dynarl.components.tasks.problem import stable_seed
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic import TURN_RESULTS, AgenticGRPO, driver_metrics
 from dynarl.components.workflows.episode import Episode
@@ -30,7 +31,7 @@ from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workflows.turns import AgentTurns, Turns
 
 
-COUNTED = ("failures", "malformed_tool_calls", "diverged", "too_long", "turn_cap", "http_requests", "http_ok",
+COUNTED = ("failures", "retries", "malformed_tool_calls", "diverged", "too_long", "turn_cap", "http_requests", "http_ok",
            "http_unauthorized", "http_too_large", "http_bad_json", "http_bad_request", "http_unknown_session",
            "http_busy", "http_failed")
 """The step's counts every metrics row has (agent_<name>): episodes whose agent failed,
@@ -76,34 +77,52 @@ class AgentGRPO(AgenticGRPO):
         episodes are over (finish_group: the trained ids, masks, advantages)."""
         a, scored = self.cfg.agent, self.ctl.channel("scored")
         eps = self.cfg.trainer.engine.adv_eps
-        episodes: dict[int, list[Episode]] = {}
-        sessions, agents = [], []
+        retries = a.max_retries if a.on_failure == "retry" else 0
         sandbox = Sandbox(self.tools, self.cfg.agentic.python_timeout_s)
+        slots: dict[int, list[Episode]] = {group.index: [] for group in groups}
+        """Per group, the episode now playing each sample (a retry replaces a failed one)."""
+        sessions, agents = [], []
+
+        def start(group: PromptGroup, k: int, attempt: int) -> Episode:
+            sample = group.samples[k]
+            ep = Episode(sample.id if attempt == 0 else f"{sample.id}~{attempt}", [],
+                         sample.seed if attempt == 0 else stable_seed(sample.seed, "retry", attempt), group=group.index)
+            session = self.sessions.open(ep)
+            sessions.append(session)
+            if attempt == 0:
+                slots[group.index].append(ep)
+            else:
+                slots[group.index][k] = ep
+
+            def failed() -> None:  # (at once: the driver has not ended the failed episode yet)
+                if attempt < retries:
+                    self.sessions.counters["retries"] += 1
+                    driver.add(start(group, k, attempt + 1))
+            agents.append(asyncio.ensure_future(play_episode(
+                self.agent, self.client(session.id), self.sessions, session,
+                AgentSample(sample.id, self.tokenizer.decode(list(group.prompt_ids)), group.answer, group.index, k,
+                            sandbox), a.timeout_s, failed)))
+            return ep
+
         for group in groups:
-            prompt = self.tokenizer.decode(list(group.prompt_ids))
-            episodes[group.index] = []
-            for k, sample in enumerate(group.samples):
-                ep = Episode(sample.id, [], sample.seed, group=group.index)
-                session = self.sessions.open(ep)
-                sessions.append(session)
-                episodes[group.index].append(ep)
-                agents.append(asyncio.ensure_future(play_episode(
-                    self.agent, self.client(session.id), self.sessions, session,
-                    AgentSample(sample.id, prompt, group.answer, group.index, k, sandbox), a.timeout_s)))
+            for k in range(len(group.samples)):
+                start(group, k, 0)
         by_index = {group.index: group for group in groups}
-        left = {index: len(eps_) for index, eps_ in episodes.items()}
+        left = {group.index: len(group.samples) for group in groups}
 
         async def on_done(ep: Episode) -> None:
+            if not any(ep is current for current in slots[ep.group]):
+                return  # a failed attempt that a retry replaced
             left[ep.group] -= 1
             if left[ep.group] == 0:
-                group, done = by_index[ep.group], episodes[ep.group]
+                group, done = by_index[ep.group], slots[ep.group]
                 states = [self.sessions.by_episode[e.id] for e in done]
                 finish_group(group, done, [bool(s.failure) for s in states], [s.reward for s in states],
                              self.fmt.end_id, eps)
                 await scored.put([group], weight=1)
 
         try:
-            await driver.run([ep for eps_ in episodes.values() for ep in eps_], self.ctl.channel(TURN_RESULTS).get,
+            await driver.run([ep for done in slots.values() for ep in done], self.ctl.channel(TURN_RESULTS).get,
                              on_done)
             await driver.close()
         finally:

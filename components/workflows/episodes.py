@@ -195,6 +195,12 @@ class EpisodeDriver:
             self.parked.add(ep.id)
         self._poke()
 
+    def add(self, ep: Episode) -> None:
+        """Another episode joins the running `run` (an agent's retry of a failed one)."""
+        if self._wake is None:
+            raise RuntimeError("episode driver: add needs a running run")
+        self._wake.put_nowait(("add", ep))
+
     def _poke(self) -> None:
         if self._wake is not None:
             self._wake.put_nowait(("check", None))
@@ -289,6 +295,12 @@ class EpisodeDriver:
             while left and not self.settled():
                 kind, value = await events.get()
                 if kind == "check":
+                    continue
+                if kind == "add":  # (an agent's retry: a fresh episode for the same sample)
+                    by_id[value.id] = self.live[value.id] = value
+                    value.status.affinity = self.affinity  # type: ignore[assignment]
+                    left += 1
+                    tasks.create_task(begin(value) if waits else self.route(value))
                     continue
                 if kind == "result":
                     tasks.create_task(handle(by_id[value["id"].rsplit("#", 1)[0]], value))
