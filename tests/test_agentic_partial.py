@@ -86,6 +86,9 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
             def budget(self, ep):
                 return 4
 
+            def tool_count(self, ep):
+                return ep.tool_calls
+
             async def reply(self, ep, out, finish):
                 if ep.id == "e/1":
                     await tool.wait()  # its tool call runs across the close

@@ -16,6 +16,9 @@ class HeldTool:
     def budget(self, ep: Episode) -> int:
         return 4
 
+    def tool_count(self, ep: Episode) -> int:
+        return ep.tool_calls
+
     async def reply(self, ep: Episode, out: list[int], finish: str) -> list[int] | None:
         if ep.turns >= 2:
             ep.finish = "answer"
