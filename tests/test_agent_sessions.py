@@ -255,3 +255,15 @@ def test_a_group_trains_its_shared_prompt_and_drops_a_failed_episode():
     assert list(sa.output_ids) == [6, 7, 2] and sa.mask == [0, 1, 1] and sa.logprobs == [0.0, -1.0, -1.0]
     assert sa.advantage > 0 > sb.advantage
     assert list(sc.output_ids) == [2] and sc.mask == [0] and sc.advantage == 0.0 and sc.reward == 0.0
+
+
+@pytest.mark.asyncio
+async def test_a_request_waiting_when_its_step_ends_is_answered_at_once():
+    sessions = make()
+    session = sessions.open(Episode("e2", [], 1, group=0))
+    pending = asyncio.ensure_future(sessions.chat(session.id, chat([ChatMessage("user", "q")])))
+    await asyncio.sleep(0)
+    assert not pending.done()
+    sessions.close(session)
+    with pytest.raises(UnknownSession, match="ended before its turn"):
+        await asyncio.wait_for(pending, 5)

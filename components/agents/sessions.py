@@ -80,8 +80,13 @@ class Sessions:
         return session
 
     def close(self, session: Session) -> None:
+        """The session is gone (its step is over): a request still waiting for its turn
+        is answered 404 at once, not left to the server's stop."""
         self.by_id.pop(session.id, None)
         self.by_episode.pop(session.episode.id, None)
+        session.done = True
+        if session.output is not None and not session.output.done():
+            session.output.set_exception(UnknownSession("the episode ended before its turn did (its step is over)"))
 
     def finish(self, session: Session, reward: float = 0.0, scores: dict[str, float] | None = None,
                failure: str = "") -> None:
