@@ -18,6 +18,7 @@ from dynarl.components.model.tokenizer import CharTokenizer
 from dynarl.components.workflows.episode import Episode, Limits
 from dynarl.components.workflows.episodes import EpisodeDriver
 from dynarl.components.workflows.turns import AgentTurns
+from dynarl.components.rollout.turn import TurnResult
 
 TOK = CharTokenizer()
 FMT = ChatFormat(TOK, "hermes")
@@ -41,13 +42,13 @@ class Engine:
         self.results = asyncio.Queue()
 
     async def submit(self, rank, turn):
-        ep_id, k = turn["id"].rsplit("#", 1)
-        self.prompts[turn["id"]] = list(turn["prompt_ids"])
-        self.tool_counts[turn["id"]] = turn["tool_count"]
+        ep_id, k = turn.id.rsplit("#", 1)
+        self.prompts[turn.id] = list(turn.prompt_ids)
+        self.tool_counts[turn.id] = turn.tool_count
         out = TOK.encode(self.script[int(k)]) + ([TOK.eos_id] if self.end else [])
-        await self.results.put({"id": turn["id"], "output_ids": out, "logprobs": [-0.5] * len(out),
-                                "finish": "stop" if self.end else "length", "version": 0, "cached_tokens": 0,
-                                "wait_s": 0.0, "rank": rank})
+        await self.results.put(TurnResult(id=turn.id, output_ids=out, logprobs=[-0.5] * len(out),
+                                finish="stop" if self.end else "length", version=0, cached_tokens=0,
+                                wait_s=0.0, rank=rank))
 
 
 def chat(messages, **sampling):
@@ -146,7 +147,7 @@ async def test_a_request_that_rewrites_the_conversation_is_refused_and_the_episo
 
 @pytest.mark.asyncio
 async def test_unknown_busy_and_over_long_requests_are_refused():
-    sessions, engine = make(max_context=30), Engine(["a"])
+    sessions = make(max_context=30)
     with pytest.raises(UnknownSession):
         await sessions.chat("nope", chat([ChatMessage("user", "q")]))
     ep = Episode("e1", [], 1, group=0)

@@ -8,6 +8,7 @@ trained once, none staler than the bound, and a run killed mid-step resumes with
 carried episodes."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ from dynarl.components.workflows.agentic import episode_of, fill_sample, keep_un
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, EpisodeState
 from dynarl.components.workflows.ledger import read_entries
 from dynarl.launch.train import prepare
+from dynarl.components.rollout.turn import TurnRequest, TurnResult
 from test_agentic_train import ARGS, PROMPTS, SAMPLES
 from test_partial_rollout import Outbox  # (a rank's outbox: what it puts, in order)
 
@@ -99,8 +101,8 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
         eps = [Episode("e/0", [1], 0), Episode("e/1", [1], 1)]
         run = asyncio.ensure_future(driver.run(eps, results.get))
         await asyncio.sleep(0)
-        await results.put({"id": "e/1#0", "output_ids": [3, 3], "logprobs": [-1.0, -1.0], "finish": "stop",
-                           "version": 4, "cached_tokens": 0, "wait_s": 0.0})
+        await results.put(TurnResult(id="e/1#0", output_ids=[3, 3], logprobs=[-1.0, -1.0], finish="stop",
+                           version=4, cached_tokens=0, wait_s=0.0))
         await asyncio.sleep(0.01)
         await driver.stop()
         driver.cut([_handed_back("e/0#0", 4, [7, 7], [-0.5, -0.5])])
@@ -115,7 +117,7 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
         nxt = EpisodeDriver(Turns(), ["r"], submit, end=end)
         run = asyncio.ensure_future(nxt.run([eps[0]], asyncio.Queue().get))
         await asyncio.sleep(0)
-        assert sent[-1]["id"] == "e/0#0" and sent[-1]["partial"] == [[7, 7], [-0.5, -0.5]]
+        assert sent[-1].id == "e/0#0" and sent[-1].partial == [[7, 7], [-0.5, -0.5]]
         await nxt.stop()
         nxt.cut([_handed_back("e/0#0", 5, [7, 7, 8], [-0.5, -0.5, -0.3])])
         await asyncio.wait_for(run, 1.0)
@@ -125,13 +127,13 @@ def test_a_closing_driver_parks_every_episode_and_continues_a_cut_turn_with_its_
         results = asyncio.Queue()
         run = asyncio.ensure_future(last.run([eps[0]], results.get))
         await asyncio.sleep(0)
-        await results.put({"id": "e/0#0", "output_ids": [7, 7, 8, 2], "logprobs": [-0.5, -0.5, -0.3, -0.1],
-                           "finish": "stop", "version": 6, "cached_tokens": 0, "wait_s": 0.0})
+        await results.put(TurnResult(id="e/0#0", output_ids=[7, 7, 8, 2], logprobs=[-0.5, -0.5, -0.3, -0.1],
+                           finish="stop", version=6, cached_tokens=0, wait_s=0.0))
         await asyncio.sleep(0.01)
         assert eps[0].segments == [[0, 2, 4], [2, 3, 5], [3, 4, 6]] and eps[0].pending is None
         assert eps[0].oldest == 4
-        await results.put({"id": "e/0#1", "output_ids": [9], "logprobs": [-0.2], "finish": "stop",
-                           "version": 6, "cached_tokens": 0, "wait_s": 0.0})
+        await results.put(TurnResult(id="e/0#1", output_ids=[9], logprobs=[-0.2], finish="stop",
+                           version=6, cached_tokens=0, wait_s=0.0))
         await asyncio.wait_for(run, 1.0)
         assert last.finished == [eps[0]] and eps[0].response == [7, 7, 8, 2, 0, 9]
     from dynarl.core.virtual_time import run_virtual
@@ -175,8 +177,8 @@ def test_a_cut_turn_comes_back_with_its_tokens_and_the_next_step_finishes_it():
     from dynarl.core.virtual_time import run_virtual
 
     def turn(rid, n, partial=None):
-        item = {"id": rid, "prompt_ids": [3, 4, 5], "seed": 1, "tool_count": 0, "max_new_tokens": n}
-        return item if partial is None else item | {"partial": partial}
+        item = TurnRequest(id=rid, prompt_ids=[3, 4, 5], seed=1, tool_count=0, max_new_tokens=n)
+        return item if partial is None else dataclasses.replace(item, partial=partial)
 
     async def two_steps():
         engine = EmulatedRolloutEngine(EmulatedRolloutConfig())
@@ -194,7 +196,7 @@ def test_a_cut_turn_comes_back_with_its_tokens_and_the_next_step_finishes_it():
         await engine.resume()
         request = item.inflight[0]
         so_far = [list(request.output_token_ids), list(request.output_logprobs)]
-        assert item.id == "b#0" and 0 < len(so_far[0]) < 400 and [r["id"] for r in box.chunks] == ["a#0"]
+        assert item.id == "b#0" and 0 < len(so_far[0]) < 400 and [r.id for r in box.chunks] == ["a#0"]
 
         await engine.update_weights(None, 1)
         box2 = Outbox()
@@ -205,8 +207,8 @@ def test_a_cut_turn_comes_back_with_its_tokens_and_the_next_step_finishes_it():
 
     so_far, made_second, results = run_virtual(two_steps())
     (done,) = results
-    assert len(done["output_ids"]) == 400 and done["output_ids"][:len(so_far)] == so_far
-    assert done["version"] == 1 and made_second == 400 - len(so_far)  # only the rest made in the next step
+    assert len(done.output_ids) == 400 and done.output_ids[:len(so_far)] == so_far
+    assert done.version == 1 and made_second == 400 - len(so_far)  # only the rest made in the next step
 
 
 # --- dynarl train ------------------------------------------------------------------------------

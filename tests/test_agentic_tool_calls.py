@@ -10,6 +10,7 @@ from dynarl.components.model.tokenizer import CharTokenizer
 from dynarl.components.tasks.tool_syntax import Answer, Call, Malformed, observation_text, parse_turn
 from dynarl.components.tools.calculator import calculate
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver, Limits, ReactTurns, ScriptedTurns, next_action
+from dynarl.components.rollout.turn import TurnResult
 
 LIMITS = Limits(max_turns=3, max_new_tokens=20, max_context=100, max_observation_chars=24)
 
@@ -71,16 +72,16 @@ def run_scripted(turns: dict[str, list[str]], affinity: str, ranks: int = 2):
 
     async def submit(rank, turn):
         submitted.append((rank, turn))
-        ep_id, n = turn["id"].rsplit("#", 1)
+        ep_id, n = turn.id.rsplit("#", 1)
         text = turns[ep_id][int(n)]
         out = tok.encode(text) + ([] if text.endswith("]") else [tok.eos_id])
         # A follow-up turn on the engine that ran the previous one finds the whole
         # blocks (of 4) of the context that engine computed in its prefix cache.
         home, computed = seen.get(ep_id, (None, 0))
         cached = (computed // 4) * 4 if home == rank else 0
-        seen[ep_id] = (rank, len(turn["prompt_ids"]) + len(out))
-        await results.put({"id": turn["id"], "output_ids": out, "logprobs": [-0.5] * len(out), "finish": "stop",
-                           "version": 0, "cached_tokens": cached, "wait_s": 0.01 * len(submitted)})
+        seen[ep_id] = (rank, len(turn.prompt_ids) + len(out))
+        await results.put(TurnResult(id=turn.id, output_ids=out, logprobs=[-0.5] * len(out), finish="stop",
+                           version=0, cached_tokens=cached, wait_s=0.01 * len(submitted)))
 
     async def call_tool(tool, argument):
         calls.append(argument)
@@ -114,21 +115,21 @@ def test_driver_runs_calls_masks_observations_and_counts_malformed():
     assert driver.turns == 2 + 3 + 3 + 1 == len(submitted)
     assert driver.max_wait_s == pytest.approx(0.09)
     # tool_count travels with each turn: the queue key orders follow-ups by it
-    assert [t["tool_count"] for _, t in submitted if t["id"].startswith("capped")] == [0, 1, 2]
+    assert [t.tool_count for _, t in submitted if t.id.startswith("capped")] == [0, 1, 2]
     assert all(n == 0 for n in driver.outstanding.values())
 
 
 def test_affinity_sends_follow_ups_home_and_saves_reprefill():
     script = {f"e{i}": ["[calc 12*34]", "408"] for i in range(6)}
     pref, eps, sub_pref, _ = run_scripted(script, affinity="prefer")
-    first = {t["id"].rsplit("#")[0]: r for r, t in sub_pref if t["id"].endswith("#0")}
-    assert all(r == first[t["id"].rsplit("#")[0]] for r, t in sub_pref if t["id"].endswith("#1"))
+    first = {t.id.rsplit("#")[0]: r for r, t in sub_pref if t.id.endswith("#0")}
+    assert all(r == first[t.id.rsplit("#")[0]] for r, t in sub_pref if t.id.endswith("#1"))
     none, _, sub_none, _ = run_scripted(script, affinity="none")
     assert pref.router.by_reason.get("affinity", 0) == 6
     assert "affinity" not in none.router.by_reason
     # context of a follow-up: bos + prompt + call = 19 tokens; home keeps 16 of them (whole blocks of 4)
     assert pref.reprefill_tokens == 6 * (19 - 16)
-    moved = sum(1 for r, t in sub_none if t["id"].endswith("#1") and r != first[t["id"].rsplit("#")[0]])
+    moved = sum(1 for r, t in sub_none if t.id.endswith("#1") and r != first[t.id.rsplit("#")[0]])
     assert none.reprefill_tokens >= pref.reprefill_tokens
     assert none.reprefill_tokens == moved * 19 + (6 - moved) * 3
 
@@ -142,12 +143,12 @@ def test_a_groups_episodes_start_together_and_a_leaving_rank_gets_its_end_and_no
     driver: EpisodeDriver | None = None
 
     async def submit(rank, turn):
-        submitted.append((rank, turn["id"]))
-        if rank == "a" and turn["id"].endswith("#0") and "a" in driver.outstanding:
+        submitted.append((rank, turn.id))
+        if rank == "a" and turn.id.endswith("#0") and "a" in driver.outstanding:
             await driver.leave(["a"])  # released while its first turns run: they finish elsewhere
-        n = turn["max_new_tokens"]
-        await results.put({"id": turn["id"], "output_ids": [1] * n, "logprobs": [0.0] * n, "finish": "length",
-                           "version": 0, "cached_tokens": 0, "wait_s": 0.0, "rank": "b" if rank == "a" else rank})
+        n = turn.max_new_tokens
+        await results.put(TurnResult(id=turn.id, output_ids=[1] * n, logprobs=[0.0] * n, finish="length",
+                           version=0, cached_tokens=0, wait_s=0.0, rank="b" if rank == "a" else rank))
 
     async def end(rank):
         ended.append(rank)

@@ -4,6 +4,7 @@ import asyncio
 from collections import Counter
 
 from dynarl.components.workflows.episodes import Episode, EpisodeDriver
+from dynarl.components.rollout.turn import TurnResult
 
 
 class HeldTool:
@@ -45,9 +46,9 @@ async def test_a_leaving_ranks_offer_goes_with_the_next_turn_to_another_rank_onl
     first_rank = submitted[0][0]
     other = "b" if first_rank == "a" else "a"
     # its first turn finishes: the tool runs (held), the episode is between turns
-    reply = asyncio.ensure_future(driver.on_result(ep, {"id": "e#0", "output_ids": [5, 6], "logprobs": [0.0, 0.0],
-                                                        "finish": "stop", "version": 0, "cached_tokens": 0,
-                                                        "wait_s": 0.0, "rank": first_rank}))
+    reply = asyncio.ensure_future(driver.on_result(ep, TurnResult(id="e#0", output_ids=[5, 6], logprobs=[0.0, 0.0],
+                                                        finish="stop", version=0, cached_tokens=0,
+                                                        wait_s=0.0, rank=first_rank)))
     await asyncio.sleep(0)
     assert driver.between_turns(first_rank) == [ep] and driver.between_turns(other) == []
     driver.stop_routing([first_rank])
@@ -59,7 +60,7 @@ async def test_a_leaving_ranks_offer_goes_with_the_next_turn_to_another_rank_onl
     tool.go.set()
     assert await reply is False
     rank, turn = submitted[-1]
-    assert rank == other and turn["id"] == "e#1" and turn["kv"] == [[16, "payload"]] and turn["node"] == 0
+    assert rank == other and turn.id == "e#1" and turn.kv == [[16, "payload"]] and turn.node == 0
     assert driver.carried == {}
 
 

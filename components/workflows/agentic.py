@@ -27,6 +27,7 @@ from dynarl.components import experience
 from dynarl.components.costmodel import get_model
 from dynarl.components.experience import END, PromptGroup, Sample
 from dynarl.components.model.spec import safe_decode
+from dynarl.components.rollout.turn import TurnRequest
 from dynarl.components.stage_results import RewardStats, RolloutStats
 from dynarl.components.tasks.calc import calc_score, demonstration, is_direct
 from dynarl.components.tasks.tool_syntax import CLOSE
@@ -163,7 +164,7 @@ class AgenticGRPO(GRPO):
     def make_driver(self, keys: list[str], groups: list[PromptGroup]) -> EpisodeDriver:
         a, ctl = self.cfg.agentic, self.ctl
 
-        async def submit(key: str, turn: dict) -> None:
+        async def submit(key: str, turn: TurnRequest) -> None:
             await ctl.channel(TURNS).put(turn, key=key)
 
         async def end(key: str) -> None:

@@ -23,6 +23,7 @@ from dynarl.components.busy import BusyLog
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
 from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.rollout.run_control import Run, RunControl, Unfinished
+from dynarl.components.rollout.turn import TurnRequest, TurnResult
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.stage_results import RolloutStats
 from dynarl.core.migration.workload import Taken
@@ -54,17 +55,13 @@ class TurnWaits:
         return now - self.queued.pop(request_id, now) if wait is None else wait
 
 
-def turn_result(r: Any, wait_s: float, rank: Any = None, load: Any = None) -> dict[str, Any]:
-    """A finished turn as the episode driver takes it (msgpack-safe): with the rank that
-    served it and that engine's KV utilization after the step (the router's load)."""
-    out = {"id": r.request_id, "output_ids": list(r.output_token_ids), "logprobs": list(r.output_logprobs),
-           "finish": r.finish_reason, "version": r.weight_version, "cached_tokens": r.cached_tokens,
-           "wait_s": wait_s}
-    if rank is not None:
-        out["rank"] = rank
-    if load is not None:
-        out["kv_utilization"], out["kv_capacity"] = load.utilization, load.kv_capacity_tokens
-    return out
+def turn_result(r: Any, wait_s: float, rank: Any = None, load: Any = None) -> TurnResult:
+    """A finished turn as the episode driver takes it: with the rank that served it and
+    that engine's KV utilization after the step (the router's load)."""
+    return TurnResult(id=r.request_id, output_ids=list(r.output_token_ids), logprobs=list(r.output_logprobs),
+                      finish=r.finish_reason, version=r.weight_version, cached_tokens=r.cached_tokens, wait_s=wait_s,
+                      rank=rank, kv_utilization=None if load is None else load.utilization,
+                      kv_capacity=None if load is None else load.kv_capacity_tokens)
 
 
 class AgenticRolloutWorker(RolloutWorker):
@@ -95,22 +92,21 @@ class AgenticRolloutWorker(RolloutWorker):
                                     [], []) for turn_id, token_ids in turns]
         return [await self._offer_kv(request, self.prefix_offers) for request in requests]
 
-    async def _take_turn_kv(self, item: dict) -> None:
+    async def _take_turn_kv(self, item: TurnRequest) -> None:
         """A follow-up turn routed away from the rank that served its last turn may carry
         that rank's KV of its context: moved in where that is the cheaper choice
         (kv_choice), before the turn is queued, so its admission finds it cached."""
-        across = self._across(item.get("node"))
+        across = self._across(item.node)
         try:
-            blocks = await self._kv_in(item["kv"], across, await self.engine.load(), self.turn_kv, item["id"])
+            blocks = await self._kv_in(item.kv or [], across, await self.engine.load(), self.turn_kv, item.id)
             await self._install(blocks, across, self.turn_kv)
         except Exception as exc:  # not needed for correctness: the turn prefills its context
             log.warning("rollout rank %d: the KV of turn %s could not be taken in, prefilling: %r",
-                        self.rank, item.get("id"), exc)
+                        self.rank, item.id, exc)
             self.turn_kv.reprefilled += 1
 
     async def serve_turns(self, get: str, put: str, key: Any, version: int, sampling: dict[str, Any]) -> RolloutStats:
-        """Turns {"id", "prompt_ids", "seed", "tool_count", "max_new_tokens"} from
-        `get` (under `key`) until END; each result goes to `put` at once. Returns
+        """TurnRequests from `get` (under `key`) until END; each result goes to `put` at once. Returns
         counters and the engine's busy intervals. While it runs the rank takes part in
         Workload migration as a generate() does (RolloutWorker's workload_* methods):
         released, it exports its turns with their tokens so far once it has its END."""
@@ -179,21 +175,21 @@ class _TurnServe(Run):
 
     async def fetch(self, inbox: Any) -> None:
         while (item := await inbox.get(self.key)) is not END:
-            if item.get("kv") and self.take_kv is not None:
+            if item.kv and self.take_kv is not None:
                 await self.take_kv(item)
             now = self.now()
             request = GenerationRequest(
-                item["id"], list(item["prompt_ids"]),
-                SamplingParams(**(self.sampling | {"max_new_tokens": item["max_new_tokens"]}), seed=item["seed"]),
-                tool_count=item["tool_count"], arrival_time=now)
-            partial = item.get("partial")
+                item.id, list(item.prompt_ids),
+                SamplingParams(**(self.sampling | {"max_new_tokens": item.max_new_tokens}), seed=item.seed),
+                tool_count=item.tool_count, arrival_time=now)
+            partial = item.partial
             if partial:  # the rest of a turn an earlier step's close cut: it continues from its tokens
                 self.num_tokens -= len(partial[0])  # made in an earlier step
                 self.engine.import_inflight([InflightRequest(request, list(partial[0]), list(partial[1]))])
             else:
                 self.engine.add_request(request)
-            self.tool_counts[item["id"]] = int(item["tool_count"])
-            self.waits.arrived(item["id"], now)
+            self.tool_counts[item.id] = int(item.tool_count)
+            self.waits.arrived(item.id, now)
             self.control.arrived.set()
 
     async def serve(self, fetch: asyncio.Future) -> None:

@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Any, Awaitable, Callable, Sequence
 
 from dynarl.components.rollout.run_control import Unfinished
+from dynarl.components.rollout.turn import TurnRequest, TurnResult
 from dynarl.components.tasks.problem import stable_seed
 from dynarl.components.workflows.episode import Episode, EpisodeState, Limits, next_action
 from dynarl.components.workflows.turns import ReactTurns, ScriptedTurns, Turns
@@ -32,7 +33,7 @@ from dynarl.core.data_router import DataRouter, WorkerState
 
 __all__ = ["Episode", "EpisodeDriver", "EpisodeState", "Limits", "ReactTurns", "ScriptedTurns", "next_action"]
 
-Submit = Callable[[Any, dict[str, Any]], Awaitable[None]]
+Submit = Callable[[Any, TurnRequest], Awaitable[None]]
 """(rank key, turn request) -> queued on that rank."""
 
 
@@ -113,13 +114,13 @@ class EpisodeDriver:
         capacity = self.kv_capacity.get(rank)
         if capacity:
             self.kv[rank] += (len(ep.context) + budget) / capacity
-        turn = {"id": rid, "prompt_ids": ep.context, "seed": stable_seed(ep.seed, "turn", ep.turns),
-                "tool_count": self.turns_logic.tool_count(ep), "max_new_tokens": budget}
+        turn = TurnRequest(id=rid, prompt_ids=ep.context, seed=stable_seed(ep.seed, "turn", ep.turns),
+                           tool_count=self.turns_logic.tool_count(ep), max_new_tokens=budget)
         if ep.pending is not None:  # the rest of the turn a closed step cut: its tokens so far go along
-            turn["partial"] = ep.pending[:2]
+            turn.partial = ep.pending[:2]
         carried = self.carried.pop(ep.id, None)
         if carried is not None and carried[3] != rank:  # its last turn's rank left: its KV comes along
-            turn["kv"], turn["node"] = [carried[:2]], carried[2]  # (the rank it goes to chooses to take it)
+            turn.kv, turn.node = [carried[:2]], carried[2]  # (the rank it goes to chooses to take it)
         await self.submit(rank, turn)
 
     def between_turns(self, rank: Any) -> list[Episode]:
@@ -218,37 +219,37 @@ class EpisodeDriver:
             for key in [*self.outstanding, *self.leaving]:  # a leaving rank's END is sent once: here, or by leave
                 await self.end(key)
 
-    async def on_result(self, ep: Episode, result: dict[str, Any]) -> bool:
+    async def on_result(self, ep: Episode, result: TurnResult) -> bool:
         """Takes one finished turn; True when the episode is over."""
-        routed = self.routed_to.pop(result["id"], None)
+        routed = self.routed_to.pop(result.id, None)
         if routed in self.outstanding:
             self.outstanding[routed] -= 1
-        served = result.get("rank", routed)
-        if served in self.kv and "kv_utilization" in result:
-            self.kv[served] = float(result["kv_utilization"])
-            self.kv_capacity[served] = float(result["kv_capacity"])
+        served = routed if result.rank is None else result.rank
+        if served in self.kv and result.kv_utilization is not None and result.kv_capacity is not None:
+            self.kv[served] = float(result.kv_utilization)
+            self.kv_capacity[served] = float(result.kv_capacity)
         if ep.turns > 0 or ep.computed:  # (a resumed episode's context was computed in an earlier step)
-            self.reprefill_tokens += max(0, ep.computed - result["cached_tokens"])
+            self.reprefill_tokens += max(0, ep.computed - result.cached_tokens)
         self.turns += 1
-        self.max_wait_s = max(self.max_wait_s, result["wait_s"])
-        out = list(result["output_ids"])  # (a continued turn's: its tokens from the earlier step too)
+        self.max_wait_s = max(self.max_wait_s, result.wait_s)
+        out = list(result.output_ids)  # (a continued turn's: its tokens from the earlier step too)
         start = len(ep.response)
         if ep.pending is not None:  # the runs an earlier step made, then this one's
             made = ep.pending_segments(start)
             ep.segments += made
             start, ep.pending = (made[-1][1] if made else start), None
         if len(ep.response) + len(out) > start:
-            ep.segments.append([start, len(ep.response) + len(out), int(result["version"])])
+            ep.segments.append([start, len(ep.response) + len(out), int(result.version)])
         ep.response += out
         ep.mask += [1] * len(out)
-        ep.logprobs += list(result["logprobs"])
+        ep.logprobs += list(result.logprobs)
         ep.turns += 1
-        ep.version = result["version"]
+        ep.version = result.version
         ep.computed = len(ep.context)
         ep.status.last_worker = str(served)  # the engine that holds its KV now
         ep.status.cached_prefix = ep.computed
         ep.status.steps = ep.turns
-        obs = await self.turns_logic.reply(ep, out, result["finish"])
+        obs = await self.turns_logic.reply(ep, out, result.finish)
         ep.status.tool_calls = self.turns_logic.tool_count(ep)
         if obs is None:
             return True
@@ -258,7 +259,7 @@ class EpisodeDriver:
         await self.route(ep)
         return False
 
-    async def run(self, episodes: list[Episode], results: Callable[[], Awaitable[dict[str, Any]]],
+    async def run(self, episodes: list[Episode], results: Callable[[], Awaitable[TurnResult]],
                   on_done: Callable[[Episode], Awaitable[None]] | None = None) -> None:
         """Starts every episode and feeds turn results back until all are over.
         Tool calls of different episodes run concurrently."""
@@ -273,7 +274,7 @@ class EpisodeDriver:
             while True:
                 await events.put(("result", await results()))
 
-        async def handle(ep: Episode, result: dict) -> None:
+        async def handle(ep: Episode, result: TurnResult) -> None:
             if await self.on_result(ep, result):
                 await events.put(("done", ep))
 
@@ -303,7 +304,7 @@ class EpisodeDriver:
                     tasks.create_task(begin(value) if waits else self.route(value))
                     continue
                 if kind == "result":
-                    tasks.create_task(handle(by_id[value["id"].rsplit("#", 1)[0]], value))
+                    tasks.create_task(handle(by_id[value.id.rsplit("#", 1)[0]], value))
                     continue
                 left -= 1
                 self.live.pop(value.id, None)

@@ -45,6 +45,7 @@ from dynarl.components.model.tokenizer import CharTokenizer
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
 from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
 from dynarl.components.rollout.queue_keys import make_queue_key
+from dynarl.components.rollout.turn import TurnRequest
 from dynarl.components.tasks.source import ProblemSource, TaskConfig
 from dynarl.components.tools.calculator import calculate
 from dynarl.components.tools.outcome import ToolResult
@@ -87,13 +88,13 @@ async def run_mode(mode: str, model, args) -> dict:
     rng = random.Random(args.seed)
     lo, hi = args.tool_ms
 
-    async def submit(rank: int, turn: dict) -> None:
+    async def submit(rank: int, turn: TurnRequest) -> None:
         now = loop.time()
         engines[rank].add_request(GenerationRequest(
-            turn["id"], turn["prompt_ids"], SamplingParams(**sampling, max_new_tokens=turn["max_new_tokens"],
-                                                           seed=turn["seed"]),
-            tool_count=turn["tool_count"], arrival_time=now))
-        waits[rank].arrived(turn["id"], now)
+            turn.id, turn.prompt_ids, SamplingParams(**sampling, max_new_tokens=turn.max_new_tokens,
+                                                     seed=turn.seed),
+            tool_count=turn.tool_count, arrival_time=now))
+        waits[rank].arrived(turn.id, now)
         wake[rank].set()
 
     async def call_tool(tool: str, argument: str) -> ToolResult:
