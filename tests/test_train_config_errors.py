@@ -151,3 +151,26 @@ def test_a_run_written_before_the_rename_resumes_colocated(tmp_path):
     from dynarl.launch.train_prepare import resolve_config
     (tmp_path / "config.yaml").write_text("placement:\n  mode: temporal\n")
     assert resolve_config(None, [], str(tmp_path)).placement.mode == "colocated"
+
+
+AGENT = [("workflow", "agentic"), ("task.kind", "calc"), ("agentic.episodes", "agent")]
+
+
+@pytest.mark.parametrize("overrides,path,fragment", [
+    pytest.param([("agent.function", "nosuch.mod:play")], "agent.function", "cannot import 'nosuch.mod'",
+                 id="does-not-import"),
+    pytest.param([("agent.function", "json:nothere")], "agent.function", "'json' has no 'nothere'", id="no-such-fn"),
+    pytest.param([("agent.function", "json:dumps")], "agent.function", "must be an async def", id="not-async"),
+    pytest.param([("agent.function", "play")], "agent.function", "must be 'module:function'", id="no-module"),
+    pytest.param([("agent.episodes_per_prompt", 3)], "agent.episodes_per_prompt", "is the group size",
+                 id="two-group-sizes"),
+    pytest.param([("rollout.oversample", 2)], "rollout.oversample", "cannot wait in a checkpoint", id="partial"),
+    pytest.param([("agent.on_failure", "ignore")], "agent.on_failure", "'drop', 'retry'", id="on-failure"),
+    pytest.param([("run.save_samples", True), ("trainer.streaming", True)], "run.save_samples",
+                 "never meet in one place", id="save-samples-streaming"),
+])
+def test_an_agent_config_error_names_its_field(overrides, path, fragment):
+    with pytest.raises(ConfigError, match=fragment) as info:
+        load_config(None, AGENT + overrides)
+    assert info.value.path == path
+    load_config(None, AGENT)  # the built-in agent: fine

@@ -224,6 +224,11 @@ def check_agent(cfg: TrainConfig) -> None:
     a = cfg.agent
     if importlib.util.find_spec("openai") is None:
         raise ConfigError("agentic.episodes", "an agent's client is the openai package: pip install 'dynarl[agent]'")
+    from dynarl.components.agents.runner import load_agent  # (imports the user's module: agent mode only)
+    try:
+        load_agent(a.function)
+    except ValueError as exc:
+        raise ConfigError("agent.function", str(exc).removeprefix("agent.function: ")) from None
     if a.episodes_per_prompt and a.episodes_per_prompt != cfg.rollout.samples_per_prompt:
         raise ConfigError("agent.episodes_per_prompt", f"is the group size, rollout.samples_per_prompt "
                                                        f"({cfg.rollout.samples_per_prompt}): set one of them")
