@@ -31,12 +31,15 @@ async def play(client: Any, sample: Any) -> float:
 
 
 def observe(call: Any) -> str:
-    """What the tool says to one call: the value, or the error."""
+    """What the tool says to one call: the value, or the error (ASCII: an error quotes
+    the model's text, which may hold characters the tiny models cannot read)."""
     if call.function.name != "calc":
-        return f"error: no tool {call.function.name!r}"
-    try:
-        arguments = json.loads(call.function.arguments)
-    except ValueError:
-        return "error: arguments are not JSON"
-    result = calculate(arguments.get("x") if isinstance(arguments, dict) else None)
-    return result.stdout if result.ok else f"error: {result.error}"
+        text = f"error: no tool {call.function.name!r}"
+    else:
+        try:
+            arguments = json.loads(call.function.arguments)
+        except ValueError:
+            return "error: arguments are not JSON"
+        result = calculate(arguments.get("x") if isinstance(arguments, dict) else None)
+        text = result.stdout if result.ok else f"error: {result.error}"
+    return text.encode("ascii", "replace").decode()
