@@ -495,3 +495,36 @@ def test_objective_config_errors_name_the_field(overrides, path, fragment):
         load_config(None, overrides)
     assert info.value.path == path
     assert fragment in str(info.value)
+
+
+# ---- the controller's advantages (streaming parts) ---------------------------------
+
+def test_the_reward_stage_gives_the_objectives_advantages():
+    from dynarl.components.experience import PromptGroup, Sample
+    from dynarl.components.reward.worker import RewardWorker
+
+    group = PromptGroup(0, "p", "", [1], [Sample(x, 0, output_ids=[5] * n) for x, n in zip("abc", (2, 3, 8))])
+    for s, r in zip(group.samples, (1.0, 0.0, 1.0)):
+        s.reward = r
+    worker = SimpleNamespace(engine=TrainerConfig(objective="rloo"), adv_eps=1e-6)
+    assert close(RewardWorker._advantages(worker, group), ref_rloo([1.0, 0.0, 1.0]))
+    worker = SimpleNamespace(engine=None, adv_eps=1e-6)  # no engine: grpo, as before
+    assert RewardWorker._advantages(worker, group) == group_advantages([1.0, 0.0, 1.0], 1e-6)
+    dapo = TrainerConfig(objective="dapo", max_response_len=8, overlong_buffer=4)
+    worker = SimpleNamespace(engine=dapo, adv_eps=1e-6)  # the 8-token answer pays the overlong penalty
+    shaped = [1.0, 0.0, 1.0 + ref_overlong(8, 8, 4, 1.0)]
+    assert close(RewardWorker._advantages(worker, group), ref_grpo(shaped, 1e-6), tol=1e-5)
+
+
+def test_an_agents_group_takes_the_objectives_advantages_over_its_kept_episodes():
+    from dynarl.components.agents.runner import finish_group
+    from dynarl.components.experience import PromptGroup, Sample
+    from dynarl.components.workflows.episode import Episode
+
+    eps = [Episode(x, [1, 5], 0, response=[7, 2], mask=[1, 1], logprobs=[-1.0, -1.0], group=0) for x in "abcd"]
+    group = PromptGroup(0, "p", "", [1], [Sample(x, 0) for x in "abcd"])
+    finish_group(group, eps, [False, False, True, False], [2.0, 0.0, 1.0, 1.0], end_id=2, eps=1e-6,
+                 engine=TrainerConfig(objective="rloo"))
+    kept = ref_rloo([2.0, 0.0, 1.0])
+    assert close([group.samples[i].advantage for i in (0, 1, 3)], kept)
+    assert group.samples[2].advantage == 0.0  # the failed episode
