@@ -17,6 +17,14 @@ reported only). Advantages: trainer/advantages.py.
     cispo         -sg(clip(ratio)) * A * logprob            token-mean
 
 B: the global batch's samples with a loss token; L: max_response_len (rollout.max_new_tokens).
+
+Where this departs from a paper: rloo and reinforce_pp put their advantages into grpo's
+PPO-clip token-mean surrogate (as verl and OpenRLHF do); the RLOO paper optimises plain
+REINFORCE with one action per completion, which on-policy (ratio 1) is the same gradient
+per token but weighs samples by their token count differently. DAPO and CISPO drop the KL
+term: leave trainer.engine.kl_coef at 0 for them. Streaming (trainer.streaming) cannot
+take dr_grpo, gspo or reinforce_pp (advantages.WHOLE_BATCH); gspo and cispo take no
+behaviour policy (algorithm.max_staleness 0).
 """
 from __future__ import annotations
 
