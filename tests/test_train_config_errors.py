@@ -27,6 +27,8 @@ from dynarl.launch.train import UsageError, prepare
     pytest.param(("rollout.top_p", 5), "rollout.top_p", "must be in (0, 1]", id="sampling"),
     pytest.param(("placement.pools", [["rollout"], ["trainer"]]), "placement.pools", "only used by mode 'hybrid'",
                  id="pools-without-hybrid"),
+    pytest.param(("algorithm.name", "ppo2"), "algorithm.name", "choose from 'grpo', 'dr_grpo', 'gspo', 'dapo'",
+                 id="unknown-objective"),
 ])
 def test_config_errors_name_the_field(override, path, fragment):
     with pytest.raises(ConfigError) as info:
@@ -82,6 +84,13 @@ def test_cli_unknown_key_exits_2_without_traceback(tmp_path):
     assert result.returncode == 2
     assert "rollout.temprature: unknown key" in result.stderr and "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "run")  # nothing started, nothing written
+
+
+def test_cli_unknown_objective_exits_2_naming_algorithm_name(tmp_path):
+    result = cli("algorithm.name=ppo2", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "algorithm.name: 'ppo2' is not allowed" in result.stderr
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_cli_errors_from_a_yaml_file_and_a_range(tmp_path):

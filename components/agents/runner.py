@@ -14,6 +14,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from dynarl.components.agents.sessions import Session, Sessions
 from dynarl.components.experience import PromptGroup, group_advantages
+from dynarl.components.trainer.advantages import group_advantages_for
+from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.tools.outcome import ToolResult
 from dynarl.components.tools.worker import ToolWorker
 from dynarl.components.workflows.episode import Episode
@@ -117,12 +119,13 @@ async def play_episode(fn: Agent, client: Any, sessions: Sessions, session: Sess
 
 
 def finish_group(group: PromptGroup, episodes: Sequence[Episode], failed: Sequence[bool],
-                 rewards: Sequence[float], end_id: int, eps: float) -> None:
+                 rewards: Sequence[float], end_id: int, eps: float, engine: TrainerConfig | None = None) -> None:
     """A group's episodes into its samples. The group's prompt is the prefix its
     episodes' prompts share (usually the whole first prompt; never their responses,
     which may start alike); each sample's output is
     the rest of its context, its own prompt part masked. A failed episode is kept
-    with every token masked and advantage 0; the others' advantages are over them alone."""
+    with every token masked and advantage 0; the others' advantages are over them alone
+    (the objective of `engine`, the trainer's settings; None: GRPO's with `eps`)."""
     live = [ep.prompt_ids for ep, bad in zip(episodes, failed) if not bad and ep.prompt_ids]
     if live:  # (none: every episode failed; the task's prompt stands in)
         common = shared_prefix(live) or live[0][:1]
@@ -130,7 +133,12 @@ def finish_group(group: PromptGroup, episodes: Sequence[Episode], failed: Sequen
     common = list(group.prompt_ids)
     kept = [not bad and ep.context[:len(common)] == common and len(ep.context) > len(common)
             for ep, bad in zip(episodes, failed)]
-    advantages = iter(group_advantages([r for r, k in zip(rewards, kept) if k], eps))
+    kept_rewards = [r for r, k in zip(rewards, kept) if k]
+    if engine is None:
+        advantages = iter(group_advantages(kept_rewards, eps))
+    else:
+        lengths = [len(ep.context) - len(common) for ep, k in zip(episodes, kept) if k]
+        advantages = iter(group_advantages_for(engine, kept_rewards, lengths))
     for sample, ep, keep, reward in zip(group.samples, episodes, kept, rewards):
         if keep:
             own = len(ep.prompt_ids) - len(common)  # the episode's prompt past the shared part

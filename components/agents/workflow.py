@@ -118,7 +118,7 @@ class AgentGRPO(AgenticGRPO):
                 group, done = by_index[ep.group], slots[ep.group]
                 states = [self.sessions.by_episode[e.id] for e in done]
                 finish_group(group, done, [bool(s.failure) for s in states], [s.reward for s in states],
-                             self.fmt.end_id, eps)
+                             self.fmt.end_id, eps, self.cfg.trainer.engine)
                 await scored.put([group], weight=1)
 
         try:

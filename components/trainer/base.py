@@ -8,13 +8,17 @@ emulated twin uses them without tensors, and the P2P reshard planner reads a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, get_args
 
 from dynarl.core.config_tree import wire_config
 
 from dynarl.components.trainer.lr_schedule import check_schedule
 from dynarl.components.trainer.native.packing import balance_parts
 
+
+Objective = Literal["grpo", "dr_grpo", "gspo", "dapo", "rloo", "reinforce_pp", "cispo"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+"""The RL objectives (algorithm.name): trainer/advantages.py, trainer/native/objectives.py."""
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
 """The sharded per-element state of a ZeRO-1 rank: fp32 master copy of the
@@ -293,10 +297,16 @@ class TrainerConfig:
     micro_batch_size padded samples (native engine: micro_batch.micro_batches); set on
     trainer.engine, the GRPO workflow also balances its DP ranks' parts by tokens, not
     by group count. 0 = off."""
+    objective: Objective = "grpo"
+    """The RL objective its loss and advantages follow (trainer/native/objectives.py): dynarl
+    train sets it from algorithm.name (a value given is replaced)."""
     clip_eps_low: float = 0.2
-    """PPO ratio clip below: ratio >= 1 - clip_eps_low."""
+    """PPO ratio clip below: ratio >= 1 - clip_eps_low (gspo: the sequence ratio's; cispo: the
+    IS weight's, where 1 means no lower bound). algorithm.clip_eps_low, or the objective's own
+    default (gspo, cispo), replaces it."""
     clip_eps_high: float = 0.2
-    """PPO ratio clip above: ratio <= 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    """PPO ratio clip above: ratio <= 1 + clip_eps_high (DAPO's clip-higher uses 0.28).
+    algorithm.clip_eps_high, or the objective's own default (gspo, dapo), replaces it."""
     behav_weight_cap: float = 5.0
     """Decoupled PPO (batches with behav_logprobs): tokens whose behaviour weight
     exp(old - behav) exceeds it are left out of the loss (AReaL's behav_imp_weight_cap;
@@ -307,6 +317,14 @@ class TrainerConfig:
     """Weight of the entropy bonus (docs/MEASURED.md: 0.05 kept tiny GRPO runs from collapsing)."""
     adv_eps: float = 1e-6
     """GRPO advantage denominator epsilon: (r - mean) / (std + adv_eps)."""
+    max_response_len: int = 0
+    """dr_grpo's constant length L (its loss is the token sum / (samples x L)) and dapo's L_max:
+    dynarl train sets it to rollout.max_new_tokens (a value given is replaced)."""
+    overlong_buffer: int = 0
+    """dapo: the last this many tokens before max_response_len lower the reward linearly
+    (to -overlong_penalty at max_response_len); 0 = off. Set from algorithm.overlong_buffer."""
+    overlong_penalty: float = 1.0
+    """dapo: the overlong penalty at max_response_len. Set from algorithm.overlong_penalty."""
     seed: int = 0
     """Seeds the trainer's own RNG stream (dropout), offset by the DP rank."""
     value_clip: float = 0.2
@@ -329,8 +347,17 @@ class TrainerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.behav_weight_cap > 1:
             raise ValueError(f"behav_weight_cap must be > 1, got {self.behav_weight_cap}")
-        if not 0 <= self.clip_eps_low < 1:
-            raise ValueError(f"clip_eps_low must be in [0, 1), got {self.clip_eps_low}")
+        if not 0 <= self.clip_eps_low < 1 and not (self.objective == "cispo" and self.clip_eps_low == 1):
+            raise ValueError(f"clip_eps_low must be in [0, 1) (cispo: [0, 1]), got {self.clip_eps_low}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.objective == "dr_grpo" and self.max_response_len < 1:
+            raise ValueError("max_response_len must be >= 1 for objective dr_grpo (its loss divides by it)")
+        if not 0 <= self.overlong_buffer <= max(self.max_response_len, 0):
+            raise ValueError(f"overlong_buffer must be in [0, max_response_len={self.max_response_len}], "
+                             f"got {self.overlong_buffer}")
+        if self.overlong_penalty < 0:
+            raise ValueError(f"overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.max_tokens_per_micro_batch < 0:

@@ -65,8 +65,12 @@ class TrainerWorker(Residency, dynarl.Worker):
         self.head = head
         self.backend, self.backend_config = backend, backend_config
         self.config = engine
-        # the warm start's supervised steps train at their own constant lr (no schedule)
-        self.warmup_config = dataclasses.replace(constant_lr(self.config, warmup_lr), entropy_coef=0.0, kl_coef=0.0)
+        # the warm start's supervised steps train at their own constant lr (no schedule), with
+        # grpo's loss whatever the objective (advantage 1, on-policy: the token-mean log-likelihood;
+        # the ratio is 1, so a clip bound of cispo's, 1, may become 0 and change nothing)
+        low = self.config.clip_eps_low
+        self.warmup_config = dataclasses.replace(constant_lr(self.config, warmup_lr), entropy_coef=0.0, kl_coef=0.0,
+                                                 objective="grpo", clip_eps_low=0.0 if low >= 1 else low)
         self.bucket_bytes = bucket_bytes
         self.shares_device = shares_device
         self.trainer: Any = None

@@ -33,6 +33,7 @@ from dynarl.components.tasks.calc import calc_score, demonstration, is_direct
 from dynarl.components.tasks.tool_syntax import CLOSE
 from dynarl.components.tools.outcome import ToolResult
 from dynarl.components.tools.worker import ToolWorker
+from dynarl.components.trainer.advantages import group_advantages_for
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.workflows.episodes import (Episode, EpisodeDriver, EpisodeState, Limits, ReactTurns,
@@ -208,15 +209,15 @@ class AgenticGRPO(GRPO):
                 left[group.index] += 1
         scored = self.ctl.channel("scored")
         verifier = "none" if self.scripted else "calc"
-        eps = self.cfg.trainer.engine.adv_eps
+        engine = self.cfg.trainer.engine
 
         async def on_done(ep: Episode) -> None:
             group, k = where[ep.id]
             fill_sample(group.samples[k], ep, group.answer, scored=not self.scripted)
             left[group.index] -= 1
             if left[group.index] == 0:
-                rewards = [s.reward for s in group.samples]
-                for s, adv in zip(group.samples, experience.group_advantages(rewards, eps)):
+                rewards, lengths = [s.reward for s in group.samples], [len(s.output_ids) for s in group.samples]
+                for s, adv in zip(group.samples, group_advantages_for(engine, rewards, lengths)):
                     s.advantage = adv
                 await scored.put([group], weight=1)
 

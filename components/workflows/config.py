@@ -8,7 +8,7 @@
     trainer    ranks, GRPO/optimizer settings (engine), warm start, weight-sync   trainer_config.py
                buckets, backend; critic: workflow ppo's critic and GAE
     placement  colocated | spatial | hybrid | auto (+ pools)                      scheduler_config.py
-    scheduler  static | dynarl; algorithm: max_staleness                          scheduler_config.py
+    scheduler  static | dynarl; algorithm: the objective (name), max_staleness    scheduler_config.py
     run        steps, prompts per step, seed, checkpoints                         run_config.py
     agentic, embodied, memory: agentic_config.py, embodied_config.py, memory/config.py
 
@@ -72,6 +72,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check(self)
+        # the objective goes to the trainer (and the reward stages) in trainer.engine
+        self.trainer.engine = self.algorithm.trainer_engine(self.trainer.engine, self.rollout.max_new_tokens,
+                                                            self.workflow)
 
     def ranks(self) -> dict[str, int]:
         return {"rollout": self.rollout.num_ranks, "inference": self.inference.num_ranks,

@@ -32,6 +32,7 @@ def whole_number(section: object, name: str) -> None:
 def check(cfg: TrainConfig) -> None:
     """Every check of the whole tree: backends against the devices, the placement, the
     workflow and its task, overlapped and partial steps, the model's positions."""
+    check_algorithm(cfg)
     emulated = cfg.runtime.cluster.device_kind == "emulated"
     if cfg.runtime.launcher == "inproc" and not emulated:
         raise ConfigError("runtime.launcher", "'inproc' cannot host torch.distributed groups for weight sync; "
@@ -78,6 +79,45 @@ def check(cfg: TrainConfig) -> None:
     max_len = cfg.model.config().max_position_embeddings
     if cfg.rollout.max_new_tokens >= max_len and not emulated:
         raise ConfigError("rollout.max_new_tokens", f"must be below the model's {max_len} positions")
+
+
+def check_algorithm(cfg: TrainConfig) -> None:
+    """algorithm.name other than grpo: the native trainer's objectives, in the workflows
+    whose advantages come from rewards (grpo, agentic); those that need the whole batch
+    at once step on it whole; gspo's and cispo's ratios are to the sampling policy."""
+    from dynarl.components.trainer.advantages import WHOLE_BATCH
+    a = cfg.algorithm
+    if a.name != "grpo":
+        if cfg.workflow in ("ppo", "embodied"):
+            why = "its critic's GAE advantages" if cfg.workflow == "ppo" else "its own learner's loss"
+            raise ConfigError("algorithm.name", f"{a.name!r}: workflow {cfg.workflow} trains on {why}; the "
+                                                "objectives are the grpo and agentic workflows': set grpo")
+        if cfg.trainer.backend == "megatron":
+            raise ConfigError("algorithm.name", f"{a.name!r} is implemented on the native trainer only (the "
+                                                "megatron trainer trains grpo): set trainer.backend native "
+                                                "or algorithm.name grpo")
+    if a.name in WHOLE_BATCH and cfg.trainer.streaming:
+        raise ConfigError("trainer.streaming", f"algorithm.name {a.name} needs the whole batch in one step "
+                                               "(dr_grpo and gspo divide by its samples, reinforce_pp whitens "
+                                               "over its tokens): set it false")
+    if a.name in ("gspo", "cispo") and (a.max_staleness or cfg.rollout.oversample > 1):
+        raise ConfigError("algorithm.max_staleness", f"algorithm.name {a.name} weighs tokens against the "
+                                                     "policy that sampled them (no decoupled correction): set "
+                                                     "max_staleness 0 and rollout.oversample 1")
+    if a.clip_eps_low == 1 and a.name != "cispo":
+        raise ConfigError("algorithm.clip_eps_low", "1 (no lower bound) is for cispo's IS weight; a PPO ratio "
+                                                    "clip must be below 1")
+    if a.overlong_buffer is not None:
+        if a.name != "dapo":
+            raise ConfigError("algorithm.overlong_buffer", f"the overlong penalty is dapo's; algorithm.name is "
+                                                           f"{a.name}: leave it null")
+        if a.overlong_buffer and cfg.workflow != "grpo":
+            raise ConfigError("algorithm.overlong_buffer", f"counts one response's tokens against "
+                                                           f"rollout.max_new_tokens; workflow {cfg.workflow}'s "
+                                                           "episodes span turns: set it 0")
+        if a.overlong_buffer > cfg.rollout.max_new_tokens:
+            raise ConfigError("algorithm.overlong_buffer", f"{a.overlong_buffer} is more than "
+                                                           f"rollout.max_new_tokens ({cfg.rollout.max_new_tokens})")
 
 
 def check_lora(cfg: TrainConfig) -> None:

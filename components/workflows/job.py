@@ -140,7 +140,8 @@ class Job:
                                                                                       cfg.rollout.emulated)
         trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
         return {  # engines: engine_factory.py; the config sections cross as themselves (core/config_tree.wire_config)
-            "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps},
+            "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps,
+                       "engine": cfg.trainer.engine},
             "rollout": {"model": model, "engine": cfg.rollout.engine, "bucket_bytes": bucket,
                         "shares_device": "rollout" in shared, "move_kv": cfg.rollout.move_kv,
                         "kv_choice": cfg.rollout.kv_choice,

@@ -2,9 +2,11 @@
 the components run, whether devices move during a step, and how stale a sample may be."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from dynarl.components.trainer.base import Objective, TrainerConfig
 from dynarl.components.workflows.config_checks import whole_number
 
 if TYPE_CHECKING:
@@ -94,8 +96,40 @@ class SchedulerSection:
     dynarl: DynarlSection = field(default_factory=DynarlSection)
 
 
+OWN_CLIP: dict[str, tuple[float | None, float | None]] = {
+    "gspo": (3e-4, 4e-4),   # GSPO (arXiv 2507.18071): the sequence ratio's clip, its experiments'
+    "dapo": (None, 0.28),   # DAPO (arXiv 2503.14476): clip-higher, eps_low 0.2 as PPO's
+    "cispo": (1.0, None),   # MiniMax-M1 (arXiv 2506.13585): no lower bound on the IS weight
+}
+"""The objectives' own clip ranges (low, high) where their papers set one; None: trainer.engine's."""
+
+
 @dataclass(kw_only=True, slots=True)
 class AlgorithmSection:
+    name: Objective = "grpo"
+    """The RL objective (native trainer; trainer/advantages.py and trainer/native/objectives.py
+    give each one's formulas and paper). grpo: advantages (r - mean) / std per group, PPO-clip,
+    token-mean (arXiv 2402.03300). dr_grpo: advantages r - mean, the loss summed over tokens /
+    (samples x rollout.max_new_tokens) (arXiv 2503.20783). gspo: one clipped ratio per
+    sequence, mean over sequences (arXiv 2507.18071). dapo: clip-higher, token-mean, overlong
+    reward shaping (arXiv 2503.14476). rloo: leave-one-out baseline r_i - mean of the others
+    (arXiv 2402.14740). reinforce_pp: per-token returns with a KL penalty (weight
+    trainer.engine.kl_coef), whitened over the batch (arXiv 2501.03262). cispo: REINFORCE
+    weighted by the clipped importance weight, which carries no gradient (arXiv 2506.13585)."""
+    clip_eps_low: float | None = None
+    """The ratio's clip below, in [0, 1] (gspo: the sequence ratio's; cispo: the IS weight's, 1
+    = no lower bound). null: gspo 3e-4 and cispo 1 (their papers'), the others
+    trainer.engine.clip_eps_low. Replaces trainer.engine.clip_eps_low."""
+    clip_eps_high: float | None = None
+    """The ratio's clip above. null: gspo 4e-4 and dapo 0.28 (their papers'), the others
+    trainer.engine.clip_eps_high. Replaces trainer.engine.clip_eps_high."""
+    overlong_buffer: int | None = None
+    """dapo: the soft overlong penalty's L_cache, the last this many tokens before
+    rollout.max_new_tokens, over which a response's reward falls linearly to -overlong_penalty
+    (for its advantages; the reward metrics stay the verifier's). null: a fifth of
+    rollout.max_new_tokens (the paper's 4096 of 20480) in workflow grpo, 0 in agentic; 0: off."""
+    overlong_penalty: float = 1.0
+    """dapo: the overlong penalty at rollout.max_new_tokens (the paper's 1)."""
     max_staleness: int = 0
     """How many policy versions behind the trainer a sample's generating weights may
     be. 0: on-policy (each step generates its batch, then trains on it). 1: the
@@ -108,4 +142,27 @@ class AlgorithmSection:
 
     def __post_init__(self) -> None:
         whole_number(self, "max_staleness")
+        if self.clip_eps_low is not None and not 0 <= self.clip_eps_low <= 1:
+            raise ValueError(f"clip_eps_low must be in [0, 1], got {self.clip_eps_low}")
+        if self.clip_eps_high is not None and self.clip_eps_high < 0:
+            raise ValueError(f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
+        if self.overlong_buffer is not None:
+            whole_number(self, "overlong_buffer")
+        if self.overlong_penalty < 0:
+            raise ValueError(f"overlong_penalty must be >= 0, got {self.overlong_penalty}")
+
+    def trainer_engine(self, engine: TrainerConfig, max_new_tokens: int, workflow: str) -> TrainerConfig:
+        """trainer.engine with this objective in it (TrainerConfig crosses to the trainer and
+        the reward stages): the name, the clip range (this section's, else the objective's
+        own, else the engine's), max_new_tokens as the objective's length and dapo's buffer."""
+        own_low, own_high = OWN_CLIP.get(self.name, (None, None))
+        low = next(v for v in (self.clip_eps_low, own_low, engine.clip_eps_low) if v is not None)
+        high = next(v for v in (self.clip_eps_high, own_high, engine.clip_eps_high) if v is not None)
+        buffer = 0
+        if self.name == "dapo":
+            buffer = self.overlong_buffer if self.overlong_buffer is not None else \
+                (max_new_tokens // 5 if workflow == "grpo" else 0)
+        return dataclasses.replace(engine, objective=self.name, clip_eps_low=low, clip_eps_high=high,
+                                   max_response_len=max_new_tokens, overlong_buffer=buffer,
+                                   overlong_penalty=self.overlong_penalty)
 

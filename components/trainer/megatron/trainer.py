@@ -78,6 +78,8 @@ class MegatronTrainer:
     def __init__(self, model_config: ModelConfig, config: TrainerConfig, megatron: MegatronConfig, *,
                  hf_weights: Mapping[str, torch.Tensor] | None = None,
                  optimizer_factory: OptimizerFactory | None = None) -> None:
+        if config.objective != "grpo":  # (the config refuses others with trainer.backend megatron)
+            raise ValueError(f"the megatron trainer trains objective grpo only, not {config.objective!r}")
         require_extra("megatron")
         from megatron.core import parallel_state, tensor_parallel
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

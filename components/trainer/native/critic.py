@@ -47,7 +47,7 @@ class NativeCritic(NativeTrainer):
             raise ValueError("the critic's model needs a scalar head: build it with critic.value_head(model)")
         super().__init__(model, config, process_group)
 
-    def _advantages(self, batch: TrainBatch) -> list:
+    def _advantages(self, batch: TrainBatch, reduce=None) -> list:
         """Zeros: the value loss reads the batch's returns and old values instead."""
         if batch.returns is None:
             raise ValueError("a critic's batch needs returns and old_values")
@@ -59,7 +59,7 @@ class NativeCritic(NativeTrainer):
             return len(batch.input_ids[i]) - batch.prompt_lens[i]
         return sum(1 for m in batch.response_mask[i] if m)
 
-    def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
+    def _forward_backward(self, mb: MicroBatch, num_tokens: int, num_samples: int = 1) -> torch.Tensor:
         assert mb.old_values is not None and mb.returns is not None  # (_advantages checked the batch)
         values = self._values(mb)
         loss = value_loss(values, mb.old_values, mb.returns, torch.ones_like(values),

@@ -42,6 +42,7 @@ class MicroBatch:
     position_ids: torch.Tensor | None = None  # packed: [1, T] long, each sample from 0
     cu_seqlens: torch.Tensor | None = None  # packed: [N + 1] int32, sample boundaries in the row
     rows: tuple[int, ...] = field(default=())  # the batch's samples here, in row order
+    sample_index: torch.Tensor | None = None  # [n] long, each token's sample: its place in `rows`
 
     def logits(self, model: nn.Module) -> torch.Tensor:
         """`model`'s output on this micro-batch, [B, T, V] (packed: [1, T, V]); the
@@ -77,6 +78,8 @@ class _PerToken:
         self.ref: list[float] = []
         self.returns: list[float] = []
         self.old_values: list[float] = []
+        self.sample: list[int] = []
+        self.samples_added = 0
 
     def add(self, i: int) -> list[int]:
         """Appends sample i's loss tokens; returns their target positions in the sample."""
@@ -88,6 +91,7 @@ class _PerToken:
             if batch.response_mask is not None and not batch.response_mask[i][k]:
                 continue
             positions.append(plen + k - 1)
+            self.sample.append(self.samples_added)
             self.targets.append(seq[plen + k])
             self.adv.append(self.advantages[i][k] if per_token_adv else self.advantages[i])
             if batch.old_logprobs is not None:
@@ -100,6 +104,7 @@ class _PerToken:
                 assert batch.old_values is not None  # (TrainBatch checks they go together)
                 self.returns.append(batch.returns[i][k])
                 self.old_values.append(batch.old_values[i][k])
+        self.samples_added += 1
         return positions
 
     def micro_batch(self, ids: torch.Tensor, attn: torch.Tensor, loss_mask: torch.Tensor, rows: Sequence[int],
@@ -118,7 +123,8 @@ class _PerToken:
             num_tokens=len(self.targets),
             returns=floats(self.returns) if batch.returns is not None else None,
             old_values=floats(self.old_values) if batch.old_values is not None else None,
-            rows=tuple(rows), **{name: t.to(device) for name, t in packed.items()})
+            rows=tuple(rows), sample_index=torch.tensor(self.sample, dtype=torch.long, device=device),
+            **{name: t.to(device) for name, t in packed.items()})
 
 
 def build_micro_batch(batch: TrainBatch, advantages: Sequence, rows: Sequence[int],

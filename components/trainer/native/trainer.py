@@ -1,4 +1,5 @@
-"""The native trainer: GRPO on a torch causal LM, data parallel with torch FSDP2.
+"""The native trainer: GRPO (or another objective, TrainerConfig.objective: native/
+objectives.py) on a torch causal LM, data parallel with torch FSDP2.
 
 Each decoder layer and the root are `fully_shard`ed over the data-parallel group, so
 every parameter is a DTensor sharded on dim 0 and a rank holds its rows of the fp32
@@ -43,7 +44,9 @@ from dynarl.components.trainer.megatron.layout import WEIGHTS, ShardedLayout
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native import checkpoint
 from dynarl.components.trainer.native.layout import fsdp_layout
-from dynarl.components.trainer.native.losses import entropy_from_logprobs, micro_batch_loss, step_advantages
+from dynarl.components.trainer.advantages import WHOLE_BATCH, loss_samples
+from dynarl.components.trainer.native.losses import entropy_from_logprobs
+from dynarl.components.trainer.native.objectives import micro_batch_loss, step_advantages
 from dynarl.components.trainer.native.micro_batch import MicroBatch, micro_batches
 from dynarl.components.trainer.world import init_default_group, leave_default_group
 
@@ -103,11 +106,12 @@ class NativeTrainer:
     def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """Collective. One AdamW step on this rank's part of the global batch (see
         `TrainBatch.shard`). Loss is the token-mean over the whole global batch."""
-        advantages = self._advantages(batch)
+        advantages = self._advantages(batch, self._reduce)
         if not self._onloaded:
             raise RuntimeError("trainer is offloaded; call onload() before train_step()")
-        num_tokens = int(self._all_reduce(torch.tensor([float(batch.num_loss_tokens())], dtype=torch.float64,
-                                                       device=self.device)).item())
+        counts = self._all_reduce(torch.tensor([float(batch.num_loss_tokens()), float(loss_samples(batch))],
+                                               dtype=torch.float64, device=self.device))
+        num_tokens, num_samples = int(counts[0].item()), int(counts[1].item())
         if num_tokens == 0:
             raise ValueError("the global batch has no response tokens with mask 1")
         self.optimizer.zero_grad(set_to_none=True)
@@ -118,7 +122,7 @@ class NativeTrainer:
         with self._own_rng():
             for index in range(passes):
                 if index < len(micro):
-                    sums += self._forward_backward(micro[index], num_tokens)
+                    sums += self._forward_backward(micro[index], num_tokens, num_samples)
                 else:
                     self._idle_pass()
         return self._step(sums, num_tokens)
@@ -143,6 +147,9 @@ class NativeTrainer:
         so the step equals one train_step over all the parts. Not collective."""
         if self._pending is None:
             raise RuntimeError("accumulate() before begin_stream()")
+        if self.config.objective in WHOLE_BATCH:
+            raise ValueError(f"objective {self.config.objective} needs the whole batch in one step: "
+                             "set trainer.streaming false")
         self._pending["tokens"] += batch.num_loss_tokens()
         self.model.train()
         with self._own_rng():
@@ -210,16 +217,22 @@ class NativeTrainer:
         max_tokens_per_micro_batch tokens (micro_batch.py)."""
         return micro_batches(batch, advantages, self.config, self.device)
 
-    def _advantages(self, batch: TrainBatch) -> list:
-        """What the loss of `batch` weighs its tokens by: GRPO's (or the batch's own) advantages."""
-        return step_advantages(batch, self.config)
+    def _advantages(self, batch: TrainBatch, reduce: Any = None) -> list:
+        """What the loss of `batch` weighs its tokens by: the objective's (or the batch's own)
+        advantages; `reduce` sums statistics over the ranks (collective: train_step's)."""
+        return step_advantages(batch, self.config, reduce)
+
+    def _reduce(self, values: Any) -> Any:
+        """Collective. A float64 vector summed over the ranks (reinforce_pp's whitening)."""
+        return self._all_reduce(torch.as_tensor(values, dtype=torch.float64, device=self.device)).cpu().numpy()
 
     def _zero_terms(self) -> torch.Tensor:
         return torch.zeros(len(self.TERMS), dtype=torch.float64, device=self.device)
 
-    def _forward_backward(self, mb: MicroBatch, num_tokens: int) -> torch.Tensor:
-        """Backward of this micro-batch's share of the global token-mean loss;
-        returns its (loss, pg, kl, entropy, clip_frac) shares."""
+    def _forward_backward(self, mb: MicroBatch, num_tokens: int, num_samples: int = 1) -> torch.Tensor:
+        """Backward of this micro-batch's share of the global loss (token-mean; dr_grpo
+        and gspo: per-sample, `num_samples`); returns its (loss, pg, kl, entropy,
+        clip_frac) shares."""
         cfg = self.config
         logits = mb.logits(self.model)
         # Position t predicts token t + 1; keep only the positions in the loss.
@@ -227,7 +240,7 @@ class NativeTrainer:
         logprobs = logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
         with torch.set_grad_enabled(cfg.entropy_coef > 0):
             entropy = entropy_from_logprobs(logp)
-        terms = micro_batch_loss(logprobs, entropy, mb, cfg, num_tokens)
+        terms = micro_batch_loss(logprobs, entropy, mb, cfg, num_tokens, num_samples)
         terms.loss.backward()
         return torch.stack([t.detach().double() for t in terms])
 
