@@ -47,7 +47,7 @@ def chat(**fields):
           parallel_tool_calls=False, n=1),
      ChatRequest(messages=(ChatMessage("user", "hi"),), model="m", tool_choice="required",
                  tools=(ToolSpec("add", "adds", {"type": "object"}),),
-                 sampling=Sampling(max_tokens=7, temperature=1.0, stop=("\n",), logprobs=True,
+                 sampling=Sampling(max_tokens=7, temperature=1.0, top_p=0.9, stop=("\n",), logprobs=True,
                                    top_logprobs=2, stream=True, include_usage=True))),
     (chat(max_tokens=5, stop=["a", "b"], stream_options={"include_usage": True}),
      ChatRequest(messages=(ChatMessage("user", "hi"),), model="m",
@@ -58,6 +58,12 @@ def test_chat_request_forms(body, expected):
 
 
 @pytest.mark.parametrize("body, param", [
+    (chat(top_p=0), "top_p"),
+    (chat(presence_penalty=0.5), "presence_penalty"),
+    (chat(frequency_penalty=-1), "frequency_penalty"),
+    (chat(repetition_penalty=1.1), "repetition_penalty"),
+    (chat(logit_bias={"5": 10}), "logit_bias"),
+    (chat(response_format={"type": "json_object"}), "response_format"),
     ([USER], None),
     ({}, "messages"),
     (chat(messages=[]), "messages"),

@@ -10,7 +10,7 @@ import pytest
 from dynarl.components.agents.chat_format import ChatFormat
 from dynarl.components.agents.messages import (BadRequest, ChatMessage, ChatRequest, CompletionRequest, Sampling,
                                                SessionBusy, ToolCall, ToolSpec, UnknownSession)
-from dynarl.components.agents.runner import finish_group, reward_of, shared_prefix
+from dynarl.components.agents.runner import DROPPED, finish_group, own_groups, reward_of, shared_prefix
 from dynarl.components.agents.sessions import Sessions, same_message
 from dynarl.components.agents.tool_calls import call_text
 from dynarl.components.experience import PromptGroup, Sample
@@ -192,20 +192,61 @@ async def test_an_agent_that_never_asks_ends_its_episode_without_a_turn():
 
 
 @pytest.mark.asyncio
-async def test_completions_extend_the_recorded_token_ids():
-    sessions, engine = make(), Engine(["xy", "z"])
+async def test_completions_extend_the_transcript_or_the_recorded_token_ids():
+    sessions, engine = make(), Engine(["xy", "z", "w"])
 
     async def agent(sid):
         first = await sessions.complete(sid, CompletionRequest("1+1="))
+        assert first.text == "xy"
         with pytest.raises(BadRequest, match="does not extend"):
             await sessions.complete(sid, CompletionRequest("2+2=" + first.text))
-        text = TOK.decode(list(TOK.encode("1+1=")) + list(first.token_ids), skip_special=False)
-        await sessions.complete(sid, CompletionRequest(text + "?"))
+        second = await sessions.complete(sid, CompletionRequest("1+1=" + first.text + "?"))  # the agent's own text
+        with pytest.raises(BadRequest, match="must be < 103"):
+            await sessions.complete(sid, CompletionRequest(tuple(engine.prompts["e0#1"]) + (500,)))
+        context = tuple(engine.prompts["e0#1"]) + tuple(second.token_ids)
+        await sessions.complete(sid, CompletionRequest(context + (TOK.encode("!")[0],)))
+        with pytest.raises(BadRequest, match="go on with token ids"):
+            await sessions.complete(sid, CompletionRequest("1+1=xyz!"))
         return 1.0
 
     ep, _, _ = await drive(sessions, engine, agent)
     assert ep.prompt_ids == TOK.encode("1+1=")
     assert engine.prompts["e0#1"] == TOK.encode("1+1=xy") + [TOK.eos_id] + TOK.encode("?")
+    assert engine.prompts["e0#2"] == engine.prompts["e0#1"] + TOK.encode("z") + [TOK.eos_id] + TOK.encode("!")
+
+
+@pytest.mark.asyncio
+async def test_a_resent_request_gets_the_recorded_reply_and_the_episode_goes_on():
+    """An agent whose client gave up waiting sends the same messages again: it is
+    answered with the reply the session recorded, nothing is generated twice."""
+    sessions, engine = make(), Engine(["hi", "ok"])
+    user = ChatMessage("user", "q")
+
+    async def agent(sid):
+        first = await sessions.chat(sid, chat([user]))
+        again = await sessions.chat(sid, chat([user]))
+        assert again is first
+        second = await sessions.chat(sid, chat([user, ChatMessage("assistant", first.text), ChatMessage("user", "x")]))
+        return 1.0 if second.text == "ok" else 0.0
+
+    ep, session, _ = await drive(sessions, engine, agent)
+    assert session.reward == 1.0 and ep.turns == 2 and len(engine.prompts) == 2
+    assert sessions.counters["resent"] == 1
+
+
+@pytest.mark.asyncio
+async def test_what_the_run_cannot_honour_is_refused_and_a_refused_first_request_fixes_nothing():
+    sessions = make(max_context=30)
+    session = sessions.open(Episode("e3", [], 1, group=0))
+    with pytest.raises(BadRequest, match="tool_choice 'required'"):
+        await sessions.chat(session.id, ChatRequest((ChatMessage("user", "q"),), TOOLS, tool_choice="required"))
+    with pytest.raises(BadRequest, match="top_p"):
+        await sessions.chat(session.id, chat([ChatMessage("user", "q")], top_p=0.5))
+    with pytest.raises(BadRequest, match="the model takes 30"):
+        await sessions.chat(session.id, chat([ChatMessage("user", "q" * 40)]))
+    assert session.kind == "" and not session.started.done()  # a completion may still open it
+    sessions.finish(session, failure="cancelled")
+    assert sessions.counters["failures"] == 0  # (its step ended: not the agent's failure)
 
 
 @pytest.mark.parametrize("a, b, same", [
@@ -268,3 +309,16 @@ async def test_a_request_waiting_when_its_step_ends_is_answered_at_once():
     sessions.close(session)
     with pytest.raises(UnknownSession, match="ended before its turn"):
         await asyncio.wait_for(pending, 5)
+
+
+def test_a_dropped_episode_is_a_group_of_its_own_for_the_trainer():
+    """The trainer computes advantages from rewards by group: a dropped episode's 0
+    must not make its group's three successes look better than average."""
+    import torch
+    from dynarl.components.trainer.native.losses import grpo_advantages
+    assert own_groups([0, 0, 0, 0, 1, 1], ["answer", DROPPED, "answer", "answer", DROPPED, "answer"]) == \
+        [0, 3, 0, 0, 6, 1]
+    ids = own_groups([0, 0, 0, 0], ["answer", "answer", "answer", DROPPED])
+    adv = grpo_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor(ids))
+    assert adv.tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert grpo_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 0])).tolist()[0] > 0  # (before)

@@ -44,6 +44,7 @@ class Sampling:
     """What a request asks of the turn's sampling."""
     max_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
     stop: tuple[str, ...] = ()
     n: int = 1
     logprobs: bool = False

@@ -5,9 +5,11 @@ its path ("messages[2].role"), which the server answers with 400 and that `param
 What the official `openai` client sends is accepted: null for an optional field (an
 agent that appends `message.model_dump()` sends "tool_calls": null, "refusal": null),
 text-part lists, "developer" as "system", max_completion_tokens for max_tokens. Fields
-that do not change the turn (seed, top_p, user, parallel_tool_calls, ...) are ignored;
-those whose meaning the endpoint cannot honour (n > 1, echo, best_of, suffix) are
-refused rather than silently dropped."""
+that do not change the turn (seed, user, parallel_tool_calls, ...) are ignored; those
+whose meaning the endpoint cannot honour (n > 1, echo, best_of, suffix, a logit_bias, a
+presence/frequency penalty, a response_format other than text) are refused rather than
+silently dropped (a penalty or bias would change the sampling the trainer's log-probs
+assume). top_p and temperature are read; the sessions refuse values other than the run's."""
 from __future__ import annotations
 
 import math
@@ -163,6 +165,20 @@ def _sampling(body: dict, *, chat: bool) -> Sampling:
         temperature = float(temperature)
     if (_opt_int(body.get("n"), "n", low=1) or 1) != 1:
         raise BadRequest("n must be 1 (a session is one conversation)", "n")
+    top_p = body.get("top_p")
+    if top_p is not None:
+        if not _is_number(top_p) or not 0 < top_p <= 1:
+            raise BadRequest("top_p must be a number in (0, 1]", "top_p")
+        top_p = float(top_p)
+    for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
+        if body.get(name) is not None and body.get(name) != neutral:
+            raise BadRequest(f"{name}: the run samples the policy as it is (a penalty would change what "
+                             f"the trainer's log-probs assume)", name)
+    if body.get("logit_bias") not in (None, {}):
+        raise BadRequest("logit_bias: the run samples the policy as it is", "logit_bias")
+    response_format = body.get("response_format")
+    if response_format is not None and _object(response_format, "response_format").get("type") != "text":
+        raise BadRequest("response_format: only text (no constrained decoding)", "response_format")
     if chat:
         logprobs = _opt_bool(body.get("logprobs"), "logprobs")
         top = _opt_int(body.get("top_logprobs"), "top_logprobs", low=0, high=20) or 0
@@ -177,7 +193,7 @@ def _sampling(body: dict, *, chat: bool) -> Sampling:
     if options is not None:
         usage = _opt_bool(_object(options, "stream_options").get("include_usage"),
                           "stream_options.include_usage")
-    return Sampling(max_tokens=max_tokens, temperature=temperature,
+    return Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                     stop=_stop(body.get("stop")), n=1, logprobs=logprobs,
                     top_logprobs=top, stream=stream, include_usage=stream and usage)
 

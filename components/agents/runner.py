@@ -149,10 +149,22 @@ def finish_group(group: PromptGroup, episodes: Sequence[Episode], failed: Sequen
         else:
             sample.output_ids, sample.mask, sample.logprobs = [end_id], [0], [0.0]
             sample.reward, sample.advantage = 0.0, 0.0
-        sample.finish = ep.finish or "failed"
+        sample.finish = (ep.finish or "failed") if keep else DROPPED
         sample.version = ep.oldest
         sample.segments = None
         sample.episode = None
+
+
+DROPPED = "dropped"
+"""A sample's finish when its episode is left out of the loss (failed, or no turn)."""
+
+
+def own_groups(group_ids: Sequence[int], finishes: Sequence[str]) -> list[int]:
+    """A batch's group ids with each dropped sample in a group of its own: a trainer that
+    computes advantages from rewards by group then gives it 0 and leaves it out of its
+    group's mean and spread (finish_group's advantages, which the trainer recomputes)."""
+    first = max(group_ids, default=-1) + 1
+    return [first + i if finish == DROPPED else g for i, (g, finish) in enumerate(zip(group_ids, finishes))]
 
 
 def shared_prefix(sequences: Sequence[Sequence[int]]) -> list[int]:

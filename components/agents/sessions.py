@@ -56,6 +56,10 @@ class Session:
     """Why the agent failed (an exception, a timeout), or ""."""
     kind: str = ""
     """'chat' or 'completion': a session speaks one of them."""
+    last_output: TurnOutput | None = None
+    """The reply to the last chat request (a resent request gets it again)."""
+    transcript: str | None = ""
+    """Text completions: the text so far as the agent sees it (None once token ids were sent)."""
 
 
 class Sessions:
@@ -63,9 +67,12 @@ class Sessions:
     HTTP server (server.py) calls `chat` and `complete`."""
 
     def __init__(self, fmt: ChatFormat, tokenizer: Any, limits: Limits, temperature: float,
-                 tool_parser: Parser) -> None:
+                 tool_parser: Parser, *, top_p: float = 1.0, vocab_size: int | None = None) -> None:
+        """`temperature`, `top_p`: the run's sampling (rollout.*), which a request may not
+        change; `vocab_size`: the model's (token ids beyond it are refused)."""
         self.fmt, self.tokenizer, self.limits = fmt, tokenizer, limits
-        self.temperature, self.tool_parser = temperature, tool_parser
+        self.temperature, self.top_p, self.tool_parser = temperature, top_p, tool_parser
+        self.vocab_size = tokenizer.vocab_size if vocab_size is None else vocab_size
         self.by_id: dict[str, Session] = {}
         self.by_episode: dict[str, Session] = {}
         self.counters: Counter[str] = Counter()
@@ -92,7 +99,7 @@ class Sessions:
                failure: str = "") -> None:
         """The agent returned (or failed): the episode ends at its next boundary."""
         session.done, session.reward, session.scores, session.failure = True, reward, dict(scores or {}), failure
-        if failure:
+        if failure and failure != "cancelled":  # (cancelled: its step ended for another reason)
             self.counters["failures"] += 1
         if not session.started.done():
             session.started.set_result(False)
@@ -102,14 +109,20 @@ class Sessions:
     # --- the endpoint's backend ---------------------------------------------------------
     async def chat(self, session_id: str, request: ChatRequest) -> TurnOutput:
         session = self._take(session_id, "chat", request.sampling)
+        if request.tool_choice not in ("auto", "none"):
+            raise self._refuse("bad_request", f"tool_choice {request.tool_choice!r}: the turn is sampled freely "
+                               f"(no constrained decoding); use 'auto'", "tool_choice")
         try:
             messages = list(request.messages)
             if not session.started.done():
                 prompt = self._render(lambda: self.fmt.render(messages, request.tools, True))
                 self._fits(session, len(prompt))
-                session.episode.prompt_ids = prompt
+                session.episode.prompt_ids, session.kind = prompt, "chat"
                 session.max_tokens = request.sampling.max_tokens
                 return await self._turn(session, lambda: session.started.set_result(True), messages, request)
+            if self._resent(session, messages):
+                assert session.last_output is not None
+                return session.last_output
             new = self._extension(session, messages)
             ids = self._render(lambda: self.fmt.continuation(bare(session.history), new, request.tools,
                                                              session.ended))
@@ -118,29 +131,42 @@ class Sessions:
             session.output = None
 
     async def complete(self, session_id: str, request: CompletionRequest) -> TurnOutput:
+        """A text prompt must extend the session's transcript (its first prompt, then each
+        text it was answered, then what the agent added); token ids must extend the
+        recorded ids. The new part alone is tokenized."""
         session = self._take(session_id, "completion", request.sampling)
+        started = session.started.done()
         try:
+            text: str | None = None
             if isinstance(request.prompt, str):
-                prompt_ids = None
-                recorded = self.tokenizer.decode(session.episode.context, skip_special=False) \
-                    if session.started.done() else ""
-                if not request.prompt.startswith(recorded):
+                text = request.prompt
+                if session.transcript is None:
+                    raise self._refuse("bad_request", "prompt: this session sent token ids; go on with token ids",
+                                       "prompt")
+                if started and not text.startswith(session.transcript):
                     raise self._refuse("diverged", "prompt: does not extend the session's text so far", "prompt")
-                new = self._render(lambda: self.tokenizer.encode(request.prompt[len(recorded):]))
+                new = self._render(lambda: self.tokenizer.encode(text[len(session.transcript or ""):]
+                                                                 if started else text))
             else:
                 prompt_ids = list(request.prompt)
-                recorded_ids = session.episode.context if session.started.done() else []
+                if any(i >= self.vocab_size for i in prompt_ids):
+                    raise self._refuse("bad_request", f"prompt: token ids must be < {self.vocab_size} (the model's "
+                                       f"vocabulary)", "prompt")
+                recorded_ids = session.episode.context if started else []
                 if prompt_ids[:len(recorded_ids)] != recorded_ids:
                     raise self._refuse("diverged", "prompt: does not extend the session's token ids so far", "prompt")
                 new = prompt_ids[len(recorded_ids):]
-            if not session.started.done():
+            if not started:
                 if not new:
                     raise self._refuse("bad_request", "prompt: empty", "prompt")
                 self._fits(session, len(new))
-                session.episode.prompt_ids = new
+                session.episode.prompt_ids, session.kind = new, "completion"
                 session.max_tokens = request.sampling.max_tokens
-                return await self._turn(session, lambda: session.started.set_result(True), None, None)
-            return await self._next(session, new, None, None)
+                output = await self._turn(session, lambda: session.started.set_result(True), None, None)
+            else:
+                output = await self._next(session, new, None, None)
+            session.transcript = None if text is None else text + output.text
+            return output
         finally:
             session.output = None
 
@@ -173,7 +199,7 @@ class Sessions:
         if session.output is not None or (session.started.done() and session.next_prompt is None):
             self.counters["busy"] += 1
             raise SessionBusy("this session has a request under way: an episode is one conversation")
-        if session.kind and session.kind != kind:
+        if session.kind and session.kind != kind:  # (set once its first request is accepted)
             raise self._refuse("bad_request", f"this session speaks {session.kind} requests, not {kind}")
         if sampling.n != 1:
             raise self._refuse("bad_request", "n: an episode is one trajectory; the run's "
@@ -189,7 +215,8 @@ class Sessions:
                                f"{self.temperature}", "temperature")
         if session.episode.turns >= self.limits.max_turns and session.started.done():
             raise self._refuse("turn_cap", f"the episode has had its agentic.max_turns {self.limits.max_turns} turns")
-        session.kind = kind
+        if sampling.top_p is not None and abs(sampling.top_p - self.top_p) > 1e-6:
+            raise self._refuse("bad_request", f"top_p: the run samples at rollout.top_p {self.top_p}", "top_p")
         return session
 
     def _refuse(self, reason: str, message: str, param: str | None = None) -> BadRequest:
@@ -207,6 +234,16 @@ class Sessions:
         if size + 1 > self.limits.max_context:
             raise self._refuse("too_long", f"the prompt is {size} tokens; the model takes "
                                f"{self.limits.max_context} with at least one generated", "messages")
+
+    def _resent(self, session: Session, messages: list[ChatMessage]) -> bool:
+        """The last request again (its client gave up waiting, or retried): it is answered
+        with the reply the session recorded for it, not generated again."""
+        last = session.history[:-1]
+        if session.last_output is None or len(messages) != len(last) or \
+                any(not same_message(a, b) for a, b in zip(messages, last)):
+            return False
+        self.counters["resent"] += 1
+        return True
 
     def _extension(self, session: Session, messages: list[ChatMessage]) -> list[ChatMessage]:
         """The messages after the recorded conversation; refused unless they extend it."""
@@ -235,6 +272,7 @@ class Sessions:
                 output = TurnOutput(self._text(output), (), _finish(output.finish_reason, ()), output.token_ids,
                                     output.logprobs, output.tokens, output.prompt_tokens)
             session.history = messages + [ChatMessage("assistant", output.text, output.tool_calls)]
+            session.last_output = output
         return output
 
     def _output(self, session: Session, out: list[int], logprobs: list[float], finish: str,

@@ -7,7 +7,9 @@ the ids the engines produced are what is trained (sessions.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import secrets
 from collections import Counter
 from typing import Any
@@ -15,7 +17,8 @@ from typing import Any
 from dynarl.components.agents.calc_agent import TOOLS
 from dynarl.components.agents.chat_format import ChatFormat
 from dynarl.components.agents.messages import ChatMessage, ToolCall, ToolSpec
-from dynarl.components.agents.runner import AgentSample, Sandbox, finish_group, load_agent, play_episode
+from dynarl.components.agents.runner import (AgentSample, Sandbox, finish_group, load_agent, own_groups,
+                                             play_episode)
 from dynarl.components.agents.server import AgentServer
 from dynarl.components.agents.sessions import Sessions
 from dynarl.components.agents.tool_calls import call_text, parser_for
@@ -31,7 +34,11 @@ from dynarl.components.workflows.grpo import GRPO
 from dynarl.components.workflows.turns import AgentTurns, Turns
 
 
-COUNTED = ("failures", "retries", "malformed_tool_calls", "diverged", "too_long", "turn_cap", "http_requests", "http_ok",
+log = logging.getLogger(__name__)
+STOP_AGENTS_S = 30.0
+"""How long a step's end waits for its cancelled agents."""
+
+COUNTED = ("failures", "retries", "resent", "malformed_tool_calls", "diverged", "too_long", "turn_cap", "http_requests", "http_ok",
            "http_unauthorized", "http_too_large", "http_bad_json", "http_bad_request", "http_unknown_session",
            "http_busy", "http_failed")
 """The step's counts every metrics row has (agent_<name>): episodes whose agent failed,
@@ -45,7 +52,8 @@ class AgentGRPO(AgenticGRPO):
         self.agent = load_agent(a.function)
         self.parser = parser_for(getattr(self.tokenizer, "chat_template", None), a.tool_parser)
         self.fmt = ChatFormat(self.tokenizer, self.parser)
-        self.sessions = Sessions(self.fmt, self.tokenizer, self.limits, self.cfg.rollout.temperature, self.parser)
+        self.sessions = Sessions(self.fmt, self.tokenizer, self.limits, self.cfg.rollout.temperature, self.parser,
+                                 top_p=self.cfg.rollout.top_p, vocab_size=self.cfg.model.config().vocab_size)
         self.token = secrets.token_urlsafe(32)
         self.server = AgentServer(self.sessions, self.token, host=a.host, max_body_bytes=a.max_body_bytes)
         self.counted: Counter[str] = Counter()
@@ -128,12 +136,22 @@ class AgentGRPO(AgenticGRPO):
         finally:
             for task in agents:
                 task.cancel()
-            await asyncio.gather(*agents, return_exceptions=True)
+            _, stuck = await asyncio.wait(agents, timeout=STOP_AGENTS_S) if agents else (set(), set())
+            if stuck:  # (an agent that swallows its cancellation: left behind, not waited for)
+                log.warning("%d agent episodes did not stop within %.0f s of their step's end", len(stuck),
+                            STOP_AGENTS_S)
             for session in sessions:
                 self.sessions.close(session)
         if unfinished_out is not None:
             unfinished_out.set_result([])
         return [RewardStats(verifier="agent", episodes=driver_metrics(driver))]
+
+    def train_batch(self, scored: list[PromptGroup], behaviour: bool = False) -> TrainBatch:
+        """The agentic batch, each dropped episode in a group of its own (the trainer
+        recomputes advantages by group: it must not count their reward)."""
+        batch = super().train_batch(scored, behaviour)
+        finishes = [s.finish for g in sorted(scored, key=lambda g: g.index) for s in g.samples]
+        return dataclasses.replace(batch, group_ids=own_groups(batch.group_ids or [], finishes))
 
     def client(self, session_id: str) -> Any:
         import openai  # the agent extra: only a run with agents needs it
