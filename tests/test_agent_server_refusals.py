@@ -96,6 +96,15 @@ async def test_chunked_body_cut_at_the_bound_413(served):
     assert server.counters == collections.Counter(requests=2, too_large=2)
 
 
+async def test_a_body_that_trickles_in_is_refused_408_at_its_deadline():
+    """Headers, then part of the body and nothing more: the slot is given back."""
+    async with serving(read_timeout_s=0.3) as (server, backend):
+        reply = await raw_exchange(server.port, head("completions", "Content-Length: 100") + b'{"prompt": ')
+        assert reply.startswith(b"HTTP/1.1 408 ")
+        assert not backend.calls
+        assert server.counters == collections.Counter(requests=1, slow_body=1)
+
+
 @pytest.mark.parametrize("body", [b"{not json", b"", b'{"messages": NaN}', b"\xff\xfe{",
                                   b"[" * 4000 + b"]" * 4000])  # the last: too deep
 async def test_invalid_json_400(served, body):

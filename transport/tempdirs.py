@@ -87,7 +87,7 @@ def _alive(pid: int, start: int | None = None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's
+        pass  # another user's process (a reused pid?): /proc still tells its state and start
     state = _proc_stat(pid)
     if state is None:
         return True  # no /proc to ask: taken as the owner

@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import secrets
@@ -93,12 +94,18 @@ class AgentServer:
 
     def __init__(self, backend: Backend, token: str, *, host: str = "127.0.0.1",
                  port: int = 0, max_body_bytes: int = 1 << 20, model: str = "dynarl",
-                 grace_s: float = 5.0) -> None:
-        """grace_s: how long stop() waits for requests under way before cancelling them."""
+                 grace_s: float = 5.0, max_connections: int = 1024, read_timeout_s: float = 60.0) -> None:
+        """grace_s: how long stop() waits for requests under way before cancelling them;
+        max_connections: open connections beyond it are answered 503; read_timeout_s: a
+        request body not in by then is refused (408)."""
         if not token:
             raise ValueError("token must not be empty (it is the endpoint's only guard)")
         self.backend, self.host, self.port = backend, host, port
         self.max_body_bytes, self.model, self.grace_s = max_body_bytes, model, grace_s
+        self.max_connections, self.read_timeout_s = max_connections, read_timeout_s
+        if not _loopback(host):
+            log.warning("the agent endpoint binds %s, not loopback: its bearer token travels in plain HTTP; "
+                        "bind the job's own network only", host)
         self._token = token.encode()
         self.counters: collections.Counter[str] = collections.Counter()
         self.app = Starlette(routes=[
@@ -137,7 +144,8 @@ class AgentServer:
         config = uvicorn.Config(
             self.app, host=self.host, port=self.port, http="h11", ws="none", lifespan="off",
             log_config=None, access_log=False, proxy_headers=False, server_header=False,
-            timeout_graceful_shutdown=self.grace_s)  # type: ignore[arg-type]
+            timeout_graceful_shutdown=self.grace_s,  # type: ignore[arg-type]
+            limit_concurrency=self.max_connections)
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]),
                                          name=f"agent-server:{self.port}")
@@ -260,12 +268,15 @@ class AgentServer:
             raise too_large
         body = bytearray()
         try:
-            async for chunk in request.stream():
-                if len(body) + len(chunk) > self.max_body_bytes:
-                    raise too_large
-                body += chunk
+            async with asyncio.timeout(self.read_timeout_s):  # a body that trickles in holds a slot no longer
+                async for chunk in request.stream():
+                    if len(body) + len(chunk) > self.max_body_bytes:
+                        raise too_large
+                    body += chunk
         except ClientDisconnect:
             raise _Refusal(400, "disconnected", "the client went away", close=True) from None
+        except TimeoutError:
+            raise _Refusal(408, "slow_body", f"the body took over {self.read_timeout_s:g} s", close=True) from None
         try:
             return json.loads(body, parse_constant=_no_constant)
         except (ValueError, RecursionError) as e:
@@ -279,6 +290,13 @@ class AgentServer:
             headers["www-authenticate"] = "Bearer"
         return _json(error_body(str(refusal), refusal.type, refusal.param, refusal.code),
                      status=refusal.status, headers=headers)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _no_constant(name: str) -> Any:
