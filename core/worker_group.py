@@ -81,11 +81,12 @@ class WorkerGroup:
             await self._on_live(Worker.onload)
             try:
                 yield
-            except BaseException:  # the work failed: its error is the one raised, not the offload's after it
+            except BaseException as failure:  # the work failed: its error is raised, not the offload's after it
                 try:
                     await self._on_live(Worker.offload, set(map(id, holders)))
-                except Exception as exc:
-                    log.warning("%s: offload after a failure failed too: %r", self.name, exc)
+                except Exception as exc:  # (a stopped step's engines still hold requests: expected, not news)
+                    say = log.debug if isinstance(failure, asyncio.CancelledError) else log.warning
+                    say("%s: offload after a failure failed too: %s", self.name, str(exc).splitlines()[0])
                 raise
             else:
                 await self._on_live(Worker.offload, set(map(id, holders)))
