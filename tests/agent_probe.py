@@ -84,3 +84,14 @@ def trained_exactly_what_the_engine_produced(run, probe) -> int:
             assert runs_of_ones(sample["mask"], output) == [token_ids(t["tokens"]) for t in turns]
             seen += 1
     return seen
+
+
+def trains_on_an_engine(tmp_path, monkeypatch, train_fn, *args, expected: int) -> None:
+    """`train_fn(run, *args, ...)` (a real-engine suite's dynarl train) with this agent on one
+    engine: the trained ids are exactly the engine's, for `expected` samples."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    for name, value in probe_env(probe).items():
+        monkeypatch.setenv(name, value)
+    train_fn(tmp_path / "run", *args, *ARGS, "agentic.queue=fifo", "rollout.num_ranks=1")
+    assert trained_exactly_what_the_engine_produced(tmp_path / "run", probe) == expected

@@ -9,7 +9,7 @@ scheduler and detokenizer processes) outlives it. Run by .ci/engine_sglang; the 
 run deselects it."""
 import pytest
 
-from agent_probe import ARGS as AGENT, probe_env, trained_exactly_what_the_engine_produced
+from agent_probe import trains_on_an_engine
 from engine_train import (MOVING, agentic_args, moves_and_trains_the_static_runs_samples,
                           refuses_a_model_it_cannot_serve, train)
 
@@ -42,12 +42,8 @@ def test_an_openai_agent_trains_on_sglang_the_ids_sglang_produced(tmp_path, monk
     """An agent on the official openai package (tests/agent_probe.py: tools, two turns)
     through the job's endpoint in front of SGLang: three steps; the loss mask's runs are
     exactly the tokens SGLang answered each turn with."""
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    for name, value in probe_env(probe).items():
-        monkeypatch.setenv(name, value)
-    _train(tmp_path / "run", *agentic_args(PROMPTS, SAMPLES), *AGENT, "agentic.queue=fifo", "rollout.num_ranks=1")
-    assert trained_exactly_what_the_engine_produced(tmp_path / "run", probe) == STEPS * PROMPTS * SAMPLES
+    trains_on_an_engine(tmp_path, monkeypatch, _train, *agentic_args(PROMPTS, SAMPLES),
+                        expected=STEPS * PROMPTS * SAMPLES)
 
 
 def test_dynarl_moves_sglang_engines_and_trains_the_static_runs_samples(tmp_path):

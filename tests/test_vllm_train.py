@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM suite runs in the vLLM venv (.ci/engine_vllm)")
 
-from agent_probe import ARGS as AGENT, probe_env, trained_exactly_what_the_engine_produced  # noqa: E402
+from agent_probe import trains_on_an_engine  # noqa: E402
 from engine_train import (MOVING, agentic_args, moves_and_trains_the_static_runs_samples,  # noqa: E402
                           refuses_a_model_it_cannot_serve, train)
 
@@ -48,12 +48,8 @@ def test_an_openai_agent_trains_on_vllm_the_ids_vllm_produced(tmp_path, monkeypa
     """An agent on the official openai package (tests/agent_probe.py: tools, two turns)
     through the job's endpoint in front of vLLM: three steps; the loss mask's runs are
     exactly the tokens vLLM answered each turn with."""
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    for name, value in probe_env(probe).items():
-        monkeypatch.setenv(name, value)
-    _train(tmp_path / "run", *agentic_args(PROMPTS, SAMPLES), *AGENT, "agentic.queue=fifo", "rollout.num_ranks=1")
-    assert trained_exactly_what_the_engine_produced(tmp_path / "run", probe) == STEPS * PROMPTS * SAMPLES
+    trains_on_an_engine(tmp_path, monkeypatch, _train, *agentic_args(PROMPTS, SAMPLES),
+                        expected=STEPS * PROMPTS * SAMPLES)
 
 
 def test_a_model_vllm_cannot_serve_is_one_line_and_rc_2(tmp_path):
