@@ -91,6 +91,8 @@ class AgentGRPO(AgenticGRPO):
         """Per group, the episode now playing each sample (a retry replaces a failed one)."""
         sessions, agents = [], []
 
+        prompts = {group.index: self.tokenizer.decode(list(group.prompt_ids)) for group in groups}
+
         def start(group: PromptGroup, k: int, attempt: int) -> Episode:
             sample = group.samples[k]
             ep = Episode(sample.id if attempt == 0 else f"{sample.id}~{attempt}", [],
@@ -108,7 +110,7 @@ class AgentGRPO(AgenticGRPO):
                     driver.add(start(group, k, attempt + 1))
             agents.append(asyncio.ensure_future(play_episode(
                 self.agent, self.client(session.id), self.sessions, session,
-                AgentSample(sample.id, self.tokenizer.decode(list(group.prompt_ids)), group.answer, group.index, k,
+                AgentSample(sample.id, prompts[group.index], group.answer, group.index, k,
                             sandbox), a.timeout_s, failed)))
             return ep
 
