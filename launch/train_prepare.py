@@ -99,7 +99,7 @@ def prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: 
 def _prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir: str | None,
              resume: str | None) -> Job:
     from dynarl.components.workflows import checkpoints as ckpt
-    from dynarl.components.workflows.partial import resume_refused
+    from dynarl.components.workflows.partial import resume_refused, stream_source
 
     checkpoint = None
     if resume is not None:
@@ -118,7 +118,7 @@ def _prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir:
         mismatch = ckpt.resume_mismatch(checkpoint[1], cfg.run.seed, cfg.run.prompts_per_step)
         if mismatch is not None:
             raise UsageError(f"--resume {resume}: {mismatch}")
-        refused = resume_refused(checkpoint[0], cfg.rollout.oversample) or ckpt.workflow_refused(
+        refused = resume_refused(checkpoint[0], stream_source(cfg)) or ckpt.workflow_refused(
             checkpoint[0], cfg.workflow)
         if refused is not None:
             raise UsageError(f"--resume {resume}: its checkpoint of step {checkpoint[1].step}: {refused}")

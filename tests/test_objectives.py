@@ -19,7 +19,6 @@ from dynarl.components.trainer.base import OBJECTIVES, TrainBatch, TrainerConfig
 from dynarl.components.trainer.native import losses, objectives
 from dynarl.components.trainer.native.micro_batch import build_micro_batch
 from dynarl.components.workflows.config import load_config
-from dynarl.components.workflows.dynamic_sampling import keep_informative
 
 
 def close(a, b, tol=1e-6):
@@ -221,26 +220,6 @@ def test_dapo_batch_advantages_read_the_response_lengths():
     config = TrainerConfig(objective="dapo", max_response_len=8, overlong_buffer=4)
     got = adv.batch_advantages(config, batch)
     assert got[0] > 0 > got[1]  # the 8-token response got -1
-
-
-@pytest.mark.parametrize("rewards, kept", [
-    pytest.param([[1, 0], [1, 1], [0, 0], [0.5, 0.5, 1]], [0, 3], id="equal-groups-dropped"),
-    pytest.param([[1]], [], id="group-of-one"),
-    pytest.param([[]], [], id="empty"),
-    pytest.param([[0, 1], [2, 3]], [0, 1], id="all-kept"),
-    pytest.param([[0.0, -0.0]], [], id="signed-zeros-are-equal"),
-])
-def test_dapo_dynamic_sampling_keeps_only_groups_whose_rewards_differ(rewards, kept):
-    groups = [SimpleNamespace(samples=[SimpleNamespace(reward=r) for r in rs]) for rs in rewards]
-    got, dropped = keep_informative(groups)
-    assert got == [groups[i] for i in kept]
-    assert dropped == len(groups) - len(kept)
-    assert all(len({s.reward for s in g.samples}) > 1 for g in got)
-
-
-def test_dynamic_sampling_refuses_unscored_groups():
-    with pytest.raises(ValueError, match="no reward"):
-        keep_informative([SimpleNamespace(samples=[SimpleNamespace(reward=None)])])
 
 
 # ---- losses ------------------------------------------------------------------------

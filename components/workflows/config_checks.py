@@ -107,6 +107,11 @@ def check_algorithm(cfg: TrainConfig) -> None:
     if a.clip_eps_low == 1 and a.name != "cispo":
         raise ConfigError("algorithm.clip_eps_low", "1 (no lower bound) is for cispo's IS weight; a PPO ratio "
                                                     "clip must be below 1")
+    if a.dynamic_sampling:
+        check_dynamic_sampling(cfg)
+    elif a.max_refills is not None:
+        raise ConfigError("algorithm.max_refills", "bounds dynamic sampling's refills: set "
+                                                   "algorithm.dynamic_sampling true, or leave it null")
     if a.overlong_buffer is not None:
         if a.name != "dapo":
             raise ConfigError("algorithm.overlong_buffer", f"the overlong penalty is dapo's; algorithm.name is "
@@ -118,6 +123,25 @@ def check_algorithm(cfg: TrainConfig) -> None:
         if a.overlong_buffer > cfg.rollout.max_new_tokens:
             raise ConfigError("algorithm.overlong_buffer", f"{a.overlong_buffer} is more than "
                                                            f"rollout.max_new_tokens ({cfg.rollout.max_new_tokens})")
+
+
+def check_dynamic_sampling(cfg: TrainConfig) -> None:
+    """algorithm.dynamic_sampling refills a running on-policy rollout of workflow grpo
+    with static scheduling, where rewards can differ."""
+    field_ = "algorithm.dynamic_sampling"
+    if cfg.workflow != "grpo":
+        raise ConfigError(field_, f"refills the prompt groups of workflow grpo; workflow {cfg.workflow} "
+                                  "is not supported: set it false")
+    if cfg.task.verifier == "none":
+        raise ConfigError(field_, "task.verifier none gives every sample reward 0, so no group's rewards "
+                                  "differ: set it false or choose a verifier")
+    if cfg.rollout.oversample > 1 or cfg.algorithm.max_staleness > 0:
+        raise ConfigError(field_, "refills an on-policy step's rollout; partial rollout "
+                                  "(rollout.oversample > 1) and overlapped steps (algorithm.max_staleness > 0) "
+                                  "choose their batches otherwise: set it false")
+    if cfg.scheduler.policy != "static":
+        raise ConfigError(field_, "refills the rollout while it runs, which scheduler.policy "
+                                  f"{cfg.scheduler.policy!r} does not yet plan for: use static")
 
 
 def check_lora(cfg: TrainConfig) -> None:

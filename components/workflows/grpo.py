@@ -41,6 +41,7 @@ from dynarl.components.workflows.live import LiveStep
 from dynarl.components.workflows.overlap import MadeAhead
 from dynarl.components.workflows.partial import Partial, take_back
 from dynarl.components.workflows.pipeline import AHEAD, Fresh, StageStats, StepPipeline
+from dynarl.components.workflows.refill import Refilled
 from dynarl.components.workflows.stages import held, stage
 __all__ = ["GRPO", "Groups"]  # (Groups: dynamic.py names it from here)
 
@@ -59,14 +60,18 @@ class GRPO(Job):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Job's arguments; the step's batch source follows the config (pipeline.py):
-        rollout.oversample > 1, partial rollout (partial.py); algorithm.max_staleness 1,
-        made a step ahead (overlap.py); else fresh."""
+        rollout.oversample > 1, partial rollout (partial.py); algorithm.dynamic_sampling,
+        refilled (refill.py); algorithm.max_staleness 1, made a step ahead (overlap.py);
+        else fresh."""
         super().__init__(*args, **kwargs)
         cfg, r = self.cfg, self.cfg.rollout
         if r.oversample > 1:
             self.batches: Any = Partial(self.ctl, self.prompts, self.start_rollout, self.close_rollout,
                                         prompts_per_step=cfg.run.prompts_per_step, oversample=r.oversample,
                                         max_staleness=cfg.algorithm.max_staleness)
+        elif cfg.algorithm.dynamic_sampling:
+            self.batches = Refilled(self.ctl, self.prompts, self.start_rollout, self.end_prompts,
+                                    prompts_per_step=cfg.run.prompts_per_step, max_refills=cfg.algorithm.refills(cfg.run.prompts_per_step))
         elif cfg.algorithm.max_staleness > 0:
             self.batches = MadeAhead(self.ctl, self.prompts, self.start_rollout, cfg.run.steps,
                                      lambda: self.g.inference.world_size)
@@ -85,14 +90,15 @@ class GRPO(Job):
         return await self.pipeline.end(step, label, result, started, begun)
 
     async def start_rollout(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep, *,
-                            version: int | None = None) -> tuple[asyncio.Future, asyncio.Future]:
+                            version: int | None = None, end: bool = True) -> tuple[asyncio.Future, asyncio.Future]:
         """The step's prompt groups go out; the rollout and reward stages start. The
-        rollout samples with the weights of `version` (default: `step`'s)."""
+        rollout samples with the weights of `version` (default: `step`'s). `end` False:
+        more groups may follow; the caller ends the prompts (end_prompts)."""
         g = self.g
         for group in groups:
             await self.ctl.channel("prompts").put(group)
-        for _ in range(g.rollout.world_size):
-            await self.ctl.channel("prompts").put(END)
+        if end:
+            await self.end_prompts()
         rollout = live.joined("rollout", stage(
             self.ctl, g.rollout, RolloutWorker.generate, get="prompts", put="rollouts", clock=self.clock,
             label=label, version=step if version is None else version, chunk_size=self.rollout_chunk_size,
@@ -101,6 +107,11 @@ class GRPO(Job):
             self.ctl, g.reward, RewardWorker.score, get="rollouts", put="scored", after=rollout, lock=False,
             clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False)))
         return rollout, reward
+
+    async def end_prompts(self) -> None:
+        """No more prompt groups this step: an END for each rollout rank."""
+        for _ in range(self.g.rollout.world_size):
+            await self.ctl.channel("prompts").put(END)
 
     async def close_rollout(self, step: int, carried: list[PromptGroup]) -> int:
         """Partial rollout: the step has its batch; every rollout rank (lent engines too)

@@ -23,7 +23,7 @@ from dynarl.components.workflows.auto_placement import auto_placement
 from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling
 from dynarl.components.workflows.ledger import SampleLedger
-from dynarl.components.workflows.partial import PARTIAL_FILE, resume_refused
+from dynarl.components.workflows.partial import PARTIAL_FILE, resume_refused, stream_source
 from dynarl.components.workflows.stages import StageClock, held
 from dynarl.core.controller import Controller
 from dynarl.core.files import atomic_open
@@ -309,7 +309,7 @@ class Job:
         await held(self.ctl, trainer, self.clock, "restore", "load_checkpoint",
                    lambda: trainer.call(TrainerWorker.load_checkpoint, path))
         self.ledger = SampleLedger.load(os.path.join(path, ckpt.LEDGER_FILE))
-        refused = resume_refused(path, self.cfg.rollout.oversample)  # (dynarl train checks it before any worker starts)
+        refused = resume_refused(path, stream_source(self.cfg))  # (dynarl train checks it before any worker starts)
         if refused is not None:
             raise ValueError(f"{path}: {refused}")
         self.batches.load(path, state.step)

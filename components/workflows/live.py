@@ -89,6 +89,15 @@ class LiveStep:
         return future
 
 
+@dataclass(slots=True)
+class SelectedLive(LiveStep):
+    """A step whose batch a closer selects from the scored groups (partial.py,
+    refill.py): inference reads it from "ahead", and an inference rank joining the step
+    ends once the closer is done."""
+    INPUT = {**INPUT, "inference": "ahead"}
+    UPSTREAM = {**UPSTREAM, "inference": "closer"}
+
+
 async def joined(stage: Awaitable[list[Any]], extras: list[asyncio.Future]) -> list[Any]:
     """The stage's per-rank results, then each extra rank's (extras may be added meanwhile)."""
     stage_future = asyncio.ensure_future(stage)

@@ -40,7 +40,7 @@ from typing import Any, Awaitable, Callable
 from dynarl.components.experience import PromptGroup, Sample
 from dynarl.components.rollout.run_control import Unfinished
 from dynarl.components.stage_results import RewardStats, RolloutStats
-from dynarl.components.workflows.live import LiveStep
+from dynarl.components.workflows.live import LiveStep, SelectedLive
 from dynarl.components.workflows.pipeline import AHEAD, Fresh, Opened, StartRollout
 from dynarl.core.files import atomic_open
 
@@ -64,25 +64,39 @@ def oldest_version(group: PromptGroup) -> int | None:
     return min((v for s in group.samples if (v := sample_oldest(s)) is not None), default=None)
 
 
-def resume_refused(checkpoint: str, oversample: float) -> str | None:
-    """Why a run with rollout.oversample `oversample` cannot continue from `checkpoint`,
-    or None: one that partial rollout carried groups across needs partial rollout."""
-    if oversample > 1 or not os.path.exists(os.path.join(checkpoint, PARTIAL_FILE)):
+def stream_source(cfg: Any) -> str | None:
+    """The batch source whose prompt stream runs ahead of the steps under `cfg` (its
+    position is kept in PARTIAL_FILE): "partial" (rollout.oversample > 1), "dynamic"
+    (algorithm.dynamic_sampling, refill.py), or None (each step takes its own groups)."""
+    if cfg.rollout.oversample > 1:
+        return "partial"
+    return "dynamic" if cfg.algorithm.dynamic_sampling else None
+
+
+def resume_refused(checkpoint: str, source: str | None) -> str | None:
+    """Why a run whose stream source is `source` (stream_source) cannot continue from
+    `checkpoint`, or None: a checkpoint whose prompt stream ran ahead needs the source
+    that kept it."""
+    file = os.path.join(checkpoint, PARTIAL_FILE)
+    if not os.path.exists(file):
         return None
+    try:
+        with open(file) as f:
+            kept = json.load(f).get("source", "partial")
+    except (OSError, ValueError, AttributeError):
+        kept = "partial"
+    if kept == source:
+        return None
+    if kept == "dynamic":
+        return (f"dynamic sampling moved the prompt stream ahead of its steps across this checkpoint "
+                f"({PARTIAL_FILE}): resume with algorithm.dynamic_sampling true, or prompts already trained "
+                "come again")
     return (f"partial rollout carried unfinished groups across this checkpoint ({PARTIAL_FILE}): resume "
             "with its rollout.oversample (> 1), or they and the prompt stream's position are lost")
 
 
 def complete(group: PromptGroup) -> bool:
     return all(s.finish for s in group.samples)
-
-
-@dataclass(slots=True)
-class PartialLive(LiveStep):
-    """A partial step as a scheduler sees it: inference reads the batch from "ahead",
-    and an inference rank joining the step ends once the batch is closed."""
-    INPUT = {**LiveStep.INPUT, "inference": AHEAD}
-    UPSTREAM = {**LiveStep.UPSTREAM, "inference": "closer"}
 
 
 @dataclass(slots=True)
@@ -145,7 +159,7 @@ class PromptStream:
 class Partial(Fresh):
     """The batch source of partial rollout (pipeline.py): the first N of the groups in
     flight to be scored; the rest are carried."""
-    behaviour, timed, live = True, False, PartialLive
+    behaviour, timed, live = True, False, SelectedLive
 
     def __init__(self, ctl: Any, prompts: Any, start: StartRollout,
                  close: Callable[[int, list[PromptGroup]], Awaitable[int]], *, prompts_per_step: int,
@@ -219,7 +233,7 @@ class Partial(Fresh):
     def save(self, path: str) -> None:
         """The carried groups and the stream's position, next to the checkpoint's trainer state."""
         with atomic_open(os.path.join(path, PARTIAL_FILE), sync=True) as f:
-            json.dump({"format": 1, "stream": [self.stream.step, self.stream.offset],
+            json.dump({"format": 1, "source": "partial", "stream": [self.stream.step, self.stream.offset],
                        "carry": [g.to_json() for g in self.carry]}, f)
 
     def load(self, path: str, step: int) -> None:

@@ -82,6 +82,8 @@ class Opened:
     batch: list[PromptGroup]
     """The `size` groups the step trains (partial: filled while the stages run)."""
     size: int
+    final: asyncio.Future | None = None
+    """The batch's size once known, where it may end below `size` (dynamic sampling)."""
 
 
 AHEAD = "ahead"
@@ -184,7 +186,7 @@ class StepPipeline:
             first, rate = min(starts) if starts else None, None
         else:
             *results, inference_stats, (groups, first) = await self.run_stages(
-                live, label, [*opened.work, inference, self.collect(opened.size)])
+                live, label, [*opened.work, inference, self.collect(opened.size, opened.final)])
             live.later.clear()
             trained, trainer_stats = experience.Trained(), None
             trained.add(sorted(groups, key=lambda gr: gr.index))
@@ -247,13 +249,23 @@ class StepPipeline:
                 await sched.stop(raise_failure=False)
             raise
 
-    async def collect(self, num_groups: int) -> tuple[list[PromptGroup], float]:
+    async def collect(self, num_groups: int, final: asyncio.Future | None = None) -> tuple[list[PromptGroup], float]:
         """The barrier trainer's input: chunks from "experience" until all the step's
-        groups are in; and when the first chunk came."""
+        groups are in (`num_groups`, or `final`'s once it is known); and when the first
+        chunk came."""
         groups: list[PromptGroup] = []
         first = 0.0
+        experience = self.host.ctl.channel("experience")
         while len(groups) < num_groups:
-            groups += await self.host.ctl.channel("experience").get()
+            get = asyncio.ensure_future(experience.get())
+            if final is not None and not final.done():
+                await asyncio.wait([get, final], return_when=asyncio.FIRST_COMPLETED)
+            if final is not None and final.done():
+                num_groups = final.result()
+                if not get.done() and len(groups) >= num_groups:
+                    get.cancel()  # (a cancelled get takes nothing: transport/channel.py)
+                    break
+            groups += await get
             first = first or asyncio.get_running_loop().time()
         return groups, first
 

@@ -130,6 +130,19 @@ class AlgorithmSection:
     rollout.max_new_tokens (the paper's 4096 of 20480) in workflow grpo, 0 in agentic; 0: off."""
     overlong_penalty: float = 1.0
     """dapo: the overlong penalty at rollout.max_new_tokens (the paper's 1)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (workflow grpo; arXiv 2503.14476 section 3.2): a prompt group
+    whose samples' rewards are all equal (advantages 0: no gradient) is not trained; while
+    the rollout runs, each one is replaced by the next prompt group, until the step has
+    run.prompts_per_step groups whose rewards differ or max_refills more have been
+    generated (then it trains those it has). Counted per step in metrics.jsonl:
+    dynamic_dropped_groups, dynamic_refilled_groups, dynamic_short_groups; reward_mean is
+    then every scored sample's mean reward, batch_reward_mean the trained batch's.
+    components/workflows/refill.py."""
+    max_refills: int | None = None
+    """dynamic_sampling: the most prompt groups a step generates beyond
+    run.prompts_per_step. null: twice run.prompts_per_step (a step generates at most
+    three batches' worth)."""
     max_staleness: int = 0
     """How many policy versions behind the trainer a sample's generating weights may
     be. 0: on-policy (each step generates its batch, then trains on it). 1: the
@@ -150,6 +163,12 @@ class AlgorithmSection:
             whole_number(self, "overlong_buffer")
         if self.overlong_penalty < 0:
             raise ValueError(f"overlong_penalty must be >= 0, got {self.overlong_penalty}")
+        if self.max_refills is not None:
+            whole_number(self, "max_refills")
+
+    def refills(self, prompts_per_step: int) -> int:
+        """dynamic_sampling's refill budget per step."""
+        return 2 * prompts_per_step if self.max_refills is None else self.max_refills
 
     def trainer_engine(self, engine: TrainerConfig, max_new_tokens: int, workflow: str) -> TrainerConfig:
         """trainer.engine with this objective in it (TrainerConfig crosses to the trainer and

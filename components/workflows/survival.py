@@ -54,7 +54,8 @@ def applies(cfg: Any) -> bool:
     """Whether a lost rollout, reward or inference rank is survived in place under `cfg`
     (else: a restart)."""
     return (cfg.run.survive and cfg.scheduler.policy == "static" and cfg.rollout.oversample == 1
-            and cfg.algorithm.max_staleness == 0 and cfg.workflow in ("grpo", "ppo"))
+            and cfg.algorithm.max_staleness == 0 and cfg.workflow in ("grpo", "ppo")
+            and not cfg.algorithm.dynamic_sampling)
 
 
 def group_ident(item: Any) -> int | None:
