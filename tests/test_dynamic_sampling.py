@@ -93,7 +93,9 @@ def test_the_refill_budget_defaults_to_twice_the_batch():
     assert cfg.algorithm.refills(cfg.run.prompts_per_step) == 3
 
 
-DYNAMIC = ("algorithm.dynamic_sampling=true", "run.save_samples=true")
+DYNAMIC = ("algorithm.dynamic_sampling=true", "run.save_samples=true", "rollout.chunk_size=4")
+"""(A chunk of 4 groups: a rank must not hold a finished group back waiting for more while
+its refill waits on that group.)"""
 N, G = 8, 4  # grpo_tiny's prompts per step and samples per prompt
 
 

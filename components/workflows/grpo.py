@@ -165,9 +165,11 @@ class GRPO(Job):
 
     @property
     def rollout_chunk_size(self) -> int:
-        """Groups per rollout chunk: rollout.chunk_size, or 1 with partial rollout (its
-        batch closes on the N-th group to finish, not on a chunk a rank still fills)."""
-        return 1 if self.partial is not None else self.cfg.rollout.chunk_size
+        """Groups per rollout chunk: rollout.chunk_size, or 1 where a closer decides each
+        group as it finishes (partial rollout: its batch closes on the N-th group to finish;
+        dynamic sampling: a dropped group's refill cannot wait on a chunk a rank still fills,
+        which waits on the refill)."""
+        return 1 if isinstance(self.batches, (Partial, Refilled)) else self.cfg.rollout.chunk_size
 
     def open_channels(self) -> None:
         """Each channel holds a whole step: on time-shared devices a stage reads only
