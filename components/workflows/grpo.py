@@ -3,6 +3,7 @@
     put the step's prompt groups on "prompts"
     rollout    "prompts"  -> "rollouts"     n samples per prompt, chunks of finished groups
     reward     "rollouts" -> "scored"       verify every sample
+               (judge.enabled: -> "rewarded", then the LLM judge -> "scored": judge_stage.py)
     inference  "scored"   -> "experience"   old (and reference) log-probs
     trainer    "experience"                 one GRPO step on the whole batch, exactly once per sample
     weight sync trainer -> rollout, inference   (version step + 1)
@@ -35,6 +36,7 @@ from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.job import Groups, Job
+from dynarl.components.workflows.judge_stage import judge_metrics, judged, spawn_judge
 from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.ledger import StepEntry, append_entry
 from dynarl.components.workflows.live import LiveStep
@@ -73,6 +75,14 @@ class GRPO(Job):
         else:
             self.batches = Fresh(self.prompts, self.start_rollout)
         self.pipeline = StepPipeline(self, self.batches)
+        self.judged: dict[str, list[Any]] = {}
+        """judge.enabled: each step label's judge results, until the step's metrics take them."""
+
+    async def spawn(self) -> Groups:
+        """Job's groups, and the LLM judge's where judge.enabled (judge_stage.py)."""
+        groups = await super().spawn()
+        groups.judge = await spawn_judge(self)
+        return groups
 
     # --- the algorithm ---------------------------------------------------------------
     async def step(self, step: int) -> dict[str, Any]:
@@ -82,7 +92,10 @@ class GRPO(Job):
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         live = await self.pipeline.begin(step)
         result = await self.batches.beside(step, self.pipeline.stages(step, label, live))
-        return await self.pipeline.end(step, label, result, started, begun)
+        metrics = await self.pipeline.end(step, label, result, started, begun)
+        if self.g.judge is not None:
+            metrics |= judge_metrics(self.judged.pop(label, []), self.clock.durations(label).get("judge", 0.0))
+        return metrics
 
     async def start_rollout(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep, *,
                             version: int | None = None) -> tuple[asyncio.Future, asyncio.Future]:
@@ -97,9 +110,14 @@ class GRPO(Job):
             self.ctl, g.rollout, RolloutWorker.generate, get="prompts", put="rollouts", clock=self.clock,
             label=label, version=step if version is None else version, chunk_size=self.rollout_chunk_size,
             sampling=self.sampling(), lock=live.rollout_lock, ranks_call=self.ranks_call("rollout", live.rollout_lock)))
-        reward = live.done["reward"] = asyncio.ensure_future(stage(
-            self.ctl, g.reward, RewardWorker.score, get="rollouts", put="scored", after=rollout, lock=False,
-            clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False)))
+        if g.judge is None:
+            reward = live.done["reward"] = asyncio.ensure_future(stage(
+                self.ctl, g.reward, RewardWorker.score, get="rollouts", put="scored", after=rollout, lock=False,
+                clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False)))
+        else:  # the judge scores the reward stage's samples before inference reads them
+            reward = live.done["reward"] = judged(self, asyncio.ensure_future(stage(
+                self.ctl, g.reward, RewardWorker.score, get="rollouts", put="rewarded", after=rollout, lock=False,
+                clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False))), label)
         return rollout, reward
 
     async def close_rollout(self, step: int, carried: list[PromptGroup]) -> int:
@@ -165,6 +183,8 @@ class GRPO(Job):
         capacity = max(1024, 2 * samples + 2 * self.placement.num_devices)
         for name in ("prompts", "rollouts", "scored", "experience", AHEAD):
             self.ctl.channel(name, capacity=capacity)
+        if self.cfg.judge.enabled:
+            self.ctl.channel("rewarded", capacity=capacity)
         if self.survival is not None:
             self.survival.open()
 
