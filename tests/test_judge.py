@@ -214,8 +214,9 @@ def test_the_trace_and_the_graph_hold_the_judge(judged_run):
     job, run_dir = judged_run
     trace = json.load(open(os.path.join(run_dir, "trace.json")))
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    names = {e.get("name") for e in events}
-    assert {f"judge step {s}" for s in range(STEPS)} <= names
+    tracks = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    on_judge_track = {e["name"] for e in events if tracks.get(e.get("pid")) == "stage/judge" and e.get("ph") == "X"}
+    assert {f"score step {s}" for s in range(STEPS)} <= on_judge_track, on_judge_track
     graph = json.load(open(os.path.join(run_dir, "graph.json")))
     node = next(n for n in graph["nodes"] if n["name"] == "judge")
     assert node["cls"] == "JudgeWorker" and node["devices"] == [0]
@@ -223,3 +224,19 @@ def test_the_trace_and_the_graph_hold_the_judge(judged_run):
     assert "reward" in edges["rewarded"]["producers"] and edges["rewarded"]["consumers"] == ["judge"]
     assert "judge" in edges["scored"]["producers"] and "reward" not in edges["scored"]["producers"]
     assert_reaped([p for g in job.workflow.worker_groups() for p in g.pids])
+
+
+def test_under_dynarl_the_placement_moves_and_the_judge_keeps_its_own_device(tmp_path):
+    """scheduler.policy=dynarl (test_dynarl_train.py's job, one step) with the judge on
+    device 4 of its own: rollout devices go to the trainer in the tail and come back,
+    every sample is judged, and no move touches device 4."""
+    from dynarl.launch.train import prepare
+    from test_dynarl_train import FAST, JOB
+    job = prepare(None, overrides(*JOB, "run.steps=1", "runtime.cluster.devices_per_node=5", "scheduler.policy=dynarl",
+                                  *FAST, "judge.enabled=true", "judge.devices=[4]"), str(tmp_path / "run"), None)
+    assert job.run() == 0
+    [row] = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert row["migrations"].get("workload:rollout", 0) >= 1 and row["judge_samples"] == row["samples"]
+    spans = [s for s in job.workflow.clock.spans if s.label == "step 0"]
+    assert {tuple(s.devices) for s in spans if s.component == "judge"} == {(4,)}
+    assert all(4 not in s.devices for s in spans if s.component != "judge")

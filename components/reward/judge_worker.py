@@ -133,7 +133,7 @@ class JudgeWorker(dynarl.Worker):
             await self.engine.release_memory()
             self.freed = True
 
-    async def judge(self, get: str, put: str) -> JudgeStats:
+    async def score(self, get: str, put: str) -> JudgeStats:
         """Consumes the reward stage's chunks from `get` until END; puts them on `put`,
         each sample's reward judged and each group's advantages recomputed."""
         inbox, outbox = self.channel(get), self.channel(put)

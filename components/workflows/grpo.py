@@ -29,6 +29,7 @@ from typing import Any
 from dynarl.components import experience
 from dynarl.components.experience import END, PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
+from dynarl.components.reward.judge_worker import JudgeWorker
 from dynarl.components.reward.worker import RewardWorker
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import TrainBatch, data_parts
@@ -54,6 +55,8 @@ class GRPO(Job):
     """The group that scores rollouts; None: the workflow scores them itself."""
     inference_worker: type = InferenceWorker
     """The inference rank's class."""
+    judge_worker: type = JudgeWorker
+    """The LLM judge rank's class (judge.enabled: judge_stage.py)."""
     step_ranks: type = StepRanks
     """How ranks join and leave its running step (joins.py: what a move asks of it)."""
     trainer_passes = 1.0

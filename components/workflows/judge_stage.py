@@ -33,7 +33,7 @@ async def spawn_judge(job: "GRPO") -> WorkerGroup | None:
     if not cfg.judge.enabled:
         return None
     shared = any(d < job.placement.num_devices for d in cfg.judge.devices)
-    return await job.ctl.spawn(JudgeWorker, name="judge", devices=list(cfg.judge.devices), init={
+    return await job.ctl.spawn(job.judge_worker, name="judge", devices=list(cfg.judge.devices), init={
         "judge": cfg.judge, "model": judge_model(cfg), "policy": cfg.model, "engine": cfg.trainer.engine,
         "shares_device": shared})
 
@@ -46,7 +46,7 @@ def judged(job: "GRPO", reward: asyncio.Future, label: str) -> asyncio.Future:
     # wrapped as the rollout's and inference's stages are (live.joined), so that its device
     # lock is asked for in the same turn of the loop as theirs, between them: FIFO locks then
     # give shared devices to the rollout, the judge and inference in that order
-    judge = asyncio.ensure_future(joined(stage(job.ctl, job.g.judge, JudgeWorker.judge, get="rewarded", put="scored",
+    judge = asyncio.ensure_future(joined(stage(job.ctl, job.g.judge, JudgeWorker.score, get="rewarded", put="scored",
                                                after=reward, clock=job.clock, label=label,
                                                ranks_call=job.ranks_call("judge", True)), []))
 
