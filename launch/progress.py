@@ -26,9 +26,13 @@ def step_line(m: dict[str, Any], total: int, eta_s: float | None = None) -> str:
                 f"{m['env_steps_per_s']:.0f} env steps/s  env idle {m['env_idle_frac']:.2f}  "
                 f"vloss {m['value_loss']:.3f}  ev {m['explained_var'] or 0:.2f}  {m['step_time_s']:.2f} s "
                 f"[rollout {m['rollout_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]{eta}")
-    return (f"step {m['step'] + 1}/{total}  reward {m['reward_mean']:.3f}  exact {m['exact_frac']:.2f}  "
+    judge, judge_s = "", ""
+    if "judge_s" in m:  # an LLM judge (judge.enabled): its mean score, how many judgments had none, its time
+        judge = f"  judge {m['judge_score_mean'] or 0:.2f} ({m['judge_unparseable']} unparsed)"
+        judge_s = f" judge {m['judge_s']:.2f}"
+    return (f"step {m['step'] + 1}/{total}  reward {m['reward_mean']:.3f}  exact {m['exact_frac']:.2f}{judge}  "
             f"len {m['response_len_mean']:.1f}/{m['response_len_max']}{train}  {m['tokens_per_s']:.0f} tok/s  "
-            f"{m['step_time_s']:.2f} s [rollout {m['rollout_s']:.2f} reward {m['reward_s']:.2f} "
+            f"{m['step_time_s']:.2f} s [rollout {m['rollout_s']:.2f} reward {m['reward_s']:.2f}{judge_s} "
             f"inference {m['inference_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]{eta}")
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 from dynarl.components.workflows.stages import Span
 
 COLOURS = {"rollout": "#4C72B0", "inference": "#DD8452", "trainer": "#55A868", "reward": "#C44E52",
-           "sync": "#8172B3", "critic": "#2E8B57", "env": "#DA8BC3",
+           "sync": "#8172B3", "critic": "#2E8B57", "env": "#DA8BC3", "judge": "#8C564B",
            # scheduler.policy=dynarl: devices changing hands inside a step (components/workflows/dynamic.py)
            "migrate workload": "#CCB974", "migrate p2p": "#64B5CD", "migrate grow": "#8C8C8C",
            "migrate join": "#8C8C8C"}
@@ -26,7 +26,7 @@ COLOURS = {"rollout": "#4C72B0", "inference": "#DD8452", "trainer": "#55A868", "
 
 DETAIL_STEPS = 10
 """Steps drawn device by device; a longer run also gets a strip of every step's stage times."""
-STRIP = ("rollout", "reward", "inference", "trainer", "sync")
+STRIP = ("rollout", "reward", "judge", "inference", "trainer", "sync")
 
 
 def step_of(label: str) -> int | None:

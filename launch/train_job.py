@@ -175,7 +175,8 @@ class Job:
         try:
             draw_timeline(spans, self.cfg.runtime.cluster.num_devices,
                           os.path.join(self.run_dir, f"timeline{attempt}.png"),
-                          f"placement {self.workflow.placement.describe()}")
+                          f"placement {self.workflow.placement.describe()}"
+                          + judged_on(self.cfg, self.workflow.placement))
         except Exception as exc:  # the picture must never cost the run's result
             print(f"dynarl train: timeline not drawn: {exc!r}", file=sys.stderr)
 
@@ -218,8 +219,19 @@ def placed(cfg: Any) -> str:
         from dynarl.components.placement.embodied import place
         return place(cfg.placement.mode, cfg.embodied.env_workers, cfg.runtime.cluster.num_devices).describe()
     if cfg.placement.mode == "auto":
-        return "planned at start from a profile of each component (placement.json)"
-    return ", ".join(f"{c} {d}" for c, d in cfg.devices().items())
+        from dynarl.components.workflows.judge_checks import describe
+        judge = describe(cfg)
+        return "planned at start from a profile of each component (placement.json)" + (f"; {judge}" if judge else "")
+    from dynarl.components.workflows.judge_checks import describe
+    judge = describe(cfg)
+    return ", ".join(f"{c} {d}" for c, d in cfg.devices().items()) + (f", {judge}" if judge else "")
+
+
+def judged_on(cfg: Any, placement: Any) -> str:
+    """' | judge [devices] (own or time-shared)' for the timeline's title; '' without a judge."""
+    from dynarl.components.workflows.judge_checks import describe
+    judge = describe(cfg, placement)
+    return f" | {judge}" if judge else ""
 
 
 def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:

@@ -44,10 +44,12 @@ def check_env(env_id: str) -> None:
 def check_backends_of(cfg: Any, require_installed: bool) -> list[str]:
     """Backend checks at config load: a missing extra names the pip command."""
     from dynarl.components.backends import check_backends
+    from dynarl.components.workflows.judge_checks import judge_backend_notes
     return check_backends(rollout_backend=cfg.rollout.backend, trainer_backend=cfg.trainer.backend,
                           model=cfg.model.config(), rollout_ranks=cfg.rollout.num_ranks,
                           trainer_ranks=cfg.trainer.num_ranks, sglang=cfg.rollout.sglang, vllm=cfg.rollout.vllm,
-                          megatron=cfg.trainer.megatron, require_installed=require_installed)
+                          megatron=cfg.trainer.megatron, require_installed=require_installed) \
+        + judge_backend_notes(cfg, require_installed)
 
 
 def resolve_config(config_path: str | None, overrides: list[tuple[str, Any]], resume: str | None) -> Any:

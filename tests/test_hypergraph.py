@@ -109,11 +109,13 @@ def test_cli_reads_the_builtin_grpo_workflow():
     edges = {}  # "src --[channel]--> dst,dst" lines; the workflow modules it uses (overlap.py) included
     for line in out.stdout.splitlines():
         if "--[" in line:
-            src, rest = line.strip().split(" --[")
+            srcs, rest = line.strip().split(" --[")
             channel, dsts = rest.split("]--> ")
-            edges[(src, channel)] = set(dsts.split(","))
+            for src in srcs.split(","):  # (reward and, with judge.enabled, the judge put on "scored")
+                edges[(src, channel)] = set(dsts.split(","))
     for src, channel, dst in (("driver", "prompts", "rollout"), ("rollout", "rollouts", "reward"),
-                              ("reward", "scored", "inference"), ("inference", "experience", "driver")):
+                              ("reward", "scored", "inference"), ("inference", "experience", "driver"),
+                              ("reward", "rewarded", "judge"), ("judge", "scored", "inference")):
         assert dst in edges[(src, channel)], out.stdout
     assert "warning" not in out.stdout
 

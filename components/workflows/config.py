@@ -11,6 +11,7 @@
     scheduler  static | dynarl; algorithm: the objective (name), max_staleness    scheduler_config.py
     run        steps, prompts per step, seed, checkpoints                         run_config.py
     agentic, embodied, memory: agentic_config.py, embodied_config.py, memory/config.py
+    judge      an LLM judge's model, devices, engine, prompt and score     reward/judge_config.py
 
 Load with `load_config` (defaults <- YAML <- key=value overrides): every error
 names its field path. Checks that need the whole tree (placement fits the
@@ -25,11 +26,13 @@ from typing import Any, Literal
 from dynarl.components.memory.config import MemorySection
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.placement.plan import COMPONENTS, Placement, PlacementError, from_pools
+from dynarl.components.reward.judge_config import JudgeSection
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.agents.config import AgentSection
 from dynarl.components.workflows.agentic_config import AgenticSection
 from dynarl.components.workflows.config_checks import check
 from dynarl.components.workflows.embodied_config import EmbodiedSection
+from dynarl.components.workflows.judge_checks import check_judge
 from dynarl.components.workflows.rollout_config import InferenceSection, RolloutSection
 from dynarl.components.workflows.run_config import LOGGERS, RunSection
 from dynarl.components.workflows.scheduler_config import (AlgorithmSection, DynarlSection, PlacementSection,
@@ -69,9 +72,13 @@ class TrainConfig:
     embodied: EmbodiedSection = field(default_factory=EmbodiedSection)
     memory: MemorySection = field(default_factory=MemorySection)
     """The memory plan `dynarl train` prints with --dry-run and checks before start (docs/memory.md)."""
+    judge: JudgeSection = field(default_factory=JudgeSection)
+    """An LLM judge that scores each sample after the reward stage, on devices of its own
+    or time-shared (components/workflows/judge_stage.py)."""
 
     def __post_init__(self) -> None:
         check(self)
+        check_judge(self)
         # the objective goes to the trainer (and the reward stages) in trainer.engine
         self.trainer.engine = self.algorithm.trainer_engine(self.trainer.engine, self.rollout.max_new_tokens,
                                                             self.workflow)

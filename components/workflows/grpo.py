@@ -3,6 +3,7 @@
     put the step's prompt groups on "prompts"
     rollout    "prompts"  -> "rollouts"     n samples per prompt, chunks of finished groups
     reward     "rollouts" -> "scored"       verify every sample
+               (judge.enabled: -> "rewarded", then the LLM judge -> "scored": judge_stage.py)
     inference  "scored"   -> "experience"   old (and reference) log-probs
     trainer    "experience"                 one GRPO step on the whole batch, exactly once per sample
     weight sync trainer -> rollout, inference   (version step + 1)
@@ -28,6 +29,7 @@ from typing import Any
 from dynarl.components import experience
 from dynarl.components.experience import END, PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
+from dynarl.components.reward.judge_worker import JudgeWorker
 from dynarl.components.reward.worker import RewardWorker
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import TrainBatch, data_parts
@@ -35,6 +37,7 @@ from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.job import Groups, Job
+from dynarl.components.workflows.judge_stage import judge_metrics, judged, spawn_judge
 from dynarl.components.workflows.joins import StepRanks
 from dynarl.components.workflows.ledger import StepEntry, append_entry
 from dynarl.components.workflows.live import LiveStep
@@ -53,6 +56,8 @@ class GRPO(Job):
     """The group that scores rollouts; None: the workflow scores them itself."""
     inference_worker: type = InferenceWorker
     """The inference rank's class."""
+    judge_worker: type = JudgeWorker
+    """The LLM judge rank's class (judge.enabled: judge_stage.py)."""
     step_ranks: type = StepRanks
     """How ranks join and leave its running step (joins.py: what a move asks of it)."""
     trainer_passes = 1.0
@@ -78,6 +83,14 @@ class GRPO(Job):
         else:
             self.batches = Fresh(self.prompts, self.start_rollout)
         self.pipeline = StepPipeline(self, self.batches)
+        self.judged: dict[str, list[Any]] = {}
+        """judge.enabled: each step label's judge results, until the step's metrics take them."""
+
+    async def spawn(self) -> Groups:
+        """Job's groups, and the LLM judge's where judge.enabled (judge_stage.py)."""
+        groups = await super().spawn()
+        groups.judge = await spawn_judge(self)
+        return groups
 
     # --- the algorithm ---------------------------------------------------------------
     async def step(self, step: int) -> dict[str, Any]:
@@ -87,7 +100,10 @@ class GRPO(Job):
         started, begun = time.perf_counter(), asyncio.get_running_loop().time()
         live = await self.pipeline.begin(step)
         result = await self.batches.beside(step, self.pipeline.stages(step, label, live))
-        return await self.pipeline.end(step, label, result, started, begun)
+        metrics = await self.pipeline.end(step, label, result, started, begun)
+        if self.g.judge is not None:
+            metrics |= judge_metrics(self.judged.pop(label, []), self.clock.durations(label).get("judge", 0.0))
+        return metrics
 
     async def start_rollout(self, groups: list[PromptGroup], step: int, label: str, live: LiveStep, *,
                             version: int | None = None, end: bool = True) -> tuple[asyncio.Future, asyncio.Future]:
@@ -103,9 +119,14 @@ class GRPO(Job):
             self.ctl, g.rollout, RolloutWorker.generate, get="prompts", put="rollouts", clock=self.clock,
             label=label, version=step if version is None else version, chunk_size=self.rollout_chunk_size,
             sampling=self.sampling(), lock=live.rollout_lock, ranks_call=self.ranks_call("rollout", live.rollout_lock)))
-        reward = live.done["reward"] = asyncio.ensure_future(stage(
-            self.ctl, g.reward, RewardWorker.score, get="rollouts", put="scored", after=rollout, lock=False,
-            clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False)))
+        if g.judge is None:
+            reward = live.done["reward"] = asyncio.ensure_future(stage(
+                self.ctl, g.reward, RewardWorker.score, get="rollouts", put="scored", after=rollout, lock=False,
+                clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False)))
+        else:  # the judge scores the reward stage's samples before inference reads them
+            reward = live.done["reward"] = judged(self, asyncio.ensure_future(stage(
+                self.ctl, g.reward, RewardWorker.score, get="rollouts", put="rewarded", after=rollout, lock=False,
+                clock=self.clock, label=label, ranks_call=self.ranks_call("reward", False))), label)
         return rollout, reward
 
     async def end_prompts(self) -> None:
@@ -178,6 +199,8 @@ class GRPO(Job):
         capacity = max(1024, 2 * samples + 2 * self.placement.num_devices)
         for name in ("prompts", "rollouts", "scored", "experience", AHEAD):
             self.ctl.channel(name, capacity=capacity)
+        if self.cfg.judge.enabled:
+            self.ctl.channel("rewarded", capacity=capacity)
         if self.survival is not None:
             self.survival.open()
 

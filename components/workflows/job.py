@@ -42,6 +42,8 @@ class Groups:
     """None where the workflow scores without one (agentic: the controller scores episodes)."""
     inference: WorkerGroup
     trainer: WorkerGroup
+    judge: WorkerGroup | None = None
+    """The LLM judge's group, where judge.enabled (judge_stage.py)."""
 
 
 class Progress(Protocol):
@@ -181,7 +183,7 @@ class Job:
     def worker_groups(self) -> list[WorkerGroup]:
         """Every worker group the workflow spawned."""
         g = self.g
-        return [x for x in (g.rollout, g.reward, g.inference, g.trainer) if x is not None]
+        return [x for x in (g.rollout, g.reward, g.inference, g.trainer, g.judge) if x is not None]
 
     def rollout_init(self) -> dict[str, Any]:
         """Init arguments the workflow's rollout worker class adds (the agentic queue order)."""

@@ -1,10 +1,12 @@
-"""A lost rollout, reward or inference rank is a forced donor: the step goes on, the
-job does not restart.
+"""A lost rollout, reward, judge or inference rank is a forced donor: the step goes
+on, the job does not restart.
 
 Every prompt group of the step is in the custody of the rank that took it, stage by
 stage (transport/custody.py Custody): "prompts" until the rollout rank puts the chunk
 made of it on "rollouts", "rollouts" until a reward rank puts it scored on "scored",
-"scored" until an inference rank puts it on "experience"; the put that delivers the
+"scored" until an inference rank puts it on "experience" (with an LLM judge: "rollouts"
+until a reward rank puts it on "rewarded", which a judge rank puts on "scored"); the
+put that delivers the
 work releases what it was made of, in one message. When a rank of one of those stages
 is lost (its process exited, froze past the heartbeat timeout, or became unreachable)
 during its stage, or between steps:
@@ -48,6 +50,9 @@ from dynarl.transport.custody import Custody
 INPUT = {"rollout": "prompts", "reward": "rollouts", "inference": "scored"}
 """Each surviving stage's input channel (custody); its output releases it."""
 OUTPUT = {"rollout": "rollouts", "reward": "scored", "inference": "experience"}
+JUDGED_INPUT = INPUT | {"judge": "rewarded"}
+JUDGED_OUTPUT = OUTPUT | {"reward": "rewarded", "judge": "scored"}
+"""With an LLM judge (judge.enabled) between reward and inference (judge_stage.py)."""
 
 
 def applies(cfg: Any) -> bool:
@@ -67,6 +72,9 @@ class Survival:
     def __init__(self, wf: Any) -> None:
         self.wf = wf
         """The workflow (grpo.py GRPO): its controller, groups and progress."""
+        judge = wf.cfg.judge.enabled
+        self.input, self.output = (JUDGED_INPUT, JUDGED_OUTPUT) if judge else (INPUT, OUTPUT)
+        """Each surviving stage's input channel, and the output whose puts release it."""
         self.survived = 0
         """Ranks replaced in the step in progress."""
         self.reissued = 0
@@ -82,10 +90,10 @@ class Survival:
     def open(self) -> None:
         """Custody on each stage's input, released by its output's puts."""
         ctl = self.wf.ctl
-        for component, inbox in INPUT.items():
+        for component, inbox in self.input.items():
             channel = ctl.channel(inbox)
             channel.custody = Custody(group_ident)
-            ctl.channel(OUTPUT[component]).releases = channel
+            ctl.channel(self.output[component]).releases = channel
 
     def metrics(self) -> dict[str, int]:
         """The step's survivals (and resets the count for the next step)."""
@@ -97,7 +105,7 @@ class Survival:
         """Ranks lost since the last call are replaced: before a step's prompts flow (a
         rollout or inference replacement loads weights `version` from the trainer), or
         before a weight sync (None: the sync gives them their weights)."""
-        for component in INPUT:
+        for component in self.input:
             group = getattr(self.wf.g, component)
             for handle in [] if group is None else [h for h in group.handles if h.lost is not None]:
                 await self._replace(component, handle, version, locked=False)
@@ -177,7 +185,7 @@ class Survival:
             worker = lost.spec.worker_id
             for channel in list(ctl.channels.values()):  # its waiting gets end: nothing more is handed to it
                 channel.abandon(worker)
-            items = ctl.channel(INPUT[component]).reclaim(worker)
+            items = ctl.channel(self.input[component]).reclaim(worker)
             devices, init = list(lost.spec.devices), dict(lost.spec.init_kwargs)
             await ctl.grow_group(group, devices, init)
             await asyncio.sleep(self.start_s)  # (emulated devices: a new engine's start; real ones took it)
