@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dynarl.components.placement.embodied import place
 from dynarl.components.placement.plan import COMPONENTS, PlacementError, pools_for
@@ -104,6 +104,12 @@ def check_algorithm(cfg: TrainConfig) -> None:
         raise ConfigError("algorithm.max_staleness", f"algorithm.name {a.name} weighs tokens against the "
                                                      "policy that sampled them (no decoupled correction): set "
                                                      "max_staleness 0 and rollout.oversample 1")
+    check_distill(cfg)
+    if a.rollout_correction != "none":
+        if cfg.workflow == "embodied":
+            raise ConfigError("algorithm.rollout_correction", "workflow embodied trains its own learner's loss on "
+                                                              "its own samples: set none")
+        _one_temperature(cfg, "algorithm.rollout_correction")
     if a.clip_eps_low == 1 and a.name != "cispo":
         raise ConfigError("algorithm.clip_eps_low", "1 (no lower bound) is for cispo's IS weight; a PPO ratio "
                                                     "clip must be below 1")
@@ -118,6 +124,32 @@ def check_algorithm(cfg: TrainConfig) -> None:
         if a.overlong_buffer > cfg.rollout.max_new_tokens:
             raise ConfigError("algorithm.overlong_buffer", f"{a.overlong_buffer} is more than "
                                                            f"rollout.max_new_tokens ({cfg.rollout.max_new_tokens})")
+
+
+def check_distill(cfg: TrainConfig) -> None:
+    """algorithm.name opd distils from algorithm.teacher, which reads the policy's tokens;
+    a teacher is for opd alone."""
+    a = cfg.algorithm
+    if a.name == "opd" and a.teacher is None:
+        raise ConfigError("algorithm.teacher", "algorithm.name opd distils from a teacher: set algorithm.teacher.path "
+                                               "(an HF folder, e.g. one `dynarl export` wrote) or "
+                                               "algorithm.teacher.name (a built-in model)")
+    if a.teacher is None:
+        return
+    if a.name != "opd":
+        raise ConfigError("algorithm.teacher", f"a teacher is for algorithm.name opd, not {a.name}: leave it null")
+    if a.teacher.lora.enabled:
+        raise ConfigError("algorithm.teacher.lora.rank", "the teacher is frozen (nothing of it trains): set it 0")
+    _same_tokens(cfg.model, a.teacher, "algorithm.teacher", "the teacher scores the policy's tokens")
+
+
+def _same_tokens(model: Any, other: Any, field_: str, why: str) -> None:
+    """`other` (a ModelSpec) reads `model`'s token ids: the same vocabulary and tokenizer files."""
+    mine, theirs = model.config().vocab_size, other.config().vocab_size
+    if mine != theirs or (other.path is None) != (model.path is None) or (
+            other.path is not None and _tokenizer_files(other.path) != _tokenizer_files(model.path)):
+        raise ConfigError(field_, f"{why}: its tokenizer must be the policy's (vocab {theirs} vs the policy's "
+                                  f"{mine}, or other tokenizer files)")
 
 
 def check_lora(cfg: TrainConfig) -> None:
@@ -323,12 +355,7 @@ def check_ppo(cfg: TrainConfig) -> None:
     _on_policy(cfg, "workflow ppo is on-policy for now")
     critic = cfg.critic.model
     if critic is not None and critic != cfg.model:
-        mine, theirs = cfg.model.config().vocab_size, critic.config().vocab_size
-        if mine != theirs or (critic.path is None) != (cfg.model.path is None) or (
-                critic.path is not None and _tokenizer_files(critic.path) != _tokenizer_files(cfg.model.path)):
-            raise ConfigError("critic.model", f"the critic reads the policy's tokens: its tokenizer must be "
-                                              f"the policy's (vocab {theirs} vs the policy's {mine}, or other "
-                                              "tokenizer files)")
+        _same_tokens(cfg.model, critic, "critic.model", "the critic reads the policy's tokens")
 
 
 def _tokenizer_files(folder: str) -> dict[str, bytes]:
