@@ -144,12 +144,26 @@ def check_distill(cfg: TrainConfig) -> None:
 
 
 def _same_tokens(model: Any, other: Any, field_: str, why: str) -> None:
-    """`other` (a ModelSpec) reads `model`'s token ids: the same vocabulary and tokenizer files."""
+    """`other` (a ModelSpec) reads `model`'s token ids: the same vocabulary and tokenizer."""
     mine, theirs = model.config().vocab_size, other.config().vocab_size
-    if mine != theirs or (other.path is None) != (model.path is None) or (
-            other.path is not None and _tokenizer_files(other.path) != _tokenizer_files(model.path)):
+    if mine != theirs or _tokenizer_key(other) != _tokenizer_key(model):
         raise ConfigError(field_, f"{why}: its tokenizer must be the policy's (vocab {theirs} vs the policy's "
                                   f"{mine}, or other tokenizer files)")
+
+
+def _tokenizer_key(spec: Any) -> tuple:
+    """What encodes a spec's text: a character tokenizer's alphabet (a built-in model's,
+    or the char_tokenizer.json `dynarl export` writes for one), else its tokenizer files."""
+    from dynarl.components.model.tokenizer import CHAR_TOKENIZER_FILE, DEFAULT_ALPHABET
+    if spec.path is None:
+        return ("char", DEFAULT_ALPHABET)
+    files = _tokenizer_files(spec.path)
+    char = os.path.join(spec.path, CHAR_TOKENIZER_FILE)
+    if not files and os.path.isfile(char):
+        import json
+        with open(char) as f:
+            return ("char", json.load(f).get("alphabet"))
+    return ("files", files)
 
 
 def check_lora(cfg: TrainConfig) -> None:
