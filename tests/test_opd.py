@@ -74,8 +74,9 @@ def test_the_opd_loss_descends_the_reverse_kl():
     old, teacher, mask = [-1.0, -2.0, -0.3, -1.1], [-0.4, -2.5, -0.3, -3.0], [1, 1, 1, 0]
     a = ref_opd(old, teacher, mask)
     logp = torch.tensor(old, requires_grad=True)
-    got = objectives.objective_loss("opd", logp, torch.tensor(old), torch.tensor(a), torch.tensor(mask, dtype=torch.float),
-                                    clip_eps_low=0.2, clip_eps_high=0.2, num_tokens=3)
+    got = objectives.objective_loss("opd", logp, torch.tensor(old), torch.tensor(a),
+                                    torch.tensor(mask, dtype=torch.float), clip_eps_low=0.2, clip_eps_high=0.2,
+                                    num_tokens=3)
     got.pg_loss.backward()
     want = [(o - t) / 3 if m else 0.0 for o, t, m in zip(old, teacher, mask)]
     assert logp.grad.tolist() == pytest.approx(want)

@@ -12,9 +12,10 @@ the computing. A teacher (algorithm.teacher, for on-policy distillation) is an e
 of its own on the same ranks, built from its own model spec at start and never
 synced: it scores every sample too (teacher_logprobs). Every chunk's rollout
 log-probs are measured against old_logprobs (and the teacher's against them:
-inference/gap.py), and the rank's step reports the sums. With `split`, each scored sample goes downstream as a group of its
-own: GRPO samples are independent once their advantages are known, so a streaming
-trainer's data-parallel ranks can balance them one by one.
+inference/gap.py), and the rank's step reports the sums. With `split`, each scored
+sample goes downstream as a group of its own: GRPO samples are independent once
+their advantages are known, so a streaming trainer's data-parallel ranks can balance
+them one by one.
 """
 from __future__ import annotations
 
