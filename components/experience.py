@@ -56,6 +56,8 @@ class Sample:
     episode: list | None = None
     """Partial rollout of a multi-turn episode carried unfinished into a later step: its
     progress beyond the tokens (components/workflows/episodes.py EpisodeState's wire)."""
+    teacher_logprobs: list[float] | None = None
+    """The teacher's log-probs of its tokens (algorithm.name opd: the inference stage's)."""
 
     def to_wire(self) -> list:
         return [getattr(self, f) for f in _SAMPLE_FIELDS]
@@ -125,11 +127,12 @@ class PromptGroup:
 
     @classmethod
     def from_json(cls, values: list) -> "PromptGroup":
-        """(A sample written before `segments` or `episode` existed has fields fewer: None.)"""
+        """(A sample written before `segments`, `episode` or `teacher_logprobs` existed has
+        fields fewer: None.)"""
         index, problem, answer, prompt_ids, samples = values
         n = len(_SAMPLE_FIELDS)
         return cls.from_wire([index, problem, answer, prompt_ids,
-                              [Sample.from_wire(s + [None] * (n - len(s)) if n - 2 <= len(s) < n else s)
+                              [Sample.from_wire(s + [None] * (n - len(s)) if n - 3 <= len(s) < n else s)
                                for s in samples]])
 
     @classmethod
@@ -153,12 +156,15 @@ def train_batch(groups: Sequence[PromptGroup], with_ref: bool, behaviour: bool =
 
 
 def _sequences(pairs: Sequence[tuple[PromptGroup, Sample]], with_ref: bool, behaviour: bool) -> dict[str, Any]:
-    """The TrainBatch fields of each (group, sample): its tokens and log-probs."""
+    """The TrainBatch fields of each (group, sample): its tokens and log-probs (the
+    teacher's where the samples have them: algorithm.name opd)."""
+    taught = bool(pairs) and pairs[0][1].teacher_logprobs is not None
     return {"input_ids": [list(g.prompt_ids) + list(s.output_ids) for g, s in pairs],
             "prompt_lens": [len(g.prompt_ids) for g, _ in pairs],
             "old_logprobs": [list(s.old_logprobs) for _, s in pairs],
             "behav_logprobs": [[float(x) for x in s.logprobs] for _, s in pairs] if behaviour else None,
-            "ref_logprobs": [list(s.ref_logprobs) for _, s in pairs] if with_ref else None}
+            "ref_logprobs": [list(s.ref_logprobs) for _, s in pairs] if with_ref else None,
+            "teacher_logprobs": [list(s.teacher_logprobs) for _, s in pairs] if taught else None}
 
 
 def sample_ids(groups: Sequence[PromptGroup]) -> list[str]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynarl.components.experience import Trained
+from dynarl.components.inference.gap import LogprobGap
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.transport.wire import register_struct
 
@@ -69,6 +70,11 @@ class InferenceStats:
     tokens: int
     busy: list[list[float]]
     """When its engine computed: [start, end] intervals, loop time."""
+    rollout_gap: LogprobGap | None = None
+    """Its samples' rollout log-probs against old_logprobs (inference/gap.py; None: not
+    measured, emulated engines' log-probs are synthetic)."""
+    teacher_gap: LogprobGap | None = None
+    """old_logprobs against the teacher's (algorithm.name opd; None: no teacher)."""
 
 
 @register_struct(66)

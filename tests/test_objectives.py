@@ -392,7 +392,7 @@ def one_thread():
 
 def trainer_batch(seed=0):
     rng = random.Random(seed)
-    ids, plens, masks, old, ref, rewards, groups = [], [], [], [], [], [], []
+    ids, plens, masks, old, ref, teacher, rewards, groups = [], [], [], [], [], [], [], []
     for g in range(3):
         prompt = [rng.randrange(3, 60) for _ in range(3)]
         for _ in range(3):
@@ -402,10 +402,11 @@ def trainer_batch(seed=0):
             masks.append([0 if rng.random() < 0.2 else 1 for _ in range(k)])
             old.append([-4.2 + rng.uniform(-0.4, 0.4) for _ in range(k)])
             ref.append([-4.2 + rng.uniform(-0.3, 0.3) for _ in range(k)])
+            teacher.append([-3.0 + rng.uniform(-1.0, 1.0) for _ in range(k)])
             rewards.append(float(rng.randint(0, 2)))
             groups.append(g)
     return TrainBatch(input_ids=ids, prompt_lens=plens, response_mask=masks, old_logprobs=old, ref_logprobs=ref,
-                      rewards=rewards, group_ids=groups)
+                      teacher_logprobs=teacher, rewards=rewards, group_ids=groups)
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)

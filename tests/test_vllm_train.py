@@ -3,6 +3,8 @@ NUM_GPUS = 0
 built-in model and task, a few GRPO steps; each step's weights reach the vLLM engines
 (in place, no restart), every prompt group is trained once, and no process of the run
 (workers, vLLM's EngineCore and worker processes) outlives it. Run by .ci/engine_vllm."""
+import math
+
 import pytest
 
 pytest.importorskip("vllm", reason="the vLLM suite runs in the vLLM venv (.ci/engine_vllm)")
@@ -54,3 +56,18 @@ def test_an_openai_agent_trains_on_vllm_the_ids_vllm_produced(tmp_path, monkeypa
 
 def test_a_model_vllm_cannot_serve_is_one_line_and_rc_2(tmp_path):
     refuses_a_model_it_cannot_serve(tmp_path, "vllm")
+
+
+def test_the_log_prob_mismatch_of_vllm_is_reported_and_corrected(tmp_path):
+    """algorithm.rollout_correction tis on vLLM: every step's row has the gap of vLLM's
+    log-probs to the trainer's weights over its loss tokens (tagged vllm, finite), and the
+    fraction of tokens whose weight the cap truncated."""
+    rows, _ = _train(tmp_path / "run", f"run.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
+                     "rollout.max_new_tokens=32", "rollout.num_ranks=1", "algorithm.rollout_correction=tis")
+    for r in rows:
+        m = r["mismatch"]
+        print(f"step {r['step']}: mismatch {m}, rollout_capped_frac {r['rollout_capped_frac']}")
+        assert m["backend"] == "vllm" and m["tokens"] > 0 and m["nonfinite"] == 0
+        assert all(math.isfinite(m[k]) for k in ("abs_mean", "abs_max", "mean", "kl", "kl_seq", "k3"))
+        assert 0 <= m["abs_mean"] <= m["abs_max"] and m["k3"] >= 0
+        assert 0 <= r["rollout_capped_frac"] <= 1

@@ -152,12 +152,14 @@ def static_pool_rollout(cfg: Any, m: ModelConfig, s: Shape, fraction: float, tp:
 
 def native_inference(cfg: Any, m: ModelConfig, s: Shape) -> tuple[dict, dict]:
     """The native inference engine: policy weights (and the reference's with a KL
-    term), a no-grad forward of one micro-batch: one layer's activations and the
-    logits, their fp32 copy and logsumexp's (inference/logprobs.py)."""
+    term, a teacher's with algorithm.teacher), a no-grad forward of one micro-batch: one
+    layer's activations and the logits, their fp32 copy and logsumexp's (inference/logprobs.py)."""
     d = s.native_dtype_bytes
     weights = {"weights": f.weight_bytes(m, d)}
     if cfg.with_ref:
         weights["reference weights"] = f.weight_bytes(m, d)
+    if cfg.algorithm.teacher is not None:
+        weights["teacher weights"] = f.weight_bytes(cfg.algorithm.teacher.config(), d)
     tokens = cfg.inference.micro_batch_size * s.seq_len
     act = f.layer_activation_bytes(m, tokens, d) + f.logits_bytes(m, tokens, d + 4 + 4 * (d != 4))
     return weights, {"activations": act}

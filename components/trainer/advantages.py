@@ -12,6 +12,9 @@ trainer/native/objectives.py. Sources, per objective:
     rloo          r_i - mean_{j != i} r_j            Ahmadian et al. 2024, arXiv 2402.14740 (`rloo_advantages`)
     reinforce_pp  per token, KL-shaped returns,      Hu 2025, REINFORCE++, arXiv 2501.03262
                   whitened over the whole batch      (`reinforce_pp_returns`, `whiten`)
+    opd           per token, teacher - student       on-policy distillation: Agarwal et al. 2024,
+                  log-prob (no reward)               GKD, arXiv 2306.13649; Thinking Machines 2025
+                                                     (`opd_advantages`)
 
 Group-wise objectives see only one group, so a data-parallel rank's part (whole
 groups: TrainBatch.shard) gets the advantages of the whole batch. REINFORCE++'s
@@ -111,8 +114,8 @@ def group_advantages_for(config: TrainerConfig, rewards: Sequence[float], length
         return dr_grpo_advantages(rewards)
     if name == "rloo":
         return rloo_advantages(rewards)
-    if name == "reinforce_pp":
-        return [0.0] * len(rewards)
+    if name in ("reinforce_pp", "opd"):
+        return [0.0] * len(rewards)  # (opd's come from the teacher, not the rewards)
     raise ValueError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
 
 
@@ -139,6 +142,40 @@ def reinforce_pp_returns(rewards: Sequence[float], old_logprobs: Sequence[Sequen
         tail = np.cumsum(np.asarray(kl[::-1], dtype=np.float64))[::-1]  # sum_{s >= t} KL_s
         out.append([r - beta * float(tail[t]) if m else 0.0 for t, m in enumerate(mask)])
     return out
+
+
+def opd_advantages(old_logprobs: Sequence[Sequence[float]], teacher_logprobs: Sequence[Sequence[float]],
+                   masks: Sequence[Sequence[int]]) -> list[list[float]]:
+    """On-policy distillation's per-token advantage: the negative of the per-token
+    reverse KL from the student to the teacher, on the student's own samples
+
+        A_t = -(log pi_student(y_t) - log pi_teacher(y_t)) = log pi_teacher(y_t) - log pi_old(y_t)
+
+    with discount 0 (each token its own; no sum over the tokens after it) and no reward.
+    The policy gradient with these advantages, at ratio 1, is -sum_t A_t grad log pi(y_t):
+    a single-sample estimate of the gradient of KL(pi || pi_teacher), the reverse KL, which
+    is mode-seeking (Agarwal et al. 2024, "On-Policy Distillation of Language Models:
+    Learning from Self-Generated Mistakes" (GKD), arXiv 2306.13649, with divergence reverse
+    KL and student-generated data; Thinking Machines, "On-Policy Distillation", 2025, and
+    tinker-cookbook's distillation/train_on_policy.py incorporate_kl_penalty, which takes
+    kl_penalty_coef 1 and kl_discount_factor 0 by default). The student's log-probs are
+    old_logprobs, the trainer's own weights (tinker-cookbook takes the sampler's; the
+    rollout engine's gap to them is the step's `mismatch`). Tokens with mask 0 (tool
+    observations) get 0."""
+    out = []
+    for old, teacher, mask in zip(old_logprobs, teacher_logprobs, masks, strict=True):
+        if not len(old) == len(teacher) == len(mask):
+            raise ValueError(f"old ({len(old)}) and teacher ({len(teacher)}) log-probs and mask ({len(mask)}) "
+                             "must cover the same tokens")
+        out.append([float(np.float32(t - o)) if m else 0.0 for o, t, m in zip(old, teacher, mask)])
+    return out
+
+
+def opd_batch_advantages(batch: TrainBatch) -> list[list[float]]:
+    """`opd_advantages` of a batch: its old and teacher log-probs and loss masks."""
+    if batch.teacher_logprobs is None or batch.old_logprobs is None:
+        raise ValueError("objective opd needs the batch's teacher_logprobs and old_logprobs (algorithm.teacher)")
+    return opd_advantages(batch.old_logprobs, batch.teacher_logprobs, response_masks(batch))
 
 
 def whiten(values: Sequence[Sequence[float]], masks: Sequence[Sequence[int]], eps: float,
@@ -184,6 +221,8 @@ def batch_advantages(config: TrainerConfig, batch: TrainBatch, reduce: Reduce | 
     trainer/native/losses.py step_advantages keeps those): per sample, group by group
     (`group_advantages_for`), or per response token (reinforce_pp, whitened over every
     rank's tokens by `reduce`)."""
+    if config.objective == "opd":
+        return opd_batch_advantages(batch)
     assert batch.rewards is not None and batch.group_ids is not None  # (TrainBatch checks rewards have groups)
     if config.objective == "reinforce_pp":
         masks = response_masks(batch)

@@ -16,9 +16,13 @@ from dynarl.components.trainer.lr_schedule import check_schedule
 from dynarl.components.trainer.native.packing import balance_parts
 
 
-Objective = Literal["grpo", "dr_grpo", "gspo", "dapo", "rloo", "reinforce_pp", "cispo"]
+Objective = Literal["grpo", "dr_grpo", "gspo", "dapo", "rloo", "reinforce_pp", "cispo", "opd"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 """The RL objectives (algorithm.name): trainer/advantages.py, trainer/native/objectives.py."""
+
+RolloutCorrection = Literal["none", "tis", "mis"]
+ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
+"""How the loss weighs tokens by exp(old - rollout log-prob): trainer/native/rollout_correction.py."""
 
 STATE_NAMES = ("master", "exp_avg", "exp_avg_sq", "grad")
 """The sharded per-element state of a ZeRO-1 rank: fp32 master copy of the
@@ -47,6 +51,8 @@ class TrainBatch:
     exp(old - behav) (decoupled PPO, losses.py). None = the same policy as old_logprobs."""
     ref_logprobs: list[list[float]] | None = None
     """Log-probs of the reference policy, needed when kl_coef > 0."""
+    teacher_logprobs: list[list[float]] | None = None
+    """Log-probs of a teacher (objective opd: its advantages, teacher - old, per token)."""
     rewards: list[float] | None = None
     """Per-sample rewards; turned into GRPO advantages within `group_ids`."""
     advantages: list[float] | list[list[float]] | None = None
@@ -66,7 +72,8 @@ class TrainBatch:
         for i, (ids, plen) in enumerate(zip(self.input_ids, self.prompt_lens)):
             if not 1 <= plen <= len(ids):
                 raise ValueError(f"prompt_lens[{i}]={plen} must be in [1, len(input_ids[{i}])={len(ids)}]")
-        for name in ("response_mask", "old_logprobs", "behav_logprobs", "ref_logprobs", "returns", "old_values"):
+        for name in ("response_mask", "old_logprobs", "behav_logprobs", "ref_logprobs", "teacher_logprobs", "returns",
+                     "old_values"):
             self._check_per_token(name, getattr(self, name))
         if self.behav_logprobs is not None and self.old_logprobs is None:
             raise ValueError("behav_logprobs needs old_logprobs (the proximal policy's)")
@@ -310,7 +317,18 @@ class TrainerConfig:
     behav_weight_cap: float = 5.0
     """Decoupled PPO (batches with behav_logprobs): tokens whose behaviour weight
     exp(old - behav) exceeds it are left out of the loss (AReaL's behav_imp_weight_cap;
-    5 in its asynchronous examples). Must be > 1."""
+    5 in its asynchronous examples). Must be > 1. A rollout_correction other than none
+    replaces this handling of the weight with its own."""
+    rollout_correction: RolloutCorrection = "none"
+    """How the loss weighs each token by w = exp(old - rollout log-prob), the rollout
+    engine's numerics (and, with staleness, its older weights) against the trainer's
+    (trainer/native/rollout_correction.py): none (batches with behav_logprobs: decoupled
+    PPO's cap above), tis (min(w, rollout_correction_cap)) or mis (w, and 0 where w >
+    rollout_correction_cap). dynarl train sets it from algorithm.rollout_correction (a value
+    given is replaced)."""
+    rollout_correction_cap: float = 2.0
+    """tis and mis: the cap on w; >= 1. Set from algorithm.rollout_correction_cap (a value given
+    is replaced, as rollout_correction's)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL estimate to the reference policy; > 0 needs ref_logprobs."""
     entropy_coef: float = 0.0
@@ -347,6 +365,11 @@ class TrainerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.behav_weight_cap > 1:
             raise ValueError(f"behav_weight_cap must be > 1, got {self.behav_weight_cap}")
+        if self.rollout_correction not in ROLLOUT_CORRECTIONS:
+            raise ValueError(f"rollout_correction must be one of {', '.join(ROLLOUT_CORRECTIONS)}, "
+                             f"got {self.rollout_correction!r}")
+        if not self.rollout_correction_cap >= 1:
+            raise ValueError(f"rollout_correction_cap must be >= 1, got {self.rollout_correction_cap}")
         if not 0 <= self.clip_eps_low < 1 and not (self.objective == "cispo" and self.clip_eps_low == 1):
             raise ValueError(f"clip_eps_low must be in [0, 1) (cispo: [0, 1]), got {self.clip_eps_low}")
         if self.objective not in OBJECTIVES:

@@ -27,6 +27,9 @@ class TrainMetrics:
     entropy: float = 0.0
     clip_frac: float = 0.0
     """Tokens whose policy ratio the PPO clip held."""
+    rollout_capped_frac: float = 0.0
+    """Tokens whose rollout-correction weight exp(old - rollout) the cap truncated (tis) or
+    dropped (mis; decoupled PPO's behav_weight_cap): trainer/native/rollout_correction.py."""
     value_clip_frac: float = 0.0
     """A critic's: values the value clip held."""
     update_skipped: bool = False

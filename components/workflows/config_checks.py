@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dynarl.components.placement.embodied import place
 from dynarl.components.placement.plan import COMPONENTS, PlacementError, pools_for
@@ -104,6 +104,12 @@ def check_algorithm(cfg: TrainConfig) -> None:
         raise ConfigError("algorithm.max_staleness", f"algorithm.name {a.name} weighs tokens against the "
                                                      "policy that sampled them (no decoupled correction): set "
                                                      "max_staleness 0 and rollout.oversample 1")
+    check_distill(cfg)
+    if a.rollout_correction != "none":
+        if cfg.workflow == "embodied":
+            raise ConfigError("algorithm.rollout_correction", "workflow embodied trains its own learner's loss on "
+                                                              "its own samples: set none")
+        _one_temperature(cfg, "algorithm.rollout_correction")
     if a.clip_eps_low == 1 and a.name != "cispo":
         raise ConfigError("algorithm.clip_eps_low", "1 (no lower bound) is for cispo's IS weight; a PPO ratio "
                                                     "clip must be below 1")
@@ -142,6 +148,46 @@ def check_dynamic_sampling(cfg: TrainConfig) -> None:
     if cfg.scheduler.policy != "static":
         raise ConfigError(field_, "refills the rollout while it runs, which scheduler.policy "
                                   f"{cfg.scheduler.policy!r} does not yet plan for: use static")
+
+
+def check_distill(cfg: TrainConfig) -> None:
+    """algorithm.name opd distils from algorithm.teacher, which reads the policy's tokens;
+    a teacher is for opd alone."""
+    a = cfg.algorithm
+    if a.name == "opd" and a.teacher is None:
+        raise ConfigError("algorithm.teacher", "algorithm.name opd distils from a teacher: set algorithm.teacher.path "
+                                               "(an HF folder, e.g. one `dynarl export` wrote) or "
+                                               "algorithm.teacher.name (a built-in model)")
+    if a.teacher is None:
+        return
+    if a.name != "opd":
+        raise ConfigError("algorithm.teacher", f"a teacher is for algorithm.name opd, not {a.name}: leave it null")
+    if a.teacher.lora.enabled:
+        raise ConfigError("algorithm.teacher.lora.rank", "the teacher is frozen (nothing of it trains): set it 0")
+    _same_tokens(cfg.model, a.teacher, "algorithm.teacher", "the teacher scores the policy's tokens")
+
+
+def _same_tokens(model: Any, other: Any, field_: str, why: str) -> None:
+    """`other` (a ModelSpec) reads `model`'s token ids: the same vocabulary and tokenizer."""
+    mine, theirs = model.config().vocab_size, other.config().vocab_size
+    if mine != theirs or _tokenizer_key(other) != _tokenizer_key(model):
+        raise ConfigError(field_, f"{why}: its tokenizer must be the policy's (vocab {theirs} vs the policy's "
+                                  f"{mine}, or other tokenizer files)")
+
+
+def _tokenizer_key(spec: Any) -> tuple:
+    """What encodes a spec's text: a character tokenizer's alphabet (a built-in model's,
+    or the char_tokenizer.json `dynarl export` writes for one), else its tokenizer files."""
+    from dynarl.components.model.tokenizer import CHAR_TOKENIZER_FILE, DEFAULT_ALPHABET
+    if spec.path is None:
+        return ("char", DEFAULT_ALPHABET)
+    files = _tokenizer_files(spec.path)
+    char = os.path.join(spec.path, CHAR_TOKENIZER_FILE)
+    if not files and os.path.isfile(char):
+        import json
+        with open(char) as f:
+            return ("char", json.load(f).get("alphabet"))
+    return ("files", files)
 
 
 def check_lora(cfg: TrainConfig) -> None:
@@ -347,12 +393,7 @@ def check_ppo(cfg: TrainConfig) -> None:
     _on_policy(cfg, "workflow ppo is on-policy for now")
     critic = cfg.critic.model
     if critic is not None and critic != cfg.model:
-        mine, theirs = cfg.model.config().vocab_size, critic.config().vocab_size
-        if mine != theirs or (critic.path is None) != (cfg.model.path is None) or (
-                critic.path is not None and _tokenizer_files(critic.path) != _tokenizer_files(cfg.model.path)):
-            raise ConfigError("critic.model", f"the critic reads the policy's tokens: its tokenizer must be "
-                                              f"the policy's (vocab {theirs} vs the policy's {mine}, or other "
-                                              "tokenizer files)")
+        _same_tokens(cfg.model, critic, "critic.model", "the critic reads the policy's tokens")
 
 
 def _tokenizer_files(folder: str) -> dict[str, bytes]:

@@ -180,6 +180,13 @@ class GRPO(Job):
         return self.pipeline.stats
 
     @property
+    def behaviour(self) -> bool:
+        """Batches carry the rollout's own log-probs (behav_logprobs): an older policy made
+        them (the batch source's: overlapped or partial steps), or the loss corrects for the
+        rollout engine's numerics (algorithm.rollout_correction)."""
+        return self.batches.behaviour or self.cfg.trainer.engine.rollout_correction != "none"
+
+    @property
     def partial(self) -> Partial | None:
         """rollout.oversample > 1: more groups generate than a step trains (partial.py)."""
         return self.batches if isinstance(self.batches, Partial) else None

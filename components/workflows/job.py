@@ -150,7 +150,8 @@ class Job:
                         "backend": cfg.rollout.backend, "backend_config": rollout_backend, **self.rollout_init()},
             "inference": {"model": model, "micro_batch_size": cfg.inference.micro_batch_size, "with_ref": cfg.with_ref,
                           "bucket_bytes": bucket, "shares_device": "inference" in shared,
-                          "backend": cfg.inference.backend, "backend_config": cfg.inference.emulated},
+                          "backend": cfg.inference.backend, "backend_config": cfg.inference.emulated,
+                          "teacher": cfg.algorithm.teacher},
             "trainer": {"model": model, "engine": cfg.trainer.engine, "warmup_lr": cfg.trainer.warmup.lr,
                         "bucket_bytes": bucket, "shares_device": "trainer" in shared,
                         "backend": cfg.trainer.backend, "backend_config": trainer_backend}}

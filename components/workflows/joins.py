@@ -80,7 +80,7 @@ class StepRanks:
             elif component == "trainer":
                 results = await group.on([position]).call(TrainerWorker.train_stream, inbox, None,
                                                           with_ref=self.wf.cfg.with_ref,
-                                                          behaviour=self.wf.partial is not None)
+                                                          behaviour=self.wf.behaviour)
             else:
                 raise ValueError(f"no rank joins a running {component} stage")
             return results[0]

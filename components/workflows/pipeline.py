@@ -177,7 +177,7 @@ class StepPipeline:
             trainer = self._stage(live, "trainer", stage(
                 h.ctl, h.g.trainer, TrainerWorker.train_stream, get="experience", after=inference,
                 gate=live.gates.get("trainer"), clock=h.clock, label=label, with_ref=h.cfg.with_ref,
-                behaviour=source.behaviour))
+                behaviour=h.behaviour))
             *results, inference_stats, trainer_stats = await self.run_stages(
                 live, label, [*opened.work, inference, trainer])
             trained = experience.Trained.merge([r.trained for r in trainer_stats])
@@ -193,7 +193,7 @@ class StepPipeline:
         ids = experience.sample_ids(opened.batch)
         check_trained(h.ledger, step, ids, trained)
         if not streaming:  # the barrier trainer's one step on the batch
-            batch = h.train_batch(groups, behaviour=source.behaviour)
+            batch = h.train_batch(groups, behaviour=h.behaviour)
             devices, begun = len(h.g.trainer.devices), time.perf_counter()
             train = await h.train(batch, label)
             train_s = time.perf_counter() - begun
@@ -226,7 +226,8 @@ class StepPipeline:
                                       measured=measured, last=step + 1 == h.cfg.run.steps)
         await h.sync_weights(step + 1, label)
         return step_metrics(step, result.trained, result.train, stats.rollout, stats.reward,
-                            h.clock.durations(label), time.perf_counter() - started) \
+                            h.clock.durations(label), time.perf_counter() - started,
+                            inference_stats=stats.inference, rollout_backend=h.cfg.rollout.backend) \
             | timed | extra | devices | h.fleet_metrics(step + 1)
 
     def _stage(self, live: LiveStep, component: str, work: Awaitable[list[Any]]) -> asyncio.Future:

@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from dynarl.components.trainer.base import Objective, TrainerConfig
+from dynarl.components.model.spec import ModelSpec
+from dynarl.components.trainer.base import Objective, RolloutCorrection, TrainerConfig
 from dynarl.components.workflows.config_checks import whole_number
 
 if TYPE_CHECKING:
@@ -115,7 +116,9 @@ class AlgorithmSection:
     reward shaping (arXiv 2503.14476). rloo: leave-one-out baseline r_i - mean of the others
     (arXiv 2402.14740). reinforce_pp: per-token returns with a KL penalty (weight
     trainer.engine.kl_coef), whitened over the batch (arXiv 2501.03262). cispo: REINFORCE
-    weighted by the clipped importance weight, which carries no gradient (arXiv 2506.13585)."""
+    weighted by the clipped importance weight, which carries no gradient (arXiv 2506.13585).
+    opd: on-policy distillation from algorithm.teacher, per-token advantage teacher - student
+    log-prob (the negative reverse KL, discount 0, no reward; arXiv 2306.13649), grpo's loss."""
     clip_eps_low: float | None = None
     """The ratio's clip below, in [0, 1] (gspo: the sequence ratio's; cispo: the IS weight's, 1
     = no lower bound). null: gspo 3e-4 and cispo 1 (their papers'), the others
@@ -152,9 +155,26 @@ class AlgorithmSection:
     its own (placement spatial, or hybrid with rollout in a pool alone). With partial
     rollout (rollout.oversample > 1) steps do not overlap, and k >= 1 bounds how many
     versions behind a carried group's oldest token may be when it is trained."""
+    rollout_correction: RolloutCorrection = "none"
+    """Weigh each token's policy term by w = exp(old - rollout log-prob), the trainer's
+    probability of the token over the rollout engine's (trainer/native/rollout_correction.py).
+    none: no weight on-policy (with max_staleness > 0, decoupled PPO's, capped at
+    trainer.engine.behav_weight_cap). tis: truncated, min(w, cap) (verl's rollout_is
+    truncate, TRL's vllm_importance_sampling_correction token_truncate). mis: masked, tokens
+    with w > cap leave the loss (verl's mask mode, TRL's token_mask). Per token, not per
+    sequence. Needs rollout.temperature 1. The step's rollout_capped_frac counts the tokens
+    the cap acted on; its `mismatch` metrics show the gap either way."""
+    rollout_correction_cap: float = 2.0
+    """tis and mis: the cap C on the weight, >= 1 (verl's rollout_is_threshold 2.0)."""
+    teacher: ModelSpec | None = None
+    """opd: the teacher, an HF folder (path, e.g. what `dynarl export` wrote from a trained
+    run) or a built-in spec; its vocabulary and tokenizer must be the model's. The inference
+    ranks hold it beside the policy and score every sample with it (teacher_logprobs)."""
 
     def __post_init__(self) -> None:
         whole_number(self, "max_staleness")
+        if not self.rollout_correction_cap >= 1:
+            raise ValueError(f"rollout_correction_cap must be >= 1, got {self.rollout_correction_cap}")
         if self.clip_eps_low is not None and not 0 <= self.clip_eps_low <= 1:
             raise ValueError(f"clip_eps_low must be in [0, 1], got {self.clip_eps_low}")
         if self.clip_eps_high is not None and self.clip_eps_high < 0:
@@ -173,7 +193,8 @@ class AlgorithmSection:
     def trainer_engine(self, engine: TrainerConfig, max_new_tokens: int, workflow: str) -> TrainerConfig:
         """trainer.engine with this objective in it (TrainerConfig crosses to the trainer and
         the reward stages): the name, the clip range (this section's, else the objective's
-        own, else the engine's), max_new_tokens as the objective's length and dapo's buffer."""
+        own, else the engine's), max_new_tokens as the objective's length and dapo's buffer,
+        the rollout correction."""
         own_low, own_high = OWN_CLIP.get(self.name, (None, None))
         low = next(v for v in (self.clip_eps_low, own_low, engine.clip_eps_low) if v is not None)
         high = next(v for v in (self.clip_eps_high, own_high, engine.clip_eps_high) if v is not None)
@@ -183,5 +204,6 @@ class AlgorithmSection:
                 (max_new_tokens // 5 if workflow == "grpo" else 0)
         return dataclasses.replace(engine, objective=self.name, clip_eps_low=low, clip_eps_high=high,
                                    max_response_len=max_new_tokens, overlong_buffer=buffer,
-                                   overlong_penalty=self.overlong_penalty)
+                                   overlong_penalty=self.overlong_penalty, rollout_correction=self.rollout_correction,
+                                   rollout_correction_cap=self.rollout_correction_cap)
 

@@ -1,11 +1,14 @@
-"""One line of metrics.jsonl per step: rewards, lengths, throughput, stage times."""
+"""One line of metrics.jsonl per step: rewards, lengths, throughput, stage times; the
+rollout engine's log-prob gap to the trainer's weights (`mismatch`, tagged with the
+rollout backend) and a teacher's to the student's (`teacher`, opd): inference/gap.py."""
 from __future__ import annotations
 
 import time
 from typing import Any, Sequence
 
 from dynarl.components.experience import Trained
-from dynarl.components.stage_results import RewardStats, RolloutStats
+from dynarl.components.inference.gap import LogprobGap, mismatch_metrics, teacher_metrics
+from dynarl.components.stage_results import InferenceStats, RewardStats, RolloutStats
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.core.scheduler.log import DeviceCounts, device_stats
 
@@ -13,7 +16,8 @@ STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 
 
 def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats: Sequence[RolloutStats],
-                 reward_stats: Sequence[RewardStats], stage_s: dict[str, float], step_time_s: float) -> dict[str, Any]:
+                 reward_stats: Sequence[RewardStats], stage_s: dict[str, float], step_time_s: float, *,
+                 inference_stats: Sequence[InferenceStats] = (), rollout_backend: str = "") -> dict[str, Any]:
     rewards = trained.rewards
     lengths = sorted(trained.lengths)
     tokens = sum(r.tokens for r in rollout_stats)
@@ -40,9 +44,11 @@ def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats
         "staleness_max": max(step - v for v in trained.versions),
         "staleness_mean": sum(step - v for v in trained.versions) / n,
         "loss": train.loss, "entropy": train.entropy, "grad_norm": train.grad_norm,
-        "kl": train.kl, "clip_frac": train.clip_frac,
+        "kl": train.kl, "clip_frac": train.clip_frac, "rollout_capped_frac": train.rollout_capped_frac,
         "verifier": reward_stats[0].verifier,
         "time": time.time(),
+        **mismatch_metrics(LogprobGap.merge([s.rollout_gap for s in inference_stats]), rollout_backend),
+        **teacher_metrics(LogprobGap.merge([s.teacher_gap for s in inference_stats])),
     }
 
 

@@ -12,8 +12,9 @@ MegatronConfig if nobody did. A step, on every rank:
                                            Qwen3's q/k norm gradients summed over TP
     optimizer.step()                       clip, Adam; returns the pre-clip grad norm
 
-The loss math is the native trainer's (losses.grpo_loss on the same micro-batches),
-so both backends train the same objective; tests check the gradients agree.
+The loss math is the native trainer's (losses.grpo_loss on the same micro-batches,
+its rollout correction, algorithm.rollout_correction, included), so both backends
+train the same objective; tests check the gradients agree.
 Pipeline parallelism is not implemented for training (MegatronConfig refuses it).
 
 The optimizer is megatron-core's (GPU; core_optimizer.CoreOptimizer exports its
@@ -33,7 +34,7 @@ from dynarl.components.model.config import ModelConfig
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.lr_schedule import lr_at
 from dynarl.components.trainer.metrics import TrainMetrics
-from dynarl.components.trainer.native.losses import micro_batch_loss, step_advantages
+from dynarl.components.trainer.native.losses import GRPOLoss, micro_batch_loss, step_advantages
 from dynarl.components.trainer.native.micro_batch import MicroBatch, build_micro_batch
 from dynarl.components.trainer.megatron import checkpoint
 from dynarl.components.trainer.megatron.adamw import LocalAdamW
@@ -138,7 +139,7 @@ class MegatronTrainer:
         self.ddp.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        sums = torch.zeros(5, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(len(GRPOLoss._fields), dtype=torch.float64, device=self.device)
         for start in range(0, len(batch), cfg.micro_batch_size):
             rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
             mb = build_micro_batch(batch, advantages, rows, self.device)
@@ -150,8 +151,9 @@ class MegatronTrainer:
         success, grad_norm, _ = self.optimizer.step()
         self._dp_sum(sums)
         self.global_step += 1
-        loss, pg_loss, kl, entropy, clip_frac = sums.tolist()
+        loss, pg_loss, kl, entropy, clip_frac, capped = sums.tolist()
         return TrainMetrics(loss=loss, pg_loss=pg_loss, kl=kl, entropy=entropy, clip_frac=clip_frac,
+                            rollout_capped_frac=capped,
                             grad_norm=float(grad_norm if grad_norm is not None else float("nan")),
                             tokens=num_tokens, step=self.global_step, update_skipped=not success)
 

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from dynarl.components.trainer.native.rollout_correction import correct
+
 
 def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Group-normalised advantages, one per sample.
@@ -67,12 +69,10 @@ def decoupled_policy_gradient_loss(logprobs: torch.Tensor, prox_logprobs: torch.
     log-prob of -inf) are left out, as AReaL's behav_imp_weight_cap does (verl's
     truncated IS clamps them instead); they stay in the token-mean's denominator and
     count as not clipped. With behav = prox every weight is exactly 1 and this is
-    `policy_gradient_loss`, bit for bit."""
+    `policy_gradient_loss`, bit for bit. (rollout_correction.py's mis at weight_cap.)"""
     pg, is_clipped = policy_gradient_loss(logprobs, prox_logprobs, advantages, clip_eps_low, clip_eps_high)
-    weight = torch.exp(prox_logprobs - behav_logprobs).detach()
-    kept = (weight <= weight_cap) & torch.isfinite(weight)
-    # zero the weight itself (not the product): 0 * inf in the backward pass would be NaN
-    return pg * torch.where(kept, weight, torch.zeros_like(weight)), is_clipped & kept
+    pg, is_clipped, _ = correct(pg, is_clipped, prox_logprobs, behav_logprobs, "none", weight_cap, weight_cap)
+    return pg, is_clipped
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -105,6 +105,8 @@ class GRPOLoss(NamedTuple):
     kl: torch.Tensor
     entropy: torch.Tensor
     clip_frac: torch.Tensor
+    rollout_capped_frac: torch.Tensor
+    """Tokens whose rollout-correction weight the cap truncated or dropped (rollout_correction.py)."""
 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -112,27 +114,27 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
               ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
               entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
               num_tokens: float | None = None, behav_logprobs: torch.Tensor | None = None,
-              behav_weight_cap: float = 5.0) -> GRPOLoss:
+              behav_weight_cap: float = 5.0, rollout_correction: str = "none",
+              rollout_correction_cap: float = 2.0) -> GRPOLoss:
     """The GRPO objective, token-mean over `mask`:
 
         loss = mean_t[ pg_t ] + kl_coef * mean_t[ k3_t ] - entropy_coef * mean_t[ H_t ]
 
-    with pg_t from `policy_gradient_loss` (or, given the behaviour policy's
-    log-probs, `decoupled_policy_gradient_loss` with old_logprobs as the proximal
-    policy) and k3_t from `kl_k3`. Terms whose inputs are missing are reported as 0.
+    with pg_t from `policy_gradient_loss`, given the rollout's (behaviour policy's)
+    log-probs weighed by rollout_correction.py's `correct` (old_logprobs the
+    proximal policy; rollout_correction none: `decoupled_policy_gradient_loss`), and
+    k3_t from `kl_k3`. Terms whose inputs are missing are reported as 0.
     """
-    if behav_logprobs is None:
-        pg, is_clipped = policy_gradient_loss(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high)
-    else:
-        pg, is_clipped = decoupled_policy_gradient_loss(logprobs, old_logprobs, behav_logprobs, advantages,
-                                                        clip_eps_low, clip_eps_high, behav_weight_cap)
+    pg, is_clipped = policy_gradient_loss(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high)
+    pg, is_clipped, capped = correct(pg, is_clipped, old_logprobs, behav_logprobs, rollout_correction,
+                                     rollout_correction_cap, behav_weight_cap)
     pg_loss = token_mean(pg, mask, num_tokens)
     zero = pg_loss.new_zeros(())
     kl = token_mean(kl_k3(logprobs, ref_logprobs), mask, num_tokens) if ref_logprobs is not None else zero
     ent = token_mean(entropy, mask, num_tokens) if entropy is not None else zero
     loss = pg_loss + kl_coef * kl - entropy_coef * ent
     clip_frac = token_mean(is_clipped.to(pg.dtype), mask, num_tokens)
-    return GRPOLoss(loss, pg_loss, kl, ent, clip_frac)
+    return GRPOLoss(loss, pg_loss, kl, ent, clip_frac, token_mean(capped.to(pg.dtype), mask, num_tokens))
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
@@ -201,4 +203,6 @@ def micro_batch_loss(logprobs, entropy, mb, config, num_tokens: int):
                      clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high,
                      ref_logprobs=mb.ref_logprobs, kl_coef=config.kl_coef,
                      entropy=entropy, entropy_coef=config.entropy_coef, num_tokens=num_tokens,
-                     behav_logprobs=mb.behav_logprobs, behav_weight_cap=config.behav_weight_cap)
+                     behav_logprobs=mb.behav_logprobs, behav_weight_cap=config.behav_weight_cap,
+                     rollout_correction=config.rollout_correction,
+                     rollout_correction_cap=config.rollout_correction_cap)

@@ -9,14 +9,22 @@ over the batch as in grpo (reinforce_pp: the KL is in its advantages, the k3 ter
 reported only). Advantages: trainer/advantages.py.
 
     objective     policy term per token                      aggregation over the batch
-    grpo, dapo,   PPO-clip (losses.policy_gradient_loss;     token-mean
-    rloo,         decoupled PPO with behav_logprobs)
-    reinforce_pp
+    grpo, dapo,   PPO-clip (losses.policy_gradient_loss)     token-mean
+    rloo,
+    reinforce_pp,
+    opd
     dr_grpo       PPO-clip                                   token sum / (B * L)
     gspo          sequence ratio, clipped per sequence       mean over the B sequences
     cispo         -sg(clip(ratio)) * A * logprob            token-mean
 
 B: the global batch's samples with a loss token; L: max_response_len (rollout.max_new_tokens).
+opd's advantages are per token, teacher - old log-prob (advantages.py opd_advantages):
+its loss is grpo's.
+
+Every objective's per-token policy term is then weighed by the rollout's log-probs when
+the batch has them (behav_logprobs: rollout_correction.py `correct`): tis or mis
+(rollout_correction), or decoupled PPO's cap (none, with max_staleness > 0);
+`rollout_capped_frac` reports the tokens whose weight the cap truncated or dropped.
 
 Where this departs from a paper: rloo and reinforce_pp put their advantages into grpo's
 PPO-clip token-mean surrogate (as verl and OpenRLHF do); the RLOO paper optimises plain
@@ -24,7 +32,7 @@ REINFORCE with one action per completion, which on-policy (ratio 1) is the same 
 per token but weighs samples by their token count differently. DAPO and CISPO drop the KL
 term: leave trainer.engine.kl_coef at 0 for them. Streaming (trainer.streaming) cannot
 take dr_grpo, gspo or reinforce_pp (advantages.WHOLE_BATCH); gspo and cispo take no
-behaviour policy (algorithm.max_staleness 0).
+stale behaviour policy (algorithm.max_staleness 0), only a rollout correction's.
 """
 from __future__ import annotations
 
@@ -33,10 +41,10 @@ import torch
 from dynarl.components.trainer import advantages as adv
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.native import losses
-from dynarl.components.trainer.native.losses import (GRPOLoss, decoupled_policy_gradient_loss, kl_k3,
-                                                     policy_gradient_loss, token_mean)
+from dynarl.components.trainer.native.losses import GRPOLoss, kl_k3, policy_gradient_loss, token_mean
+from dynarl.components.trainer.native.rollout_correction import correct
 
-PPO_TOKEN_MEAN = ("grpo", "dapo", "rloo")
+PPO_TOKEN_MEAN = ("grpo", "dapo", "rloo", "opd")
 """Objectives whose loss is grpo's (losses.micro_batch_loss); only their advantages (and
 dapo's clip range) differ."""
 
@@ -92,15 +100,17 @@ def cispo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advant
     return -weight * advantages * logprobs, is_clipped
 
 
-def _terms(pg_loss: torch.Tensor, is_clipped: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor,
-           ref_logprobs: torch.Tensor | None, kl_coef: float, entropy: torch.Tensor | None,
+def _terms(pg_loss: torch.Tensor, is_clipped: torch.Tensor, capped: torch.Tensor, logprobs: torch.Tensor,
+           mask: torch.Tensor, ref_logprobs: torch.Tensor | None, kl_coef: float, entropy: torch.Tensor | None,
            entropy_coef: float, num_tokens: float) -> GRPOLoss:
-    """A policy term with grpo's others: k3 KL, entropy and clip_frac as token-means."""
+    """A policy term with grpo's others: k3 KL, entropy, clip_frac and rollout_capped_frac
+    as token-means."""
     zero = pg_loss.new_zeros(())
     kl = token_mean(kl_k3(logprobs, ref_logprobs), mask, num_tokens) if ref_logprobs is not None else zero
     ent = token_mean(entropy, mask, num_tokens) if entropy is not None else zero
     loss = pg_loss + kl_coef * kl - entropy_coef * ent
-    return GRPOLoss(loss, pg_loss, kl, ent, token_mean(is_clipped.to(pg_loss.dtype), mask, num_tokens))
+    return GRPOLoss(loss, pg_loss, kl, ent, token_mean(is_clipped.to(pg_loss.dtype), mask, num_tokens),
+                    token_mean(capped.to(pg_loss.dtype), mask, num_tokens))
 
 
 def objective_loss(objective: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -108,45 +118,53 @@ def objective_loss(objective: str, logprobs: torch.Tensor, old_logprobs: torch.T
                    num_samples: int = 0, max_response_len: int = 0, sample_index: torch.Tensor | None = None,
                    ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
                    entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                   behav_logprobs: torch.Tensor | None = None, behav_weight_cap: float = 5.0) -> GRPOLoss:
+                   behav_logprobs: torch.Tensor | None = None, behav_weight_cap: float = 5.0,
+                   rollout_correction: str = "none", rollout_correction_cap: float = 2.0) -> GRPOLoss:
     """The terms of `objective` over these tokens, each term's share of the batch's:
     `num_tokens` is the batch's loss tokens, `num_samples` its samples with a loss token
-    (B: dr_grpo, gspo). grpo, dapo and rloo give losses.grpo_loss's terms."""
+    (B: dr_grpo, gspo). grpo, dapo, rloo and opd give losses.grpo_loss's terms. Given
+    the rollout's log-probs (`behav_logprobs`), each token's policy term is weighed by
+    them (rollout_correction.py `correct`)."""
     if objective in ("dr_grpo", "gspo") and num_samples < 1:
         raise ValueError(f"{objective} divides by the batch's samples: num_samples must be >= 1")
-    if objective in ("grpo", "dapo", "rloo", "dr_grpo", "reinforce_pp"):
-        if behav_logprobs is None:
-            pg, is_clipped = policy_gradient_loss(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high)
-        else:
-            pg, is_clipped = decoupled_policy_gradient_loss(logprobs, old_logprobs, behav_logprobs, advantages,
-                                                            clip_eps_low, clip_eps_high, behav_weight_cap)
+
+    def corrected(pg: torch.Tensor, is_clipped: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return correct(pg, is_clipped, old_logprobs, behav_logprobs, rollout_correction, rollout_correction_cap,
+                       behav_weight_cap)
+
+    if objective in ("grpo", "dapo", "rloo", "opd", "dr_grpo", "reinforce_pp"):
+        pg, is_clipped, capped = corrected(*policy_gradient_loss(logprobs, old_logprobs, advantages, clip_eps_low,
+                                                                 clip_eps_high))
         if objective == "dr_grpo":  # Dr. GRPO: sum over tokens / (B * L), no per-sequence length
             pg_loss = (pg * mask).sum() / (num_samples * max_response_len)
         else:
             pg_loss = token_mean(pg, mask, num_tokens)
         if objective == "reinforce_pp":
             kl_coef = 0.0  # (REINFORCE++: the KL penalty is in the advantages)
-        return _terms(pg_loss, is_clipped, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef, num_tokens)
-    if behav_logprobs is not None:
+        return _terms(pg_loss, is_clipped, capped, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef,
+                      num_tokens)
+    if behav_logprobs is not None and rollout_correction == "none":
         raise ValueError(f"{objective} weighs tokens against the policy that sampled them: it takes no "
-                         "behav_logprobs (algorithm.max_staleness 0)")
+                         "behav_logprobs (algorithm.max_staleness 0) but a rollout correction's")
     if objective == "gspo":
         if sample_index is None:
             raise ValueError("gspo needs each token's sample (sample_index)")
-        pg, is_clipped = gspo_policy_loss(logprobs, old_logprobs, advantages, mask, sample_index, clip_eps_low,
-                                          clip_eps_high)
+        pg, is_clipped, capped = corrected(*gspo_policy_loss(logprobs, old_logprobs, advantages, mask, sample_index,
+                                                             clip_eps_low, clip_eps_high))
         pg_loss = (pg * mask).sum() / num_samples
     elif objective == "cispo":
-        pg, is_clipped = cispo_policy_loss(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high)
+        pg, is_clipped, capped = corrected(*cispo_policy_loss(logprobs, old_logprobs, advantages, clip_eps_low,
+                                                              clip_eps_high))
         pg_loss = token_mean(pg, mask, num_tokens)
     else:
         raise ValueError(f"unknown objective {objective!r}")
-    return _terms(pg_loss, is_clipped, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef, num_tokens)
+    return _terms(pg_loss, is_clipped, capped, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef,
+                  num_tokens)
 
 
 def micro_batch_loss(logprobs, entropy, mb, config: TrainerConfig, num_tokens: int, num_samples: int = 0):
     """The terms of one micro-batch under config.objective (on-policy when it has no old
-    log-probs): grpo, dapo and rloo take losses.micro_batch_loss as it is."""
+    log-probs): grpo, dapo, rloo and opd take losses.micro_batch_loss as it is."""
     if config.objective in PPO_TOKEN_MEAN:
         return losses.micro_batch_loss(logprobs, entropy, mb, config, num_tokens)
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
@@ -156,13 +174,20 @@ def micro_batch_loss(logprobs, entropy, mb, config: TrainerConfig, num_tokens: i
                           max_response_len=config.max_response_len, sample_index=mb.sample_index,
                           ref_logprobs=mb.ref_logprobs, kl_coef=config.kl_coef, entropy=entropy,
                           entropy_coef=config.entropy_coef, behav_logprobs=mb.behav_logprobs,
-                          behav_weight_cap=config.behav_weight_cap)
+                          behav_weight_cap=config.behav_weight_cap, rollout_correction=config.rollout_correction,
+                          rollout_correction_cap=config.rollout_correction_cap)
 
 
 def step_advantages(batch: TrainBatch, config: TrainerConfig, reduce: adv.Reduce | None = None) -> list:
     """What a step trains on: the batch's own advantages, or its rewards' under
     config.objective (grpo: losses.step_advantages; reinforce_pp whitens over every rank's
-    tokens with `reduce`). Refuses a KL term without reference log-probs."""
+    tokens with `reduce`); opd's, always from its teacher's log-probs (a streaming part's
+    advantages are the reward stage's, which opd does not read). Refuses a KL term
+    without reference log-probs."""
+    if config.objective == "opd":
+        if config.kl_coef > 0 and batch.ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs batch.ref_logprobs")
+        return adv.opd_batch_advantages(batch)
     if config.objective == "grpo" or batch.advantages is not None:
         return losses.step_advantages(batch, config)
     if config.kl_coef > 0 and batch.ref_logprobs is None:

@@ -61,7 +61,7 @@ class NativeTrainer:
     frees_offloaded_state = False
     """(trainer/engine.py TrainerEngine)"""
 
-    TERMS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
+    TERMS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "rollout_capped_frac")
     """The loss terms a step reports (token-means over the global batch; TrainMetrics fields)."""
 
     def __init__(self, model: torch.nn.Module, config: TrainerConfig,
@@ -232,7 +232,7 @@ class NativeTrainer:
     def _forward_backward(self, mb: MicroBatch, num_tokens: int, num_samples: int = 1) -> torch.Tensor:
         """Backward of this micro-batch's share of the global loss (token-mean; dr_grpo
         and gspo: per-sample, `num_samples`); returns its (loss, pg, kl, entropy,
-        clip_frac) shares."""
+        clip_frac, rollout_capped_frac) shares."""
         cfg = self.config
         logits = mb.logits(self.model)
         # Position t predicts token t + 1; keep only the positions in the loss.
