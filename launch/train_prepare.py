@@ -41,6 +41,22 @@ def check_env(env_id: str) -> None:
         raise ConfigError("embodied.env_id", str(exc)) from None
 
 
+def check_tools(cfg: Any) -> None:
+    """An agentic job whose episodes may call `py` needs bubblewrap (the Python sandbox):
+    refused here, in one line, rather than by the tool worker's start after the engines'."""
+    import shutil
+
+    from dynarl.components.tools.config import ToolConfig
+    a = cfg.agentic
+    if cfg.workflow != "agentic" or a.episodes == "scripted" or "py" not in a.tools:
+        return
+    bwrap = ToolConfig().bwrap
+    if shutil.which(bwrap) is None:
+        raise ConfigError("agentic.tools", f"'py' runs model code in the bubblewrap sandbox, and {bwrap!r} is not "
+                                           "on PATH: install bubblewrap (apt-get install bubblewrap, or dnf install "
+                                           "bubblewrap) or leave py out (agentic.tools=[calc])")
+
+
 def check_backends_of(cfg: Any, require_installed: bool) -> list[str]:
     """Backend checks at config load: a missing extra names the pip command."""
     from dynarl.components.backends import check_backends
@@ -130,6 +146,7 @@ def _prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir:
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
     check_memory(cfg)
+    check_tools(cfg)
     if cfg.workflow == "embodied":
         check_env(cfg.embodied.env_id)
     from dynarl.launch.trackers import missing_packages
