@@ -349,7 +349,9 @@ class Controller:
 
     # --- channels -----------------------------------------------------------------
     def channel(self, name: str, capacity: int | None = None) -> Channel:
-        """The channel `name`, created on first use (capacity: 1024 unless given)."""
+        """The channel `name`, created on first use (capacity: 1024 unless given): `await
+        put(item, key=None, weight=1.0)`, `await get(key=None)`, `get_batch`, `close()`
+        (transport/channel.py; docs/architecture.md, "Channels and records")."""
         return self.channel_service.channel(name, capacity)
 
     def refresh_graph(self) -> Hypergraph:
