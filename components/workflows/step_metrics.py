@@ -13,7 +13,10 @@ STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 
 
 def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats: Sequence[RolloutStats],
-                 reward_stats: Sequence[RewardStats], stage_s: dict[str, float], step_time_s: float) -> dict[str, Any]:
+                 reward_stats: Sequence[RewardStats], stage_s: dict[str, float], step_time_s: float,
+                 with_kl: bool = True) -> dict[str, Any]:
+    """`step`: the step's index, from 0 (as in ledger.jsonl and the console's `step 0 (1/N)`);
+    `with_kl`: the loss has a KL term (kl_coef > 0); without one "kl" is null, not 0."""
     rewards = trained.rewards
     lengths = sorted(trained.lengths)
     tokens = sum(r.tokens for r in rollout_stats)
@@ -40,7 +43,7 @@ def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats
         "staleness_max": max(step - v for v in trained.versions),
         "staleness_mean": sum(step - v for v in trained.versions) / n,
         "loss": train.loss, "entropy": train.entropy, "grad_norm": train.grad_norm,
-        "kl": train.kl, "clip_frac": train.clip_frac,
+        "kl": train.kl if with_kl else None, "clip_frac": train.clip_frac,
         "verifier": reward_stats[0].verifier,
         "time": time.time(),
     }
