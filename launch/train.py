@@ -99,10 +99,12 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
 
 
 def parse_override(arg: str) -> tuple[str, Any]:
-    """key=value, the value read as YAML (a number, a list, ...), else as text."""
+    """key=value, the value read as YAML (a number, 3e-4 included: core/yaml_config.py;
+    a list, ...), else as text."""
+    from dynarl.core import yaml_config
     key, _, text = arg.partition("=")
     try:
-        return key, yaml.safe_load(text) if text else ""
+        return key, yaml_config.load(text) if text else ""
     except yaml.YAMLError:
         return key, text
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from dynarl.core import yaml_config
 from dynarl.launch.train_job import Job
 from dynarl.transport.errors import ConfigError
 
@@ -192,7 +193,7 @@ def _read_yaml(path: str) -> Any:
         raise UsageError(f"config file {path!r} does not exist")
     try:
         with open(path) as f:
-            return yaml.safe_load(f)
+            return yaml_config.load(f)
     except yaml.YAMLError as exc:
         raise UsageError(f"config file {path!r} is not valid YAML: {exc}") from None
 
