@@ -115,6 +115,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        whole = _whole_number(value)  # 1e5, 1e5 read as text, 2.0
+        if whole is not None:
+            return whole
         raise ConfigError(path, f"expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -127,6 +130,15 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             return value
         raise ConfigError(path, f"expected a string, got {value!r}")
     return value
+
+
+def _whole_number(value: Any) -> int | None:
+    """A float or decimal text whose value is a whole number (exactly: under 2**53), as int."""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        value = float(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return int(value)
+    return None
 
 
 def _join(path: str, key: str) -> str:

@@ -29,6 +29,7 @@ from dynarl.core.health import HealthLimits, State, monitor, rank_health
 from dynarl.core.hypergraph import Hypergraph
 from dynarl.core.launcher import Launcher, make_launcher
 from dynarl.core.process_groups import ProcessGroups, RuntimeProcessGroup
+from dynarl.core.script_guard import MainGuardMissing
 from dynarl.core.tracing import Tracer
 from dynarl.core.worker import Worker, WorkerSpec, rank_specs
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -37,7 +38,7 @@ from dynarl.core.channel_service import ChannelService
 from dynarl.transport import tempdirs
 from dynarl.transport.channel import Channel
 from dynarl.transport.data_plane import PayloadFetcher
-from dynarl.transport.errors import SpawnError, WorkerLost
+from dynarl.transport.errors import RemoteError, SpawnError, WorkerLost
 from dynarl.transport.rpc import RpcEndpoint
 from dynarl.transport.sockets import RouterServer
 from dynarl.transport.wire import Codec
@@ -240,6 +241,8 @@ class Controller:
             await _best_effort(f"clean up ranks of {name}", self._stop_handles(handles))
             if isinstance(exc, TimeoutError):
                 raise SpawnError(f"group {name!r} did not come up within {self.config.spawn_timeout_s} s") from None
+            if isinstance(exc, RemoteError) and exc.type_name == "MainGuardMissing":
+                raise MainGuardMissing(exc.remote_message) from None  # the fix is in the script, not the worker
             raise
         finally:
             self._starting.difference_update(handles)
@@ -346,7 +349,9 @@ class Controller:
 
     # --- channels -----------------------------------------------------------------
     def channel(self, name: str, capacity: int | None = None) -> Channel:
-        """The channel `name`, created on first use (capacity: 1024 unless given)."""
+        """The channel `name`, created on first use (capacity: 1024 unless given): `await
+        put(item, key=None, weight=1.0)`, `await get(key=None)`, `get_batch`, `close()`
+        (transport/channel.py; docs/architecture.md, "Channels and records")."""
         return self.channel_service.channel(name, capacity)
 
     def refresh_graph(self) -> Hypergraph:

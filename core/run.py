@@ -16,8 +16,27 @@ Workflow = Callable[[Controller], Awaitable[Any]]
 
 
 def run(workflow: Workflow, config: RuntimeConfig | None = None, *, virtual_time: bool = False) -> Any:
-    """SIGINT raises KeyboardInterrupt and SIGTERM CancelledError here, each once the
+    """Runs `await workflow(ctl)` under a fresh Controller (started, then shut down in
+    order) on uvloop, and returns its result.
+
+        async def workflow(ctl: dynarl.Controller) -> list[int]:
+            group = await ctl.spawn(MyWorker, num_ranks=2)
+            return await group.call(MyWorker.method, 1)
+
+        if __name__ == "__main__":   # workers import this script: see below
+            print(dynarl.run(workflow, dynarl.RuntimeConfig(launcher="local")))
+
+    `config`: the runtime (launcher, cluster shape, liveness bounds; RuntimeConfig()
+    by default). `virtual_time`: with launcher "inproc" only, timers jump ahead when
+    nothing is runnable (simulation). Worker classes defined in the script itself are
+    found by worker processes importing the script, so the call that starts the job
+    must sit under `if __name__ == "__main__":`; without it a worker's import raises
+    MainGuardMissing (core/script_guard.py) naming the script.
+
+    SIGINT raises KeyboardInterrupt and SIGTERM CancelledError here, each once the
     workers were stopped in order (OrderedStop: later signals do not cut that short)."""
+    from dynarl.core.script_guard import refuse_in_import
+    refuse_in_import("dynarl.run()")
     config = config or RuntimeConfig()
     stop = OrderedStop("dynarl", bound_s=config.shutdown_grace_s + 1.0)  # (+ a reap's SIGTERM wait)
 

@@ -151,7 +151,10 @@ class Worker:
 
     # --- services the runtime offers ----------------------------------------------
     def channel(self, name: str, *, prefetch: int = 1, window: int = 64) -> Any:
-        """A handle on the controller's channel `name`. `prefetch` > 1 lets get()
+        """A handle on the controller's channel `name` (made on first use): `await
+        put(item, key=None, weight=1.0)`, `await flush()`, `await get(key=None)`, `await
+        get_batch(target_weight)` (transport/channel_client.py; docs/architecture.md,
+        "Channels and records"). `prefetch` > 1 lets get()
         fetch several items per round trip (throughput) at the cost of coarser load
         balancing; `window` bounds puts in flight before put() waits."""
         return self._runtime.channel(name, prefetch=prefetch, window=window)

@@ -17,6 +17,7 @@ import sys
 import types
 from typing import Any, Awaitable, Callable
 
+from dynarl.core.script_guard import importing
 from dynarl.core.worker import Worker, WorkerSpec
 from dynarl.transport.channel_client import ChannelClient
 from dynarl.transport.data_plane import PayloadFetcher, PayloadLost, PayloadServer
@@ -215,7 +216,12 @@ def import_worker_class(cls_path: str, main_file: str | None) -> type[Worker]:
                 raise ImportError(f"{main_file} cannot be loaded as a module")
             module = importlib.util.module_from_spec(spec)
             sys.modules["__dynarl_main__"] = module
-            spec.loader.exec_module(module)
+            try:
+                with importing(main_file):  # the job-starting code belongs under the guard
+                    spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules["__dynarl_main__"]  # not a half-run script for the next rank
+                raise
     else:
         module = importlib.import_module(module_name)
     obj: Any = module

@@ -35,8 +35,8 @@ from datetime import timedelta
 from typing import Any
 
 import uvloop
-import yaml
 
+from dynarl.core import yaml_config
 from dynarl.core.config import RuntimeConfig
 from dynarl.core.config_tree import build
 from dynarl.core.controller import Controller
@@ -57,7 +57,7 @@ STORE_KEY = "dynarl/controller_address"
 
 def load_config(path: str) -> tuple[RuntimeConfig, str, dict]:
     with open(path) as f:
-        data = yaml.safe_load(f) or {}
+        data = yaml_config.load(f) or {}
     unknown = set(data) - {"runtime", "workflow", "workflow_kwargs"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown key; allowed: runtime, workflow, workflow_kwargs")
@@ -73,7 +73,7 @@ def is_workflow_config(path: str) -> bool:
     """A `workflow: module:function` config; otherwise a `dynarl train` config (whose
     optional `workflow` field names a built-in flow such as 'agentic')."""
     with open(path) as f:
-        data = yaml.safe_load(f) or {}
+        data = yaml_config.load(f) or {}
     workflow = data.get("workflow") if isinstance(data, dict) else None
     return isinstance(workflow, str) and ":" in workflow
 

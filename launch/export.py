@@ -9,9 +9,9 @@ replica's slices and converts the names. Either way the weights go into the run'
 model (its config.yaml's `model`), and the export writes config.json, model.safetensors and
 generation_config.json (a LoRA run, model.lora: the adapters merged into the weights, and
 the adapter itself in PEFT's format under adapter/, which
-`peft.PeftModel.from_pretrained(base, OUT_DIR/adapter)` loads), plus the tokenizer files
-of `model.path` when the run started from a folder (for the built-in model, its character
-tokenizer's own file). The result loads with
+`peft.PeftModel.from_pretrained(base, OUT_DIR/adapter)` loads), plus the tokenizer and chat
+template files of `model.path` (TOKENIZER_FILES) when the run started from a folder (for
+the built-in model, its character tokenizer's own file). The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`, and as `model.path`.
 """
 from __future__ import annotations
@@ -23,7 +23,10 @@ import shutil
 import sys
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "added_tokens.json")
+                   "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+"""What a model folder's tokenizer and chat template are read from: newer transformers
+save the chat template beside tokenizer_config.json (chat_template.jinja, or .json),
+sentencepiece models keep tokenizer.model."""
 
 
 class ExportError(ValueError):
@@ -100,6 +103,17 @@ def write_weights(model: object, spec: object, weights: list[tuple[str, object]]
     return write_lora_export(named, model.config, lora, out_dir, base)
 
 
+def copy_tokenizer_files(source: str, out_dir: str) -> list[str]:
+    """The tokenizer and chat template files of model folder `source` copied into
+    `out_dir`; returns the names copied."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copy(os.path.join(source, name), out_dir)
+            copied.append(name)
+    return copied
+
+
 def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
     from dynarl.components.model.spec import build_policy_model
     from dynarl.launch.train import resolve_config
@@ -125,10 +139,7 @@ def export(run_dir: str, out_dir: str, step: int | None = None) -> dict:
                        "pad_token_id": c.pad_token_id}, f, indent=2)
     written.append("generation_config.json")
     if source:
-        for name in TOKENIZER_FILES:
-            if os.path.isfile(os.path.join(source, name)):
-                shutil.copy(os.path.join(source, name), out_dir)
-                written.append(name)
+        written += copy_tokenizer_files(source, out_dir)
     else:  # the built-in model's character tokenizer, which dynarl (not transformers) reads back
         from dynarl.components.model.spec import build_tokenizer
         from dynarl.components.model.tokenizer import CHAR_TOKENIZER_FILE

@@ -1,6 +1,9 @@
 """The training progress display: a rich live panel on a terminal, plain lines otherwise.
 
 Both show the same facts: step, current stage, reward, response lengths, tokens/s.
+A step line starts `step I (K/N)`: I the step's index from 0, as metrics.jsonl's
+"step" and ledger.jsonl name it, K = I + 1 of the run's N steps. A figure the step
+did not compute (kl without a KL term: null in metrics.jsonl) is left out.
 """
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ def make_progress(total_steps: int, stream: TextIO | None = None) -> "PlainProgr
 
 
 def step_line(m: dict[str, Any], total: int, eta_s: float | None = None) -> str:
-    train = "".join(f"  {label} {m[key]:.{digits}f}" for key, label, digits in TRAIN_FIGURES if key in m)
+    train = "".join(f"  {label} {m[key]:.{digits}f}" for key, label, digits in TRAIN_FIGURES
+                    if m.get(key) is not None)
     eta = f"  eta {duration(eta_s)}" if eta_s is not None else ""
     if "env_steps_per_s" in m:  # the embodied workflow
         success = f"  success {m['success_rate']:.2f}" if "success_rate" in m else ""
         ret = "-" if m["reward_mean"] is None else f"{m['reward_mean']:.2f}"
-        return (f"step {m['step'] + 1}/{total}  return {ret}{success}  episodes {m['episodes']}  "
+        return (f"{step_label(m['step'], total)}  return {ret}{success}  episodes {m['episodes']}  "
                 f"{m['env_steps_per_s']:.0f} env steps/s  env idle {m['env_idle_frac']:.2f}  "
                 f"vloss {m['value_loss']:.3f}  ev {m['explained_var'] or 0:.2f}  {m['step_time_s']:.2f} s "
                 f"[rollout {m['rollout_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]{eta}")
@@ -30,10 +34,15 @@ def step_line(m: dict[str, Any], total: int, eta_s: float | None = None) -> str:
     if "judge_s" in m:  # an LLM judge (judge.enabled): its mean score, how many judgments had none, its time
         judge = f"  judge {m['judge_score_mean'] or 0:.2f} ({m['judge_unparseable']} unparsed)"
         judge_s = f" judge {m['judge_s']:.2f}"
-    return (f"step {m['step'] + 1}/{total}  reward {m['reward_mean']:.3f}  exact {m['exact_frac']:.2f}{judge}  "
+    return (f"{step_label(m['step'], total)}  reward {m['reward_mean']:.3f}  exact {m['exact_frac']:.2f}{judge}  "
             f"len {m['response_len_mean']:.1f}/{m['response_len_max']}{train}  {m['tokens_per_s']:.0f} tok/s  "
             f"{m['step_time_s']:.2f} s [rollout {m['rollout_s']:.2f} reward {m['reward_s']:.2f}{judge_s} "
             f"inference {m['inference_s']:.2f} train {m['trainer_s']:.2f} sync {m['sync_s']:.2f}]{eta}")
+
+
+def step_label(step: int, total: int) -> str:
+    """`step 0 (1/200)`: the index metrics.jsonl's "step" holds, and the count."""
+    return f"step {step} ({step + 1}/{total})"
 
 
 TRAIN_FIGURES = (("loss", "loss", 4), ("kl", "kl", 4), ("grad_norm", "gnorm", 3))
@@ -151,7 +160,7 @@ class RichProgress:
         table = Table.grid(padding=(0, 2))
         m = self.last
         done = 0 if m is None else m["step"] + 1
-        table.add_row("step", f"{done}/{self.total}", "stage", self.current,
+        table.add_row("steps done", f"{done}/{self.total}", "stage", self.current,
                       "elapsed", duration(time.monotonic() - self.started),
                       *(("eta", duration(self.eta_s)) if self.eta_s is not None else ()))
         if self.warm[1]:
@@ -161,7 +170,8 @@ class RichProgress:
                           "tokens/s", f"{m['tokens_per_s']:.0f}")
             table.add_row("length", f"{m['response_len_mean']:.1f} mean / {m['response_len_max']} max",
                           "step time", f"{m['step_time_s']:.2f} s")
-            train = [(label, f"{m[key]:.{digits}f}") for key, label, digits in TRAIN_FIGURES if key in m]
+            train = [(label, f"{m[key]:.{digits}f}") for key, label, digits in TRAIN_FIGURES
+                     if m.get(key) is not None]
             if train:
                 table.add_row(*(x for pair in train for x in pair))
         self.live.update(table)

@@ -30,7 +30,7 @@ import yaml
 
 from dynarl.launch.train_job import Job, placed, summarize, summary_window
 from dynarl.launch.train_prepare import (RunDirUnwritable, UsageError, check_backends_of, check_memory,
-                                         check_wired_of, prepare, resolve_config)
+                                         check_tools, check_wired_of, prepare, resolve_config)
 from dynarl.transport.errors import ConfigError
 
 __all__ = ["Job", "RunDirUnwritable", "USAGE", "UsageError", "check_memory", "dry_run_report", "main",
@@ -84,6 +84,10 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
         check_wired_of(cfg)
     except ConfigError as exc:  # valid, but `dynarl train` would refuse to start it
         lines.append(f"note: not trainable yet: {exc}")
+    try:
+        check_tools(cfg)
+    except ConfigError as exc:
+        lines.append(f"note: would not start: {exc}")
     if cfg.task.kind == "dataset":
         lines.append(f"note: dataset {cfg.task.dataset.path} not read in a dry run")
     from dynarl.components.memory.of_config import plan_of
@@ -95,10 +99,12 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
 
 
 def parse_override(arg: str) -> tuple[str, Any]:
-    """key=value, the value read as YAML (a number, a list, ...), else as text."""
+    """key=value, the value read as YAML (a number, 3e-4 included: core/yaml_config.py;
+    a list, ...), else as text."""
+    from dynarl.core import yaml_config
     key, _, text = arg.partition("=")
     try:
-        return key, yaml.safe_load(text) if text else ""
+        return key, yaml_config.load(text) if text else ""
     except yaml.YAMLError:
         return key, text
 

@@ -4,6 +4,7 @@ lost workers from the newest checkpoint), reports progress, and turns what ends 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import json
@@ -70,8 +71,7 @@ class Job:
                 self.lock.release()
 
     def _run(self, controller: Any, stop: Any) -> int:
-        import uvloop
-
+        from dynarl.launch import run_segments
         from dynarl.launch.progress import make_progress
 
         try:
@@ -92,7 +92,23 @@ class Job:
         runtime = dataclasses.replace(self.cfg.runtime,
                                       trace_path=os.path.join(self.run_dir, f"trace{attempt}.json"))
         progress = make_progress(self.cfg.run.steps)
-        started = time.perf_counter()
+        try:
+            run_segments.begin(self.run_dir, 0 if self.checkpoint is None else self.checkpoint[1].step)
+        except OSError as exc:
+            print(f"dynarl train: failed: cannot write the run directory {self.run_dir}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 1
+        try:
+            return self._segment(runtime, progress, controller, stop, attempt)
+        finally:
+            with contextlib.suppress(OSError):  # (a full disk: the segment then counts to its last step line)
+                run_segments.end(self.run_dir)
+
+    def _segment(self, runtime: Any, progress: Any, controller: Any, stop: Any, attempt: str) -> int:
+        """This process's part of the run (a segment: launch/run_segments.py)."""
+        import uvloop
+
+        from dynarl.launch import run_segments
         with progress:
             progress.note(f"run directory {self.run_dir}; placement {self.cfg.placement.mode}: {placed(self.cfg)} "
                           f"on {self.cfg.runtime.cluster.num_devices} devices")
@@ -120,13 +136,15 @@ class Job:
             finally:
                 if self.workflow is not None and self.workflow.placement is not None:  # auto: once planned
                     self._draw(self.workflow.clock.spans, attempt)
-        summary = summarize(os.path.join(self.run_dir, "metrics.jsonl"), time.perf_counter() - started)
+        walls = run_segments.run_wall_times(self.run_dir, now=time.time())  # (this segment's end: now)
+        summary = summarize(os.path.join(self.run_dir, "metrics.jsonl"), walls)
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         n = summary["window"]
         steps = f"{n} steps" if n > 1 else "step"
         first, last = (("-" if x is None else f"{x:.3f}") for x in (summary["reward_first"], summary["reward_last"]))
-        print(f"done in {summary['wall_time_s']:.0f} s: reward first {steps} {first}, last {steps} {last}; "
+        parts = f" ({len(walls)} segments: {' + '.join(f'{w:.0f}' for w in walls)} s)" if len(walls) > 1 else ""
+        print(f"done in {summary['wall_time_s']:.0f} s{parts}: reward first {steps} {first}, last {steps} {last}; "
               f"run directory {self.run_dir}")
         return 0
 
@@ -234,7 +252,9 @@ def judged_on(cfg: Any, placement: Any) -> str:
     return f" | {judge}" if judge else ""
 
 
-def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
+def summarize(metrics_path: str, wall_time_s: float | list[float]) -> dict[str, Any]:
+    """summary.json. `wall_time_s`: the run's wall time, or each of its segments' (the
+    processes that trained it: launch/run_segments.py), whose sum it then is."""
     from dynarl.components.workflows import jsonl
 
     rows = jsonl.read(metrics_path)
@@ -246,7 +266,8 @@ def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
         first, last = ([v for v in part if v is not None] for part in ([r[key] for r in rows[:n]],
                                                                          [r[key] for r in rows[-n:]]))
         return (sum(first) / len(first) if first else None), (sum(last) / len(last) if last else None)
-    summary = {"steps": len(rows), "wall_time_s": wall_time_s, "window": n,
+    segments = wall_time_s if isinstance(wall_time_s, list) else [wall_time_s]
+    summary = {"steps": len(rows), "wall_time_s": sum(segments), "wall_time_segments_s": segments, "window": n,
                "step_time_s_mean": sum(r["step_time_s"] for r in rows) / len(rows)}
     rate = "env_steps_per_s" if "env_steps_per_s" in rows[0] else "tokens_per_s"  # embodied: env steps
     summary[f"{rate}_mean"] = sum(r[rate] for r in rows) / len(rows)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from dynarl.core import yaml_config
 from dynarl.launch.train_job import Job
 from dynarl.transport.errors import ConfigError
 
@@ -39,6 +40,22 @@ def check_env(env_id: str) -> None:
         describe(env_id)
     except EnvError as exc:
         raise ConfigError("embodied.env_id", str(exc)) from None
+
+
+def check_tools(cfg: Any) -> None:
+    """An agentic job whose episodes may call `py` needs bubblewrap (the Python sandbox):
+    refused here, in one line, rather than by the tool worker's start after the engines'."""
+    import shutil
+
+    from dynarl.components.tools.config import ToolConfig
+    a = cfg.agentic
+    if cfg.workflow != "agentic" or a.episodes == "scripted" or "py" not in a.tools:
+        return
+    bwrap = ToolConfig().bwrap
+    if shutil.which(bwrap) is None:
+        raise ConfigError("agentic.tools", f"'py' runs model code in the bubblewrap sandbox, and {bwrap!r} is not "
+                                           "on PATH: install bubblewrap (apt-get install bubblewrap, or dnf install "
+                                           "bubblewrap) or leave py out (agentic.tools=[calc])")
 
 
 def check_backends_of(cfg: Any, require_installed: bool) -> list[str]:
@@ -132,6 +149,7 @@ def _prepare(config_path: str | None, overrides: list[tuple[str, Any]], run_dir:
     check_backends_of(cfg, require_installed=True)
     check_wired_of(cfg)
     check_memory(cfg)
+    check_tools(cfg)
     if cfg.workflow == "embodied":
         check_env(cfg.embodied.env_id)
     from dynarl.launch.trackers import missing_packages
@@ -177,7 +195,7 @@ def _read_yaml(path: str) -> Any:
         raise UsageError(f"config file {path!r} does not exist")
     try:
         with open(path) as f:
-            return yaml.safe_load(f)
+            return yaml_config.load(f)
     except yaml.YAMLError as exc:
         raise UsageError(f"config file {path!r} is not valid YAML: {exc}") from None
 

@@ -38,3 +38,25 @@ def test_no_pickle_in_the_package():
                         or "pickle.loads" in stripped or "torch.load(" in stripped:
                     offenders.append(f"{path.relative_to(ROOT)}: {stripped}")
     assert not offenders, offenders
+
+
+def test_loading_a_model_folder_needs_only_the_core_dependencies():
+    """`pip install -e .` (no extra) loads an HF model folder: whatever components/model
+    imports (its tokenizer, chat template, weights) is a core dependency (issue 49)."""
+    import ast
+    import re
+    import sys
+    distribution = {"yaml": "pyyaml"}  # module -> its distribution, where the names differ
+    core = {re.split(r"[<>=!~ \[]", spec)[0].lower()
+            for spec in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    imported = set()
+    for path in (ROOT / "components" / "model").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            imported |= {(n.split(".")[0], path.name) for n in names}
+    missing = sorted(f"{module} ({where})" for module, where in imported
+                     if module not in sys.stdlib_module_names and module != "dynarl"
+                     and distribution.get(module, module).lower() not in core)
+    assert not missing, f"add to [project] dependencies: {missing}"
+    assert {"tokenizers", "jinja2", "safetensors"} <= core

@@ -22,7 +22,7 @@ def test_startup_stages_are_shown_then_only_the_steps():
     progress.step(METRICS)
     assert out.getvalue().splitlines()[:4] == ["starting: spawn", "starting: trainer", "warm start 0/3",
                                                "warm start 3/3"]
-    assert len(out.getvalue().splitlines()) == 5 and out.getvalue().splitlines()[4].startswith("step 1/2")
+    assert len(out.getvalue().splitlines()) == 5 and out.getvalue().splitlines()[4].startswith("step 0 (1/2)  reward")
 
 
 def test_no_warm_start_prints_no_warm_start_line():
@@ -37,6 +37,8 @@ def test_the_step_line_has_the_train_figures_and_the_time_left():
     line = step_line(dict(METRICS, loss=0.0123, kl=0.0004, grad_norm=1.5), 10, eta_s=125.0)
     assert "loss 0.0123  kl 0.0004  gnorm 1.500" in line and line.endswith("eta 2m05s")
     assert "eta" not in step_line(METRICS, 1)  # the last step: nothing left
+    # a step without a KL term: metrics.jsonl's kl is null, and the line says nothing of it
+    assert "loss 0.0123  gnorm 1.500" in step_line(dict(METRICS, loss=0.0123, kl=None, grad_norm=1.5), 10)
     assert [duration(s) for s in (41.4, 190, 3725)] == ["41s", "3m10s", "1h02m"]
 
 

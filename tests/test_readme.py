@@ -17,6 +17,7 @@ def test_embedding_example_runs_as_a_script(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[11, 12]"
+    assert "rejected" not in out.stderr  # the workers' normal close is not a rejected connection
 
 
 def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_test_one():

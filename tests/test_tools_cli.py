@@ -38,3 +38,18 @@ def test_calculator_round_trip():
     assert (rc, out) == (0, {"ok": True, "stdout": "256", "error": None})
     rc, out, _ = run_cli(["calculator"], "__import__('os')")
     assert rc == 1 and out["error"] == "not arithmetic: calling __import__() is not allowed"
+
+
+def test_python_takes_the_code_as_an_argument_or_stdin_with_a_dash():
+    rc, out, _ = run_cli(["python", "print(1+1)"])
+    assert (rc, out) == (0, {"ok": True, "stdout": "2\n", "error": None})
+    rc, out, _ = run_cli(["python", "print(2+2)", "--timeout", "5"], stdin="print('not read')")
+    assert (rc, out) == (0, {"ok": True, "stdout": "4\n", "error": None})
+    rc, out, _ = run_cli(["python", "-"], "print(3+3)")
+    assert (rc, out) == (0, {"ok": True, "stdout": "6\n", "error": None})
+
+
+def test_python_help_says_where_the_code_comes_from():
+    done = subprocess.run(CLI + ["python", "--help"], capture_output=True, text=True, timeout=300)
+    help_text = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "the code, e.g. 'print(1+1)'; '-' or none: read it from stdin" in help_text

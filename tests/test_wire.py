@@ -279,3 +279,24 @@ async def test_a_captured_message_resent_to_the_controller_is_dropped_and_counte
         assert (await group.call(Echo.hello, 5))[0]["x"] == 5
         replayer.close(linger=0)
         ctx.term()
+
+
+async def test_workers_that_stop_normally_are_not_reported_as_rejected(caplog):
+    """A worker's connections close at its stop; each has delivered an authenticated
+    message by then (the heartbeat thread beats once at connect), so none is counted as
+    a dropped connection, even for workers that live less than one heartbeat interval."""
+    config = RuntimeConfig(launcher="local", heartbeat_interval_s=30.0, heartbeat_timeout_s=60.0)
+    async with dynarl.Controller(config) as ctl:
+        closed: list[bytes] = []
+        ctl.router.on_disconnect = closed.append
+        group = await ctl.spawn(Echo, num_ranks=2)
+        assert [r["x"] for r in await group.call(Echo.hello, 1)] == [1, 1]
+        await group.stop()
+        # two connections a worker (its dealer, its heartbeat thread's): each close is
+        # heard either as a known peer's or as a rejection
+        for _ in range(1000):
+            if len(closed) + ctl.router.rejects.total >= 4:
+                break
+            await asyncio.sleep(0.01)
+        assert ctl.router.rejects.counts == {} and len(closed) == 4, (closed, ctl.router.rejects.counts)
+    assert "rejected" not in caplog.text

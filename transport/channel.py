@@ -108,7 +108,8 @@ class Channel:
     # --- put ------------------------------------------------------------------
     async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                   producer: str | None = None) -> None:
-        """Waits while the channel is full (backpressure)."""
+        """Puts `item` under `key` with `weight` (what get_batch sums) and `affinity` (a
+        consumer it prefers); waits while the channel is full (backpressure)."""
         if weight < 0:
             raise ValueError(f"weight must be >= 0, got {weight}")
         await self._room.turn()  # in the order the putters came (transport/backpressure.py)
@@ -173,9 +174,12 @@ class Channel:
 
     # --- get ------------------------------------------------------------------
     async def get(self, key: Hashable = None, consumer: str | None = None) -> Any:
+        """The next item under `key`, waiting for one; ChannelClosed once closed and
+        empty. `consumer`: who takes it (load balancing, affinity; None: the controller)."""
         return await self._resolve((await self.get_entry(key, consumer)).item)
 
     def get_nowait(self, key: Hashable = None, consumer: str | None = None) -> Any:
+        """The next item under `key` if one is queued (else WouldBlock)."""
         queue = self._queues.get(key)
         if queue and isinstance(queue[_preferred_index(queue, consumer)].item, RemoteRef):
             raise WouldBlock("the next item is a peer-to-peer payload: use `await get()`")

@@ -115,7 +115,12 @@ class ChannelClient:
     # --- put ------------------------------------------------------------------------
     async def put(self, item: Any, key: Hashable = None, weight: float = 1.0, affinity: str | None = None,
                   made_of: list | None = None) -> None:
-        """`made_of`: the idents of the items taken from the channel this one releases
+        """Puts `item` (plain data, arrays, tensors, registered records: wire.py) under
+        `key`, with `weight` (what get_batch sums and load balancing counts) and
+        `affinity` (a consumer's worker id it prefers). Returns once the item is in the
+        local outbox: `flush()` waits for delivery, and a failed delivery is raised by a
+        later put or flush (ChannelPutFailed). Waits while `window` items are unacknowledged.
+        `made_of`: the idents of the items taken from the channel this one releases
         (transport/custody.py Custody) that this item was made of; they are released
         when it arrives, and its bytes go with it (not peer to peer: a producer lost
         after the put must not take them along)."""
@@ -203,7 +208,8 @@ class ChannelClient:
 
     # --- get ------------------------------------------------------------------------
     async def get(self, key: Hashable = None) -> Any:
-        """The next item. Cancelling a get loses nothing: a fetch from the channel in
+        """The next item under `key`, waiting for one; ChannelClosed once the channel is
+        closed and holds nothing more for this key. Cancelling a get loses nothing: a fetch from the channel in
         flight goes on and its items wait here for the next get (or go back to the
         channel when this worker stops)."""
         buffer = self._buffers[key]
@@ -266,6 +272,8 @@ class ChannelClient:
         return blob, None
 
     async def get_batch(self, target_weight: float, key: Hashable = None) -> list[Any]:
+        """Items under `key` until their weights sum to at least `target_weight` (after
+        close: what is left; ChannelClosed when nothing is)."""
         items = await self._op("get_batch", target_weight, key)
         return list(await asyncio.gather(*(self._resolve(item) for item in items)))
 

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 HWM = 100_000
 HEARTBEAT_SUFFIX = b"#hb"
+FIRST_BEAT_LINGER_MS = 200
+"""How long a heartbeat socket's close waits for a beat still queued (a controller
+that is gone costs a stopping worker this much at most)."""
 
 
 COPY_ABOVE_BYTES = 64 << 10
@@ -90,6 +93,10 @@ class LoopSocket:
             self._on_frames = None
             if not self._loop.is_closed():
                 self._loop.remove_reader(self._fd)
+
+    def drain(self) -> None:
+        """Handles the messages queued now (when listening; not while paused by a flood)."""
+        self._drain()
 
     def _drain(self) -> None:
         # The FD is edge-triggered: read until empty, or a message could sit unseen.
@@ -246,6 +253,9 @@ class RouterServer:
         as rejected: ZeroMQ cut it for a frame over max_message_bytes (before
         allocating it) or a protocol error, or its peer gave up. A known peer's goes to
         `on_disconnect` (a worker's loss is reported by liveness, from its heartbeats)."""
+        # A peer's last messages may still wait in the socket when its close is seen
+        # (a worker that stopped at once): read them first, so its connection is known.
+        self._sock.drain()
         while self._monitor.get(_EVENTS) & _POLLIN:
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(_NOBLOCK))
@@ -345,15 +355,23 @@ class HeartbeatThread(threading.Thread):
         sock.setsockopt(zmq.IDENTITY, self._identity)
         sock.connect(self._address)
         try:
+            # The first beat goes at once: a connection that closes before it delivered an
+            # authenticated message is counted by the controller as rejected (RouterServer
+            # ._disconnects), and a worker that lives less than one interval is normal.
+            self._beat(sock)
             while not self._stopping.wait(self._interval):
-                body = {"k": "event", "e": "heartbeat", "d": {"lag": self._loop_lag()}}
-                try:
-                    sock.send_multipart(self._codec.encode(body), flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    pass  # the controller is not reading; it will notice the silence
+                self._beat(sock)
         finally:
-            sock.close(linger=0)
+            # a short linger lets a beat still queued (a worker that stopped at once) leave
+            sock.close(linger=FIRST_BEAT_LINGER_MS)
             ctx.term()
+
+    def _beat(self, sock: zmq.Socket) -> None:
+        body = {"k": "event", "e": "heartbeat", "d": {"lag": self._loop_lag()}}
+        try:
+            sock.send_multipart(self._codec.encode(body), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the controller is not reading; it will notice the silence
 
     def stop(self) -> None:
         self._stopping.set()

@@ -27,7 +27,7 @@ import os
 import struct
 import time
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Sequence
 
 import msgpack
@@ -244,7 +244,15 @@ _CODECS: dict[type, tuple[Callable[[Any], list], Callable[[list], Any]]] = {}
 def register_struct(code: int, encode: Callable[[Any], list] | None = None,
                     decode: Callable[[list], Any] | None = None, *, numbers: bool = False):
     """Class decorator: instances of a dataclass cross the wire as themselves, not as
-    dicts. The class gives `to_wire() -> list` (plain data, arrays, tensors, other
+    dicts (RPC arguments and results, channel items):
+
+        @dynarl.register_struct(100)     # codes 100..127 are left to your own records
+        @dataclass
+        class Batch:
+            ids: list[int]
+            reward: float
+
+    The class gives `to_wire() -> list` (plain data, arrays, tensors, other
     records) and `from_wire(list)`, or `encode` / `decode` do, or neither does: then
     its fields, in order (plain data and records), rebuilt by calling the class;
     `numbers`: each of them must be a number (bool, int, float: a flat report, such as
@@ -302,8 +310,24 @@ def _to_ext(obj: Any, frames: list[Any]) -> msgpack.ExtType:
         return _tensor_to_ext(obj, frames)
     if isinstance(obj, collections.abc.Sequence) and not isinstance(obj, (str, bytes, bytearray)):
         return list(obj)  # a sequence built on first read (the emulated engines' outputs), or a range
-    raise TypeError(f"cannot send a {type(obj).__module__}.{type(obj).__name__} over the wire "
-                    "(send plain data, numpy arrays or torch tensors)")
+    raise TypeError(unsendable(type(obj)))
+
+
+USER_STRUCT_CODES = range(100, 128)
+"""Ext codes left to a user's own records: dynarl's own records take codes below 100."""
+
+
+def unsendable(cls: type) -> str:
+    """Why an instance of `cls` cannot cross the wire, and how to make it."""
+    module = "__main__" if cls.__module__ == "__dynarl_main__" else cls.__module__  # (a worker's import of the script)
+    name = f"{module}.{cls.__qualname__}"
+    how = (f"decorate it with @dynarl.register_struct(CODE) above @dataclass, CODE a number in "
+           f"{USER_STRUCT_CODES.start}..{USER_STRUCT_CODES.stop - 1} of its own, and define it where the "
+           "receiving workers' classes are (a process decodes only the records it has imported)")
+    if is_dataclass(cls):
+        return f"cannot send a {name} over the wire: a dataclass crosses once registered: {how}"
+    return (f"cannot send a {name} over the wire: send plain data (None, bool, int, float, str, bytes, lists, "
+            f"dicts), numpy arrays, torch tensors, or a dataclass registered as a record ({how})")
 
 
 def _tensor_to_ext(t: Any, frames: list[Any]) -> msgpack.ExtType:

@@ -64,7 +64,7 @@ class HFTokenizer:
                    "pad": ("<|endoftext|>", "<pad>", "[PAD]")}
 
     def __init__(self, folder: str | Path):
-        from tokenizers import Tokenizer  # optional dependency: only needed for HF folders
+        from tokenizers import Tokenizer  # (a core dependency; imported here: only HF folders need it)
 
         folder = Path(folder)
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))

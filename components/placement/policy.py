@@ -162,6 +162,35 @@ REGISTRY: dict[str, PolicyFactory] = {
 
 UNAVAILABLE: dict[str, str] = {}
 
+SUMMARIES: dict[str, str] = {
+    "colocated": "verl-like: every device does rollout, then inference, then training (the baseline)",
+    "spatial": "a fixed split of the devices between the stages, pipelined over channels",
+    "hybrid": "rollout on a pool of its own; inference and training time-share the other pool",
+    "async": "spatial, and the next step's rollout runs while a step trains, one step stale "
+             "(verl fully_async, AReaL)",
+    "partial": "colocated partial rollout (slime, APRIL): 1.5 x the groups generate, the first to "
+               "finish train, the rest continue later",
+    "rlinf-auto": "RLinf's profile-guided plan, re-planned when a stage's time drifts over 15%",
+    "dynarl": "the DynaRL scheduler: moves devices from the rollout's tail to the bottleneck during "
+              "every step",
+    "dynarl-async": "dynarl with partial rollout at staleness 1",
+    "dynarl-costaware": "dynarl, each move charged its measured cost (the receivers wait for their devices)",
+    "dynarl-consolidate": "dynarl, consolidating the rollout's stragglers earlier",
+    "dynarl-tailtp": "dynarl, the kept rollout engines restarted at twice the TP for the tail",
+    "dynarl-kv": "dynarl, moved requests taking their KV along instead of prefilling again",
+    "dynarl-noprio": "dynarl's device moves with FIFO queues and no cache affinity (agentic)",
+    "dynarl-fifo": "dynarl's device moves and cache affinity, with FIFO queues (agentic)",
+}
+"""One line per policy, for `dynarl sim --help` (describe)."""
+
+
+def describe(name: str) -> str:
+    """A policy in one line: its summary, else the first line of its factory's docstring."""
+    if name in SUMMARIES:
+        return SUMMARIES[name]
+    doc = (REGISTRY[name].__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
 
 def overlaps(policy: object) -> bool:
     """The policy's steps overlap the next one's rollout (algorithm.max_staleness without
@@ -178,9 +207,12 @@ def make_policy(name: str) -> Policy:
     return factory()
 
 
-def register(name: str, factory: PolicyFactory) -> None:
-    """Adds a policy (e.g. an improvement on dynarl, under its own name)."""
+def register(name: str, factory: PolicyFactory, summary: str | None = None) -> None:
+    """Adds a policy (e.g. an improvement on dynarl, under its own name); `summary`: its
+    line in `dynarl sim --help` (default: its docstring's first line)."""
     if name in REGISTRY:
         raise ValueError(f"a policy named {name!r} is already registered")
     REGISTRY[name] = factory
+    if summary is not None:
+        SUMMARIES[name] = summary
     UNAVAILABLE.pop(name, None)

@@ -49,7 +49,7 @@ class JudgeParserSection:
             raise ValueError(f"default must be in [0, 1] (a normalised score), got {self.default}")
 
 
-@wire_config(100)
+@wire_config(75)
 @dataclass(kw_only=True, slots=True)
 class JudgeSection:
     enabled: bool = False

@@ -33,7 +33,7 @@ EXAMPLE_CHARS = 200
 """How much of a judgment a step's metrics keep as its example."""
 
 
-@register_struct(101)
+@register_struct(76)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JudgeStats:
     """A judge rank's step: what it judged and how the judgments read."""

@@ -61,6 +61,12 @@ class DatasetConfig:
     (.jsonl/.json -> jsonl, .parquet -> parquet)."""
     split: str = "train"
     """The split to read from a saved DatasetDict folder (one with dataset_dict.json)."""
+    eval_path: str | None = None
+    """Held-out rows (a file or folder as `path`, the same fields) that `dynarl eval` reads
+    by default; training never reads them."""
+    eval_split: str = "test"
+    """`dynarl eval`'s held-out split of a saved DatasetDict folder: eval_path's, or, without
+    eval_path, path's when it has this split (training reads `split`)."""
     preset: Literal["plain", "gsm8k", "math"] | None = None
     """Fields, template and answer extraction of a known format (PRESETS), for the ones left at their defaults."""
     prompt_field: str = DEFAULTS.prompt_field

@@ -32,7 +32,7 @@ from dynarl.components.stage_results import RewardStats, RolloutStats
 from dynarl.components.tasks.calc import calc_score, demonstration, is_direct
 from dynarl.components.tasks.tool_syntax import CLOSE
 from dynarl.components.tools.outcome import ToolResult
-from dynarl.components.tools.worker import ToolWorker
+from dynarl.components.tools.worker import TOOL_OFF, ToolWorker
 from dynarl.components.trainer.advantages import group_advantages_for
 from dynarl.components.trainer.base import TrainBatch
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
@@ -127,7 +127,7 @@ class AgenticGRPO(GRPO):
         if not self.scripted:  # scripted tools are latencies, off every device
             self.tools = await self.ctl.spawn(ToolWorker, name="tools", devices=[0], init={
                 "config": {"timeout_s": a.python_timeout_s, "cpu_s": max(1, int(a.python_timeout_s)),
-                           "max_concurrency": 4}})
+                           "max_concurrency": 4}, "python": "py" in a.tools})
         self.ctl.graph.observe_affinity(TURNS, None if a.affinity == "none" else a.affinity)
         return groups
 
@@ -185,6 +185,8 @@ class AgenticGRPO(GRPO):
         a = self.cfg.agentic
 
         async def call_tool(tool: str, argument: str) -> ToolResult:
+            if tool not in a.tools:
+                return ToolResult(ok=False, stdout="", error=TOOL_OFF.format(tool), rejected=True)
             if tool == "py":
                 return (await self.tools.call(ToolWorker.python, argument, a.python_timeout_s))[0]
             return (await self.tools.call(ToolWorker.calculator, argument))[0]

@@ -1,7 +1,7 @@
 """The `agentic:` section of `dynarl train`: multi-turn episodes with tools."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from dynarl.components.workflows.config_checks import at_least_one
@@ -23,6 +23,11 @@ class AgenticSection:
     """A tool's output beyond this is cut before the model reads it."""
     python_timeout_s: float = 5.0
     """Wall-clock limit of one `[py ...]` call in the sandbox."""
+    tools: list[Literal["calc", "py"]] = field(default_factory=lambda: ["calc", "py"])
+    """The tools an episode may call: calc (the calculator, arithmetic only) and py (model
+    code in the bubblewrap sandbox: needs `bwrap`, checked before any worker starts). A
+    react turn calling a tool not listed reads an error observation; without py an agent's
+    sandbox.python answers an error."""
     episodes: Literal["react", "scripted", "agent"] = "react"
     """react: the model's text decides each turn and the tools run in the sandbox;
     scripted: each sample's script (a simulated workload's, dynarl sim) gives its
@@ -35,5 +40,7 @@ class AgenticSection:
             raise ValueError(f"max_bonus_s must be >= 0, got {self.max_bonus_s}")
         if self.episodes not in ("react", "scripted", "agent"):
             raise ValueError(f"episodes must be 'react', 'scripted' or 'agent', got {self.episodes!r}")
+        if not self.tools or len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"tools must list distinct tools of calc, py; got {self.tools!r}")
         if self.python_timeout_s <= 0:
             raise ValueError(f"python_timeout_s must be > 0, got {self.python_timeout_s}")

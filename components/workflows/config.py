@@ -20,6 +20,7 @@ checks that need I/O (the dataset file) run in the launcher before any worker st
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -77,6 +78,10 @@ class TrainConfig:
     or time-shared (components/workflows/judge_stage.py)."""
 
     def __post_init__(self) -> None:
+        # the warm start's default depends on the model: none for model.path (WarmupSection)
+        t = self.trainer
+        t.warmup.steps = t.warmup.resolved_steps(self.model.path)
+        t.engine = dataclasses.replace(t.engine, lr_step_offset=t.warmup.steps)
         check(self)
         check_judge(self)
         # the objective goes to the trainer (and the reward stages) in trainer.engine
@@ -110,6 +115,7 @@ def load_config(data: dict[str, Any] | None = None, overrides: list[tuple[str, A
     """Defaults, then `data` (a YAML mapping), then `key.path=value` overrides.
     Raises ConfigError naming the field path."""
     merged = to_dict(TrainConfig())
+    merged["trainer"]["warmup"]["steps"] = None  # its default depends on the model (WarmupSection)
     if data is not None:
         if not isinstance(data, dict):
             raise ConfigError("", f"a config file must hold a mapping, got {type(data).__name__}")

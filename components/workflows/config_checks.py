@@ -323,6 +323,9 @@ def check_workflow(cfg: TrainConfig) -> None:
     elif cfg.workflow == "agentic" and not scripted and cfg.task.kind != "calc":
         raise ConfigError("task.kind", f"workflow 'agentic' trains the built-in tool task 'calc', "
                                        f"not {cfg.task.kind!r}")
+    if cfg.workflow == "agentic" and cfg.task.kind == "calc" and cfg.task.calc.tool not in cfg.agentic.tools:
+        raise ConfigError("agentic.tools", f"the warm start demonstrates task.calc.tool {cfg.task.calc.tool!r}, "
+                                           f"which is not among them ({cfg.agentic.tools})")
     if cfg.task.kind == "calc" and cfg.workflow != "agentic":
         raise ConfigError("workflow", "task.kind 'calc' needs tool calls between turns: set workflow: agentic")
     if cfg.workflow == "agentic" and cfg.agentic.queue == "priority":

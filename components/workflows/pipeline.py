@@ -226,7 +226,7 @@ class StepPipeline:
                                       measured=measured, last=step + 1 == h.cfg.run.steps)
         await h.sync_weights(step + 1, label)
         return step_metrics(step, result.trained, result.train, stats.rollout, stats.reward,
-                            h.clock.durations(label), time.perf_counter() - started,
+                            h.clock.durations(label), time.perf_counter() - started, with_kl=h.cfg.with_ref,
                             inference_stats=stats.inference, rollout_backend=h.cfg.rollout.backend) \
             | timed | extra | devices | h.fleet_metrics(step + 1)
 

@@ -17,7 +17,10 @@ STAGES = ("rollout", "reward", "inference", "trainer", "sync")
 
 def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats: Sequence[RolloutStats],
                  reward_stats: Sequence[RewardStats], stage_s: dict[str, float], step_time_s: float, *,
-                 inference_stats: Sequence[InferenceStats] = (), rollout_backend: str = "") -> dict[str, Any]:
+                 with_kl: bool = True, inference_stats: Sequence[InferenceStats] = (),
+                 rollout_backend: str = "") -> dict[str, Any]:
+    """`step`: the step's index, from 0 (as in ledger.jsonl and the console's `step 0 (1/N)`);
+    `with_kl`: the loss has a KL term (kl_coef > 0); without one "kl" is null, not 0."""
     rewards = trained.rewards
     lengths = sorted(trained.lengths)
     tokens = sum(r.tokens for r in rollout_stats)
@@ -44,7 +47,8 @@ def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats
         "staleness_max": max(step - v for v in trained.versions),
         "staleness_mean": sum(step - v for v in trained.versions) / n,
         "loss": train.loss, "entropy": train.entropy, "grad_norm": train.grad_norm,
-        "kl": train.kl, "clip_frac": train.clip_frac, "rollout_capped_frac": train.rollout_capped_frac,
+        "kl": train.kl if with_kl else None, "clip_frac": train.clip_frac,
+        "rollout_capped_frac": train.rollout_capped_frac,
         "verifier": reward_stats[0].verifier,
         "time": time.time(),
         **mismatch_metrics(LogprobGap.merge([s.rollout_gap for s in inference_stats]), rollout_backend),

@@ -12,18 +12,31 @@ from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
 
 
+BUILT_IN_WARMUP_STEPS = 60
+"""The built-in model's warm start: it starts from random weights, and RL needs a policy
+that already answers in the task's format."""
+
+
 @dataclass(kw_only=True, slots=True)
 class WarmupSection:
-    steps: int = 60
-    """Supervised steps before RL (0 = none). Runs once, before step 0."""
+    steps: int | None = None
+    """Supervised steps on the task's reference answers before RL (0 = none), once, before
+    step 0. Default (null): 60 for the built-in model (random weights), 0 with model.path
+    (your model is not fine-tuned on the answers unless you ask for it)."""
     batch_size: int = 64
     """Samples per supervised step."""
     lr: float = 1e-3
     """Learning rate of the supervised steps."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.lr < 0:
+        if (self.steps is not None and self.steps < 0) or self.batch_size < 1 or self.lr < 0:
             raise ValueError("warmup needs steps >= 0, batch_size >= 1, lr >= 0")
+
+    def resolved_steps(self, model_path: str | None) -> int:
+        """`steps`, or its default for the model: none for a model of your own."""
+        if self.steps is not None:
+            return self.steps
+        return 0 if model_path else BUILT_IN_WARMUP_STEPS
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,7 +74,8 @@ class TrainerSection:
         if self.sync_bucket_bytes < 1024:
             raise ValueError(f"sync_bucket_bytes must be >= 1024, got {self.sync_bucket_bytes}")
         # the trainer's steps before the first RL step (a copy: a config passed in stays as it is)
-        self.engine = dataclasses.replace(self.engine, lr_step_offset=self.warmup.steps)
+        # (TrainConfig resolves a default warmup.steps, which depends on the model, and sets it again)
+        self.engine = dataclasses.replace(self.engine, lr_step_offset=self.warmup.steps or 0)
         if self.nonfinite == "skip" and self.backend == "megatron":
             raise ValueError("nonfinite skip needs the native trainer (megatron's optimizer applies a non-finite "
                              "update unless fp16 loss scaling catches it): use stop")

@@ -10,6 +10,7 @@ Every policy runs the real controller, workflow and placement with inproc emulat
 workers in virtual time (see docs/simulation.md). colocated always runs, as the
 baseline of speedup_vs_colocated. The JSON is byte-identical for one seed; with
 --timings it adds wall-clock figures (decision_ms_p99, wall_s), which are not.
+`dynarl sim --help` lists the policies, the devices and the table's columns (epilog).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from dynarl.components.placement.policy import PolicyUnavailable, make_policy
+from dynarl.components.costmodel import DEVICES
+from dynarl.components.placement.policy import REGISTRY, PolicyUnavailable, describe, make_policy
 from dynarl.components.workloads.catalog import WORKLOADS
 from dynarl.components.workloads.trace import TraceError
 
@@ -54,25 +56,69 @@ def positive_int(text: str) -> int:
 
 
 DEFAULT_POLICIES = "colocated,spatial,rlinf-auto"
+DEFAULT_ITERATIONS = 3
+"""Per policy, one warm-up included: two measured iterations (the async policy needs three)."""
+SWEEP_ITERATIONS = 2
+"""--sweep's default: it runs many rows (one measured iteration each, as its documented figures)."""
+
+COLUMNS = (
+    ("iter_time_s", "mean time of a measured iteration (virtual seconds)"),
+    ("tokens_per_s", "generated tokens per second (math; agentic: requests_per_s, episodes per "
+                     "second; embodied: env_steps_per_s)"),
+    ("gpu_idle", "fraction of the devices' time in which no component computed"),
+    ("bound_s", "a lower bound on one iteration's time whatever the policy: max(total work / "
+                "devices, the critical path) (launch/sim/bound.py)"),
+    ("ratio", "iter_time_s / bound_s: 1.00 would be optimal"),
+    ("speedup", "colocated's iter_time_s / this policy's"),
+    ("dec_ms_p99", "p99 wall-clock milliseconds of the policy's decisions (scheduler moves, re-plans): "
+                   "'-' without --timings, 0.00 when it made none"),
+    ("placement", "the starting placement: devices per segment ('|' between segments, '+' joins "
+                  "components that time-share devices)"),
+)
+CALIBRATION = ("The cost model (components/costmodel.py, docs/COSTMODEL.md) takes its device figures from "
+               "datasheets and papers and is not yet calibrated on a GPU: its times are estimates, for "
+               "comparing policies with one another, not a prediction of a real cluster's.")
+
+
+def epilog() -> str:
+    """The policies, devices and columns, one line each (--help)."""
+    import textwrap
+    width = max(map(len, REGISTRY)) + 2
+
+    def item(name: str, text: str, indent: int) -> str:
+        return textwrap.fill(text, 100, initial_indent=f"  {name.ljust(indent)}", subsequent_indent=" " * (indent + 2),
+                             break_on_hyphens=False)
+    lines = ["policies (--policies; colocated always runs, as the baseline of speedup):"]
+    lines += [item(name, describe(name), width) for name in REGISTRY]
+    lines += ["", "devices (--device), as the cost model prices them:"]
+    lines += [item(d.name, f"{d.memory_bytes / 1e9:g} GB, {d.hbm_bandwidth / 1e12:g} TB/s memory, "
+                           f"{d.bf16_flops / 1e12:g} TFLOP/s bf16", width) for d in DEVICES.values()]
+    lines += ["", "columns of the table (per policy, over the measured iterations; --json: launch/sim/metrics.py):"]
+    lines += [item(name, text, width) for name, text in COLUMNS]
+    return "\n".join(lines + ["", textwrap.fill(CALIBRATION, 100)])
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dynarl sim", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dynarl sim", description=__doc__.split("\n\n")[0], epilog=epilog(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", help=f"one of: {', '.join(sorted(WORKLOADS))} (default math-7b; "
                                       "with --sweep, math-1.5b)")
     p.add_argument("--devices", type=device_counts, default=[64],
                    help="devices, or a comma-separated list of counts run one after another (default 64)")
     p.add_argument("--policies", default=None,
-                   help="comma-separated: colocated, spatial, rlinf-auto, async (needs --iterations 3 "
-                        "or more), partial, dynarl, dynarl-async, dynarl-costaware, ... (partial rollout: "
-                        "measure with --iterations 5 --warmup 2; default "
-                        "colocated,spatial,rlinf-auto; with --fidelity, colocated,spatial)")
-    p.add_argument("--seed", type=int, default=0)
+                   help="comma-separated policy names, listed below (default colocated,spatial,rlinf-auto; "
+                        "with --fidelity, colocated,spatial); async needs --iterations 3 or more, partial "
+                        "rollout is measured with --iterations 5 --warmup 2")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0): its prompts and lengths")
     p.add_argument("--trace", help="JSONL trace replacing the workload's generator")
-    p.add_argument("--iterations", type=int, default=2, help="per policy, warm-up included")
-    p.add_argument("--warmup", type=int, default=1, help="iterations not measured")
+    p.add_argument("--iterations", type=int, default=None,
+                   help=f"per policy, warm-up included (default {DEFAULT_ITERATIONS}: {DEFAULT_ITERATIONS - 1} "
+                        f"measured; with --sweep, {SWEEP_ITERATIONS})")
+    p.add_argument("--warmup", type=int, default=1, help="the first iterations, not measured (default 1)")
     p.add_argument("--prompts", type=int, help="prompts per iteration (default: the workload's rule)")
-    p.add_argument("--device", default="h100-80gb")
+    p.add_argument("--device", default="h100-80gb", choices=sorted(DEVICES), metavar="DEVICE",
+                   help=f"the emulated device the cost model prices: {', '.join(sorted(DEVICES))} (default "
+                        "h100-80gb; listed below); not calibrated on a GPU yet")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timings", action="store_true", help="add wall-clock figures to the JSON")
     p.add_argument("--plot", metavar="DIR", help="write the ownership timelines and a bar chart there")
@@ -94,6 +140,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.iterations is None:
+        args.iterations = SWEEP_ITERATIONS if args.sweep else DEFAULT_ITERATIONS
     if (args.sweep or args.fidelity) and len(args.devices) > 1:
         print("dynarl sim: --sweep and --fidelity take one device count", file=sys.stderr)
         return 2

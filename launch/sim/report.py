@@ -24,8 +24,9 @@ def to_json(result: dict[str, Any]) -> str:
 def table(result: dict[str, Any]) -> str:
     rate = {"math": "tokens_per_s", "embodied": "env_steps_per_s"}.get(result["kind"], "requests_per_s")
     batch = f"{result['envs']} envs" if result["kind"] == "embodied" else f"{result['prompts']} prompts/iteration"
-    head = (f"{result['workload']} on {result['devices']} devices, seed {result['seed']}, "
-            f"{batch}, {result['measured_iterations']} measured iteration(s)")
+    head = (f"{result['workload']} on {result['devices']} emulated {result['device']} devices, seed "
+            f"{result['seed']}, {batch}, {result['measured_iterations']} measured iteration(s) (virtual time; "
+            "the cost model is not calibrated on a GPU yet: docs/COSTMODEL.md; columns: dynarl sim --help)")
     cols = ["policy", "iter_time_s", rate, "gpu_idle", "bound_s", "ratio", "speedup", "dec_ms_p99", "placement"]
     rows = [cols]
     for name, m in result["policies"].items():
