@@ -249,6 +249,21 @@ def test_dr_grpo_loss_is_token_sum_over_samples_times_max_length():
     assert got.clip_frac.item() == pytest.approx(2 / 4)  # tokens 0 (A>0, high) and 1 (A<0, low)
 
 
+def test_dr_grpo_weighs_its_kl_and_entropy_as_its_policy_term():
+    lo, hi, samples, max_len, kl_coef, ent_coef = 0.2, 0.28, 3, 16, 0.1, 0.02
+    mask, entropy = [1, 1, 0, 1, 1], [1.0, 2.0, 0.5, 0.1, 0.3]
+    got = objectives.objective_loss("dr_grpo", t(LOGP), t(OLD), t(ADV), t(mask), clip_eps_low=lo, clip_eps_high=hi,
+                                    num_tokens=4, num_samples=samples, max_response_len=max_len,
+                                    ref_logprobs=t(OLD), kl_coef=kl_coef, entropy=t(entropy), entropy_coef=ent_coef)
+    k3 = [math.exp(o - lp) - (o - lp) - 1 for lp, o in zip(LOGP, OLD)]
+    kept = [i for i, m in enumerate(mask) if m]
+    pg = sum(ref_ppo_token(LOGP[i], OLD[i], ADV[i], lo, hi) for i in kept)
+    want = (pg + kl_coef * sum(k3[i] for i in kept) - ent_coef * sum(entropy[i] for i in kept)) / (samples * max_len)
+    assert got.loss.item() == pytest.approx(want, rel=1e-6)
+    assert got.entropy.item() == pytest.approx(sum(entropy[i] for i in kept) / 4)  # reported as a token-mean
+    assert got.kl.item() == pytest.approx(sum(k3[i] for i in kept) / 4, rel=1e-6)
+
+
 @pytest.mark.parametrize("name", ["grpo", "dapo", "rloo"])
 def test_grpo_dapo_rloo_share_grpos_loss_bit_for_bit(name):
     kwargs = dict(clip_eps_low=0.2, clip_eps_high=0.28, ref_logprobs=t(OLD), kl_coef=0.1,

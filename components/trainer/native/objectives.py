@@ -6,7 +6,10 @@ grpo is losses.py's, untouched (bit for bit what it was). Every objective report
 same terms (losses.GRPOLoss): `pg_loss` is the objective's policy term as aggregated
 below; the k3 KL to the reference policy, the entropy bonus and clip_frac are token-means
 over the batch as in grpo (reinforce_pp: the KL is in its advantages, the k3 term is
-reported only). Advantages: trainer/advantages.py.
+reported only). dr_grpo weighs its KL and entropy terms in the loss as its policy term,
+token sum / (B * L): as token-means beside a policy term that much smaller, the entropy
+bonus (trainer.engine.entropy_coef 0.02) outweighed it and the main job collapsed at
+steps 40-60 (docs/benchmarks.md). Advantages: trainer/advantages.py.
 
     objective     policy term per token                      aggregation over the batch
     grpo, dapo,   PPO-clip (losses.policy_gradient_loss)     token-mean
@@ -102,13 +105,14 @@ def cispo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advant
 
 def _terms(pg_loss: torch.Tensor, is_clipped: torch.Tensor, capped: torch.Tensor, logprobs: torch.Tensor,
            mask: torch.Tensor, ref_logprobs: torch.Tensor | None, kl_coef: float, entropy: torch.Tensor | None,
-           entropy_coef: float, num_tokens: float) -> GRPOLoss:
+           entropy_coef: float, num_tokens: float, penalty_scale: float = 1.0) -> GRPOLoss:
     """A policy term with grpo's others: k3 KL, entropy, clip_frac and rollout_capped_frac
-    as token-means."""
+    as token-means; the KL and entropy terms weigh `penalty_scale` times their token-mean
+    in the loss (dr_grpo: their token sum / (B * L), as its policy term)."""
     zero = pg_loss.new_zeros(())
     kl = token_mean(kl_k3(logprobs, ref_logprobs), mask, num_tokens) if ref_logprobs is not None else zero
     ent = token_mean(entropy, mask, num_tokens) if entropy is not None else zero
-    loss = pg_loss + kl_coef * kl - entropy_coef * ent
+    loss = pg_loss + penalty_scale * (kl_coef * kl - entropy_coef * ent)
     return GRPOLoss(loss, pg_loss, kl, ent, token_mean(is_clipped.to(pg_loss.dtype), mask, num_tokens),
                     token_mean(capped.to(pg_loss.dtype), mask, num_tokens))
 
@@ -135,14 +139,16 @@ def objective_loss(objective: str, logprobs: torch.Tensor, old_logprobs: torch.T
     if objective in ("grpo", "dapo", "rloo", "opd", "dr_grpo", "reinforce_pp"):
         pg, is_clipped, capped = corrected(*policy_gradient_loss(logprobs, old_logprobs, advantages, clip_eps_low,
                                                                  clip_eps_high))
+        scale = 1.0
         if objective == "dr_grpo":  # Dr. GRPO: sum over tokens / (B * L), no per-sequence length
             pg_loss = (pg * mask).sum() / (num_samples * max_response_len)
+            scale = num_tokens / (num_samples * max_response_len)  # its KL and entropy bonus alike
         else:
             pg_loss = token_mean(pg, mask, num_tokens)
         if objective == "reinforce_pp":
             kl_coef = 0.0  # (REINFORCE++: the KL penalty is in the advantages)
         return _terms(pg_loss, is_clipped, capped, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef,
-                      num_tokens)
+                      num_tokens, penalty_scale=scale)
     if behav_logprobs is not None and rollout_correction == "none":
         raise ValueError(f"{objective} weighs tokens against the policy that sampled them: it takes no "
                          "behav_logprobs (algorithm.max_staleness 0) but a rollout correction's")
