@@ -11,6 +11,7 @@
     scheduler  static | dynarl; algorithm: the objective (name), max_staleness    scheduler_config.py
     run        steps, prompts per step, seed, checkpoints                         run_config.py
     agentic, embodied, memory: agentic_config.py, embodied_config.py, memory/config.py
+    reward     a reward function in place of the task's verifier                   reward/config.py
 
 Load with `load_config` (defaults <- YAML <- key=value overrides): every error
 names its field path. Checks that need the whole tree (placement fits the
@@ -24,6 +25,7 @@ from typing import Any, Literal
 
 from dynarl.components.memory.config import MemorySection
 from dynarl.components.model.spec import ModelSpec
+from dynarl.components.reward.config import RewardSection, check_reward
 from dynarl.components.placement.plan import COMPONENTS, Placement, PlacementError, from_pools
 from dynarl.components.tasks.source import TaskConfig
 from dynarl.components.agents.config import AgentSection
@@ -69,9 +71,12 @@ class TrainConfig:
     embodied: EmbodiedSection = field(default_factory=EmbodiedSection)
     memory: MemorySection = field(default_factory=MemorySection)
     """The memory plan `dynarl train` prints with --dry-run and checks before start (docs/memory.md)."""
+    reward: RewardSection = field(default_factory=RewardSection)
+    """A reward function of the user's in place of the task's verifier (docs/reward.md)."""
 
     def __post_init__(self) -> None:
         check(self)
+        check_reward(self)
         # the objective goes to the trainer (and the reward stages) in trainer.engine
         self.trainer.engine = self.algorithm.trainer_engine(self.trainer.engine, self.rollout.max_new_tokens,
                                                             self.workflow)
