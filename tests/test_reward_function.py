@@ -5,7 +5,6 @@ named scores; raising, timed-out, NaN calls cost their sample only and are count
 the step's metrics, and `dynarl train` with a function: it trains the built-in task
 exactly as the task's verifier does, a flaky function's failures are counted while the
 run ends rc 0, and a bad path is rc 2 with one line naming reward.function."""
-import asyncio
 import json
 import math
 import os

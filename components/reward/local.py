@@ -25,10 +25,9 @@ SINGULAR = {"prompts": "prompt", "problem_ids": "problem_id", "sample_ids": "sam
 
 
 class LocalReward:
-    def __init__(self, section: RewardSection, fn: Callable[..., Any] | None = None) -> None:
-        """`fn`: the function itself (tests); default: reward.function, imported."""
+    def __init__(self, section: RewardSection) -> None:
         self.section = section
-        self.fn = fn if fn is not None else load_function(parse_spec(section.function), section.batched)
+        self.fn: Callable[..., Any] = load_function(parse_spec(section.function), section.batched)
         self.keywords = keywords_for(self.fn, BATCH_KEYWORDS if section.batched else KEYWORDS)
         self.is_async = inspect.iscoroutinefunction(self.fn) or \
             inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))
@@ -48,18 +47,18 @@ class LocalReward:
 
     async def _one(self, x: RewardInput) -> Outcome:
         kwargs = {k: getattr(x, k) for k in self.keywords}
-        value = await self._call((x.response, x.answer), kwargs)
-        return value if isinstance(value, Outcome) else judged(value, self.section.on_error)
+        value, failure = await self._call((x.response, x.answer), kwargs)
+        return failure or judged(value, self.section.on_error)
 
     async def _batch(self, inputs: list[RewardInput]) -> list[Outcome]:
         kwargs = {k: [getattr(x, SINGULAR[k]) for x in inputs] for k in self.keywords}
-        value = await self._call(([x.response for x in inputs], [x.answer for x in inputs]), kwargs)
-        if isinstance(value, Outcome):  # the call failed: each of its samples did
-            return [value] * len(inputs)
+        value, failure = await self._call(([x.response for x in inputs], [x.answer for x in inputs]), kwargs)
+        if failure is not None:  # the call failed: each of its samples did
+            return [failure] * len(inputs)
         return batch_outcomes(value, len(inputs), self.section.on_error)
 
-    async def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """The function's return, or the failed Outcome of a raise or a timeout."""
+    async def _call(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Outcome | None]:
+        """(the function's return, None), or (None, the failed Outcome of a raise or a timeout)."""
         on_error = self.section.on_error
         async with self._slots:
             try:
@@ -71,10 +70,10 @@ class LocalReward:
                     if inspect.isawaitable(value):
                         value = await value
             except TimeoutError:
-                return failed("timeout", timeout_message(self.section.timeout_s), on_error)
+                return None, failed("timeout", timeout_message(self.section.timeout_s), on_error)
             except Exception as exc:  # the function's own error: its sample(s) only
-                return failed("error", f"{type(exc).__name__}: {exc}", on_error)
-        return value
+                return None, failed("error", f"{type(exc).__name__}: {exc}", on_error)
+        return value, None
 
 
 def batch_outcomes(value: Any, n: int, on_error: float) -> list[Outcome]:
