@@ -4,6 +4,7 @@ module form (reward_fns:NAME, tests/ on the import path) and the file form
 import asyncio
 import math
 import socket
+import threading
 import time
 
 
@@ -66,9 +67,21 @@ async def slow_async(response, answer):
     return 1.0
 
 
+RELEASE = threading.Event()
+"""Set by a test to let `hang`'s calls return."""
+
+
+def hang(response, answer):
+    """Does not return on "hang" until the test sets RELEASE (a minute at most)."""
+    if response == "hang":
+        RELEASE.wait(60)
+    return 1.0
+
+
 def spin(response, answer):
-    """Never returns on "spin" (a busy loop the sandbox's timer stops)."""
-    while response == "spin":
+    """A busy loop on "spin" (the sandbox's timer stops it; bounded at 30 s all the same)."""
+    deadline = time.monotonic() + 30
+    while response == "spin" and time.monotonic() < deadline:
         pass
     return 1.0
 

@@ -40,11 +40,6 @@ def inputs(*pairs, metadata=None):
                         metadata=metadata or {}) for i, (r, a) in enumerate(pairs)]
 
 
-def fn_of(name):
-    import reward_fns
-    return getattr(reward_fns, name)
-
-
 # ---- the spec and its validation at load --------------------------------------------
 
 @pytest.mark.parametrize("text, target, name", [
@@ -103,7 +98,7 @@ def test_a_function_that_does_not_load_is_one_line_naming_the_key(tmp_path, func
 @pytest.mark.parametrize("function, extra", [
     (f"{FNS}:exact", []), (f"{FNS}:everything", []), (f"{FNS}:context", []), (f"{FNS}:batch", [("reward.batched", True)]),
     ("reward_fns:exact_async", []), ("os.path:join", []),
-    ("{tmp}/raises.py:f", [("reward.sandbox", True)]),  # (compiles, defines nothing: sandbox mode does not run it...)
+    ("{tmp}/raises.py:f", [("reward.sandbox", True)]),  # its raise is not run here: sandbox mode only compiles it
 ])
 def test_functions_that_load(tmp_path, function, extra):
     (tmp_path / "raises.py").write_text("raise RuntimeError('only in the sandbox')\ndef f(r, a):\n    return 1.0\n")
@@ -187,24 +182,30 @@ def test_step_metrics_sum_the_ranks_and_average_each_score_over_its_samples():
 
 # ---- in the reward worker's process --------------------------------------------------
 
-def local(name, **section):
-    return LocalReward(RewardSection(function=f"{FNS}:{name}", **section))
+@pytest.fixture
+def local():
+    made = []
+
+    def make(name, **section):
+        made.append(LocalReward(RewardSection(function=f"{FNS}:{name}", **section)))
+        return made[-1]
+    yield make
+    for runner in made:
+        runner.close()
 
 
 @pytest.mark.parametrize("name", ["exact", "exact_async"])
-async def test_sync_and_async_functions_score_each_sample(name):
-    runner = local(name)
-    got = await runner.score(inputs(("abc", "abc"), ("ab", "abc"), ("abc", "abc")))
+async def test_sync_and_async_functions_score_each_sample(local, name):
+    got = await local(name).score(inputs(("abc", "abc"), ("ab", "abc"), ("abc", "abc")))
     assert [(o.reward, o.failure) for o in got] == [(1.0, ""), (0.0, ""), (1.0, "")]
-    runner.close()
 
 
-async def test_named_scores_come_with_the_reward():
+async def test_named_scores_come_with_the_reward(local):
     got = await local("named").score(inputs(("abc", "abc"), ("ab", "abc")))
     assert [(o.reward, o.scores) for o in got] == [(1.0, {"length": 3.0}), (0.0, {"length": 2.0})]
 
 
-async def test_the_context_keywords_its_signature_names_are_passed():
+async def test_the_context_keywords_its_signature_names_are_passed(local):
     got = await local("context").score(inputs(("abc", "abc"), ("x", "abc"), metadata={"level": 4}))
     assert [o.scores for o in got] == [{"prompt_len": 4.0, "sample": 0.0, "meta": 4.0},
                                        {"prompt_len": 4.0, "sample": 1.0, "meta": 4.0}]
@@ -217,12 +218,12 @@ async def test_the_context_keywords_its_signature_names_are_passed():
     ("batch_async", [(1.0, {"index": 0.0}, ""), (0.0, {"index": 1.0}, "")]),
     ("batch_short", [(-1.0, {}, "error")] * 2),
 ])
-async def test_batched_functions_take_lists(name, expected):
+async def test_batched_functions_take_lists(local, name, expected):
     got = await local(name, batched=True, on_error=-1.0).score(inputs(("abc", "abc"), ("ab", "abc")))
     assert [(o.reward, o.scores, o.failure) for o in got] == expected
 
 
-async def test_raising_nan_and_timed_out_calls_cost_their_sample_only():
+async def test_raising_nan_and_timed_out_calls_cost_their_sample_only(local):
     runner = local("flaky", timeout_s=0.3, on_error=-1.0)
     started = time.perf_counter()
     got = await runner.score(inputs(*[("abc", "abc")] * 6))
@@ -232,20 +233,23 @@ async def test_raising_nan_and_timed_out_calls_cost_their_sample_only():
     assert got[1].message == "ValueError: no reward for cu-7/1"
     assert got[2].message == "returned nan as the value, not a finite number"
     assert got[4].message == "no result within 0.3 s (reward.timeout_s)"
-    runner.close()
 
 
-async def test_an_async_call_past_its_timeout_is_cancelled():
+async def test_an_async_call_past_its_timeout_is_cancelled(local):
     started = time.perf_counter()
     got = await local("slow_async", timeout_s=0.2).score(inputs(("a", "a"), ("b", "b")))
     assert [o.failure for o in got] == ["timeout", "timeout"] and time.perf_counter() - started < 5
 
 
-async def test_a_hung_sync_call_holds_one_thread_and_not_the_others():
-    runner = local("spin", timeout_s=0.3, max_concurrency=2)
-    got = await runner.score(inputs(("spin", "x"), ("ok", "x"), ("ok", "x")))
-    assert [o.failure for o in got] == ["timeout", "", ""]
-    runner.close()  # (its daemon thread spins on: the process's exit does not wait for it)
+async def test_a_hung_sync_call_holds_one_thread_and_not_the_others(local):
+    runner = local("hang", timeout_s=0.3, max_concurrency=2)
+    release = runner.fn.__globals__["RELEASE"]  # (the file's module, as the runner loaded it)
+    release.clear()
+    try:
+        got = await runner.score(inputs(("hang", "x"), ("ok", "x"), ("ok", "x")))
+        assert [o.failure for o in got] == ["timeout", "", ""]
+    finally:
+        release.set()  # (a daemon thread: the process's exit would not wait for it either)
 
 
 # ---- in the sandbox -----------------------------------------------------------------
