@@ -116,33 +116,38 @@ class PromptGroup:
     answer: str
     prompt_ids: Sequence[int]
     samples: list[Sample]
+    metadata: dict | None = None
+    """A dataset row's other fields (tasks/dataset.py), for a reward function
+    (reward.function); None: none. The reward stage, its last reader, drops it."""
 
     def to_wire(self) -> list:
-        return [self.index, self.problem, self.answer, self.prompt_ids, self.samples]
+        return [self.index, self.problem, self.answer, self.prompt_ids, self.samples, self.metadata]
 
     def to_json(self) -> list:
         """JSON-safe (a checkpoint's file): the wire fields, samples as their field lists."""
         return [self.index, self.problem, self.answer, list(self.prompt_ids),
-                [[list(v) if isinstance(v, tuple) else v for v in s.to_wire()] for s in self.samples]]
+                [[list(v) if isinstance(v, tuple) else v for v in s.to_wire()] for s in self.samples], self.metadata]
 
     @classmethod
     def from_json(cls, values: list) -> "PromptGroup":
         """(A sample written before `segments`, `episode` or `teacher_logprobs` existed has
-        fields fewer: None.)"""
-        index, problem, answer, prompt_ids, samples = values
+        fields fewer: None; a group written before `metadata` existed, none.)"""
+        index, problem, answer, prompt_ids, samples, *metadata = values
         n = len(_SAMPLE_FIELDS)
         return cls.from_wire([index, problem, answer, prompt_ids,
                               [Sample.from_wire(s + [None] * (n - len(s)) if n - 3 <= len(s) < n else s)
-                               for s in samples]])
+                               for s in samples], *metadata])
 
     @classmethod
     def from_wire(cls, values: list) -> "PromptGroup":
-        if not isinstance(values, list) or len(values) != 5:
-            raise ValueError("expected 5 fields")
+        if not isinstance(values, list) or len(values) not in (5, 6):
+            raise ValueError("expected 6 fields")
         g = cls(*values)
         if not isinstance(g.index, int) or not isinstance(g.samples, list) or \
                 not all(isinstance(s, Sample) for s in g.samples):
             raise ValueError("index must be an int and samples a list of Sample")
+        if g.metadata is not None and not isinstance(g.metadata, dict):
+            raise ValueError("metadata must be a mapping or None")
         return g
 
 

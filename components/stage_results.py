@@ -60,6 +60,14 @@ class RewardStats:
     episodes: dict[str, Any] = field(default_factory=dict)
     """The agentic workflow's: the step's episodes as its driver counted them
     (workflows/agentic.py driver_metrics)."""
+    errors: int = 0
+    timeouts: int = 0
+    """reward.function: the samples whose call raised or returned no finite number, and
+    those whose call timed out (components/reward/outcome.py Tally)."""
+    first_error: str = ""
+    """reward.function: the first failed call's sample and message."""
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    """reward.function: each named score's [sum, count] over the samples that returned it."""
 
 
 @register_struct(62)

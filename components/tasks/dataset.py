@@ -16,6 +16,7 @@ taken from the answer field (PRESETS).
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -183,7 +184,23 @@ def _problem(number: int, row: Any, config: DatasetConfig, check: Check | None,
     why = check(text) if check is not None else None
     if why is not None:
         return None, why
-    return Problem(f"r{number}", text, str(answer)), ""
+    return Problem(f"r{number}", text, str(answer), row_metadata(row, config)), ""
+
+
+def row_metadata(row: dict, config: DatasetConfig) -> dict | None:
+    """The row's fields other than its prompt and answer, for a reward function
+    (reward.function's `metadata`); a field JSON cannot hold (bytes, a date) left out.
+    None when none is left."""
+    kept = {}
+    for name, value in row.items():
+        if name in (config.prompt_field, config.answer_field):
+            continue
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            continue
+        kept[str(name)] = value
+    return kept or None
 
 
 EXTRACT_WHAT = {"gsm8k": "'#### <answer>'", "boxed": "\\boxed{...}"}

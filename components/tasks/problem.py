@@ -11,6 +11,9 @@ class Problem:
     """Stable across runs and placement modes: "cu-17" (built-in), "e0:r42" (dataset epoch 0, row 42)."""
     prompt: str
     answer: str
+    metadata: dict | None = None
+    """A dataset row's fields other than its prompt and answer (dataset.py), for a reward
+    function (reward.function); None for the built-in tasks."""
 
 
 def stable_seed(*parts: object) -> int:

@@ -28,5 +28,5 @@ class TaskPrompts:
             samples = [Sample(f"{problem.id}/{k}", stable_seed(self.seed, "sample", problem.id, k))
                        for k in range(self.samples_per_prompt)]
             groups.append(PromptGroup(index, problem.id, problem.answer,
-                                      self.tokenizer.encode(problem.prompt, add_bos=True), samples))
+                                      self.tokenizer.encode(problem.prompt, add_bos=True), samples, problem.metadata))
         return groups

@@ -74,7 +74,7 @@ class ProblemSource:
         epoch, position = divmod(index, len(self._rows))
         row = self._rows[self._permutation(stream, epoch)[position]]
         prefix = "e" if stream == "train" else "w"
-        return Problem(f"{prefix}{epoch}:{row.id}", row.prompt, row.answer)
+        return Problem(f"{prefix}{epoch}:{row.id}", row.prompt, row.answer, row.metadata)
 
     def _permutation(self, stream: str, epoch: int) -> list[int]:
         key = (stream, epoch)

@@ -11,7 +11,8 @@
     scheduler  static | dynarl; algorithm: the objective (name), max_staleness    scheduler_config.py
     run        steps, prompts per step, seed, checkpoints                         run_config.py
     agentic, embodied, memory: agentic_config.py, embodied_config.py, memory/config.py
-    judge      an LLM judge's model, devices, engine, prompt and score     reward/judge_config.py
+    judge      an LLM judge's model, devices, engine, prompt and score          reward/judge_config.py
+    reward     a reward function in place of the task's verifier                   reward/config.py
 
 Load with `load_config` (defaults <- YAML <- key=value overrides): every error
 names its field path. Checks that need the whole tree (placement fits the
@@ -26,6 +27,7 @@ from typing import Any, Literal
 
 from dynarl.components.memory.config import MemorySection
 from dynarl.components.model.spec import ModelSpec
+from dynarl.components.reward.config import RewardSection, check_reward
 from dynarl.components.placement.plan import COMPONENTS, Placement, PlacementError, from_pools
 from dynarl.components.reward.judge_config import JudgeSection
 from dynarl.components.tasks.source import TaskConfig
@@ -76,6 +78,8 @@ class TrainConfig:
     judge: JudgeSection = field(default_factory=JudgeSection)
     """An LLM judge that scores each sample after the reward stage, on devices of its own
     or time-shared (components/workflows/judge_stage.py)."""
+    reward: RewardSection = field(default_factory=RewardSection)
+    """A reward function of the user's in place of the task's verifier (docs/reward.md)."""
 
     def __post_init__(self) -> None:
         # the warm start's default depends on the model: none for model.path (WarmupSection)
@@ -84,6 +88,7 @@ class TrainConfig:
         t.engine = dataclasses.replace(t.engine, lr_step_offset=t.warmup.steps)
         check(self)
         check_judge(self)
+        check_reward(self)
         # the objective goes to the trainer (and the reward stages) in trainer.engine
         self.trainer.engine = self.algorithm.trainer_engine(self.trainer.engine, self.rollout.max_new_tokens,
                                                             self.workflow)

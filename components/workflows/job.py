@@ -25,6 +25,7 @@ from dynarl.components.workflows.dynamic import DynamicScheduling
 from dynarl.components.workflows.ledger import SampleLedger
 from dynarl.components.workflows.partial import PARTIAL_FILE, resume_refused, stream_source
 from dynarl.components.workflows.stages import StageClock, held
+from dynarl.core.config_tree import to_dict
 from dynarl.core.controller import Controller
 from dynarl.core.files import atomic_open
 from dynarl.core.hypergraph import GRAPH_FILE
@@ -143,7 +144,7 @@ class Job:
         trainer_backend = cfg.trainer.megatron if cfg.trainer.backend == "megatron" else cfg.trainer.emulated
         return {  # engines: engine_factory.py; the config sections cross as themselves (core/config_tree.wire_config)
             "reward": {"model": model, "verifier": cfg.task.resolved_verifier, "adv_eps": cfg.trainer.engine.adv_eps,
-                       "engine": cfg.trainer.engine},
+                       "engine": cfg.trainer.engine, "reward": to_dict(cfg.reward)},
             "rollout": {"model": model, "engine": cfg.rollout.engine, "bucket_bytes": bucket,
                         "shares_device": "rollout" in shared, "move_kv": cfg.rollout.move_kv,
                         "kv_choice": cfg.rollout.kv_choice,

@@ -50,10 +50,29 @@ def step_metrics(step: int, trained: Trained, train: TrainMetrics, rollout_stats
         "kl": train.kl if with_kl else None, "clip_frac": train.clip_frac,
         "rollout_capped_frac": train.rollout_capped_frac,
         "verifier": reward_stats[0].verifier,
+        **function_metrics(reward_stats),
         "time": time.time(),
         **mismatch_metrics(LogprobGap.merge([s.rollout_gap for s in inference_stats]), rollout_backend),
         **teacher_metrics(LogprobGap.merge([s.teacher_gap for s in inference_stats])),
     }
+
+
+def function_metrics(reward_stats: Sequence[RewardStats]) -> dict[str, Any]:
+    """reward.function's step (none for a verifier): the samples whose call failed,
+    the first failure's message (None: none), each named score's mean over the samples
+    that returned it."""
+    if not reward_stats or reward_stats[0].verifier != "function":
+        return {}
+    totals: dict[str, list[float]] = {}
+    for r in reward_stats:
+        for name, (total, count) in r.scores.items():
+            both = totals.setdefault(name, [0.0, 0])
+            both[0] += total
+            both[1] += count
+    return {"reward_errors": sum(r.errors for r in reward_stats),
+            "reward_timeouts": sum(r.timeouts for r in reward_stats),
+            "reward_first_error": next((r.first_error for r in reward_stats if r.first_error), None),
+            "reward_scores": {name: total / count for name, (total, count) in sorted(totals.items()) if count}}
 
 
 def fixed_devices(groups: Any) -> dict[str, Any]:
