@@ -102,7 +102,8 @@ async function drawCurves() {
       title: chart.title,
       width: Math.max(holder.clientWidth, 400),
       height: 220,
-      scales: { x: { time: false } },
+      // a flat series (KL 0 where it is not computed) gets a narrow range, not uPlot's 0-100
+      scales: { x: { time: false }, y: { range: (u, lo, hi) => (lo === hi ? [lo - 1, hi + 1] : uPlot.rangeNum(lo, hi, 0.1, true)) } },
       axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, {}],
       series: [{ label: "step" }, ...chart.series.map((s, i) => ({
         label: s.label, stroke: state.colours[s.label] || PALETTE[i % PALETTE.length],
