@@ -245,6 +245,7 @@ function drawStages(view) {
 async function drawMigrations() {
   const data = await get("migrations");
   document.getElementById("no-migrations").hidden = data.steps.length > 0;
+  for (const id of ["plans", "moves-per-step"]) document.getElementById(id).hidden = data.steps.length === 0;
   document.querySelector("#plans tbody").replaceChildren(...data.plans.map((p) => {
     const row = el("tr", { "data-step": p.step, "data-predicted-gain": p.predicted_gain_s ?? "",
       "data-measured-gain": p.measured_gain_s ?? "" });
