@@ -196,6 +196,7 @@ class Notes:
     ([("run.dashboard.bind", "x")], "run.dashboard.bind: unknown key"),
     ([("run.log_samples", -1)], "run.log_samples: must be an integer >= 0"),
     ([("run.log_samples", 2), ("trainer.streaming", True)], "run.log_samples: a streaming trainer"),
+    ([("workflow", "embodied"), ("run.log_samples", 2)], "run.log_samples: the embodied workflow's samples"),
 ])
 def test_the_config(overrides, error):
     if error is None:
