@@ -46,6 +46,7 @@ def _tool(argv: list[str]) -> int:
 
 COMMANDS = {
     "bench": _bench,
+    "dashboard": lambda argv: importlib.import_module("dynarl.launch.dashboard.cli").main(argv),
     "doctor": lambda argv: importlib.import_module("dynarl.launch.doctor").main(argv),
     "eval": lambda argv: importlib.import_module("dynarl.launch.eval").main(argv),
     "export": lambda argv: importlib.import_module("dynarl.launch.export").main(argv),
@@ -59,6 +60,7 @@ COMMANDS = {
 SUMMARIES = {
     "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, async, env, memory), "
              "ratios measured side by side",
+    "dashboard": "a run directory's live dashboard (a web page: curves, device moves, samples)",
     "doctor": "the production path on this machine's devices (--gpu: one CUDA GPU), one JSON report",
     "eval": "mean reward and pass@k of a run's checkpoint or an HF folder on held-out problems",
     "export": "a run's trained policy as an HF folder (transformers loads it)",
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dynarl {" + ",".join(sorted(COMMANDS)) + "} ...\n\n" + "\n".join(
-            f"  {name:<6} {what}" for name, what in sorted(SUMMARIES.items())) +
+            f"  {name:<9} {what}" for name, what in sorted(SUMMARIES.items())) +
             "\n\n`dynarl COMMAND --help` for its options.")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]

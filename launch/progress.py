@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from dynarl.launch.step_moves import moves_text
+
 
 def make_progress(total_steps: int, stream: TextIO | None = None) -> "PlainProgress | RichProgress":
     stream = stream or sys.stdout
@@ -23,6 +25,7 @@ def step_line(m: dict[str, Any], total: int, eta_s: float | None = None) -> str:
     train = "".join(f"  {label} {m[key]:.{digits}f}" for key, label, digits in TRAIN_FIGURES
                     if m.get(key) is not None)
     eta = f"  eta {duration(eta_s)}" if eta_s is not None else ""
+    eta = (f"  {moves}" if (moves := moves_text(m)) else "") + eta  # scheduler.policy=dynarl: its moves
     if "env_steps_per_s" in m:  # the embodied workflow
         success = f"  success {m['success_rate']:.2f}" if "success_rate" in m else ""
         ret = "-" if m["reward_mean"] is None else f"{m['reward_mean']:.2f}"

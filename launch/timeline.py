@@ -9,19 +9,20 @@ at its move, the migration bars follow on its device while the kept engines
 still decode, and the trainer's bars then appear on devices that rollout held
 when the step began. A run of more than DETAIL_STEPS steps shows its last ones so,
 and every step's stage times in a strip below (a 200-step run drawn bar by bar was
-a barcode).
+a barcode). Given the steps' rewards (metrics.jsonl's reward_mean), a last panel
+draws them per step.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from dynarl.components.workflows.stages import Span
 
 COLOURS = {"rollout": "#4C72B0", "inference": "#DD8452", "trainer": "#55A868", "reward": "#C44E52",
            "sync": "#8172B3", "critic": "#2E8B57", "env": "#DA8BC3", "judge": "#8C564B",
            # scheduler.policy=dynarl: devices changing hands inside a step (components/workflows/dynamic.py)
-           "migrate workload": "#CCB974", "migrate p2p": "#64B5CD", "migrate grow": "#8C8C8C",
-           "migrate join": "#8C8C8C"}
+           "migrate workload": "#CCB974", "migrate p2p": "#64B5CD", "migrate switch": "#B5A642",
+           "migrate grow": "#8C8C8C", "migrate join": "#8C8C8C"}
 
 
 DETAIL_STEPS = 10
@@ -61,9 +62,17 @@ def stage_seconds(spans: Sequence[Span]) -> dict[int, dict[str, float]]:
     return {n: {c: e - b for c, (b, e) in per.items()} for n, per in sorted(bounds.items())}
 
 
-def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str = "") -> None:
+def rewards_of(rows: Sequence[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, reward_mean) of metrics.jsonl's `rows` that have one (an embodied step
+    before any episode ended has none)."""
+    return [(int(r["step"]), float(r["reward_mean"])) for r in rows if r.get("reward_mean") is not None]
+
+
+def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str = "",
+                  rewards: Sequence[tuple[int, float]] = ()) -> None:
     """Devices x time over the last DETAIL_STEPS steps; below it, for a longer run, each
-    step's stage times as a stacked bar (the whole run at a glance)."""
+    step's stage times as a stacked bar (the whole run at a glance); then, given
+    `rewards` ((step, reward) pairs), the reward curve."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -79,8 +88,9 @@ def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str
     t0 = min(s.start for s in shown_spans)
     rows = [f"device {d}" for d in range(num_devices)] + ["cpu"]
     height = 0.6 * len(rows) + 1.5
-    fig, axes = plt.subplots(2 if strip else 1, 1, figsize=(12, height + (3 if strip else 0)), squeeze=False,
-                             gridspec_kw={"height_ratios": [height, 3] if strip else [1]})
+    ratios = [height] + ([3] if strip else []) + ([2.5] if rewards else [])
+    fig, axes = plt.subplots(len(ratios), 1, figsize=(12, sum(ratios)), squeeze=False,
+                             gridspec_kw={"height_ratios": ratios})
     ax = axes[0][0]
     for s in shown_spans:
         colour = COLOURS.get(s.component, "#937860")
@@ -108,6 +118,13 @@ def draw_timeline(spans: Sequence[Span], num_devices: int, path: str, title: str
         bottom.set_xlabel("step")
         bottom.set_ylabel("stage seconds")
         bottom.set_xlim(0.5, xs[-1] + 1.5)
+    if rewards:
+        curve = axes[-1][0]
+        curve.plot([n + 1 for n, _ in rewards], [r for _, r in rewards], color=COLOURS["reward"],
+                   marker="o" if len(rewards) <= 50 else None, markersize=3)
+        curve.set_xlabel("step")
+        curve.set_ylabel("reward (mean)")
+        curve.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

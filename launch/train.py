@@ -17,7 +17,8 @@ that are missing (sglang, megatron) are then notes, not errors.
 The run directory holds: config.yaml (resolved), metrics.jsonl (one object per
 step), ledger.jsonl (samples trained per step), graph.json (the runtime hypergraph
 after the last step), placement.json (placement.mode=auto: profile and plan),
-data_report.json, trace.json (Perfetto / chrome://tracing), timeline.png,
+data_report.json, trace.json (Perfetto / chrome://tracing), spans.jsonl (who held
+which device when, a line per step), timeline.png, samples_text.jsonl (run.log_samples),
 checkpoints/, summary.json, run.lock (its owner: one job at a time trains in it,
 launch/run_dir.py).
 """

@@ -163,7 +163,9 @@ class Job:
         progress = tracked(progress, self.cfg.run.loggers, self.run_dir, to_dict(self.cfg))
         max_restarts = self.cfg.run.max_restarts if controller is None else 0
         checkpoint, restart = self.checkpoint, 0
+        dashboard = None
         try:
+            dashboard = await self._dashboard(progress)
             while True:
                 attempt = runtime if restart == 0 else dataclasses.replace(
                     runtime, trace_path=runtime.trace_path.removesuffix(".json") + f"-restart-{restart}.json")
@@ -187,14 +189,35 @@ class Job:
                                            None if checkpoint is None else checkpoint[1].step))
         finally:
             progress.close()
+            if dashboard is not None:
+                await dashboard.stop()
+
+    async def _dashboard(self, progress: Any) -> Any:
+        """run.dashboard: the live dashboard served on this loop from the run directory
+        (launch/dashboard/), its address with the job's token printed; None without it."""
+        section = self.cfg.run.dashboard
+        if section is None:
+            return None
+        from dynarl.launch.dashboard.server import DashboardServer
+        from dynarl.transport.errors import ConfigError
+        server = DashboardServer(self.run_dir, host=section.host, port=section.port)
+        try:
+            await server.start()
+        except OSError as exc:  # the port in use, an address not on this machine
+            raise ConfigError("run.dashboard", f"cannot serve on {section.host}:{section.port}: "
+                                               f"{exc.strerror or exc}") from None
+        progress.note(f"dashboard {server.url}")
+        return server
 
     def _draw(self, spans: Any, attempt: str) -> None:
-        from dynarl.launch.timeline import draw_timeline
+        from dynarl.components.workflows import jsonl
+        from dynarl.launch.timeline import draw_timeline, rewards_of
         try:
             draw_timeline(spans, self.cfg.runtime.cluster.num_devices,
                           os.path.join(self.run_dir, f"timeline{attempt}.png"),
                           f"placement {self.workflow.placement.describe()}"
-                          + judged_on(self.cfg, self.workflow.placement))
+                          + judged_on(self.cfg, self.workflow.placement),
+                          rewards_of(jsonl.read(os.path.join(self.run_dir, "metrics.jsonl"))))
         except Exception as exc:  # the picture must never cost the run's result
             print(f"dynarl train: timeline not drawn: {exc!r}", file=sys.stderr)
 

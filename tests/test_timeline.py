@@ -37,3 +37,14 @@ def test_a_short_run_is_drawn_whole_and_a_long_one_with_its_strip(tmp_path):
     from matplotlib.image import imread
     assert imread(long).shape[0] > imread(short).shape[0]  # the strip adds a panel
     assert detail(run_spans(3))[1] == [0, 1, 2]
+
+
+def test_the_reward_curve_is_a_panel_below(tmp_path):
+    from dynarl.launch.timeline import rewards_of
+    rows = [{"step": 0, "reward_mean": 0.25}, {"step": 1, "reward_mean": None}, {"step": 2, "reward_mean": 0.5}]
+    assert rewards_of(rows) == [(0, 0.25), (2, 0.5)]  # (an embodied step before any episode ended: none)
+    plain, curve = tmp_path / "plain.png", tmp_path / "curve.png"
+    draw_timeline(run_spans(3), 2, str(plain))
+    draw_timeline(run_spans(3), 2, str(curve), rewards=rewards_of(rows))
+    from matplotlib.image import imread
+    assert imread(curve).shape[0] > imread(plain).shape[0]

@@ -20,7 +20,7 @@ STEPS, EVERY, N_PROMPTS, N_SAMPLES = 8, 3, 8, 4
 def test_kill_9_mid_step_then_resume(tmp_path):
     run = str(tmp_path / "run")
     argv = [sys.executable, "-m", "dynarl.launch.cli", "train", *TINY, f"run.steps={STEPS}",
-            f"run.checkpoint_every={EVERY}", "run.keep_checkpoints=5", "--run-dir", run]
+            f"run.checkpoint_every={EVERY}", "run.keep_checkpoints=5", "run.log_samples=2", "--run-dir", run]
     killed_after = kill_9_mid_run(argv, run, EVERY + 1, tmp_path, workers=4)  # rollout, reward, inference, trainer
     metrics = os.path.join(run, "metrics.jsonl")
     assert EVERY + 1 <= killed_after < STEPS
@@ -46,4 +46,6 @@ def test_kill_9_mid_step_then_resume(tmp_path):
     assert dropped == list(range(resumed_from, killed_after))  # trained into lost state: trained again once
     steps = [json.loads(line)["step"] for line in open(metrics)]
     assert steps == list(range(STEPS))
+    for name in ("spans.jsonl", "samples_text.jsonl"):  # (the dashboard's) rolled back with metrics.jsonl
+        assert [json.loads(line)["step"] for line in open(os.path.join(run, name))] == list(range(STEPS)), name
     assert os.path.isfile(os.path.join(run, f"trace-resume-{resumed_from}.json"))

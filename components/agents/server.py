@@ -5,11 +5,10 @@ an unmodified agent, written with the `openai` package, calls at base_url(sessio
   POST /sessions/{sid}/v1/completions        -> Backend.complete(sid, CompletionRequest)
   GET  /sessions/{sid}/v1/models             -> the one model name
 
-It runs as a task on the caller's running loop (asyncio or uvloop) and leaves the process's
-signals alone: dynarl's controller owns SIGINT/SIGTERM, so uvicorn's capture_signals (which
-replaces their handlers while serve() runs, and re-raises a caught one after) is a no-op
-here. It binds its socket itself, so a port in use raises OSError from start() (uvicorn
-would sys.exit inside the task). No access log, no lifespan, no logging configuration.
+It runs as a task on the caller's running loop (asyncio or uvloop), as core/http_server.py
+serves an app: the process's signals left alone (dynarl's controller owns SIGINT/SIGTERM),
+its socket bound there, so a port in use raises OSError from start(). No access log, no
+lifespan, no logging configuration.
 
 Every request needs `Authorization: Bearer <token>`. A body is bounded before it is held:
 a Content-Length over max_body_bytes is refused unread, a chunked body is read piece by
@@ -21,9 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import hmac
-import ipaddress
 import json
 import logging
 import secrets
@@ -33,7 +29,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -47,6 +42,7 @@ from dynarl.components.agents.openai_requests import (
 from dynarl.components.agents.openai_responses import (
     chat_chunks, chat_completion, completion_chunks, dumps, error_body, model_list, sse,
     text_completion)
+from dynarl.core.http_server import LoopServer, is_loopback, token_matches
 
 log = logging.getLogger(__name__)
 _SESSION_ID = re.compile(r"[A-Za-z0-9._~-]+")
@@ -73,22 +69,6 @@ class _Refusal(Exception):
         self.code, self.param, self.close = code, param, close
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's Server that leaves signal handlers alone and says when it listens."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self):  # the host process owns SIGINT/SIGTERM
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
-
-
 class AgentServer:
     """The endpoint, served on the running loop between start() and stop()."""
 
@@ -103,7 +83,7 @@ class AgentServer:
         self.backend, self.host, self.port = backend, host, port
         self.max_body_bytes, self.model, self.grace_s = max_body_bytes, model, grace_s
         self.max_connections, self.read_timeout_s = max_connections, read_timeout_s
-        if not _loopback(host):
+        if not is_loopback(host):
             log.warning("the agent endpoint binds %s, not loopback: its bearer token travels in plain HTTP; "
                         "bind the job's own network only", host)
         self._token = token.encode()
@@ -113,9 +93,7 @@ class AgentServer:
             Route("/sessions/{sid}/v1/completions", self._complete, methods=["POST"]),
             Route("/sessions/{sid}/v1/models", self._models, methods=["GET"]),
         ], exception_handlers={404: self._no_route, 405: self._no_route})
-        self._server: _Uvicorn | None = None
-        self._task: asyncio.Task | None = None
-        self._socket: socket.socket | None = None
+        self._http: LoopServer | None = None
 
     def base_url(self, session: str) -> str:
         """What an agent passes as the openai client's base_url. A session id is URL-safe
@@ -128,57 +106,25 @@ class AgentServer:
 
     async def start(self) -> None:
         """Binds (self.port becomes the bound port) and serves as a task on this loop."""
-        if self._task is not None:
+        if self._http is not None:
             raise RuntimeError("the agent server is already started")
-        loop = asyncio.get_running_loop()
-        family, kind, proto, _, address = (await loop.getaddrinfo(
-            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)  # asyncio's create_server makes it non-blocking
-        except BaseException:
-            sock.close()
-            raise
-        self._socket, self.port = sock, sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, http="h11", ws="none", lifespan="off",
-            log_config=None, access_log=False, proxy_headers=False, server_header=False,
-            timeout_graceful_shutdown=self.grace_s,  # type: ignore[arg-type]
-            limit_concurrency=self.max_connections)
-        self._server = _Uvicorn(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]),
-                                         name=f"agent-server:{self.port}")
-        ready = asyncio.create_task(self._server.ready.wait())
-        try:
-            await asyncio.wait({self._task, ready}, return_when=asyncio.FIRST_COMPLETED)
-            if not ready.done():  # serve() ended before it listened: raise its error
-                self._task.result()
-                raise RuntimeError("the agent server stopped before it listened")
-        except BaseException:
-            ready.cancel()
-            with contextlib.suppress(Exception):
-                await self.stop()
-            raise
+        http = LoopServer(self.app, host=self.host, port=self.port, name="agent-server",
+                          grace_s=self.grace_s, max_connections=self.max_connections)
+        await http.start()
+        self._http, self.port = http, http.port
         log.info("agent endpoint on %s", self.base_url("SESSION"))
 
     async def stop(self) -> None:
         """Stops listening, lets requests under way finish (grace_s, then cancels them),
         closes every connection and the socket. Idempotent."""
-        task, server, sock = self._task, self._server, self._socket
-        self._task = self._server = self._socket = None
-        if task is None or server is None or sock is None:
-            return
-        server.should_exit = True
-        try:
-            await task
-        finally:
-            # past grace_s uvicorn cancels the requests' tasks without waiting for them
-            state = server.server_state
-            await asyncio.gather(*state.tasks, return_exceptions=True)
-            for connection in list(state.connections):
-                connection.transport.close()
-            sock.close()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.stop()
+
+    @property
+    def _socket(self) -> socket.socket | None:
+        """The listening socket while serving."""
+        return None if self._http is None else self._http.socket
 
     # ---- handlers
 
@@ -228,8 +174,7 @@ class AgentServer:
 
     def _authorize(self, request: Request) -> None:
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-        given = credential.strip().encode("latin-1")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self._token):
+        if scheme.lower() != "bearer" or not token_matches(credential.strip(), self._token):
             raise _Refusal(401, "unauthorized", "a valid bearer token is required",
                            type="authentication_error", code="invalid_api_key", close=True)
 
@@ -290,13 +235,6 @@ class AgentServer:
             headers["www-authenticate"] = "Bearer"
         return _json(error_body(str(refusal), refusal.type, refusal.param, refusal.code),
                      status=refusal.status, headers=headers)
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _no_constant(name: str) -> Any:

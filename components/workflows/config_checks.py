@@ -41,6 +41,8 @@ def check(cfg: TrainConfig) -> None:
         if (cfg.embodied.backend == "emulated") != emulated:
             raise ConfigError("embodied.backend", "'emulated' workers run on emulated devices only, and "
                                                   "emulated devices (runtime.cluster.device_kind) run only them")
+        if cfg.run.log_samples:
+            raise ConfigError("run.log_samples", "the embodied workflow's samples are env steps, not text")
         check_embodied(cfg)
         return
     for path, backend in (("rollout.backend", cfg.rollout.backend), ("inference.backend",
@@ -311,9 +313,10 @@ def check_partial(cfg: TrainConfig) -> None:
 def check_workflow(cfg: TrainConfig) -> None:
     """The calc task is built for tool calls and the agentic workflow runs only it
     (or, with scripted episodes, a simulated workload's scripts on emulated engines)."""
-    if cfg.run.save_samples and cfg.trainer.streaming:
-        raise ConfigError("run.save_samples", "a streaming trainer's samples never meet in one place; "
-                                              "set trainer.streaming false")
+    for name in ("save_samples", "log_samples"):
+        if getattr(cfg.run, name) and cfg.trainer.streaming:
+            raise ConfigError(f"run.{name}", "a streaming trainer's samples never meet in one place; "
+                                             "set trainer.streaming false")
     scripted = cfg.workflow == "agentic" and cfg.agentic.episodes == "scripted"
     if scripted and cfg.rollout.backend != "emulated":
         raise ConfigError("agentic.episodes", "scripted episodes play a simulated workload's scripts "

@@ -47,6 +47,7 @@ from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.embodied_barrier import EmbodiedBarrier
 from dynarl.components.workflows.embodied_config import EmulatedEmbodiedConfig
+from dynarl.components.workflows.span_log import SpanLog
 from dynarl.components.workflows.stages import Span, StageClock, held
 from dynarl.core.controller import Controller
 from dynarl.core.worker_group import WorkerGroup, gather_or_cancel
@@ -121,6 +122,8 @@ class Embodied:
         an env worker and a policy rank on one device (colocated) take turns, and a policy
         rank acts for one chunk at a time."""
         self.clock = StageClock(on_stage=progress.stage)
+        self.span_log = SpanLog(run_dir)
+        """spans.jsonl: the clock's spans, a line per step (the dashboard reads them)."""
         self.envs: list[WorkerGroup] = []
         self.policy: WorkerGroup | None = None
         self.learner: WorkerGroup | None = None
@@ -144,6 +147,7 @@ class Embodied:
             if (step + 1) % self.cfg.run.checkpoint_every == 0 or step + 1 == self.cfg.run.steps:
                 await self.checkpoint(step + 1)
             jsonl.append(os.path.join(self.run_dir, "metrics.jsonl"), metrics)
+            self.span_log.write(step, self.clock.spans)
             self.progress.step(metrics)
 
     async def spawn(self) -> None:

@@ -24,6 +24,8 @@ from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling
 from dynarl.components.workflows.ledger import SampleLedger
 from dynarl.components.workflows.partial import PARTIAL_FILE, resume_refused, stream_source
+from dynarl.components.workflows.sample_text import TEXT_FILE
+from dynarl.components.workflows.span_log import SPANS_FILE, SpanLog
 from dynarl.components.workflows.stages import StageClock, held
 from dynarl.core.config_tree import to_dict
 from dynarl.core.controller import Controller
@@ -83,6 +85,8 @@ class Job:
         """None until placement.mode auto has profiled and planned (run)."""
         self.clock = StageClock(on_stage=progress.stage)
         self.ledger = SampleLedger()
+        self.span_log = SpanLog(run_dir)
+        """spans.jsonl: the clock's spans, a line per step (the dashboard reads them)."""
         self.g: Groups | None = None
         self.scheduling: DynamicScheduling | None = None
         """policy=dynarl: moves devices inside every step (dynamic.py)."""
@@ -111,6 +115,7 @@ class Job:
                 await self.checkpoint(step + 1)
                 metrics["checkpoint_s"] = time.perf_counter() - begun
             jsonl.append(os.path.join(self.run_dir, "metrics.jsonl"), metrics)
+            self.span_log.write(step, self.clock.spans)
             self.save_graph()
             self.progress.step(metrics)
             if stop is not None:
@@ -319,6 +324,8 @@ class Job:
         self.batches.load(path, state.step)
         jsonl.roll_back(os.path.join(self.run_dir, ckpt.LEDGER_FILE), state.step)
         jsonl.roll_back(os.path.join(self.run_dir, "metrics.jsonl"), state.step)
+        jsonl.roll_back(os.path.join(self.run_dir, SPANS_FILE), state.step)
+        jsonl.roll_back(os.path.join(self.run_dir, TEXT_FILE), state.step)
         await self.load_reference()
         await self.sync_weights(state.step, "restore")
         self.progress.note(f"resumed from {path}: step {state.step}, {self.ledger.num_steps} steps in the ledger")

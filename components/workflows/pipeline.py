@@ -26,6 +26,7 @@ from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import jsonl
 from dynarl.components.workflows.ledger import SampleLedger
 from dynarl.components.workflows.live import LiveStep
+from dynarl.components.workflows.sample_text import TEXT_FILE, step_samples
 from dynarl.components.workflows.stages import stage
 from dynarl.components.workflows.step_metrics import fixed_devices, step_metrics
 from dynarl.core.worker_group import gather_or_cancel
@@ -70,6 +71,8 @@ class StepResult:
     """A barrier train's devices and tokens/s (the scheduler learns it)."""
     batch: TrainBatch | None = None
     """What a barrier trainer was given (run.save_samples keeps it)."""
+    groups: list[PromptGroup] | None = None
+    """A barrier trainer's groups (run.log_samples writes some as text)."""
 
 
 @dataclass(slots=True)
@@ -200,7 +203,8 @@ class StepPipeline:
             tokens = sum(len(x) for x in batch.input_ids)
             rate = (devices, tokens * h.trainer_passes / train_s) if train_s > 0 else None
         stats = StageStats(*source.stats(results), inference_stats, trainer_stats)
-        return StepResult(ids, trained, train, stats, first, rate, None if streaming else batch)
+        return StepResult(ids, trained, train, stats, first, rate, None if streaming else batch,
+                          None if streaming else groups)
 
     async def end(self, step: int, label: str, result: StepResult, started: float, begun: float) -> dict[str, Any]:
         """The one ending of every step: the ledger commit, the scheduler's end (its
@@ -210,6 +214,9 @@ class StepPipeline:
         h.commit_step(step, result.ids, result.trained)
         if h.cfg.run.save_samples and h.run_dir is not None and result.batch is not None:
             jsonl.append(os.path.join(h.run_dir, SAMPLES_FILE), trained_samples(step, result.ids, result.batch))
+        if h.cfg.run.log_samples and h.run_dir is not None and result.groups is not None:
+            jsonl.append(os.path.join(h.run_dir, TEXT_FILE),
+                         step_samples(step, result.groups, h.tokenizer, h.cfg.run.log_samples))
         self.stats = stats
         timed: dict[str, float] = {}
         if self.source.timed:

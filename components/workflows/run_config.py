@@ -1,4 +1,5 @@
-"""The `run:` section of `dynarl train`: steps, batch, seed, checkpoints, loggers, restarts."""
+"""The `run:` section of `dynarl train`: steps, batch, seed, checkpoints, loggers, restarts,
+the samples logged as text and the live dashboard."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,6 +9,24 @@ from dynarl.components.workflows.config_checks import at_least_one, whole_number
 
 LOGGERS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 """run.loggers' names, each with the package it needs."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DashboardSection:
+    """The run's live dashboard (launch/dashboard/, docs/dashboard.md): a web page served by
+    `dynarl train` from what the run writes; its address, with the job's token in it, is
+    printed at start."""
+    host: str = "127.0.0.1"
+    """The address it binds (only this one). Loopback by default: reach it from another
+    machine through an SSH tunnel; another address sends the token over plain HTTP."""
+    port: int = 0
+    """0: a free port the kernel picks (printed at start)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError("host must be an address, e.g. 127.0.0.1")
+        if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -22,6 +41,13 @@ class RunSection:
     """Append each step's trained samples to samples.jsonl in the run directory, a line
     per step: each sample's id, token ids, prompt length, loss mask and reward (what
     the trainer was given; a streaming trainer's step writes none)."""
+    log_samples: int = 0
+    """Samples per step (spread over the batch) appended as text to samples_text.jsonl in
+    the run directory, a line per step: each one's prompt, response, reward, per-token
+    log-probs and, multi-turn, its model and tool turns (the dashboard's samples browser;
+    a streaming trainer's step writes none). 0: none."""
+    dashboard: DashboardSection | None = None
+    """The live dashboard; null: none. `run.dashboard: {}` serves it on a free loopback port."""
     checkpoint_every: int = 50
     """Checkpoint after every this many steps (and after the warm start and the last step)."""
     keep_checkpoints: int = 2
@@ -45,6 +71,7 @@ class RunSection:
     def __post_init__(self) -> None:
         at_least_one(self, "steps", "prompts_per_step", "checkpoint_every", "keep_checkpoints")
         whole_number(self, "max_restarts")
+        whole_number(self, "log_samples")
         for name in self.loggers:
             if name not in LOGGERS:
                 raise ValueError(f"loggers has an unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
