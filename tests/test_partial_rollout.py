@@ -52,10 +52,10 @@ def test_a_group_round_trips_its_segments_and_reads_a_sample_written_before_them
     back = PromptGroup.from_json(json.loads(json.dumps(g.to_json())))
     assert back.samples[0].segments == [[0, 2, 2]] and back.samples[0].partial and not back.samples[1].partial
     old = g.to_json()
-    old[4] = [fields[:-2] for fields in old[4]]  # no `segments` nor `episode` field: an ahead.json of format 1
+    old[4] = [fields[:-3] for fields in old[4]]  # no `segments`, `episode` nor `teacher_logprobs`: format 1
     assert PromptGroup.from_json(old).samples[0].segments is None
     older = g.to_json()
-    older[4] = [fields[:-1] for fields in older[4]]  # no `episode` field: written before agentic partial rollout
+    older[4] = [fields[:-2] for fields in older[4]]  # no `episode` field: written before agentic partial rollout
     back = PromptGroup.from_json(older).samples[0]
     assert back.segments == [[0, 2, 2]] and back.episode is None
 

@@ -65,15 +65,16 @@ def test_custody_follows_each_group_until_the_chunk_made_of_it_is_downstream():
 def test_survival_applies_where_no_move_holds_ranks_of_its_own():
     def cfg(**kw):
         base = {"survive": True, "policy": "static", "oversample": 1, "staleness": 0, "workflow": "grpo",
-                "launcher": "local"} | kw
+                "launcher": "local", "dynamic": False} | kw
         return SimpleNamespace(run=SimpleNamespace(survive=base["survive"]),
                                scheduler=SimpleNamespace(policy=base["policy"]),
                                rollout=SimpleNamespace(oversample=base["oversample"]),
-                               algorithm=SimpleNamespace(max_staleness=base["staleness"]), workflow=base["workflow"],
+                               algorithm=SimpleNamespace(max_staleness=base["staleness"],
+                                                         dynamic_sampling=base["dynamic"]), workflow=base["workflow"],
                                runtime=SimpleNamespace(launcher=base["launcher"]))
     assert applies(cfg()) and applies(cfg(workflow="ppo")) and applies(cfg(launcher="inproc"))  # (dynarl sim --fail)
     for changed in ({"survive": False}, {"policy": "dynarl"}, {"oversample": 1.5}, {"staleness": 1},
-                    {"workflow": "agentic"}):
+                    {"workflow": "agentic"}, {"dynamic": True}):
         assert not applies(cfg(**changed)), changed
 
 
