@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dynarl.components.model.same_tokens import same_tokens
 from dynarl.components.placement.embodied import place
 from dynarl.components.placement.plan import COMPONENTS, PlacementError, pools_for
 from dynarl.transport.errors import ConfigError
@@ -166,30 +166,7 @@ def check_distill(cfg: TrainConfig) -> None:
         raise ConfigError("algorithm.teacher", f"a teacher is for algorithm.name opd, not {a.name}: leave it null")
     if a.teacher.lora.enabled:
         raise ConfigError("algorithm.teacher.lora.rank", "the teacher is frozen (nothing of it trains): set it 0")
-    _same_tokens(cfg.model, a.teacher, "algorithm.teacher", "the teacher scores the policy's tokens")
-
-
-def _same_tokens(model: Any, other: Any, field_: str, why: str) -> None:
-    """`other` (a ModelSpec) reads `model`'s token ids: the same vocabulary and tokenizer."""
-    mine, theirs = model.config().vocab_size, other.config().vocab_size
-    if mine != theirs or _tokenizer_key(other) != _tokenizer_key(model):
-        raise ConfigError(field_, f"{why}: its tokenizer must be the policy's (vocab {theirs} vs the policy's "
-                                  f"{mine}, or other tokenizer files)")
-
-
-def _tokenizer_key(spec: Any) -> tuple:
-    """What encodes a spec's text: a character tokenizer's alphabet (a built-in model's,
-    or the char_tokenizer.json `dynarl export` writes for one), else its tokenizer files."""
-    from dynarl.components.model.tokenizer import CHAR_TOKENIZER_FILE, DEFAULT_ALPHABET
-    if spec.path is None:
-        return ("char", DEFAULT_ALPHABET)
-    files = _tokenizer_files(spec.path)
-    char = os.path.join(spec.path, CHAR_TOKENIZER_FILE)
-    if not files and os.path.isfile(char):
-        import json
-        with open(char) as f:
-            return ("char", json.load(f).get("alphabet"))
-    return ("files", files)
+    same_tokens(cfg.model, a.teacher, "algorithm.teacher", "the teacher scores the policy's tokens")
 
 
 def check_lora(cfg: TrainConfig) -> None:
@@ -399,20 +376,7 @@ def check_ppo(cfg: TrainConfig) -> None:
     _on_policy(cfg, "workflow ppo is on-policy for now")
     critic = cfg.critic.model
     if critic is not None and critic != cfg.model:
-        _same_tokens(cfg.model, critic, "critic.model", "the critic reads the policy's tokens")
-
-
-def _tokenizer_files(folder: str) -> dict[str, bytes]:
-    """The tokenizer files of an HF folder, by name (two tokenizers with the same files
-    encode alike)."""
-    names = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
-    out = {}
-    for name in names:
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                out[name] = f.read()
-    return out
+        same_tokens(cfg.model, critic, "critic.model", "the critic reads the policy's tokens")
 
 
 def _one_temperature(cfg: TrainConfig, field_: str) -> None:
