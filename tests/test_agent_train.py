@@ -43,7 +43,8 @@ def test_bad_requests_are_refused_and_counted_and_a_raising_agent_is_dropped_whi
         [sys.executable, "-m", "dynarl.launch.cli", "train", EXAMPLE, "run.steps=2", f"run.prompts_per_step={PROMPTS}",
          f"rollout.samples_per_prompt={EPISODES}", "trainer.warmup.steps=2", "run.checkpoint_every=100",
          "agentic.episodes=agent", "agent.function=agent_unruly:play", "run.save_samples=true",
-         f"agent.on_failure={on_failure}", "--run-dir", str(tmp_path / "run")],
+         f"agent.on_failure={on_failure}", "agentic.tools=[calc,py]",  # (episode 2 runs Python)
+         "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
         env=dict(os.environ, **probe_env(tmp_path)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
