@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 """A number with an exponent and no dot, or one YAML 1.1 also misses (".5e1")."""
