@@ -44,6 +44,11 @@ class Generation(Run):
         """Whole groups that still have samples generating here (see RolloutWorker)."""
         self.control.check("export")
         inflight = {i.request.request_id: i for i in await self.engine.export_inflight()}
+        # One that finished while being taken out (a real engine's abort races its last
+        # token) is a result of step(): recorded first, so each group's count holds.
+        while self.engine.has_work():
+            for result in await self.engine.step():
+                self._record(result)
         by_group: dict[int, list[InflightRequest]] = {}
         for rid, item in inflight.items():
             group, _ = self.pending.pop(rid)
@@ -154,6 +159,11 @@ class Generation(Run):
             await asyncio.sleep(0)  # lets fetch add newly arrived prompts between steps
 
     async def _finished(self, result: GenerationResult) -> None:
+        if self._record(result) and len(self.ready) >= self.chunk_size:
+            await self._emit()
+
+    def _record(self, result: GenerationResult) -> bool:
+        """The sample finished; True if that finished its group (now ready)."""
         group, k = self.pending.pop(result.request_id)
         sample = group.samples[k]
         sample.finished(result.output_token_ids, result.output_logprobs, result.finish_reason, result.weight_version)
@@ -161,10 +171,10 @@ class Generation(Run):
         self.num_finished += 1
         self.finished_tokens += len(result.output_token_ids)  # whole samples: the scheduler's lengths
         self.left[group.index] -= 1
-        if self.left[group.index] == 0:
-            self.ready.append(group)
-            if len(self.ready) >= self.chunk_size:
-                await self._emit()
+        if self.left[group.index]:
+            return False
+        self.ready.append(group)
+        return True
 
     async def _emit(self) -> None:
         chunk, self.ready = self.ready, []
