@@ -178,6 +178,10 @@ class Run(Protocol):
     async def close(self) -> list[Unfinished]:
         """Partial rollout: the step has its batch. The run stops at an engine-step
         boundary and hands back what it has not finished (export's items); its drive
-        loop then emits what finished and ends."""
+        loop then emits what finished and ends. A run a rolled-back move left empty
+        (handed_off) has nothing to hand back: let go, its loop ends."""
+        if self.control.state.phase == "handed_off":
+            self.control.let_go()
+            return []
         await self.pause()
         return await self.export()

@@ -1,7 +1,9 @@
-"""A Workload migration's export while a real engine's abort races a request's last
-token: the request finishes instead of being exported, and its result comes from the
-engine's next step() (ExternalEngine.export_inflight). Found by the SGLang real-engine
-train test (KeyError in Generation._finished): the group's count must hold."""
+"""One step's generation on a rollout rank (components/rollout/generation.py) where a
+migration meets it: an export while a real engine's abort races a request's last token
+(the request finishes instead, its result from the engine's next step(), as
+ExternalEngine.export_inflight does: found by the SGLang real-engine train test as a
+KeyError in Generation._finished), and a partial rollout's close on a rank a
+rolled-back move left empty."""
 import asyncio
 
 from dynarl.components.experience import END, PromptGroup, Sample
@@ -39,16 +41,21 @@ class RacingEngine(EmulatedRolloutEngine):
         return await super().step()
 
 
+def started(engine, lengths):
+    """A generation of one group with samples of `lengths`, driven; (run, group, box, drive)."""
+    box = Outbox()
+    run = Generation(engine, box, 1, {"max_new_tokens": 1000})
+    samples = [Sample(f"g0/{k}", k, max_new_tokens=n) for k, n in enumerate(lengths)]
+    group = PromptGroup(0, "p0", "", [3, 4, 5], samples)
+    fetch = run.fetch_task = asyncio.ensure_future(run.fetch(Inbox([group, END])))
+    return run, group, box, asyncio.ensure_future(run.drive(fetch))
+
+
 def test_a_request_that_finishes_while_exported_is_recorded_and_its_group_moves_without_it():
     async def go():
         engine = RacingEngine()
         await engine.update_weights(None, 0)
-        box = Outbox()
-        run = Generation(engine, box, 1, {"max_new_tokens": 1000})
-        samples = [Sample(f"g0/{k}", k, max_new_tokens=n) for k, n in enumerate([300, 400, 500])]
-        group = PromptGroup(0, "p0", "", [3, 4, 5], samples)
-        fetch = asyncio.ensure_future(run.fetch(Inbox([group, END])))
-        drive = asyncio.ensure_future(run.drive(fetch))
+        run, group, box, drive = started(engine, [300, 400, 500])
         await asyncio.sleep(1.0)  # virtual: mid-generation, every sample still running
         await run.pause()
         items = await run.export()
@@ -62,3 +69,22 @@ def test_a_request_that_finishes_while_exported_is_recorded_and_its_group_moves_
     assert group.samples[0].finish == "stop" and 0 < len(group.samples[0].output_ids) < 300
     assert not group.samples[1].finish and not group.samples[2].finish
     assert chunks == []  # the group is not whole here: the kept rank emits it
+
+
+def test_a_partial_close_on_a_rank_a_rolled_back_move_left_empty_hands_back_nothing_and_ends_it():
+    async def go():
+        engine = EmulatedRolloutEngine(EmulatedRolloutConfig())
+        await engine.update_weights(None, 0)
+        run, group, box, drive = started(engine, [300, 400])
+        await asyncio.sleep(1.0)  # virtual: mid-generation
+        await run.pause()
+        exported = await run.export()  # its work went to a kept rank ...
+        run.control.go("hold")  # ... and the next move's workload_load holds it
+        await run.resume()  # the move rolled back with this rank empty: handed_off
+        assert run.control.state.phase == "handed_off" and run.control.held
+        items = await run.close()  # the step has its batch
+        await asyncio.wait_for(drive, 60)  # its loop ends
+        return exported, items, run.control.state.phase
+
+    exported, items, phase = run_virtual(go())
+    assert len(exported) == 1 and items == [] and phase == "closed"
