@@ -16,14 +16,14 @@ import time
 import dynarl
 from dynarl import RuntimeConfig
 from dynarl.launch.bench.transport import start_flood, stop_flood
-from dynarl.transport.wire import REJECT_LOG_EVERY_S, RejectCounter
+from dynarl.transport.rejects import REJECT_LOG_EVERY_S, RejectCounter
 from workers import Echo
 
 FLOOD_MAX_S = 120.0  # the flood stops itself then: calls not answered by then count as a stall
 
 
 async def test_a_flood_of_unauthenticated_frames_does_not_stall_the_controller(caplog):
-    caplog.set_level(logging.WARNING, logger="dynarl.transport.wire")
+    caplog.set_level(logging.WARNING, logger="dynarl.transport.rejects")
     began = time.monotonic()
     async with dynarl.Controller(RuntimeConfig(launcher="local")) as ctl:
         group = await ctl.spawn(Echo, num_ranks=1)
@@ -59,9 +59,9 @@ async def test_a_flood_of_unauthenticated_frames_does_not_stall_the_controller(c
 
 
 def test_rejections_are_logged_first_then_in_summaries(caplog, monkeypatch):
-    caplog.set_level(logging.WARNING, logger="dynarl.transport.wire")
+    caplog.set_level(logging.WARNING, logger="dynarl.transport.rejects")
     clock = [100.0]
-    monkeypatch.setattr("dynarl.transport.wire.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("dynarl.transport.rejects.time.monotonic", lambda: clock[0])
     rejects = RejectCounter("the controller")
     for i in range(5000):
         rejects.add("unauthenticated", f"peer{i % 3}", "bad tag")

@@ -32,7 +32,8 @@ from zmq.utils.monitor import parse_monitor_message
 from dynarl.transport import tempdirs
 from dynarl.transport.liveness import PeerWatch, enable_heartbeats
 from dynarl.transport.replay import ReplayWindow
-from dynarl.transport.wire import Codec, RejectCounter, WireError
+from dynarl.transport.rejects import RejectCounter
+from dynarl.transport.wire import Codec, WireError
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from dynarl.components.model.lora import LoraLinear, merge_lora
@@ -43,6 +43,7 @@ from dynarl.components.trainer.lr_schedule import lr_at
 from dynarl.components.trainer.megatron.layout import WEIGHTS, ShardedLayout
 from dynarl.components.trainer.metrics import TrainMetrics
 from dynarl.components.trainer.native import checkpoint
+from dynarl.components.trainer.native import fsdp
 from dynarl.components.trainer.native.layout import fsdp_layout
 from dynarl.components.trainer.advantages import WHOLE_BATCH, loss_samples
 from dynarl.components.trainer.native.losses import entropy_from_logprobs
@@ -85,7 +86,7 @@ class NativeTrainer:
         self._shapes = [(n, tuple(p.shape), "float32") for n, p in named]
         mesh = DeviceMesh.from_group(self.group, "cuda" if self.device.type == "cuda" else "cpu")  # (meta: sizes)
         self.offloaded_by_fsdp = config.cpu_offload and self.device.type == "cuda"
-        self.model = _shard(model.float(), mesh, self.dtype, self.offloaded_by_fsdp)
+        self.model = fsdp.shard(model.float(), mesh, self.dtype, self.offloaded_by_fsdp)
         self._params = [p for _, p in self.model.named_parameters()]
         self._lora_scaling = next((m.scaling for m in self.model.modules() if isinstance(m, LoraLinear)), 0.0)
         self._layout = fsdp_layout(self._shapes, self.world_size)
@@ -261,10 +262,10 @@ class NativeTrainer:
         ("step", int64 [1]). Views of live state: copy them to outlive the next step."""
         shard: dict[str, torch.Tensor] = {}
         for name, p in zip(self._names, self._params):
-            shard[f"{WEIGHTS}/{name}"] = _local(p).detach()
+            shard[f"{WEIGHTS}/{name}"] = fsdp.local(p).detach()
             state = self.optimizer.state.get(p)
             for moment in MOMENTS:
-                shard[f"{moment}/{name}"] = _local(state[moment]) if state else torch.zeros_like(_local(p))
+                shard[f"{moment}/{name}"] = fsdp.local(state[moment]) if state else torch.zeros_like(fsdp.local(p))
         shard["adam_step"] = torch.tensor([self._adam_step()], dtype=torch.int64)
         shard["step"] = torch.tensor([self.global_step], dtype=torch.int64)
         return shard
@@ -277,10 +278,10 @@ class NativeTrainer:
                 raise ValueError(f"state shard lacks {key!r}")
         with torch.no_grad():
             for name, p in zip(self._names, self._params):
-                targets = [(WEIGHTS, _local(p))]
+                targets = [(WEIGHTS, fsdp.local(p))]
                 state = self.optimizer.state.get(p)
                 if state:
-                    targets += [(m, _local(state[m])) for m in MOMENTS]
+                    targets += [(m, fsdp.local(state[m])) for m in MOMENTS]
                 for kind, target in targets:
                     key = f"{kind}/{name}"
                     if key not in shard:
@@ -334,7 +335,7 @@ class NativeTrainer:
         model's tensors, what the rollout engines load."""
         def full() -> Iterator[tuple[str, torch.Tensor]]:
             for _, module in itertools.groupby(zip(self._names, self._params), lambda n_p: n_p[0].rsplit(".", 1)[0]):
-                tensors = {n: _full(p.detach()) for n, p in module}
+                tensors = {n: fsdp.full(p.detach()) for n, p in module}
                 merged = merge_lora(tensors, self._lora_scaling) if self._lora_scaling else tensors
                 yield from ((n, t.to(self.dtype)) for n, t in merged.items())
         yield from bucket_by_bytes(full(), bucket_bytes)
@@ -384,29 +385,3 @@ class NativeTrainer:
             torch.set_rng_state(self._rng_state)
             yield
             self._rng_state = torch.get_rng_state()
-
-
-def _shard(model: torch.nn.Module, mesh: DeviceMesh, dtype: torch.dtype, offload: bool) -> torch.nn.Module:
-    """`fully_shard` each decoder layer, then the root (embeddings, final norm, head).
-    Gradients are reduced as sums (the loss is already a global token-mean), by SUM
-    collectives (gloo has no pre-multiplied sum)."""
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
-        else MixedPrecisionPolicy()
-    layers = getattr(getattr(model, "model", None), "layers", [])
-    where = CPUOffloadPolicy() if offload else OffloadPolicy()
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=where)
-    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=where)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
-    return model
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
