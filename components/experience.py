@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -166,10 +166,21 @@ def _sequences(pairs: Sequence[tuple[PromptGroup, Sample]], with_ref: bool, beha
     taught = bool(pairs) and pairs[0][1].teacher_logprobs is not None
     return {"input_ids": [list(g.prompt_ids) + list(s.output_ids) for g, s in pairs],
             "prompt_lens": [len(g.prompt_ids) for g, _ in pairs],
-            "old_logprobs": [list(s.old_logprobs) for _, s in pairs],
+            "old_logprobs": old_logprobs(s for _, s in pairs),
             "behav_logprobs": [[float(x) for x in s.logprobs] for _, s in pairs] if behaviour else None,
             "ref_logprobs": [list(s.ref_logprobs) for _, s in pairs] if with_ref else None,
             "teacher_logprobs": [list(s.teacher_logprobs) for _, s in pairs] if taught else None}
+
+
+def old_logprobs(samples: Iterable[Sample]) -> list[list[float]] | None:
+    """Each sample's old log-probs; None where the step had no inference stage (the
+    trainer's forward gives them: workflows/old_logprobs.py). All or none."""
+    olds = [s.old_logprobs for s in samples]
+    if all(o is None for o in olds):
+        return None
+    if any(o is None for o in olds):
+        raise ValueError("some samples have old_logprobs and some do not")
+    return [list(o) for o in olds if o is not None]
 
 
 def sample_ids(groups: Sequence[PromptGroup]) -> list[str]:

@@ -28,6 +28,7 @@ from dynarl.components.workflows.sample_text import TEXT_FILE
 from dynarl.components.workflows.span_log import SPANS_FILE, SpanLog
 from dynarl.components.workflows.stages import StageClock, held
 from dynarl.core.config_tree import to_dict
+from dynarl.components.workflows.old_logprobs import needs_inference
 from dynarl.core.controller import Controller
 from dynarl.core.files import atomic_open
 from dynarl.core.hypergraph import GRAPH_FILE
@@ -94,6 +95,9 @@ class Job:
         """run.survive: a lost rollout, reward or inference rank is replaced within the step (survival.py)."""
         self.sync_bytes = 0
         """Bytes the last weight sync sent (the trainer's rank 0: one copy of the model in model.dtype)."""
+        self.inference_pass = needs_inference(cfg)
+        """Why the steps run the inference stage; None: the trainer's forward gives the old
+        log-probs and there is none (inference.old_logprobs auto: old_logprobs.py)."""
 
     # --- the run ------------------------------------------------------------------
     async def run(self, resume: tuple[str, ckpt.CheckpointState] | None = None) -> None:

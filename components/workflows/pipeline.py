@@ -171,25 +171,34 @@ class StepPipeline:
         opened = await source.open(step, label, live)
         kw = dict(after=opened.after, gate=live.gates.get("inference"), clock=h.clock, label=label, version=step,
                   split=streaming, ranks_call=None if h.survival is None else h.survival.stage_call("inference", True))
-        if opened.inbox == "scored":  # (literal channels: the static hypergraph reads them, launch/graph.py)
-            work = stage(h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get="scored", put="experience", **kw)
+        if h.inference_pass is None:  # the trainer's forward gives the old log-probs (old_logprobs.py)
+            inference, trainer_in, inference_stats = opened.after, "scored", []
+        elif opened.inbox == "scored":  # (literal channels: the static hypergraph reads them, launch/graph.py)
+            inference = self._stage(live, "inference", stage(
+                h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get="scored", put="experience", **kw))
+            trainer_in = "experience"
         else:
-            work = stage(h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get=AHEAD, put="experience", **kw)
-        inference = self._stage(live, "inference", work)
+            inference = self._stage(live, "inference", stage(
+                h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get=AHEAD, put="experience", **kw))
+            trainer_in = "experience"
+        before = [*opened.work] if h.inference_pass is None else [*opened.work, inference]
         if streaming:
             trainer = self._stage(live, "trainer", stage(
-                h.ctl, h.g.trainer, TrainerWorker.train_stream, get="experience", after=inference,
+                h.ctl, h.g.trainer, TrainerWorker.train_stream, get=trainer_in, after=inference,
                 gate=live.gates.get("trainer"), clock=h.clock, label=label, with_ref=h.cfg.with_ref,
                 behaviour=h.behaviour))
-            *results, inference_stats, trainer_stats = await self.run_stages(
-                live, label, [*opened.work, inference, trainer])
+            *results, trainer_stats = await self.run_stages(live, label, [*before, trainer])
+            if h.inference_pass is not None:
+                *results, inference_stats = results
             trained = experience.Trained.merge([r.trained for r in trainer_stats])
             train = trainer_stats[0].metrics
             starts = [r.busy[0][0] for r in trainer_stats if r.busy]
             first, rate = min(starts) if starts else None, None
         else:
-            *results, inference_stats, (groups, first) = await self.run_stages(
-                live, label, [*opened.work, inference, self.collect(opened.size, opened.final)])
+            *results, (groups, first) = await self.run_stages(
+                live, label, [*before, self.collect(opened.size, opened.final, trainer_in)])
+            if h.inference_pass is not None:
+                *results, inference_stats = results
             live.later.clear()
             trained, trainer_stats = experience.Trained(), None
             trained.add(sorted(groups, key=lambda gr: gr.index))
@@ -257,13 +266,14 @@ class StepPipeline:
                 await sched.stop(raise_failure=False)
             raise
 
-    async def collect(self, num_groups: int, final: asyncio.Future | None = None) -> tuple[list[PromptGroup], float]:
-        """The barrier trainer's input: chunks from "experience" until all the step's
-        groups are in (`num_groups`, or `final`'s once it is known); and when the first
-        chunk came."""
+    async def collect(self, num_groups: int, final: asyncio.Future | None = None,
+                      channel: str = "experience") -> tuple[list[PromptGroup], float]:
+        """The barrier trainer's input: chunks from `channel` ("scored" where the step has
+        no inference stage) until all the step's groups are in (`num_groups`, or
+        `final`'s once it is known); and when the first chunk came."""
         groups: list[PromptGroup] = []
         first = 0.0
-        experience = self.host.ctl.channel("experience")
+        experience = self.host.ctl.channel(channel)
         while len(groups) < num_groups:
             get = asyncio.ensure_future(experience.get())
             if final is not None and not final.done():
