@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from dynarl.components.workflows.old_logprobs import describe
 from dynarl.launch.train_job import Job, placed, summarize, summary_window
 from dynarl.launch.train_prepare import (RunDirUnwritable, UsageError, check_backends_of, check_memory,
                                          check_tools, check_wired_of, prepare, resolve_config)
@@ -78,6 +79,7 @@ def dry_run_report(config_path: str | None, overrides: list[tuple[str, Any]], ru
     lines += [f"workflow {cfg.workflow}, task {cfg.task.kind}",
               f"backends: rollout {cfg.rollout.backend}, trainer {cfg.trainer.backend}; "
               f"scheduler {cfg.scheduler.policy}",
+              describe(cfg),
               f"model: {cfg.model.path or cfg.model.name} ({cfg.model.config().num_parameters / 1e6:.1f}M parameters)"]
     from dynarl.launch.trackers import missing_packages
     lines += [f"note: {n}" for n in notes + missing_packages(cfg.run.loggers)]

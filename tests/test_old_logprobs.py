@@ -101,3 +101,6 @@ def test_a_run_without_the_inference_pass_trains_the_same_samples_to_the_same_re
              for m, d in runs.items()}
     assert "compute_logprobs step 0" in names["always"] and "train step 0" in names["auto"]
     assert not any(n.startswith("compute_logprobs") for n in names["auto"])
+    nodes = {m: {n["name"] for n in json.load(open(os.path.join(d, "graph.json")))["nodes"]} for m, d in runs.items()}
+    assert nodes["auto"] == {"rollout", "reward", "trainer"}  # no inference ranks spawned
+    assert nodes["always"] == {"rollout", "reward", "inference", "trainer"}

@@ -44,7 +44,8 @@ class Groups:
     rollout: WorkerGroup
     reward: WorkerGroup | None
     """None where the workflow scores without one (agentic: the controller scores episodes)."""
-    inference: WorkerGroup
+    inference: WorkerGroup | None
+    """None where no step runs the inference stage (inference.old_logprobs auto: old_logprobs.py)."""
     trainer: WorkerGroup
     judge: WorkerGroup | None = None
     """The LLM judge's group, where judge.enabled (judge_stage.py)."""
@@ -91,13 +92,13 @@ class Job:
         self.g: Groups | None = None
         self.scheduling: DynamicScheduling | None = None
         """policy=dynarl: moves devices inside every step (dynamic.py)."""
+        self.inference_pass = needs_inference(cfg)
+        """Why the steps run the inference stage; None: the trainer's forward gives the old
+        log-probs and there is none (inference.old_logprobs auto: old_logprobs.py)."""
         self.survival = survival.Survival(self) if survival.applies(cfg) and not self.multi_turn else None
         """run.survive: a lost rollout, reward or inference rank is replaced within the step (survival.py)."""
         self.sync_bytes = 0
         """Bytes the last weight sync sent (the trainer's rank 0: one copy of the model in model.dtype)."""
-        self.inference_pass = needs_inference(cfg)
-        """Why the steps run the inference stage; None: the trainer's forward gives the old
-        log-probs and there is none (inference.old_logprobs auto: old_logprobs.py)."""
 
     # --- the run ------------------------------------------------------------------
     async def run(self, resume: tuple[str, ckpt.CheckpointState] | None = None) -> None:
@@ -173,11 +174,14 @@ class Job:
         self.progress.stage("spawn")
         reward_spawn = [ctl.spawn(self.reward_worker, name="reward", devices=[0], init=inits["reward"])
                         ] if self.reward_worker else []
-        rollout, inference, trainer, *reward = await gather_or_cancel([
+        inference_spawn = [ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"],
+                                     init=inits["inference"])] if self.inference_pass is not None else []
+        rollout, trainer, *others = await gather_or_cancel([
             ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init=inits["rollout"]),
-            ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"], init=inits["inference"]),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"]),
-            *reward_spawn])
+            *inference_spawn, *reward_spawn])
+        inference = others.pop(0) if inference_spawn else None
+        reward = others
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])
         await trainer.call(TrainerWorker.start, "trainer_dp" if trainer.world_size > 1 else None)
@@ -224,10 +228,11 @@ class Job:
         await self.weight_sync_group()
         async with self.busy("trainer"), self.busy("rollout"):  # nor is a weight sync
             try:
-                sent, _, _ = await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
+                sent, *_ = await held(self.ctl, g.trainer, self.clock, label, "sync", lambda: gather_or_cancel([
                     g.trainer.on(self.export_ranks).call(TrainerWorker.send_weights, "weight_sync", version),
                     g.rollout.call(RolloutWorker.receive_weights, "weight_sync", version),
-                    g.inference.call(InferenceWorker.receive_weights, "weight_sync", version)]),
+                    *([g.inference.call(InferenceWorker.receive_weights, "weight_sync", version)]
+                      if g.inference is not None else [])]),
                     lock=False, component="sync")
             except Exception:
                 # a receiver lost during the broadcast: replaced, and every rank still short
@@ -237,8 +242,9 @@ class Job:
                 await held(self.ctl, g.trainer, self.clock, label, "sync",
                            lambda: self.survival.refit(version), lock=False, component="sync")
                 sent = [0]  # (the refit's bytes are not counted)
-        for h in (*g.rollout.handles, *g.inference.handles):
-            h.weight_version = version
+        for group in self.policy_groups():
+            for h in group.handles:
+                h.weight_version = version
         self.sync_bytes = sum(sent)
 
     def fleet_metrics(self, version: int) -> dict[str, Any]:
@@ -254,10 +260,16 @@ class Job:
         rank: rebuilt only when its members changed (moves during a step; a standby pool
         usually hands the home devices back to the very processes that held them)."""
         g = self.g
-        members = [g.trainer.handles[0], *g.rollout.handles, *g.inference.handles]
+        members = [g.trainer.handles[0], *(h for group in self.policy_groups() for h in group.handles)]
         current = self.ctl.process_groups.active.get("weight_sync")
         if current is None or [id(h) for h in current.members] != [id(h) for h in members]:
-            await self.ctl.process_group("weight_sync", [(g.trainer, 0), g.rollout, g.inference])
+            await self.ctl.process_group("weight_sync", [(g.trainer, 0), *self.policy_groups()])
+
+    def policy_groups(self) -> list[WorkerGroup]:
+        """The groups that hold the policy's weights beside the trainer: the rollout's,
+        and the inference stage's where the steps have one."""
+        g = self.g
+        return [g.rollout] if g.inference is None else [g.rollout, g.inference]
 
     async def warm_start(self) -> None:
         total = self.cfg.trainer.warmup.steps

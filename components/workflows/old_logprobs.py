@@ -33,3 +33,11 @@ def needs_inference(cfg: Any) -> str | None:
     if cfg.trainer.backend != "native":
         return f"trainer.backend {cfg.trainer.backend}"
     return None
+
+
+def describe(cfg: Any) -> str:
+    """Where the steps' old log-probs come from, in a line (`dynarl train --dry-run`)."""
+    reason = needs_inference(cfg)
+    if reason is None:
+        return "old log-probs: the trainer's forward (on-policy, one update a batch): no inference stage or ranks"
+    return f"old log-probs: the inference stage ({reason})"

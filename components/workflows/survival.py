@@ -74,6 +74,8 @@ class Survival:
         """The workflow (grpo.py GRPO): its controller, groups and progress."""
         judge = wf.cfg.judge.enabled
         self.input, self.output = (JUDGED_INPUT, JUDGED_OUTPUT) if judge else (INPUT, OUTPUT)
+        if wf.inference_pass is None:  # no inference stage: the controller takes "scored" for the trainer
+            self.input = {c: ch for c, ch in self.input.items() if c != "inference"}
         """Each surviving stage's input channel, and the output whose puts release it."""
         self.survived = 0
         """Ranks replaced in the step in progress."""
@@ -113,7 +115,7 @@ class Survival:
     async def lost_receiver(self) -> bool:
         """Whether a rollout or inference rank is lost (waiting a moment for a loss behind
         a failed weight sync to be seen)."""
-        ranks = [h for c in ("rollout", "inference") for h in getattr(self.wf.g, c).handles]
+        ranks = [h for group in self.wf.policy_groups() for h in group.handles]
         return bool(await seen_lost(ranks, self.loss_wait_s))
 
     async def refit(self, version: int) -> None:
@@ -122,8 +124,7 @@ class Survival:
         or one the broken broadcast left short) loads it from the trainer, one group at a
         time (StepRanks.load_weights: a process group of their own)."""
         await self.replace_lost(None)
-        for component in ("rollout", "inference"):
-            group = getattr(self.wf.g, component)
+        for group in self.wf.policy_groups():
             await StepRanks(self.wf).load_weights(group, list(range(group.world_size)), version)
 
     def stage_call(self, component: str, locked: bool) -> Any:
