@@ -115,7 +115,7 @@ def test_a_dynamic_sampling_run_trains_no_group_whose_rewards_are_equal_and_coun
     job = prepare(None, overrides(*DYNAMIC, "run.steps=3"), run_dir, None)
     assert job.run() == 0
     w = job.workflow
-    assert_reaped([p for group in (w.g.rollout, w.g.inference, w.g.trainer) for p in group.pids])
+    assert_reaped([p for group in w.worker_groups() for p in group.pids])
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     assert sum(r["dynamic_dropped_groups"] for r in rows) > 0  # the tiny policy makes equal groups: the path ran
     for r, groups in zip(rows, trained_groups(run_dir), strict=True):

@@ -172,7 +172,7 @@ class StepPipeline:
         kw = dict(after=opened.after, gate=live.gates.get("inference"), clock=h.clock, label=label, version=step,
                   split=streaming, ranks_call=None if h.survival is None else h.survival.stage_call("inference", True))
         if h.inference_pass is None:  # the trainer's forward gives the old log-probs (old_logprobs.py)
-            inference, trainer_in, inference_stats = opened.after, "scored", []
+            inference, trainer_in, inference_stats = opened.after, opened.inbox, []
         elif opened.inbox == "scored":  # (literal channels: the static hypergraph reads them, launch/graph.py)
             inference = self._stage(live, "inference", stage(
                 h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get="scored", put="experience", **kw))
