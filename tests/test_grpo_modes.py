@@ -61,11 +61,15 @@ def test_run_directory_contents(runs):
                 "rollout_s", "reward_s", "inference_s", "trainer_s", "sync_s"):
         assert all(isinstance(r[key], (int, float)) for r in rows), key
     assert all(r["weight_version"] == r["step"] for r in rows)  # every sample came from the current policy
-    colocated = [json.loads(line) for line in open(os.path.join(runs["colocated"], "metrics.jsonl"))]
-    # shared devices: inference gets them only after rollout let go
-    assert all(r["first_chunk_s"] >= r["rollout_end_s"] for r in colocated)
     trace = json.load(open(os.path.join(d, "trace.json")))
     names = {e["name"] for e in trace["traceEvents"]}
-    assert {"generate step 0", "score step 0", "compute_logprobs step 0", "train step 0"} <= names
+    # on-policy, one update a batch: the trainer's forward gives the old log-probs (old_logprobs.py)
+    assert {"generate step 0", "score step 0", "train step 0"} <= names and "compute_logprobs step 0" not in names
+    # shared devices: the trainer gets them only after the rollout let go
+    colocated = json.load(open(os.path.join(runs["colocated"], "trace.json")))["traceEvents"]
+    for step in range(STEPS):
+        generate, = [e for e in colocated if e["name"] == f"generate step {step}"]
+        train, = [e for e in colocated if e["name"] == f"train step {step}"]
+        assert train["ts"] >= generate["ts"] + generate["dur"] - 1  # (microseconds; float rounding)
     checkpoints = sorted(os.listdir(os.path.join(d, "checkpoints")))
     assert checkpoints == ["step_000000", f"step_{STEPS:06d}"]

@@ -199,14 +199,14 @@ def test_a_judged_run_trains_and_counts_its_judgments(judged_run):
     assert os.path.isfile(os.path.join(run_dir, "timeline.png"))
 
 
-def test_the_judge_time_shares_device_0_between_rollout_and_inference(judged_run):
-    job, _ = judged_run
+def test_the_judge_time_shares_device_0_between_rollout_and_the_trainer(judged_run):
+    job, _ = judged_run  # (on-policy grpo: no inference stage, old_logprobs.py)
     spans = job.workflow.clock.spans
     for step in range(STEPS):
         by = {s.component: s for s in spans if s.label == f"step {step}"}
         judge = by["judge"]
-        assert judge.devices == [0]
-        assert by["rollout"].end <= judge.start and judge.end <= by["inference"].start
+        assert judge.devices == [0] and "inference" not in by
+        assert by["rollout"].end <= judge.start and judge.end <= by["trainer"].start
 
 
 def test_the_trace_and_the_graph_hold_the_judge(judged_run):

@@ -100,9 +100,12 @@ def _run_with_a_death(run, component, *extra):
     return job, rc
 
 
+ALWAYS = "inference.old_logprobs=always"  # (an on-policy grpo step has no inference stage else: old_logprobs.py)
+
+
 @pytest.mark.parametrize("component, extra", [
-    ("rollout", ()), ("reward", ()), ("inference", ()),
-    ("inference", ("trainer.streaming=true",)),  # its samples one by one to the trainer, whole per chunk
+    ("rollout", ()), ("reward", ()), ("inference", (ALWAYS,)),
+    ("inference", (ALWAYS, "trainer.streaming=true")),  # its samples one by one to the trainer, whole per chunk
 ])
 def test_a_killed_rank_is_replaced_and_the_step_goes_on(tmp_path, component, extra):
     _check_survived(tmp_path, component, extra)

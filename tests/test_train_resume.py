@@ -21,7 +21,7 @@ def test_kill_9_mid_step_then_resume(tmp_path):
     run = str(tmp_path / "run")
     argv = [sys.executable, "-m", "dynarl.launch.cli", "train", *TINY, f"run.steps={STEPS}",
             f"run.checkpoint_every={EVERY}", "run.keep_checkpoints=5", "run.log_samples=2", "--run-dir", run]
-    killed_after = kill_9_mid_run(argv, run, EVERY + 1, tmp_path, workers=4)  # rollout, reward, inference, trainer
+    killed_after = kill_9_mid_run(argv, run, EVERY + 1, tmp_path, workers=3)  # rollout, reward, trainer (no inference stage: old_logprobs.py)
     metrics = os.path.join(run, "metrics.jsonl")
     assert EVERY + 1 <= killed_after < STEPS
 

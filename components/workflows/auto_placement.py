@@ -11,6 +11,10 @@ profile of this job's own engines taken before training.
     switch_s   the rollout rank's offload plus the inference rank's onload (the hand-over
                between two stages that time-share a device)
 
+Where the steps run no inference stage (inference.old_logprobs auto: old_logprobs.py)
+the plan still has the chain's three stages, inference's time counted: its devices are
+planned, no inference rank is spawned on them.
+
 The profiling ranks time-share device 0 (each onloaded for its part only, as in a
 colocated placement), at weight version -1 (no policy yet: RLinf profiles before
 training too), and are stopped before the job's groups start, also when the
