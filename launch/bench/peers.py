@@ -32,13 +32,14 @@ from dynarl.launch.bench import peers_job as job
 from dynarl.launch.bench.peers_stats import RunResult, TreeSampler, pair_ratios
 
 TIMEOUT_S = 1800
-INSTALL = "dynarl bench peers: trl is not installed; pip install trl==1.16.0 (or the peers extra: pip install 'dynarl[peers]')"
+INSTALL = ("dynarl bench peers: trl is not installed; pip install trl==1.16.0 "
+           "(or the peers extra: pip install 'dynarl[peers]')")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynarl bench peers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--steps", type=int, default=5, help="GRPO steps per run (default 5)")
+    parser.add_argument("--steps", type=int, help="GRPO steps per run (default: short 4, long 2)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each run left out of its median")
     parser.add_argument("--pairs", type=int, default=2, help="interleaved pairs per workload (default 2)")
     parser.add_argument("--workload", choices=("short", "long", "both"), default="both")
@@ -115,10 +116,11 @@ def order(pair: int, sides: list[str]) -> list[str]:
     return list(sides) if pair % 2 == 0 else list(reversed(sides))
 
 
-def bench_workload(workload: job.Workload, steps: int, pairs: int, threads: list[int | None], warmup: int,
+def bench_workload(workload: job.Workload, steps: int | None, pairs: int, threads: list[int | None], warmup: int,
                    root: Path, log=print) -> dict:
     folder, data = root / workload.name / "model", root / "rows.jsonl"
     facts = job.build_model_folder(folder, workload)
+    steps = steps or workload.default_steps
     sides = ["dynarl", *(side_name(t) for t in threads)]
     by_side = {side_name(t): t for t in threads}
     results = []
@@ -136,8 +138,8 @@ def bench_workload(workload: job.Workload, steps: int, pairs: int, threads: list
                 f"peak RSS {result.peak_rss / 1e6:.0f} MB, wall {result.wall_s:.0f} s")
         ratios = {side_name(t): pair_ratios(summaries["dynarl"], summaries[side_name(t)]) for t in threads}
         results.append({"pair": pair, "order": order(pair, sides), "runs": summaries, "ratios": ratios})
-    return {"workload": workload.name, "max_new_tokens": workload.max_new_tokens, "eos_bias": workload.eos_bias,
-            "model": facts, "pairs": results, "summary": summarize(results, sides)}
+    return {"workload": workload.name, "steps": steps, "max_new_tokens": workload.max_new_tokens,
+            "eos_bias": workload.eos_bias, "model": facts, "pairs": results, "summary": summarize(results, sides)}
 
 
 def summarize(results: list[dict], sides: list[str]) -> dict:
@@ -155,11 +157,12 @@ def summarize(results: list[dict], sides: list[str]) -> dict:
 
 
 def print_table(report: dict) -> None:
-    print(f"dynarl bench peers: {report['steps']} steps a run, the first {report['warmup']} left out of each median; "
+    print(f"dynarl bench peers: the first {report['warmup']} step(s) of each run left out of its median; "
           f"{report['pairs']} interleaved pairs; ratios are dynarl / peer (per pair, then the median of pairs)")
     for w in report["workloads"]:
         s = w["summary"]
-        print(f"\n{w['workload']} (max_new_tokens {w['max_new_tokens']}, {w['model']['params'] / 1e6:.2f}M params)")
+        print(f"\n{w['workload']} ({w['steps']} steps a run, max_new_tokens {w['max_new_tokens']}, "
+              f"{w['model']['params'] / 1e6:.2f}M params)")
         print(f"{'side':<10} {'median step s':>13} {'peak RSS MB':>11} {'peak PSS MB':>11} {'mean len':>8} "
               f"{'max len':>7} {'reward 1st/2nd half':>20}")
         for side, f in s["sides"].items():
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"dynarl bench peers: {e}", file=sys.stderr)
         return 2
-    if args.steps < 1 or args.pairs < 1 or args.warmup < 0:
+    if (args.steps is not None and args.steps < 1) or args.pairs < 1 or args.warmup < 0:
         print("dynarl bench peers: --steps and --pairs must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
     names = ["short", "long"] if args.workload == "both" else [args.workload]

@@ -34,9 +34,12 @@ class Workload:
     max_new_tokens: int
     eos_bias: float | None
     """None: the random weights as drawn; else the EOS logit's added bias (the long workload)."""
+    default_steps: int
+    """`dynarl bench peers` without --steps: the whole bench (both workloads, 2 pairs, TRL at
+    two thread counts) in about 10-12 minutes on a 2-core machine; TRL's long steps take ~50 s."""
 
 
-WORKLOADS = {"short": Workload("short", 32, None), "long": Workload("long", 256, 2.0)}
+WORKLOADS = {"short": Workload("short", 32, None, 4), "long": Workload("long", 256, 2.0, 2)}
 PROMPTS_PER_STEP, SAMPLES, LR, TEMPERATURE = 16, 8, 3e-4, 1.0
 
 
