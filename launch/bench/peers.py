@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--trl-threads", default="default,1",
                         help="comma-separated torch thread counts for TRL; 'default': torch's own (default: default,1)")
     parser.add_argument("--keep", help="keep the runs' folders under this directory")
+    parser.add_argument("--dynarl-args", default="", help="extra `dynarl train` key=value overrides for dynarl's "
+                        "side, space-separated (e.g. 'rollout.num_ranks=1 trainer.num_ranks=1 inference.num_ranks=1')")
     return parser
 
 
@@ -90,10 +92,11 @@ def _run_tree(argv: list[str], log: Path) -> tuple[float, int, int]:
     return time.perf_counter() - t0, sampler.peak_rss, sampler.peak_pss
 
 
-def run_dynarl(model: Path, data: Path, workload: job.Workload, steps: int, where: Path) -> RunResult:
+def run_dynarl(model: Path, data: Path, workload: job.Workload, steps: int, where: Path,
+               extra: tuple[str, ...] = ()) -> RunResult:
     run_dir = where / "run"
     argv = [sys.executable, "-m", "dynarl.launch.cli", "train",
-            *job.dynarl_argv(model, data, workload, steps, run_dir)]
+            *job.dynarl_argv(model, data, workload, steps, run_dir), *extra]
     wall, rss, pss = _run_tree(argv, where / "dynarl.log")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return RunResult("dynarl", [r["step_time_s"] for r in rows], [r["reward_mean"] for r in rows],
@@ -117,7 +120,7 @@ def order(pair: int, sides: list[str]) -> list[str]:
 
 
 def bench_workload(workload: job.Workload, steps: int | None, pairs: int, threads: list[int | None], warmup: int,
-                   root: Path, log=print) -> dict:
+                   root: Path, log=print, dynarl_extra: tuple[str, ...] = ()) -> dict:
     folder, data = root / workload.name / "model", root / "rows.jsonl"
     facts = job.build_model_folder(folder, workload)
     steps = steps or workload.default_steps
@@ -130,7 +133,7 @@ def bench_workload(workload: job.Workload, steps: int | None, pairs: int, thread
             where = root / workload.name / f"pair{pair}" / side
             where.mkdir(parents=True, exist_ok=True)
             if side == "dynarl":
-                result = run_dynarl(folder, data, workload, steps, where)
+                result = run_dynarl(folder, data, workload, steps, where, dynarl_extra)
             else:
                 result = run_trl(folder, data, workload, steps, where, by_side[side])
             summaries[side] = result.summary(warmup)
@@ -195,9 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         root.mkdir(parents=True, exist_ok=True)
         job.write_rows(root / "rows.jsonl", job.rows())
         t0 = time.perf_counter()
-        workloads = [bench_workload(job.WORKLOADS[n], args.steps, args.pairs, threads, args.warmup, root, log)
+        extra = tuple(args.dynarl_args.split())
+        workloads = [bench_workload(job.WORKLOADS[n], args.steps, args.pairs, threads, args.warmup, root, log, extra)
                      for n in names]
-    report = {"steps": args.steps, "warmup": args.warmup, "pairs": args.pairs, "cpus": os.cpu_count(),
+    report = {"steps": args.steps, "dynarl_args": list(extra), "warmup": args.warmup, "pairs": args.pairs,
+              "cpus": os.cpu_count(),
               "load_avg": os.getloadavg(), "wall_s": time.perf_counter() - t0, "workloads": workloads}
     if args.json:
         print(json.dumps(report))
