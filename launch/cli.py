@@ -20,6 +20,7 @@ BENCHES = {
     "async": "dynarl.launch.bench.overlap",
     "env": "dynarl.launch.bench.env",
     "memory": "dynarl.launch.bench.memory",
+    "peers": "dynarl.launch.bench.peers",
 }
 
 
@@ -58,7 +59,7 @@ COMMANDS = {
 
 
 SUMMARIES = {
-    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, async, env, memory), "
+    "bench": "a benchmark (transport, rollout, trainer, scheduler, agentic, hosts, faults, async, env, memory, peers), "
              "ratios measured side by side",
     "dashboard": "a run directory's live dashboard (a web page: curves, device moves, samples)",
     "doctor": "the production path on this machine's devices (--gpu: one CUDA GPU), one JSON report",
