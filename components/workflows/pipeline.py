@@ -169,36 +169,24 @@ class StepPipeline:
         collected batch after them)."""
         h, source, streaming = self.host, self.source, self.host.cfg.trainer.streaming
         opened = await source.open(step, label, live)
-        kw = dict(after=opened.after, gate=live.gates.get("inference"), clock=h.clock, label=label, version=step,
-                  split=streaming, ranks_call=None if h.survival is None else h.survival.stage_call("inference", True))
-        if h.inference_pass is None:  # the trainer's forward gives the old log-probs (old_logprobs.py)
-            inference, trainer_in, inference_stats = opened.after, opened.inbox, []
-        elif opened.inbox == "scored":  # (literal channels: the static hypergraph reads them, launch/graph.py)
-            inference = self._stage(live, "inference", stage(
-                h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get="scored", put="experience", **kw))
-            trainer_in = "experience"
-        else:
-            inference = self._stage(live, "inference", stage(
-                h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get=AHEAD, put="experience", **kw))
-            trainer_in = "experience"
-        before = [*opened.work] if h.inference_pass is None else [*opened.work, inference]
+        inference = self._inference(live, opened, label, step, streaming)  # None: no inference stage
+        trainer_in = opened.inbox if inference is None else "experience"
+        work = [*opened.work] if inference is None else [*opened.work, inference]
         if streaming:
             trainer = self._stage(live, "trainer", stage(
-                h.ctl, h.g.trainer, TrainerWorker.train_stream, get=trainer_in, after=inference,
-                gate=live.gates.get("trainer"), clock=h.clock, label=label, with_ref=h.cfg.with_ref,
-                behaviour=h.behaviour))
-            *results, trainer_stats = await self.run_stages(live, label, [*before, trainer])
-            if h.inference_pass is not None:
-                *results, inference_stats = results
+                h.ctl, h.g.trainer, TrainerWorker.train_stream, get=trainer_in,
+                after=opened.after if inference is None else inference, gate=live.gates.get("trainer"),
+                clock=h.clock, label=label, with_ref=h.cfg.with_ref, behaviour=h.behaviour))
+            *results, trainer_stats = await self.run_stages(live, label, [*work, trainer])
+            inference_stats = results.pop() if inference is not None else []
             trained = experience.Trained.merge([r.trained for r in trainer_stats])
             train = trainer_stats[0].metrics
             starts = [r.busy[0][0] for r in trainer_stats if r.busy]
             first, rate = min(starts) if starts else None, None
         else:
             *results, (groups, first) = await self.run_stages(
-                live, label, [*before, self.collect(opened.size, opened.final, trainer_in)])
-            if h.inference_pass is not None:
-                *results, inference_stats = results
+                live, label, [*work, self.collect(opened.size, opened.final, trainer_in)])
+            inference_stats = results.pop() if inference is not None else []
             live.later.clear()
             trained, trainer_stats = experience.Trained(), None
             trained.add(sorted(groups, key=lambda gr: gr.index))
@@ -246,6 +234,22 @@ class StepPipeline:
                             inference_stats=stats.inference, rollout_backend=h.cfg.rollout.backend) \
             | timed | extra | devices | h.fleet_metrics(step + 1)
 
+    def _inference(self, live: LiveStep, opened: Opened, label: str, step: int, streaming: bool
+                   ) -> asyncio.Future | None:
+        """The inference stage on the source's channel (old and reference log-probs, onto
+        "experience"); None where the trainer's forward gives the old log-probs and
+        nothing else is asked of it (inference.old_logprobs auto: old_logprobs.py)."""
+        h = self.host
+        if h.inference_pass is None:
+            return None
+        kw = dict(after=opened.after, gate=live.gates.get("inference"), clock=h.clock, label=label, version=step,
+                  split=streaming, ranks_call=None if h.survival is None else h.survival.stage_call("inference", True))
+        if opened.inbox == "scored":  # (literal channels: the static hypergraph reads them, launch/graph.py)
+            work = stage(h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get="scored", put="experience", **kw)
+        else:
+            work = stage(h.ctl, h.g.inference, InferenceWorker.compute_logprobs, get=AHEAD, put="experience", **kw)
+        return self._stage(live, "inference", work)
+
     def _stage(self, live: LiveStep, component: str, work: Awaitable[list[Any]]) -> asyncio.Future:
         return live.joined(component, work) if self.source.joins else asyncio.ensure_future(work)
 
@@ -273,7 +277,9 @@ class StepPipeline:
         `final`'s once it is known); and when the first chunk came."""
         groups: list[PromptGroup] = []
         first = 0.0
-        experience = self.host.ctl.channel(channel)
+        experience = self.host.ctl.channel("experience")  # (a literal: the static hypergraph reads it)
+        if channel != "experience":
+            experience = self.host.ctl.channel(channel)
         while len(groups) < num_groups:
             get = asyncio.ensure_future(experience.get())
             if final is not None and not final.done():
