@@ -26,6 +26,8 @@ def needs_inference(cfg: Any) -> str | None:
         return "opd: the teacher's log-probs"
     if cfg.algorithm.rollout_correction != "none":
         return "algorithm.rollout_correction weighs by the old over the rollout's log-probs"
+    if cfg.trainer.streaming:
+        return "trainer.streaming takes the samples one by one, as the inference stage splits the chunks"
     if cfg.scheduler.policy != "static":
         return "scheduler.policy dynarl plans with the inference stage"
     if cfg.rollout.backend != "native" or cfg.inference.backend != "native":

@@ -81,9 +81,9 @@ class InferenceSection:
     """Where the old log-probs (PPO-clip's ratio's denominator) come from. always: the
     inference stage recomputes them for every sample. auto: on a step that trains, with
     one optimizer step, the batch the current weights generated (workflow grpo, no
-    max_staleness, oversample, KL, teacher or rollout_correction, scheduler static, native
-    engines and trainer), the trainer's own forward gives them and the step has no
-    inference stage (and no `mismatch` metric); elsewhere as always
+    max_staleness, oversample, KL, teacher, rollout_correction or streaming trainer,
+    scheduler static, native engines and trainer), the trainer's own forward gives them
+    and the step has no inference stage (and no `mismatch` metric); elsewhere as always
     (components/workflows/old_logprobs.py)."""
 
     def __post_init__(self) -> None:

@@ -46,7 +46,8 @@ JOB = ["runtime.cluster.devices_per_node=3", "rollout.num_ranks=1", "inference.n
        "rollout.max_new_tokens=12", "rollout.samples_per_prompt=4", "rollout.chunk_size=2",
        "run.prompts_per_step=8", "trainer.warmup.steps=4", "trainer.warmup.batch_size=32",
        "trainer.engine.micro_batch_size=32", f"run.steps={STEPS}", "run.checkpoint_every=2",
-       "run.max_restarts=8", "runtime.heartbeat_interval_s=0.5", "runtime.heartbeat_timeout_s=2.0"]
+       "run.max_restarts=8", "runtime.heartbeat_interval_s=0.5", "runtime.heartbeat_timeout_s=2.0",
+       "inference.old_logprobs=always"]  # (an inference stage and ranks to hit: kill-inference, stop-inference)
 DYNARL = ["runtime.cluster.devices_per_node=4", "placement.mode=hybrid", "rollout.num_ranks=3",
           "scheduler.policy=dynarl", "scheduler.dynarl.interval_s=0.02", "scheduler.dynarl.charge_move_cost=false",
           "scheduler.dynarl.trainer_profile=home"]
