@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,11 +42,13 @@ def test_the_sampler_sees_a_child_of_the_root_and_keeps_the_peak():
     child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(30)"])
     try:
         sampler = TreeSampler(os.getpid())
-        for _ in range(50):  # until the child has its 64 MB
+        deadline = time.monotonic() + 60  # a hang bound: a loaded host takes a while to start the child
+        while time.monotonic() < deadline:  # until the child has its 64 MB
             sampler.sample()
             with open(f"/proc/{child.pid}/statm") as f:
                 if int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") > 64 << 20:
                     break
+            time.sleep(0.05)
         sampler.sample()
         with open("/proc/self/statm") as f:
             mine = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -153,8 +156,8 @@ def test_the_trl_spec_takes_one_step_of_the_same_samples(tmp_path):
 
 
 def test_the_long_workload_biases_the_eos_logit():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**job.model_config_kwargs(300, 0)))
     ids = torch.randint(0, 300, (4, 16))

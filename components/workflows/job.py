@@ -23,12 +23,12 @@ from dynarl.components.workflows.auto_placement import auto_placement
 from dynarl.components.workflows.config import TrainConfig
 from dynarl.components.workflows.dynamic import DynamicScheduling
 from dynarl.components.workflows.ledger import SampleLedger
+from dynarl.components.workflows.old_logprobs import needs_inference
 from dynarl.components.workflows.partial import PARTIAL_FILE, resume_refused, stream_source
 from dynarl.components.workflows.sample_text import TEXT_FILE
 from dynarl.components.workflows.span_log import SPANS_FILE, SpanLog
 from dynarl.components.workflows.stages import StageClock, held
 from dynarl.core.config_tree import to_dict
-from dynarl.components.workflows.old_logprobs import needs_inference
 from dynarl.core.controller import Controller
 from dynarl.core.files import atomic_open
 from dynarl.core.hypergraph import GRAPH_FILE
@@ -172,16 +172,13 @@ class Job:
         devices = {c: self.placement.rank_devices(c) for c in COMPONENTS}
         inits = self.worker_inits({c for c in COMPONENTS if self.placement.shares_devices(c)})
         self.progress.stage("spawn")
-        reward_spawn = [ctl.spawn(self.reward_worker, name="reward", devices=[0], init=inits["reward"])
-                        ] if self.reward_worker else []
-        inference_spawn = [ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"],
-                                     init=inits["inference"])] if self.inference_pass is not None else []
-        rollout, trainer, *others = await gather_or_cancel([
+        rollout, inference, trainer, reward = await gather_or_cancel([
             ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init=inits["rollout"]),
+            ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"], init=inits["inference"])
+            if self.inference_pass is not None else _nothing(),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"]),
-            *inference_spawn, *reward_spawn])
-        inference = others.pop(0) if inference_spawn else None
-        reward = others
+            ctl.spawn(self.reward_worker, name="reward", devices=[0], init=inits["reward"])
+            if self.reward_worker else _nothing()])
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])
         await trainer.call(TrainerWorker.start, "trainer_dp" if trainer.world_size > 1 else None)
@@ -190,7 +187,7 @@ class Job:
         actual = await trainer.call(TrainerWorker.data_part)
         if actual != expected:
             raise RuntimeError(f"trainer ranks' data-parallel parts {actual} differ from the split {expected}")
-        groups = Groups(rollout, reward[0] if reward else None, inference, trainer)
+        groups = Groups(rollout, reward, inference, trainer)
         if cfg.scheduler.policy == "dynarl":
             self.scheduling = await DynamicScheduling.create(self, groups)
         return groups
@@ -361,3 +358,6 @@ class Job:
             plens.append(len(prompt))
         return TrainBatch(input_ids=ids, prompt_lens=plens, advantages=[1.0] * len(ids))
 
+
+async def _nothing() -> None:
+    """A group not spawned (Job.spawn)."""

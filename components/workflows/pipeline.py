@@ -172,13 +172,12 @@ class StepPipeline:
         inference = self._inference(live, opened, label, step, streaming)  # None: no inference stage
         trainer_in = opened.inbox if inference is None else "experience"
         work = [*opened.work] if inference is None else [*opened.work, inference]
-        if streaming:
+        if streaming:  # (always after an inference stage, which splits the chunks: old_logprobs.py)
             trainer = self._stage(live, "trainer", stage(
-                h.ctl, h.g.trainer, TrainerWorker.train_stream, get=trainer_in,
-                after=opened.after if inference is None else inference, gate=live.gates.get("trainer"),
-                clock=h.clock, label=label, with_ref=h.cfg.with_ref, behaviour=h.behaviour))
-            *results, trainer_stats = await self.run_stages(live, label, [*work, trainer])
-            inference_stats = results.pop() if inference is not None else []
+                h.ctl, h.g.trainer, TrainerWorker.train_stream, get="experience", after=inference,
+                gate=live.gates.get("trainer"), clock=h.clock, label=label, with_ref=h.cfg.with_ref,
+                behaviour=h.behaviour))
+            *results, inference_stats, trainer_stats = await self.run_stages(live, label, [*work, trainer])
             trained = experience.Trained.merge([r.trained for r in trainer_stats])
             train = trainer_stats[0].metrics
             starts = [r.busy[0][0] for r in trainer_stats if r.busy]

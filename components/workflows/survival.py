@@ -74,9 +74,9 @@ class Survival:
         """The workflow (grpo.py GRPO): its controller, groups and progress."""
         judge = wf.cfg.judge.enabled
         self.input, self.output = (JUDGED_INPUT, JUDGED_OUTPUT) if judge else (INPUT, OUTPUT)
+        """Each surviving stage's input channel, and the output whose puts release it."""
         if wf.inference_pass is None:  # no inference stage: the controller takes "scored" for the trainer
             self.input = {c: ch for c, ch in self.input.items() if c != "inference"}
-        """Each surviving stage's input channel, and the output whose puts release it."""
         self.survived = 0
         """Ranks replaced in the step in progress."""
         self.reissued = 0
