@@ -216,7 +216,7 @@ async def test_port_in_use_raises_from_start():
 
 
 def test_serves_on_uvloop():
-    uvloop = pytest.importorskip("uvloop")
+    import uvloop  # a dependency: the controller's loop
 
     async def main():
         assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
