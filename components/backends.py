@@ -72,7 +72,7 @@ def served_model_problem(folder: str, model: ModelConfig) -> str | None:
     the trainer's weights of `model`, or None: no such folder, no config.json or no
     weight files (the engine loads them before the first sync), an architecture
     dynarl's weight names do not map, a shape that differs from the trainer's."""
-    from dynarl.components.model.io import read_config
+    from dynarl.components.model.config import read_config
     path = Path(folder)
     if not path.is_dir():
         return f"{folder!r} is not a folder (an HF model folder: config.json and *.safetensors)"

@@ -146,7 +146,9 @@ class ChannelService:
 
     @staticmethod
     def _more(channel: Channel, entries: list[Entry], key: Any, max_items: int, worker: str) -> list[Entry]:
-        while len(entries) < max_items:
+        """Up to `max_items` in all; an END (None, which the controller puts, one per
+        consumer of a stage) ends the batch, so no consumer takes a second one."""
+        while len(entries) < max_items and entries[-1].item is not None:
             try:
                 entries.append(channel.take_nowait(key, worker))
             except WouldBlock:

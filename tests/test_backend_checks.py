@@ -12,7 +12,7 @@ import yaml
 from dynarl import ConfigError
 from dynarl.components import extras
 from dynarl.components.backends import check_backends
-from dynarl.components.model.io import read_config
+from dynarl.components.model.config import read_config
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
 from dynarl.components.placement.plan import from_pools

@@ -251,6 +251,19 @@ async def test_a_stopping_consumer_gives_back_what_it_prefetched(launcher):
 
 
 @pytest.mark.parametrize("launcher", ["local", "inproc"])
+async def test_a_prefetching_consumer_takes_one_end_and_leaves_the_next_for_another(launcher):
+    """stages.py puts one END (None) per consumer behind the work: a get of many stops at an END."""
+    async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
+        ch = ctl.channel("work")
+        for item in (0, 1, None, None, 2):
+            await ch.put(item)
+        consumers = await ctl.spawn(Consumer, num_ranks=1)
+        assert await consumers.call(Consumer.consume, "work", 3, prefetch=8) == [[0, 1, None]]
+        assert len(ch) == 2 and await ch.get() is None and await ch.get() == 2
+        await consumers.stop()
+
+
+@pytest.mark.parametrize("launcher", ["local", "inproc"])
 async def test_a_stopping_producer_delivers_what_it_had_not_sent_even_to_a_full_channel(launcher):
     async with dynarl.Controller(RuntimeConfig(launcher=launcher)) as ctl:
         ch = ctl.channel("work", capacity=2)

@@ -11,7 +11,8 @@ import torch
 import transformers
 
 from dynarl.components.model.config import TINY_CONFIGS, ModelConfig
-from dynarl.components.model.io import load_pretrained, load_weights, read_config, save_pretrained
+from dynarl.components.model.config import read_config
+from dynarl.components.model.io import load_pretrained, load_weights, save_pretrained
 from dynarl.components.model.paged_attention import KVCache, PagedContext
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 

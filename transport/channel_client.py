@@ -82,12 +82,12 @@ class ChannelClient:
         """`share_items`: put items go to the channel as they are, not encoded (the
         inproc launcher, whose ranks share the controller's memory as its RPC arguments
         do): a consumer gets the producer's object."""
-        if prefetch < 1 or window < 1:
-            raise ValueError("prefetch and window must be >= 1")
+        if window < 1:
+            raise ValueError("window must be >= 1")
         self._share_items = share_items
         self.name = name
         self._call = call
-        self._prefetch = prefetch
+        self.prefetch = prefetch
         self._window = window
         self._spawn = spawn
         self._payloads = payloads
@@ -207,6 +207,18 @@ class ChannelClient:
         self._changed.set()
 
     # --- get ------------------------------------------------------------------------
+    @property
+    def prefetch(self) -> int:
+        """Items a get asks for per round trip (the channel hands out at most one END
+        per trip: channel_service `_more`)."""
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"prefetch must be >= 1, got {value}")
+        self._prefetch = value
+
     async def get(self, key: Hashable = None) -> Any:
         """The next item under `key`, waiting for one; ChannelClosed once the channel is
         closed and holds nothing more for this key. Cancelling a get loses nothing: a fetch from the channel in

@@ -7,7 +7,9 @@ No I/O here: `io.py` reads and writes config.json and calls `from_hf_dict`.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -187,3 +189,14 @@ TINY_CONFIGS: dict[str, ModelConfig] = {
     "tiny-1m": _tiny(4, 128, 512, 4, 2),
     "tiny-4m": _tiny(4, 256, 1024, 8, 2),
 }
+
+
+CONFIG_FILE = "config.json"
+
+
+def read_config(folder: str | Path) -> ModelConfig:
+    """A model folder's config.json (no torch: a reward worker or the controller checks a folder with it)."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {CONFIG_FILE} in {folder}")
+    return ModelConfig.from_hf_dict(json.loads(path.read_text()))

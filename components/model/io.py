@@ -10,21 +10,13 @@ from typing import Iterable, Mapping
 import torch
 from safetensors.torch import load_file, save_file
 
-from dynarl.components.model.config import ModelConfig
+from dynarl.components.model.config import CONFIG_FILE, ModelConfig, read_config
 from dynarl.components.model.lora import is_adapter
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 
-CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TIED_NAME = "lm_head.weight"
-
-
-def read_config(folder: str | Path) -> ModelConfig:
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no {CONFIG_FILE} in {folder}")
-    return ModelConfig.from_hf_dict(json.loads(path.read_text()))
 
 
 def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:

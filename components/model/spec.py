@@ -54,7 +54,7 @@ class ModelSpec:
     def config(self) -> ModelConfig:
         if self.path is None:
             return TINY_CONFIGS[self.name]
-        from dynarl.components.model.io import read_config
+        from dynarl.components.model.config import read_config
         return read_config(self.path)
 
 

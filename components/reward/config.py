@@ -57,6 +57,10 @@ class RewardSection:
     files beside it."""
     sandbox_memory_mb: int = 2048
     """sandbox: the address space of each sandbox process (RLIMIT_AS)."""
+    num_ranks: int = 1
+    """Reward worker processes (no torch, ~50 MB each). Each takes the rollout's
+    finished chunks as they come, so several score a step's last chunks in parallel
+    (the verifier or a sync function holds the GIL: one process scores one at a time)."""
 
     def __post_init__(self) -> None:
         if self.function is not None:
@@ -67,7 +71,7 @@ class RewardSection:
             raise ValueError(f"timeout_s must be in (0, 3600], got {self.timeout_s!r}")
         if not math.isfinite(self.on_error):
             raise ValueError(f"on_error must be a finite number, got {self.on_error!r}")
-        for name in ("max_concurrency", "sandbox_memory_mb"):
+        for name in ("max_concurrency", "sandbox_memory_mb", "num_ranks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

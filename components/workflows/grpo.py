@@ -118,7 +118,8 @@ class GRPO(Job):
         rollout = live.joined("rollout", stage(
             self.ctl, g.rollout, RolloutWorker.generate, get="prompts", put="rollouts", clock=self.clock,
             label=label, version=step if version is None else version, chunk_size=self.rollout_chunk_size,
-            sampling=self.sampling(), lock=live.rollout_lock, ranks_call=self.ranks_call("rollout", live.rollout_lock)))
+            sampling=self.sampling(), prefetch=-(-len(groups) // g.rollout.world_size) if end else 1,
+            lock=live.rollout_lock, ranks_call=self.ranks_call("rollout", live.rollout_lock)))
         if g.judge is None:
             reward = live.done["reward"] = asyncio.ensure_future(stage(
                 self.ctl, g.reward, RewardWorker.score, get="rollouts", put="scored", after=rollout, lock=False,

@@ -177,7 +177,7 @@ class Job:
             ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"], init=inits["inference"])
             if self.inference_pass is not None else _nothing(),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"]),
-            ctl.spawn(self.reward_worker, name="reward", devices=[0], init=inits["reward"])
+            ctl.spawn(self.reward_worker, name="reward", devices=[0] * cfg.reward.num_ranks, init=inits["reward"])
             if self.reward_worker else _nothing()])
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])

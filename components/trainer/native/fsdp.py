@@ -1,6 +1,9 @@
 """How the native trainer shards a model with torch FSDP2 (fully_shard per decoder
-layer, then the root), and a parameter's full or local tensor (DTensor or plain)."""
+layer, then the root), the whole parameters unit by unit, and a parameter's local
+tensor (DTensor or plain)."""
 from __future__ import annotations
+
+from typing import Iterator
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -26,8 +29,33 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh, dtype: torch.dtype, offload:
     return model
 
 
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+def gathered(model: torch.nn.Module, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Collective: every parameter of `names` (the model's order) whole, each FSDP unit
+    gathered by one all-gather (`unshard`) when its first parameter comes and let go
+    (`reshard`) after its last, not one all-gather per parameter (on gloo each costs a
+    round trip: 40 of them took 0.19 s of a 1M-parameter model's sync). The tensors
+    are FSDP's own unsharded ones: copy before the next unit comes."""
+    units = {name: m for name, m in model.named_modules() if isinstance(m, FSDPModule)}
+    if not units:
+        params = dict(model.named_parameters())
+        yield from ((n, params[n]) for n in names)
+        return
+    owner = {n: max((u for u in units if u == "" or n.startswith(u + ".")), key=len) for n in names}
+    last = {owner[n]: i for i, n in enumerate(names)}
+    held: set[str] = set()
+    try:
+        for i, name in enumerate(names):
+            unit = owner[name]
+            if unit not in held:
+                units[unit].unshard()
+                held.add(unit)
+            yield name, model.get_parameter(name)
+            if last[unit] == i:
+                units[unit].reshard()
+                held.discard(unit)
+    finally:
+        for unit in held:
+            units[unit].reshard()
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -334,8 +334,9 @@ class NativeTrainer:
         adapters come merged into its weight (model/lora.py merge_lora): the plain
         model's tensors, what the rollout engines load."""
         def full() -> Iterator[tuple[str, torch.Tensor]]:
-            for _, module in itertools.groupby(zip(self._names, self._params), lambda n_p: n_p[0].rsplit(".", 1)[0]):
-                tensors = {n: fsdp.full(p.detach()) for n, p in module}
+            pairs = fsdp.gathered(self.model, self._names)
+            for _, module in itertools.groupby(pairs, lambda n_p: n_p[0].rsplit(".", 1)[0]):
+                tensors = {n: p.detach().clone() for n, p in module}
                 merged = merge_lora(tensors, self._lora_scaling) if self._lora_scaling else tensors
                 yield from ((n, t.to(self.dtype)) for n, t in merged.items())
         yield from bucket_by_bytes(full(), bucket_bytes)
