@@ -58,7 +58,7 @@ class RewardSection:
     sandbox_memory_mb: int = 2048
     """sandbox: the address space of each sandbox process (RLIMIT_AS)."""
     num_ranks: int = 1
-    """Reward worker processes (no torch, ~50 MB each). Each takes the rollout's
+    """Reward worker processes (no torch: ~70 MB each with math-verify). Each takes the rollout's
     finished chunks as they come, so several score a step's last chunks in parallel
     (the verifier or a sync function holds the GIL: one process scores one at a time)."""
 
