@@ -61,8 +61,9 @@ class RuntimeConfig:
     DEFAULT_MAX_MESSAGE_BYTES, the same)."""
     trace_path: str | None = None
     """Where to write the Chrome/Perfetto trace when the controller closes."""
-    worker_threads: int = 1
-    """torch intra-op threads per worker process (CPU runs share few cores)."""
+    worker_threads: int | None = 1
+    """torch intra-op threads per worker process (CPU runs share few cores). null: the
+    workflow's choice per group (`dynarl train`: components/placement/threads.py), else 1."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "hang_timeout_s",
@@ -73,5 +74,5 @@ class RuntimeConfig:
             raise ValueError("heartbeat_timeout_s must exceed heartbeat_interval_s")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be >= 1024")
-        if self.worker_threads < 1:
+        if self.worker_threads is not None and self.worker_threads < 1:
             raise ValueError("worker_threads must be >= 1")

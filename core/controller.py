@@ -60,6 +60,8 @@ class Controller:
         self.tracer = Tracer()
         self.launcher = launcher or make_launcher(self.config.launcher)
         self.groups: dict[str, WorkerGroup] = {}
+        self._threads: dict[str, int] = {}
+        """Torch threads of each group's ranks (spawn's `threads`)."""
         self.channels: dict[str, Channel] = {}
         self.process_groups = ProcessGroups(self)
         self.graph = Hypergraph()
@@ -170,10 +172,12 @@ class Controller:
 
     # --- groups -----------------------------------------------------------------
     async def spawn(self, cls: type[Worker], *, name: str | None = None, num_ranks: int | None = None,
-                    devices: list[int] | None = None, init: dict[str, Any] | None = None) -> WorkerGroup:
+                    devices: list[int] | None = None, init: dict[str, Any] | None = None,
+                    threads: int | None = None) -> WorkerGroup:
         """Starts `cls` on `num_ranks` devices (least loaded first) or on the given
         device ids (one rank each; groups may share devices). Waits until every
-        rank has run `__init__` and `setup()`."""
+        rank has run `__init__` and `setup()`. `threads`: each rank's torch threads,
+        its later ranks' too (default: the config's worker_threads, or 1)."""
         if not (isinstance(cls, type) and issubclass(cls, Worker)):
             raise TypeError(f"{cls!r} is not a Worker subclass")
         if self._closed:
@@ -184,6 +188,7 @@ class Controller:
         device_ids = self.pool.place(name, num_ranks, devices)
         group = WorkerGroup(self, name, cls, [])
         self.groups[name] = group
+        self._threads[name] = threads or self.config.worker_threads or 1
         try:
             group.handles = await self._start_ranks(name, cls, device_ids, init or {}, first_rank=0)
         except BaseException:
@@ -294,7 +299,7 @@ class Controller:
         return rank_specs(name, f"{module}:{cls.__qualname__}", [self.pool.devices[d] for d in device_ids],
                           first_rank=first_rank, main_file=main_file, init=init,
                           master_addr=self.launcher.node_address(node0), master_port=port,
-                          threads=self.config.worker_threads)
+                          threads=self._threads.get(name, self.config.worker_threads or 1))
 
     # --- wiring workers that connect over the router --------------------------------
     def expect(self, handle: WorkerHandle) -> None:

@@ -52,7 +52,7 @@ __all__ = ["AlgorithmSection", "CriticSection", "DynarlSection", "InferenceSecti
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    runtime: RuntimeConfig = field(default_factory=lambda: RuntimeConfig(launcher="local", worker_threads=1))
+    runtime: RuntimeConfig = field(default_factory=lambda: RuntimeConfig(launcher="local", worker_threads=None))
     model: ModelSpec = field(default_factory=ModelSpec)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutSection = field(default_factory=RolloutSection)

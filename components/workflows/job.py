@@ -3,15 +3,17 @@ groups, ledger, clock), the warm start, checkpoints and resume, and the loop tha
 steps, checks, checkpoints and logs. The step itself is the workflow's (grpo.py)."""
 from __future__ import annotations
 
+import collections
 import json
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 import time
 from typing import Any, Protocol
 
 from dynarl.components.experience import PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.placement.plan import COMPONENTS, Placement
+from dynarl.components.placement.threads import rank_threads
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.tasks.prompts import TaskPrompts
 from dynarl.components.tasks.source import ProblemSource
@@ -173,10 +175,12 @@ class Job:
         inits = self.worker_inits({c for c in COMPONENTS if self.placement.shares_devices(c)})
         self.progress.stage("spawn")
         rollout, inference, trainer, reward = await gather_or_cancel([
-            ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init=inits["rollout"]),
-            ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"], init=inits["inference"])
-            if self.inference_pass is not None else _nothing(),
-            ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"]),
+            ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init=inits["rollout"],
+                      threads=self.threads("rollout")),
+            ctl.spawn(self.inference_worker, name="inference", devices=devices["inference"], init=inits["inference"],
+                      threads=self.threads("inference")) if self.inference_pass is not None else _nothing(),
+            ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"],
+                      threads=self.threads("trainer")),
             ctl.spawn(self.reward_worker, name="reward", devices=[0] * cfg.reward.num_ranks, init=inits["reward"])
             if self.reward_worker else _nothing()])
         if trainer.world_size > 1:
@@ -191,6 +195,16 @@ class Job:
         if cfg.scheduler.policy == "dynarl":
             self.scheduling = await DynamicScheduling.create(self, groups)
         return groups
+
+    def threads(self, component: str) -> int | None:
+        """Torch threads of the component's ranks: runtime.worker_threads, or on a CPU
+        cluster with it null, the cores the component has while it runs (rank_threads)."""
+        cluster = self.cfg.runtime.cluster
+        if self.cfg.runtime.worker_threads is not None or cluster.device_kind != "cpu":
+            return self.cfg.runtime.worker_threads
+        per_node = collections.Counter(d // cluster.devices_per_node for d in self.placement.rank_devices(component))
+        return rank_threads(len(os.sched_getaffinity(0)), cluster.devices_per_node, max(per_node.values()),
+                            self.placement.shares_devices(component))
 
     def worker_groups(self) -> list[WorkerGroup]:
         """Every worker group the workflow spawned."""
