@@ -17,7 +17,7 @@ from dynarl.components.model.config import ModelConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.rollout.vllm.config import VLLMConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
-from dynarl.components.trainer.megatron.convert import check_tp_divisible, rope_scaling_problem
+from dynarl.components.trainer.megatron.model_checks import check_tp_divisible, rope_scaling_problem
 
 ROLLOUT_BACKENDS = ("native", "emulated", "sglang", "vllm")
 TRAINER_BACKENDS = ("native", "emulated", "megatron")

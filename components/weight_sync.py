@@ -33,6 +33,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from dynarl.components.stale_weights import StaleWeights
 from dynarl.components.trainer.base import bucket_by_bytes
 from dynarl.transport.process_group import EmulatedGroup
 
@@ -42,10 +43,6 @@ Load = Callable[[list[tuple[str, torch.Tensor]], int], None]
 """Takes one bucket's (name, tensor) pairs and the version the engine holds after it."""
 LoadAsync = Callable[[list[tuple[str, torch.Tensor]] | None, int], Awaitable[None]]
 """Each bucket's (name, shape) pairs: what travels in one broadcast."""
-
-
-class StaleWeights(RuntimeError):
-    """A weight update whose version is not newer than the receiver's."""
 
 
 def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, tuple[int, ...]]]]:

@@ -144,7 +144,8 @@ def part_decode(gpu: bool) -> dict:
     from dynarl.components.model.config import TINY_CONFIGS, ModelConfig
     from dynarl.components.model.qwen2 import Qwen2ForCausalLM
     from dynarl.components.rollout.base import GenerationRequest, SamplingParams
-    from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+    from dynarl.components.rollout.native.config import NativeEngineConfig
+    from dynarl.components.rollout.native.engine import NativeRolloutEngine
 
     torch.manual_seed(0)
     if gpu:

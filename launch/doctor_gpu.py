@@ -55,7 +55,8 @@ def _requests(num: int, prompt_len: int, new_tokens: int, vocab: int) -> list:
 
 def _engine(model: Any, num_seqs: int, tokens_each: int) -> Any:
     """No prefix cache: every timed prompt is computed (the requests share seeds)."""
-    from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+    from dynarl.components.rollout.native.config import NativeEngineConfig
+    from dynarl.components.rollout.native.engine import NativeRolloutEngine
 
     blocks = num_seqs * (-(-tokens_each // 16)) + 8
     return NativeRolloutEngine(model, NativeEngineConfig(num_blocks=blocks, max_num_seqs=num_seqs,

@@ -18,7 +18,7 @@ from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.rollout.sglang import engine as sglang_engine
 from dynarl.components.model.spec import ModelSpec
-from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.native.config import NativeEngineConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig, for_device
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import bucket_by_bytes

@@ -22,7 +22,8 @@ from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.model.spec import ModelSpec
-from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.config import NativeEngineConfig
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
 from dynarl.components.rollout.sglang.config import SGLangConfig, for_device
 from dynarl.components.rollout.vllm.config import VLLMConfig
 from dynarl.components.trainer.base import TrainerConfig

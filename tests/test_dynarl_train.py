@@ -209,7 +209,7 @@ async def _two_engines(ctl, cls=RolloutWorker, backend="native", move_kv=False, 
     """Two tiny rollout engines on devices 0 and 1, admitting prompts: native, or
     SGLang's adapter over the fake engine (the `sglang_workers` fixture)."""
     from dynarl.components.model.spec import ModelSpec
-    from dynarl.components.rollout.native.engine import NativeEngineConfig
+    from dynarl.components.rollout.native.config import NativeEngineConfig
     from dynarl.components.rollout.sglang.config import SGLangConfig
     init = {"model": ModelSpec(name="tiny-0.5m"), "engine": NativeEngineConfig(num_blocks=512, max_num_seqs=256),
             "bucket_bytes": 1 << 20, "move_kv": move_kv, "kv_choice": kv_choice}

@@ -25,7 +25,7 @@ from dynarl.components.engine_factory import make_inference_engine, make_rollout
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.model.spec import ModelSpec, build_model
-from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.native.config import NativeEngineConfig
 from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.trainer.residency import Residency, on_device
 from dynarl.transport.process_group import host_store, join_group, leave_group

@@ -7,7 +7,8 @@ from dynarl.components.inference.logprobs import pack, response_logprobs, token_
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
-from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.config import NativeEngineConfig
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
 
 torch.set_num_threads(1)
 CONFIG = TINY_CONFIGS["tiny-0.5m"]

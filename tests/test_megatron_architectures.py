@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from dynarl.components.extras import is_available
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
-from dynarl.components.trainer.megatron.convert import hf_to_megatron, rope_scaling_problem, slice_for_tp
+from dynarl.components.trainer.megatron.convert import hf_to_megatron, slice_for_tp
+from dynarl.components.trainer.megatron.model_checks import rope_scaling_problem
 from dynarl.components.trainer.native.trainer import NativeTrainer
 from test_trainer import MODEL, make_batch, make_config, one_torch_thread, step_gradients  # noqa: F401  (autouse)
 

@@ -8,8 +8,8 @@ import torch
 from dynarl.components.model.config import ModelConfig
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.megatron.convert import (
-    check_tp_divisible, fuse_qkv, global_layer_name, hf_to_megatron, join_tp_shards, megatron_to_hf,
-    slice_for_tp, split_qkv, tp_partition)
+    fuse_qkv, global_layer_name, hf_to_megatron, join_tp_shards, megatron_to_hf, slice_for_tp, split_qkv, tp_partition)
+from dynarl.components.trainer.megatron.model_checks import check_tp_divisible
 
 # 4 query heads in 2 groups, head_dim 2: small enough to write the fused layout out by hand
 CFG = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=2,

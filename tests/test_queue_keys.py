@@ -6,7 +6,8 @@ import torch
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
-from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.config import NativeEngineConfig
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
 from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.core.priority import PriorityConfig
 

@@ -11,7 +11,7 @@ import dynarl
 from dynarl import ClusterConfig, RuntimeConfig
 from dynarl.components.experience import END
 from dynarl.components.model.spec import ModelSpec
-from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.native.config import NativeEngineConfig
 from dynarl.components.stage_results import RolloutStats
 from dynarl.components.workflows.agentic_rollout import AgenticRolloutWorker
 from dynarl.components.rollout.turn import TurnRequest, TurnResult

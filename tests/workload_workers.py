@@ -5,7 +5,8 @@ import dynarl
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
-from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.config import NativeEngineConfig
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
 from dynarl.core.migration.records import Taken, WorkItem
 
 
@@ -114,15 +115,16 @@ class DyingRolloutWorker(RolloutWorker):
     prompt group (nothing it made is flushed), once per run: the file named by
     $DYNARL_TEST_DIE_MARK marks that it died (its replacement, rank 1 again, lives)."""
 
-    async def generate(self, get, put, *, version, chunk_size, sampling):
+    async def generate(self, get, put, *, version, chunk_size, sampling, prefetch=1):
         import os
         mark = os.environ.get("DYNARL_TEST_DIE_MARK")
         if self.rank != 1 or version != 1 or not mark or os.path.exists(mark):
-            return await super().generate(get, put, version=version, chunk_size=chunk_size, sampling=sampling)
+            return await super().generate(get, put, version=version, chunk_size=chunk_size, sampling=sampling,
+                                          prefetch=prefetch)
         import asyncio
         import signal
         task = asyncio.ensure_future(super().generate(get, put, version=version, chunk_size=chunk_size,
-                                                      sampling=sampling))
+                                                      sampling=sampling, prefetch=prefetch))
         while (self.run is None or self.run.num_groups < 1) and not task.done():
             await asyncio.sleep(0.001)
         open(mark, "w").close()

@@ -24,12 +24,11 @@ import dataclasses
 from typing import Any
 
 import dynarl
-from dynarl.components import weight_sync
 from dynarl.components.busy import BusyLog
-from dynarl.components.engine_factory import make_inference_engine
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.experience import END, Sample, made_of
 from dynarl.components.inference.gap import LogprobGap, logprob_gap
+from dynarl.components.stale_weights import StaleWeights
 from dynarl.components.stage_results import InferenceStats
 from dynarl.core.scheduler.report import RankReport
 
@@ -40,6 +39,7 @@ class InferenceWorker(dynarl.Worker):
                  teacher: ModelSpec | None = None) -> None:
         """`backend_config`: an EmulatedInferenceConfig for the emulated backend; `teacher`:
         the model whose log-probs go on every sample as teacher_logprobs (None: none)."""
+        from dynarl.components.engine_factory import make_inference_engine
         self.engine = make_inference_engine(backend, model, micro_batch_size, backend_config, self.device)
         self.teacher = None if teacher is None else make_inference_engine(
             backend, teacher, micro_batch_size, backend_config, self.device)
@@ -80,6 +80,7 @@ class InferenceWorker(dynarl.Worker):
         return self.engine.weight_version
 
     async def receive_weights(self, group: str, version: int) -> int:
+        from dynarl.components import weight_sync
         await weight_sync.receive_async(self.process_group(group), self.engine.weights_template, self.bucket_bytes,
                                         self.engine.weight_version, version, self.engine.update_weights, self.device)
         return version
@@ -96,7 +97,7 @@ class InferenceWorker(dynarl.Worker):
         """Consumes scored chunks from `get` until END; puts them on `put` with
         old_logprobs (and ref_logprobs, teacher_logprobs) on every sample."""
         if self.engine.weight_version != version:
-            raise weight_sync.StaleWeights(f"inference holds weights v{self.engine.weight_version}, "
+            raise StaleWeights(f"inference holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
         if self.with_ref and not self.has_ref:
             raise RuntimeError("with_ref is set but no reference policy was loaded (load_reference)")

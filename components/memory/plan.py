@@ -156,7 +156,7 @@ def _add_move(cfg: Any, model: ModelConfig, shape: e.Shape, prints: list[e.Footp
     donor's, each with its state and receive buffers of its sharded state; the old
     ranks parked; the donor engine released; two warm standbys per device (a second
     move in one step makes a new rank beside each current one: workflows/dynamic.py)."""
-    from dynarl.components.engine_factory import trainer_unit
+    from dynarl.components.engine_costs import trainer_unit
     unit = trainer_unit(cfg)
     donors = [d for d in devices["rollout"] if d not in devices["trainer"]][:unit]
     new_devices = list(devices["trainer"]) + donors

@@ -12,7 +12,7 @@ from typing import Literal
 
 from dynarl.components.reward.judge_score import pattern_problem, template_problem
 from dynarl.components.rollout.base import SamplingParams
-from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.native.config import NativeEngineConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.rollout.vllm.config import VLLMConfig
 from dynarl.core.config_tree import wire_config

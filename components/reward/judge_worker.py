@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import dynarl
-from dynarl.components.engine_factory import make_rollout_engine
 from dynarl.components.experience import END, PromptGroup, Sample, made_of
 from dynarl.components.model.spec import ModelSpec, build_tokenizer, safe_decode
 from dynarl.components.model.tokenizer import chat_formatter
@@ -101,6 +100,7 @@ class JudgeWorker(dynarl.Worker):
         samples); `engine`: the trainer's settings, whose objective the advantages follow."""
         self.settings = judge
         backend_config = {"vllm": judge.vllm, "sglang": judge.sglang}.get(judge.backend)
+        from dynarl.components.engine_factory import make_rollout_engine  # (torch: in the rank only)
         self.engine = make_rollout_engine(judge.backend, model, judge.engine, backend_config, weight_version=0,
                                           device=self.device)
         self.tokenizer = build_tokenizer(model)

@@ -18,14 +18,13 @@ import logging
 from typing import Any
 
 import dynarl
-from dynarl.components import weight_sync
-from dynarl.components.engine_factory import make_rollout_engine, weights_template
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.rollout.generation import Generation
-from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.native.config import NativeEngineConfig
 from dynarl.components.rollout.base import EngineLoad, InflightRequest, KVBlocks
 from dynarl.components.rollout.kv_choice import KVCost, KVLinkFit, choose
 from dynarl.components.rollout.run_control import Run, Unfinished
+from dynarl.components.stale_weights import StaleWeights
 from dynarl.components.stage_results import RolloutStats
 from dynarl.core.migration.records import Taken, WorkItem
 from dynarl.core.scheduler.report import RankReport
@@ -47,6 +46,7 @@ class RolloutWorker(dynarl.Worker):
         `move_kv`: exported requests offer their KV (rollout.move_kv); `kv_choice`: a
         rank taking them in moves each one's KV when that costs less than prefilling it
         again ("cost", kv_choice.py), or always ("always")."""
+        from dynarl.components.engine_factory import make_rollout_engine, weights_template
         # engine_factory picks the backend; -1: no policy weights until the first sync
         self.engine = make_rollout_engine(backend, model, engine, backend_config, weight_version=-1,
                                           device=self.device)
@@ -121,6 +121,7 @@ class RolloutWorker(dynarl.Worker):
 
     async def receive_weights(self, group: str, version: int) -> int:
         # each bucket goes into the engine as it arrives (the engine holds one bucket more, not a model)
+        from dynarl.components import weight_sync
         await weight_sync.receive_async(self.process_group(group), self.weights_template, self.bucket_bytes,
                                         self.engine.weight_version, version, self.engine.update_weights, self.device)
         return version
@@ -351,7 +352,7 @@ class RolloutWorker(dynarl.Worker):
         engine step per trip, so the last groups began 30 steps late); puts chunks of
         finished groups (at most `chunk_size` each) on `put`. Returns its counters."""
         if self.engine.weight_version != version:
-            raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
+            raise StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
         run = self.run = Generation(self.engine, self.channel(put), chunk_size, sampling)
 

@@ -31,12 +31,9 @@ import asyncio
 import collections
 import dataclasses
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dynarl
-from dynarl.components import weight_sync
-from dynarl.components.engine_factory import hf_model, make_trainer
-from dynarl.components.model.io import save_pretrained
 from dynarl.components.model.lora_config import LoraConfig
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components import experience
@@ -45,14 +42,15 @@ from dynarl.components.experience import END
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.lr_schedule import constant_lr
 from dynarl.components.trainer.metrics import TrainMetrics
-from dynarl.components.device_memory import release_cached_memory
 from dynarl.components.stage_results import TrainerStats
-from dynarl.components.trainer.reshard import Resharding, Transfer
 from dynarl.components.trainer.residency import Residency, on_device
 from dynarl.components.trainer.threaded import ThreadedTrainer
 from dynarl.core.migration.reshard_records import BoxLayout, FullState, ReshardLayout, StateDigest
 from dynarl.core.scheduler.report import RankReport
 from dynarl.transport.process_group import EmulatedGroup
+
+if TYPE_CHECKING:
+    from dynarl.components.trainer.reshard import Transfer
 
 
 class TrainerWorker(Residency, dynarl.Worker):
@@ -72,11 +70,12 @@ class TrainerWorker(Residency, dynarl.Worker):
         self.warmup_config = dataclasses.replace(constant_lr(self.config, warmup_lr), entropy_coef=0.0, kl_coef=0.0,
                                                  objective="grpo", clip_eps_low=0.0 if low >= 1 else low)
         self.bucket_bytes = bucket_bytes
-        self._sync_plans: dict[Any, weight_sync.Plan] = {}
+        self._sync_plans: dict[Any, list] = {}
         """The weight sync's buckets per wire dtype (a torch dtype), planned once: a meta model costs ~80 ms."""
         self.shares_device = shares_device
         self.trainer: Any = None
         """A TrainerEngine (trainer/base.py), from engine_factory.make_trainer."""
+        from dynarl.components.trainer.reshard import Resharding
         self.reshard = Resharding(self.process_group, self.device)
         """This rank's side of a P2P reshard (core/migration/p2p.py)."""
         self.step_samples = self.step_tokens = 0
@@ -108,6 +107,7 @@ class TrainerWorker(Residency, dynarl.Worker):
             from dynarl.components.trainer.megatron.config import MegatronConfig
             backend_config = dataclasses.replace(backend_config or MegatronConfig(),
                                                  tensor_parallel_size=tensor_parallel_size)
+        from dynarl.components.engine_factory import make_trainer
         self.trainer = await make_trainer(self.backend, model, self.config, backend_config, group, head=self.head,
                                           device=self.device)
         return self.model.config().num_parameters if self.backend != "emulated" else 0
@@ -212,6 +212,7 @@ class TrainerWorker(Residency, dynarl.Worker):
             await self.trainer.close()
         self.trainer = None
         self.reshard.received = None
+        from dynarl.components.device_memory import release_cached_memory
         release_cached_memory()  # (a new rank on this device allocates what this one held)
 
     @on_device
@@ -250,8 +251,9 @@ class TrainerWorker(Residency, dynarl.Worker):
                 await asyncio.to_thread(collections.deque, tensors, 0)
             return 0
         dtype = self.model.engine_dtype(self.device_kind)
+        from dynarl.components import weight_sync
         if isinstance(group, EmulatedGroup):
-            plan: weight_sync.Plan = []
+            plan: list = []
         elif (plan := self._sync_plans.get(dtype)) is None:
             plan = self._sync_plans[dtype] = weight_sync.model_plan(self.model, self.bucket_bytes, dtype)
         return await weight_sync.send_async(group, plan, tensors, version, dtype, self.device)
@@ -272,6 +274,8 @@ class TrainerWorker(Residency, dynarl.Worker):
     async def save_model(self, path: str) -> None:
         """Rank 0 writes the current weights as an HF folder (the reference policy after
         warm start); other ranks are called only when the export is collective (TP)."""
+        from dynarl.components.engine_factory import hf_model
         model = await asyncio.to_thread(hf_model, self.trainer, self.model, self.bucket_bytes)
         if self.rank == 0:
+            from dynarl.components.model.io import save_pretrained
             await asyncio.to_thread(save_pretrained, model, path)

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 from typing import Any, Literal
 
-from dynarl.components import weight_sync
 from dynarl.components.experience import END
 from dynarl.components.busy import BusyLog
 from dynarl.components.rollout.base import GenerationRequest, InflightRequest, SamplingParams
@@ -25,6 +24,7 @@ from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.rollout.run_control import Run, RunControl, Unfinished
 from dynarl.components.rollout.turn import TurnRequest, TurnResult
 from dynarl.components.rollout.worker import RolloutWorker
+from dynarl.components.stale_weights import StaleWeights
 from dynarl.components.stage_results import RolloutStats
 from dynarl.core.migration.workload import Taken
 from dynarl.core.priority import PriorityConfig, TurnLengths
@@ -111,7 +111,7 @@ class AgenticRolloutWorker(RolloutWorker):
         Workload migration as a generate() does (RolloutWorker's workload_* methods):
         released, it exports its turns with their tokens so far once it has its END."""
         if self.engine.weight_version != version:
-            raise weight_sync.StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
+            raise StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
                                            f"the step needs v{version}")
         self._withdraw(self.prefix_offers)  # a step that left this rank is over: its next turns went elsewhere
         self.turn_kv = Taken(0)

@@ -26,7 +26,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from dynarl.components import engine_factory
+from dynarl.components import engine_costs
 from dynarl.components.experience import PromptGroup
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import TrainBatch, data_parts
@@ -65,8 +65,8 @@ class DynamicScheduling:
         d = cfg.scheduler.dynarl
         tp = wf.placement.unit_of("rollout")
         streaming = cfg.trainer.streaming
-        rates = engine_factory.scheduler_rates(cfg, tp, wf.placement.num_devices)
-        time_scale = engine_factory.time_scale(cfg)
+        rates = engine_costs.scheduler_rates(cfg, tp, wf.placement.num_devices)
+        time_scale = engine_costs.time_scale(cfg)
         scheduler = GlobalScheduler(
             ctl, "dynarl", rates, d.policy_config(),
             interval_s=d.interval_s, tail_interval_s=d.tail_interval_s, time_scale=time_scale)
@@ -78,13 +78,13 @@ class DynamicScheduling:
                                  standby=StandbyPool(ctl, group.cls, name, init, warm=warm), **kw)
         scheduler.register(spec("rollout", "dynamic", None, devices_per_engine=tp, min_devices=tp, inbox="prompts"),
                            groups.rollout)
-        scheduler.register(spec("inference", "static", "join" if engine_factory.inference_joins(cfg) else None),
+        scheduler.register(spec("inference", "static", "join" if engine_costs.inference_joins(cfg) else None),
                            groups.inference)
         scheduler.register(spec("trainer", "static", "join" if streaming else "p2p",
                                 None if streaming else TrainerWorker.reshard_warm, barrier=not streaming, stateful=True,
-                                unit=engine_factory.trainer_unit(cfg),
-                                min_devices=engine_factory.trainer_min_devices(cfg)), groups.trainer)
-        mover = Mover(ctl, wf.step_ranks(wf), scheduler.managers, scheduler.log, engine_factory.move_costs(cfg),
+                                unit=engine_costs.trainer_unit(cfg),
+                                min_devices=engine_costs.trainer_min_devices(cfg)), groups.trainer)
+        mover = Mover(ctl, wf.step_ranks(wf), scheduler.managers, scheduler.log, engine_costs.move_costs(cfg),
                       lend=d.lend, tail_tp=d.tail_tp, time_scale=time_scale)
         scheduler.mover = mover
         self = cls(wf, scheduler, mover, rates)
@@ -271,7 +271,7 @@ class DynamicScheduling:
         tokens = sum(len(ids) for ids in batch.input_ids)
         points = []
         every = self.cfg.scheduler.dynarl.trainer_profile == "every"
-        unit = engine_factory.trainer_unit(self.cfg)
+        unit = engine_costs.trainer_unit(self.cfg)
         for extra in range(0, len(rollout), unit) if every else [0]:
             devices = home + rollout[:extra]
             if not self._profile_fits(devices):

@@ -177,9 +177,9 @@ class Embodied:
 
     def _barrier(self) -> EmbodiedBarrier:
         """The barrier rule's move costs are a P2P move's on emulated devices: the learner's
-        state over one link and a role switch (engine_factory.move_costs)."""
-        from dynarl.components import costmodel, engine_factory
-        move_s = engine_factory.trainer_state_s(self.emulated.learner()) + costmodel.role_switch_time()
+        state over one link and a role switch (engine_costs.move_costs)."""
+        from dynarl.components import costmodel, engine_costs
+        move_s = engine_costs.trainer_state_s(self.emulated.learner()) + costmodel.role_switch_time()
         return EmbodiedBarrier(self, move_s, self.cfg.scheduler.dynarl.policy_config())
 
     def learner_init(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ a plan lends the learner the finished components' devices that it does not hold
 already. The learner then trains on them too: warm learner ranks parked on those
 devices (a StandbyPool) take their part of the envs, and after the step they are
 parked again. Each way costs what the Mover charges a P2P move on emulated devices
-(engine_factory.move_costs: the learner's state over one link plus a role switch).
+(engine_costs.move_costs: the learner's state over one link plus a role switch).
 Emulated learners have time, not gradients: the lent ranks train their part of the
 envs outside the learner's data-parallel group, which is why the rule is refused for
 the gym backend (a real learner would need them in its gradient average).

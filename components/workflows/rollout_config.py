@@ -8,7 +8,7 @@ from typing import Literal
 from dynarl.components.inference.emulated import EmulatedInferenceConfig
 from dynarl.components.rollout.base import SamplingParams
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
-from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.native.config import NativeEngineConfig
 from dynarl.components.rollout.sglang.config import SGLangConfig
 from dynarl.components.rollout.vllm.config import VLLMConfig
 from dynarl.components.workflows.config_checks import at_least_one

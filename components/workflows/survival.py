@@ -31,7 +31,7 @@ recovery.py): with the DynaRL scheduler (its moves hold ranks of their own: park
 lent, joining), partial or overlapped steps (groups carried across steps), the
 agentic workflow (its episode driver routes turns to ranks). In `dynarl sim` (the
 inproc launcher, emulated engines: `--fail`) a replacement also costs an engine's
-start on its devices (engine_factory.move_costs' restart_s), as a process does.
+start on its devices (engine_costs.move_costs' restart_s), as a process does.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import asyncio
 import os
 from typing import Any, Callable
 
-from dynarl.components import engine_factory
+from dynarl.components import engine_costs
 from dynarl.components.experience import PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.workflows.joins import StepRanks
@@ -85,7 +85,7 @@ class Survival:
         """How long a failure may take to show the loss behind it (a frozen rank: its heartbeat's timeout)."""
         self.replacing = asyncio.Lock()
         """One replacement at a time (their weight refits share a process group's name)."""
-        self.start_s = engine_factory.move_costs(wf.cfg).restart_s * engine_factory.time_scale(wf.cfg)
+        self.start_s = engine_costs.move_costs(wf.cfg).restart_s * engine_costs.time_scale(wf.cfg)
         """What a replacement's start costs beyond its calls: on emulated devices an
         engine's restart (the cost model's), on real ones nothing (the spawn took it)."""
 

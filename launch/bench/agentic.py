@@ -43,7 +43,8 @@ from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.model.spec import safe_decode
 from dynarl.components.model.tokenizer import CharTokenizer
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
-from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.config import NativeEngineConfig
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
 from dynarl.components.rollout.queue_keys import make_queue_key
 from dynarl.components.rollout.turn import TurnRequest
 from dynarl.components.tasks.source import ProblemSource, TaskConfig

@@ -106,7 +106,8 @@ def measure(size: str, component: str) -> int:
     ids = [[rng.randrange(3, m.vocab_size) for _ in range(PROMPT + RESPONSE)] for _ in range(MICRO_BATCH)]
     if component == "rollout":
         from dynarl.components.rollout.base import GenerationRequest, SamplingParams
-        from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+        from dynarl.components.rollout.native.config import NativeEngineConfig
+        from dynarl.components.rollout.native.engine import NativeRolloutEngine
         requests = [GenerationRequest(f"r{i}", ids[i % MICRO_BATCH][:PROMPT],
                                       SamplingParams(max_new_tokens=32, seed=i, ignore_eos=True)
                                       if "ignore_eos" in SamplingParams.__dataclass_fields__

@@ -32,7 +32,8 @@ import torch
 from dynarl.components.model.config import TINY_CONFIGS
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.rollout.base import GenerationRequest, SamplingParams
-from dynarl.components.rollout.native.engine import NativeEngineConfig, NativeRolloutEngine
+from dynarl.components.rollout.native.config import NativeEngineConfig
+from dynarl.components.rollout.native.engine import NativeRolloutEngine
 
 
 def make_workload(rng: random.Random, num: int, vocab: int, max_len: int) -> tuple[list[list[int]], list[int]]:

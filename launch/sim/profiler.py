@@ -21,7 +21,7 @@ from dynarl.components.inference.emulated import EmulatedInference, EmulatedInfe
 from dynarl.components.model.spec import ModelSpec
 from dynarl.components.placement.profile import StageProfile
 from dynarl.components.rollout.emulated.config import EmulatedRolloutConfig
-from dynarl.components.rollout.native.engine import NativeEngineConfig
+from dynarl.components.rollout.native.config import NativeEngineConfig
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.stage_results import RolloutStats
 from dynarl.components.trainer.emulated.engine import EmulatedTrainer, EmulatedTrainerConfig

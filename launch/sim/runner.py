@@ -26,7 +26,7 @@ from typing import Any
 
 import dynarl
 from dynarl.components import costmodel as cm
-from dynarl.components.engine_factory import emulated_trainer_min_devices
+from dynarl.components.engine_costs import emulated_trainer_min_devices
 from dynarl.components.placement.plan import COMPONENTS, Placement, with_unit
 from dynarl.components.placement.policy import PlanContext, Replan, Snapshot, make_policy
 from dynarl.components.trainer.emulated.engine import EmulatedTrainerConfig

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from dynarl.components.model.config import ModelConfig
 from dynarl.components.trainer.megatron.config import MegatronConfig
-from dynarl.components.trainer.megatron.convert import check_tp_divisible, rope_scaling_problem, tp_partition
+from dynarl.components.trainer.megatron.convert import tp_partition
+from dynarl.components.trainer.megatron.model_checks import check_tp_divisible, rope_scaling_problem
 
 
 def transformer_config(model: ModelConfig, cfg: MegatronConfig, activation_checkpointing: bool = False):
