@@ -66,3 +66,15 @@ def test_allocation_never_exceeds_capacity():
 def test_bad_sizes(kwargs, field):
     with pytest.raises(ValueError, match=field):
         BlockManager(**kwargs)
+
+
+def test_blocks_go_lowest_first_and_the_high_water_grows_only_past_every_earlier_block():
+    grown = []
+    bm = BlockManager(8, 4, on_grow=grown.append)
+    a = bm.allocate(3)
+    b = bm.allocate(2)
+    assert (a, b, bm.high_water, grown) == ([0, 1, 2], [3, 4], 5, [3, 5])
+    bm.free([1, 0])
+    assert bm.allocate(3) == [0, 1, 5] and bm.high_water == 6 and grown == [3, 5, 6]
+    bm.free([3])
+    assert bm.allocate(1) == [3] and grown == [3, 5, 6]  # reused below the mark: nothing new to zero

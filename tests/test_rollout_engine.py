@@ -276,6 +276,41 @@ async def test_release_and_resume_memory(model, expected):
     check(results, expected)
 
 
+def _poison(e: NativeRolloutEngine) -> None:
+    """What an uninitialised cache may hold: NaN in every block not yet handed out."""
+    top = e.scheduler.blocks.high_water
+    e.runner.cache.k[:, top:] = float("nan")
+    e.runner.cache.v[:, top:] = float("nan")
+
+
+async def test_kv_blocks_are_zeroed_as_first_handed_out_and_the_rest_never_touched(model, expected):
+    """The cache is allocated uninitialised; a block is zeroed when the block manager first
+    hands it out (lowest first), before the engine writes or reads it: NaN garbage in
+    the blocks beyond never reaches a token (0 x NaN in masked attention would), and
+    those blocks are never written (on a CPU, never mapped)."""
+    e = engine(model)
+    _poison(e)
+    for r in REQUESTS:
+        e.add_request(r)
+    results = []
+    while e.has_work():
+        results += await e.step()
+    check(results, expected)
+    top = e.scheduler.blocks.high_water
+    assert 0 < top == e.runner.zeroed < e.config.num_blocks
+    assert torch.isnan(e.runner.cache.k[:, top:]).all() and not torch.isnan(e.runner.cache.k[:, :top]).any()
+    await e.release_memory()  # a new, uninitialised cache: zeroed again up to the same mark
+    await e.resume_memory()
+    assert e.runner.zeroed == top
+    _poison(e)
+    for r in REQUESTS:
+        e.add_request(dataclasses.replace(r, request_id=r.request_id + "/again"))
+    again = []
+    while e.has_work():
+        again += await e.step()
+    check([dataclasses.replace(r, request_id=r.request_id.removesuffix("/again")) for r in again], expected)
+
+
 async def test_queue_key_orders_the_waiting_requests(model):
     e = engine(model, max_num_seqs=1)
     e.set_queue_key(lambda request, cached: -request.tool_count)

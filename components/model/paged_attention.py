@@ -25,9 +25,14 @@ class KVCache:
 
     @classmethod
     def allocate(cls, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "KVCache":
+                 head_dim: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 zeroed: bool = True) -> "KVCache":
+        """`zeroed` False: uninitialised; the owner zeroes each block before its first
+        use (attention reads a partly filled block's unused slots, masked, and a masked
+        NaN still makes NaN: 0 x NaN), so untouched blocks cost no memory."""
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        make = torch.zeros if zeroed else torch.empty
+        return cls(make(shape, dtype=dtype, device=device), make(shape, dtype=dtype, device=device))
 
     @property
     def block_size(self) -> int:

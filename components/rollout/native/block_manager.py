@@ -7,8 +7,8 @@ KV capacity in tokens (`num_blocks * block_size`) cannot be exceeded.
 """
 from __future__ import annotations
 
-from collections import deque
-from typing import Iterable
+import heapq
+from typing import Callable, Iterable
 
 
 class OutOfBlocks(RuntimeError):
@@ -16,7 +16,9 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, on_grow: Callable[[int], None] | None = None):
+        """`on_grow(high_water)`: called when a block above every one handed out before
+        is handed out, before its caller can write it (the engine zeroes it: model_runner)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -24,7 +26,11 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
-        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.free_blocks: list[int] = list(range(num_blocks))
+        """A min-heap: the lowest free block goes first, so the blocks in use stay packed low."""
+        self.high_water = 0
+        """1 + the highest block ever handed out."""
+        self._on_grow = on_grow
 
     @property
     def capacity_tokens(self) -> int:
@@ -47,10 +53,14 @@ class BlockManager:
     def allocate(self, num_blocks: int) -> list[int]:
         if num_blocks > len(self.free_blocks):
             raise OutOfBlocks(f"asked for {num_blocks} blocks, {len(self.free_blocks)} free")
-        blocks = [self.free_blocks.popleft() for _ in range(num_blocks)]
+        blocks = [heapq.heappop(self.free_blocks) for _ in range(num_blocks)]
         for block in blocks:
             assert self.ref_counts[block] == 0
             self.ref_counts[block] = 1
+        if blocks and max(blocks) >= self.high_water:
+            self.high_water = max(blocks) + 1
+            if self._on_grow is not None:
+                self._on_grow(self.high_water)
         return blocks
 
     def incref(self, blocks: Iterable[int]) -> None:
@@ -65,7 +75,7 @@ class BlockManager:
             assert self.ref_counts[block] > 0, f"double free of block {block}"
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                self.free_blocks.append(block)
+                heapq.heappush(self.free_blocks, block)
                 freed.append(block)
         return freed
 

@@ -63,12 +63,12 @@ class NativeRolloutEngine:
         if max_model_len > model.config.max_position_embeddings:
             raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's max_position_embeddings "
                              f"({model.config.max_position_embeddings})")
+        self.runner = ModelRunner(model, config.num_blocks, config.block_size)
         self.scheduler = Scheduler(
-            BlockManager(config.num_blocks, config.block_size),
+            BlockManager(config.num_blocks, config.block_size, on_grow=self.runner.ensure_zeroed),
             RadixCache(config.block_size) if config.enable_prefix_cache else None,
             max_num_seqs=config.max_num_seqs, max_prefill_tokens=config.max_prefill_tokens,
             max_model_len=max_model_len)
-        self.runner = ModelRunner(model, config.num_blocks, config.block_size)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.released = False
         self.kv_imported_tokens = self.kv_refused = 0

@@ -15,6 +15,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.cache: KVCache | None = None
+        self.zeroed = self.wanted = 0
+        """Blocks [0, zeroed) of the cache are zeroed; [0, wanted) must be before use
+        (the block manager hands blocks out lowest first: `ensure_zeroed`)."""
         self.allocate()
 
     @property
@@ -26,11 +29,24 @@ class ModelRunner:
             c = self.model.config
             dtype = next(self.model.parameters()).dtype
             self.cache = KVCache.allocate(c.num_hidden_layers, self.num_blocks, self.block_size,
-                                          c.num_key_value_heads, c.head_dim, dtype, self.device)
+                                          c.num_key_value_heads, c.head_dim, dtype, self.device, zeroed=False)
+            self.zeroed = 0
+            self.ensure_zeroed(self.wanted)
+
+    def ensure_zeroed(self, num_blocks: int) -> None:
+        """Blocks below `num_blocks` hold finite values before anything reads or fills
+        them (called as the block manager first hands them out; again after a release).
+        A run touches only the KV memory of its peak use, not the whole cache: on a CPU
+        the pages of untouched blocks are never mapped, and no onload zeroes the lot."""
+        self.wanted = max(self.wanted, num_blocks)
+        if self.cache is not None and self.wanted > self.zeroed:
+            self.cache.k[:, self.zeroed:self.wanted].zero_()
+            self.cache.v[:, self.zeroed:self.wanted].zero_()
+            self.zeroed = self.wanted
 
     def release(self) -> None:
         device = self.device
-        self.cache = None  # the last reference: the tensors' memory goes back
+        self.cache, self.zeroed = None, 0  # the last reference: the tensors' memory goes back
         if device.type == "cuda":
             torch.cuda.empty_cache()  # from torch's caching allocator to the device
 
