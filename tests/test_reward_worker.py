@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dynarl.components.reward.config import RewardSection
+from dynarl.components.reward.config import RewardSection, reward_ranks
 from dynarl.components.reward.verifiers import MathVerifier
 from dynarl.launch.bench.peers_job import WORKLOADS, build_model_folder
 
@@ -39,3 +39,11 @@ def test_the_math_verifier_parses_each_reference_once_and_scores_as_before():
 def test_reward_ranks_must_be_a_positive_integer(value):
     with pytest.raises(ValueError, match="num_ranks must be an integer >= 1"):
         RewardSection(num_ranks=value)
+
+
+@pytest.mark.parametrize("configured, rollout_ranks, cores, ranks", [
+    (None, 2, 2, 2), (None, 1, 2, 1), (None, 64, 16, 16), (None, 4, 1, 1), (3, 1, 2, 3), (1, 8, 8, 1),
+])
+def test_reward_ranks_follow_the_rollout_ranks_up_to_the_cores_unless_set(configured, rollout_ranks, cores, ranks):
+    assert reward_ranks(configured, rollout_ranks, cores) == ranks
+    RewardSection(num_ranks=configured)  # null and a positive integer load

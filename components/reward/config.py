@@ -57,10 +57,13 @@ class RewardSection:
     files beside it."""
     sandbox_memory_mb: int = 2048
     """sandbox: the address space of each sandbox process (RLIMIT_AS)."""
-    num_ranks: int = 1
-    """Reward worker processes (no torch: ~70 MB each with math-verify). Each takes the rollout's
-    finished chunks as they come, so several score a step's last chunks in parallel
-    (the verifier or a sync function holds the GIL: one process scores one at a time)."""
+    num_ranks: int | None = None
+    """Reward worker processes (no torch: ~70 MB each with math-verify). Each takes the
+    rollout's finished chunks as they come, so several score a step's last chunks in
+    parallel (the verifier or a sync function holds the GIL: one process scores one at
+    a time). null: one per rollout rank, at most the controller node's cores
+    (`ranks`; on the TRL job 2 instead of 1 cut the tail after the rollout from 0.15 to
+    0.08 s)."""
 
     def __post_init__(self) -> None:
         if self.function is not None:
@@ -73,11 +76,18 @@ class RewardSection:
             raise ValueError(f"on_error must be a finite number, got {self.on_error!r}")
         for name in ("max_concurrency", "sandbox_memory_mb", "num_ranks"):
             value = getattr(self, name)
+            if name == "num_ranks" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.sandbox_memory_mb < 64:
             raise ValueError(f"sandbox_memory_mb must be >= 64 (the interpreter needs it to start), "
                              f"got {self.sandbox_memory_mb}")
+
+
+def reward_ranks(configured: int | None, rollout_ranks: int, cores: int) -> int:
+    """The reward stage's ranks: `reward.num_ranks`, or one per rollout rank up to `cores`."""
+    return configured if configured is not None else max(1, min(rollout_ranks, cores))
 
 
 def check_reward(cfg: TrainConfig) -> None:

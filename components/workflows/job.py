@@ -14,6 +14,7 @@ from dynarl.components.experience import PromptGroup
 from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.placement.plan import COMPONENTS, Placement
 from dynarl.components.placement.threads import rank_threads
+from dynarl.components.reward.config import reward_ranks
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.tasks.prompts import TaskPrompts
 from dynarl.components.tasks.source import ProblemSource
@@ -173,6 +174,7 @@ class Job:
         cfg, ctl = self.cfg, self.ctl
         devices = {c: self.placement.rank_devices(c) for c in COMPONENTS}
         inits = self.worker_inits({c for c in COMPONENTS if self.placement.shares_devices(c)})
+        num_reward = reward_ranks(cfg.reward.num_ranks, cfg.rollout.num_ranks, len(os.sched_getaffinity(0)))
         self.progress.stage("spawn")
         rollout, inference, trainer, reward = await gather_or_cancel([
             ctl.spawn(self.rollout_worker, name="rollout", devices=devices["rollout"], init=inits["rollout"],
@@ -181,7 +183,7 @@ class Job:
                       threads=self.threads("inference")) if self.inference_pass is not None else _nothing(),
             ctl.spawn(TrainerWorker, name="trainer", devices=devices["trainer"], init=inits["trainer"],
                       threads=self.threads("trainer")),
-            ctl.spawn(self.reward_worker, name="reward", devices=[0] * cfg.reward.num_ranks, init=inits["reward"])
+            ctl.spawn(self.reward_worker, name="reward", devices=[0] * num_reward, init=inits["reward"])
             if self.reward_worker else _nothing()])
         if trainer.world_size > 1:
             await ctl.process_group("trainer_dp", [trainer])
