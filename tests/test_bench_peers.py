@@ -16,7 +16,7 @@ import pytest
 
 from dynarl.launch.bench import peers, peers_job as job
 from dynarl.launch.bench.peers_stats import (Proc, RunResult, TreeSampler, descendants, halves, median_after_warmup,
-                                             pair_ratios, tree_memory)
+                                             pair_ratios, reads_pss, tree_memory)
 
 TABLE = {1: Proc(0, 10), 100: Proc(1, 1000, 600), 101: Proc(100, 200, 150), 102: Proc(100, 300),
          103: Proc(101, 50, 40), 200: Proc(1, 7000, 7000)}
@@ -202,3 +202,14 @@ def test_a_short_run_of_both_sides_reports_its_figures(tmp_path):
         assert 0 <= f["reward_first_half"] <= 1
     assert w["summary"]["ratios"]["trl-1t"]["step_time"] > 0
     assert len(w["pairs"][0]["runs"]["dynarl"]["step_s"]) == 2
+
+
+@pytest.mark.parametrize("rss, peak, since, reads", [
+    (100, 90, 0.0, True),     # a new RSS peak: read at once
+    (95, 100, 0.2, False),    # near the peak, read 0.2 s ago
+    (95, 100, 0.5, True),     # near the peak, due
+    (80, 100, 5.0, False),    # far below the RSS peak: skipped
+    (0, 0, 0.0, False),
+])
+def test_pss_is_read_at_rss_peaks_and_near_them_now_and_then(rss, peak, since, reads):
+    assert reads_pss(rss, peak, since, 0.5) is reads
