@@ -41,8 +41,12 @@ class WarmupSection:
 
 @dataclass(kw_only=True, slots=True)
 class TrainerSection:
-    num_ranks: int = 2
-    """Data-parallel ranks (the native trainer shards its state over them with FSDP2)."""
+    num_ranks: int = 1
+    """Data-parallel ranks (the native trainer shards its state over them with FSDP2).
+    One by default: on the 2-core CPU default one rank with both cores' threads
+    (runtime.worker_threads null) trains as fast as two ranks of one thread each, in a
+    process fewer (the main job 100 -> 86 s; the TRL job's tree 1.47 -> 1.05 GB PSS;
+    docs/benchmarks.md "Against TRL"); on GPUs set it to the devices the trainer gets."""
     engine: TrainerConfig = field(default_factory=lambda: TrainerConfig(
         lr=3e-4, entropy_coef=0.02, micro_batch_size=64, grad_clip=1.0))
     """The policy's optimizer and loss. Its lr_step_offset is set to warmup.steps (a value given
