@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from dynarl.components.model.config import TINY_CONFIGS
-from dynarl.components.model.packed_attention import block_causal_mask, packed_positions
+import torch.nn.functional as F
+
+from dynarl.components.model.packed_attention import packed_attention, packed_positions, segment_ids, windows
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.native.critic import value_head
@@ -154,11 +156,34 @@ def test_block_diagonal_mask_keeps_samples_apart(changed, kept):
     torch.testing.assert_close(a[span], alone, atol=1e-5, rtol=1e-5)
 
 
+def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """The reference: [T, T] bool, True where query i may attend key j (j <= i, same sample)."""
+    seg = segment_ids(cu_seqlens, length)
+    return torch.ones(length, length, dtype=torch.bool).tril() & (seg[:, None] == seg[None, :])
+
+
 def test_mask_and_positions_of_cu_seqlens():
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     assert packed_positions(cu, 5).tolist() == [0, 1, 0, 1, 2]
     assert block_causal_mask(cu, 5).int().tolist() == [
         [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)])
+def test_per_sample_attention_equals_one_call_with_the_block_diagonal_mask(heads, kv_heads):
+    """The CPU path (windows of whole samples) against SDPA over the whole row with the
+    T x T block-causal mask, values and gradients; an empty sample among them."""
+    bounds = [0, 5, 5, 46, 55, 58]
+    cu, length = torch.tensor(bounds), bounds[-1]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, length, h, 8, generator=g, requires_grad=True) for h in (heads, kv_heads, kv_heads))
+    ours = packed_attention(q, k, v, cu, 41, windows(bounds, size=8))  # windows [0, 46), [46, 58)
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=block_causal_mask(cu, length),
+                                         enable_gqa=heads != kv_heads).transpose(1, 2)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    torch.testing.assert_close(grads, torch.autograd.grad(ref.square().sum(), (q, k, v)), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("ids_shape, cu", [((2, 5), [0, 2, 5]), ((1, 5), [0, 2, 4]), ((1, 5), [1, 5])])
@@ -197,3 +222,13 @@ def test_bench_packing_only_reports_both_layouts():
         result["tokens_per_s_packed"] / result["tokens_per_s_padded"], rel=0.01)
     assert result["pack_seq_len_max"] <= 44 and 0 < result["pack_padded_fill"] < 1
     assert result["pack_micro_batches"]["padded"] == 2  # 16 samples, 8 a micro-batch
+
+
+@pytest.mark.parametrize("bounds, size, spans", [
+    ([0, 5, 9, 40], 8, [(0, 9), (9, 40)]),          # a window closes once it holds 8 tokens
+    ([0, 3, 3, 4], 8, [(0, 4)]),                    # an empty sample; the last window closes at the end
+    ([0, 600], 512, [(0, 600)]),                    # a sample longer than a window: its own
+    ([0, 100, 700, 750], 512, [(0, 700), (700, 750)]),
+])
+def test_windows_hold_whole_samples(bounds, size, spans):
+    assert [(w.start, w.end) for w in windows(bounds, size=size)] == spans

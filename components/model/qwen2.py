@@ -21,8 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from dynarl.components.model.config import ModelConfig
-from dynarl.components.model.packed_attention import (block_causal_mask, packed_attention, packed_positions,
-                                                      uses_varlen)
+from dynarl.components.model.packed_attention import Window, packed_attention, packed_positions, uses_varlen, windows
 from dynarl.components.model.paged_attention import KVCache, PagedContext, paged_attention
 
 # attend(layer_index, q [..., H, D], k [..., Hkv, D], v [..., Hkv, D]) -> [..., H, D]
@@ -229,12 +228,12 @@ class Qwen2ForCausalLM(nn.Module):
                              f"input_ids {list(input_ids.shape)}, cu_seqlens from {bounds[0]} to {bounds[-1]}")
         max_seqlen = max(b - a for a, b in zip(bounds, bounds[1:]))
         positions = packed_positions(cu_seqlens, length) if position_ids is None else position_ids.reshape(-1)
-        masks: list[torch.Tensor] = []  # the T x T mask, built once for all layers if needed
+        spans: list[list[Window]] = []  # the CPU path's windows, made once for all layers if needed
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if not masks and not uses_varlen(q):
-                masks.append(block_causal_mask(cu_seqlens, length))
-            return packed_attention(q, k, v, cu_seqlens, max_seqlen, masks[0] if masks else None)
+            if not spans and not uses_varlen(q):
+                spans.append(windows(bounds, q.device))
+            return packed_attention(q, k, v, cu_seqlens, max_seqlen, spans[0] if spans else None)
 
         return self.lm_head(self.model(input_ids, positions.expand(1, length), attend, self.config))
 
