@@ -12,6 +12,7 @@ from dynarl.components.model.config import TINY_CONFIGS
 import torch.nn.functional as F
 
 from dynarl.components.model.packed_attention import packed_attention, packed_positions, segment_ids, windows
+from dynarl.components.trainer.native.packing import packing_budget
 from dynarl.components.model.qwen2 import Qwen2ForCausalLM
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
 from dynarl.components.trainer.native.critic import value_head
@@ -76,7 +77,7 @@ def loss_and_grads(model, mbs: list[MicroBatch], config: TrainerConfig, num_toke
     return total, {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-CONFIG = TrainerConfig(micro_batch_size=4, kl_coef=0.1, entropy_coef=0.01)
+CONFIG = TrainerConfig(micro_batch_size=4, kl_coef=0.1, entropy_coef=0.01, max_tokens_per_micro_batch=0)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 48, 70, 1000])
@@ -232,3 +233,16 @@ def test_bench_packing_only_reports_both_layouts():
 ])
 def test_windows_hold_whole_samples(bounds, size, spans):
     assert [(w.start, w.end) for w in windows(bounds, size=size)] == spans
+
+
+@pytest.mark.parametrize("lengths, size, max_tokens, budget", [
+    ([40, 41, 39, 40], 2, None, 0),              # auto, even lengths: padding ~1.0x, padded
+    ([10, 100, 10, 10], 2, None, 200),            # padded 2x100 + 2x10 = 220 > 1.5 x 130: packed, 2 x 100 tokens
+    ([10, 100, 10, 10], 4, None, 400),            # one padded micro-batch of 4 x 100
+    ([10, 14, 10, 10], 2, None, 0),               # 1.2x: padded
+    ([10, 100, 10, 10], 2, 64, 64),               # the user's budget packs whatever the lengths
+    ([10, 100, 10, 10], 2, 0, 0),                 # 0: padded whatever the lengths
+    ([7], 8, None, 0),
+])
+def test_packing_budget(lengths, size, max_tokens, budget):
+    assert packing_budget(lengths, size, max_tokens) == budget

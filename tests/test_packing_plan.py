@@ -106,7 +106,7 @@ def test_shard_indices_default_still_by_group_count():
     assert [batch.shard_indices(r, 2, by_tokens=True) for r in range(2)] == [[0, 1], [2, 3, 4, 5]]
 
 
-@pytest.mark.parametrize("value, ok", [(0, True), (1, True), (4096, True), (-1, False)])
+@pytest.mark.parametrize("value, ok", [(None, True), (0, True), (1, True), (4096, True), (-1, False)])
 def test_config_max_tokens_per_micro_batch(value, ok):
     if ok:
         assert TrainerConfig(max_tokens_per_micro_batch=value).max_tokens_per_micro_batch == value

@@ -298,12 +298,14 @@ class TrainerConfig:
     """Max global L2 norm of the gradient; 0 disables clipping."""
     micro_batch_size: int = 8
     """Samples per forward/backward; gradients accumulate over a step's micro-batches."""
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int | None = None
     """> 0: micro-batches of packed samples, at most this many tokens each (one row, no
     padding, attention kept within each sample; a longer sample alone), instead of
     micro_batch_size padded samples (native engine: micro_batch.micro_batches); set on
     trainer.engine, the GRPO workflow also balances its DP ranks' parts by tokens, not
-    by group count. 0 = off."""
+    by group count. 0: padded. null (the default): padded, or packed (as many tokens as
+    the largest padded micro-batch) in a step whose padding would more than 1.5x its
+    tokens (native/packing.py packing_budget)."""
     objective: Objective = "grpo"
     """The RL objective its loss and advantages follow (trainer/native/objectives.py): dynarl
     train sets it from algorithm.name (a value given is replaced)."""
@@ -383,8 +385,8 @@ class TrainerConfig:
             raise ValueError(f"overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.max_tokens_per_micro_batch < 0:
-            raise ValueError(f"max_tokens_per_micro_batch must be >= 0 (0 = no packing), "
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 0:
+            raise ValueError(f"max_tokens_per_micro_batch must be >= 0 (0: padded, null: auto), "
                              f"got {self.max_tokens_per_micro_batch}")
         check_schedule(self)
 

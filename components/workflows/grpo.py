@@ -159,7 +159,7 @@ class GRPO(Job):
     async def train(self, batch: TrainBatch, label: str, method: Any = TrainerWorker.train) -> TrainMetrics:
         async with self.busy("trainer"):  # a train step is not interruptible
             trainer = self.g.trainer
-            by_tokens = self.cfg.trainer.engine.max_tokens_per_micro_batch > 0  # packed: balance tokens
+            by_tokens = (self.cfg.trainer.engine.max_tokens_per_micro_batch or 0) > 0  # packed: balance tokens
             shards = [[batch.shard(*part, by_tokens=by_tokens).to_wire()]
                       for part in data_parts(trainer.world_size, self.tensor_parallel)]
             results = await held(self.ctl, trainer, self.clock, label, method.__name__,

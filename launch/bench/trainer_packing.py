@@ -58,7 +58,8 @@ def measure_packing(model_name: str, samples: int, prompt_len: int, max_response
     model.train()
     batch = long_tailed_batch(samples, prompt_len, max_response, model.config.vocab_size)
     device = torch.device("cpu")
-    configs = {"padded": TrainerConfig(micro_batch_size=micro_batch_size, entropy_coef=0.01),
+    configs = {"padded": TrainerConfig(micro_batch_size=micro_batch_size, entropy_coef=0.01,
+                                       max_tokens_per_micro_batch=0),
                "packed": TrainerConfig(micro_batch_size=micro_batch_size, entropy_coef=0.01,
                                        max_tokens_per_micro_batch=max_tokens)}
     advantages = step_advantages(batch, configs["padded"])

@@ -1,6 +1,7 @@
 """Packing a slice of a TrainBatch into tensors for one forward/backward.
 
-Two layouts (`micro_batches` picks by trainer.max_tokens_per_micro_batch):
+Two layouts (`micro_batches` picks by trainer.max_tokens_per_micro_batch; null: by
+the step's lengths, packing.packing_budget):
 - padded: `micro_batch_size` samples, one row each, right-padded to the longest;
 - packed: the samples packing.plan_micro_batches groups, concatenated into ONE row
   [1, T] with no padding; `cu_seqlens` keeps attention within each sample and
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from dynarl.components.trainer.base import TrainBatch, TrainerConfig
-from dynarl.components.trainer.native.packing import plan_micro_batches
+from dynarl.components.trainer.native.packing import packing_budget, plan_micro_batches
 
 
 @dataclass(slots=True)
@@ -55,15 +56,16 @@ class MicroBatch:
 def micro_batches(batch: TrainBatch, advantages: Sequence, config: TrainerConfig,
                   device: torch.device) -> list[MicroBatch]:
     """The micro-batches a step's forward/backward runs on: padded ones of
-    `config.micro_batch_size` samples in batch order when
-    `config.max_tokens_per_micro_batch` is 0, else packed ones of at most that many
-    tokens (a longer sample alone). Some may have no loss token (num_tokens 0)."""
-    if config.max_tokens_per_micro_batch == 0:
+    `config.micro_batch_size` samples in batch order, or packed ones of at most a
+    budget of tokens (a longer sample alone): packing.packing_budget decides, from
+    `config.max_tokens_per_micro_batch` (null: auto). Some may have no loss token (num_tokens 0)."""
+    lengths = [len(ids) for ids in batch.input_ids]
+    budget = packing_budget(lengths, config.micro_batch_size, config.max_tokens_per_micro_batch) if lengths else 0
+    if budget == 0:
         size = config.micro_batch_size
         return [build_micro_batch(batch, advantages, range(start, min(start + size, len(batch))), device)
                 for start in range(0, len(batch), size)]
-    plan = plan_micro_batches([len(ids) for ids in batch.input_ids], config.max_tokens_per_micro_batch)
-    return [build_packed_micro_batch(batch, advantages, rows, device) for rows in plan]
+    return [build_packed_micro_batch(batch, advantages, rows, device) for rows in plan_micro_batches(lengths, budget)]
 
 
 class _PerToken:
