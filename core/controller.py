@@ -198,6 +198,11 @@ class Controller:
         self.graph.observe_spawn(name, cls.__name__, [h.spec.worker_id for h in group.handles], device_ids)
         return group
 
+    def threads_of(self, name: str) -> int:
+        """The torch threads of group `name`'s ranks (a group that stands in for it, a
+        standby pool or a reshard's new ranks, takes the same)."""
+        return self._threads.get(name, self.config.worker_threads or 1)
+
     async def grow_group(self, group: WorkerGroup, devices: list[int], init: dict[str, Any] | None = None) -> None:
         """Adds ranks of the group's class on `devices` (a Workload migration's
         receiving side). New ranks continue the rank numbering."""

@@ -149,7 +149,7 @@ def _engine_time(model: Any, batch: int, context: int) -> float:
 
 
 def part_megatron_state(gpu: bool) -> dict:
-    from dynarl.components.engine_factory import init_default_group
+    from dynarl.components.trainer.world import init_default_group
     from dynarl.components.model.config import TINY_CONFIGS
     from dynarl.components.trainer.base import TrainerConfig
     from dynarl.components.trainer.megatron.config import MegatronConfig
@@ -189,7 +189,7 @@ def part_megatron_1p5b(gpu: bool) -> dict:
     import torch
 
     from dynarl.components import costmodel
-    from dynarl.components.engine_factory import init_default_group
+    from dynarl.components.trainer.world import init_default_group
     from dynarl.components.model.config import ModelConfig
     from dynarl.components.trainer.base import TrainBatch, TrainerConfig
     from dynarl.components.trainer.megatron.config import MegatronConfig

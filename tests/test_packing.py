@@ -178,7 +178,7 @@ def test_per_sample_attention_equals_one_call_with_the_block_diagonal_mask(heads
     cu, length = torch.tensor(bounds), bounds[-1]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, length, h, 8, generator=g, requires_grad=True) for h in (heads, kv_heads, kv_heads))
-    ours = packed_attention(q, k, v, cu, 41, windows(bounds, size=8))  # windows [0, 46), [46, 58)
+    ours = packed_attention(q, k, v, cu, 41, windows(bounds, size=8))  # windows [0, 5), [5, 46), [46, 55), [55, 58)
     ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=block_causal_mask(cu, length),
                                          enable_gqa=heads != kv_heads).transpose(1, 2)
@@ -226,10 +226,11 @@ def test_bench_packing_only_reports_both_layouts():
 
 
 @pytest.mark.parametrize("bounds, size, spans", [
-    ([0, 5, 9, 40], 8, [(0, 9), (9, 40)]),          # a window closes once it holds 8 tokens
-    ([0, 3, 3, 4], 8, [(0, 4)]),                    # an empty sample; the last window closes at the end
-    ([0, 600], 512, [(0, 600)]),                    # a sample longer than a window: its own
-    ([0, 100, 700, 750], 512, [(0, 700), (700, 750)]),
+    ([0, 3, 8, 9, 40], 8, [(0, 8), (8, 9), (9, 40)]),  # 8 tokens close a window; 31 are a window alone
+    ([0, 3, 3, 4], 8, [(0, 4)]),                        # an empty sample; the last window closes at the end
+    ([0, 600], 512, [(0, 600)]),                        # a sample longer than a window: its own
+    ([0, 100, 700, 750], 512, [(0, 100), (100, 700), (700, 750)]),
+    ([0, 100, 300, 500, 600], 512, [(0, 500), (500, 600)]),
 ])
 def test_windows_hold_whole_samples(bounds, size, spans):
     assert [(w.start, w.end) for w in windows(bounds, size=size)] == spans

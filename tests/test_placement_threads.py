@@ -20,3 +20,18 @@ def test_rank_threads(cores, devices_per_node, ranks_on_node, time_shared, threa
 def test_rank_threads_refuses_an_empty_node():
     with pytest.raises(ValueError, match="must be >= 1"):
         rank_threads(0, 2, 1, True)
+
+
+async def test_a_groups_threads_reach_its_ranks_and_its_standby_pool():
+    import dynarl
+    from dynarl import RuntimeConfig
+    from dynarl.core.migration.standby import StandbyPool
+    from workers import Consumer
+
+    async with dynarl.Controller(RuntimeConfig(launcher="inproc", worker_threads=None)) as ctl:
+        group = await ctl.spawn(Consumer, name="trainer", num_ranks=1, threads=2)
+        other = await ctl.spawn(Consumer, name="reward", num_ranks=1)
+        pool = StandbyPool(ctl, Consumer, "trainer", {})
+        await pool.fill([0])
+        assert [h.spec.threads for h in group.handles + pool.group.handles] == [2, 2]
+        assert [h.spec.threads for h in other.handles] == [1] and ctl.threads_of("reward") == 1

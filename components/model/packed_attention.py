@@ -46,15 +46,24 @@ class Window:
 
 
 def windows(bounds: list[int], device: torch.device | str = "cpu", size: int = WINDOW_TOKENS) -> list[Window]:
-    """The CPU path's windows of whole samples (`bounds`: cu_seqlens as a list)."""
-    out, start = [], bounds[0]
-    for end in bounds[1:]:
+    """The CPU path's windows of whole samples (`bounds`: cu_seqlens as a list): each at
+    most `size` tokens, but a longer sample is a window of its own."""
+    out: list[Window] = []
+
+    def close(start: int, end: int) -> None:
+        if end > start:
+            local = torch.tensor([b - start for b in bounds if start <= b <= end], device=device)
+            seg = segment_ids(local, end - start)
+            causal = torch.ones(end - start, end - start, dtype=torch.bool, device=device).tril()
+            out.append(Window(start, end, causal & (seg[:, None] == seg[None, :])))
+
+    start = bounds[0]
+    for prev, end in zip(bounds, bounds[1:]):
+        if end - start > size and prev > start:  # this sample would overflow the window: it starts the next
+            close(start, prev)
+            start = prev
         if end - start >= size or end == bounds[-1]:
-            if end > start:
-                local = torch.tensor([b - start for b in bounds if start <= b <= end], device=device)
-                seg = segment_ids(local, end - start)
-                causal = torch.ones(end - start, end - start, dtype=torch.bool, device=device).tril()
-                out.append(Window(start, end, causal & (seg[:, None] == seg[None, :])))
+            close(start, end)
             start = end
     return out
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import importlib
 from typing import TYPE_CHECKING, Any
@@ -242,6 +243,13 @@ class TrainerWorker(Residency, dynarl.Worker):
         The weights stream from the engine into the broadcast, bucket by bucket, in
         model.dtype: no rank holds a second copy of the whole model."""
         tensors = self.trainer.weight_stream(self.bucket_bytes)
+        try:
+            return await self._send(name, version, tensors)
+        finally:  # a sync cut off mid-way: the engine lets its gathered weights go now (native/fsdp.py)
+            with contextlib.suppress(ValueError):  # (still running in a cancelled call's thread: it ends there)
+                getattr(tensors, "close", lambda: None)()
+
+    async def _send(self, name: str, version: int, tensors: Any) -> int:
         try:
             group = self.process_group(name)
         except KeyError:  # a TP rank outside the sync group: it only takes part in the gathers

@@ -34,6 +34,7 @@ from dynarl.components.reward.worker import RewardWorker
 from dynarl.components.rollout.worker import RolloutWorker
 from dynarl.components.trainer.base import TrainBatch, data_parts
 from dynarl.components.trainer.metrics import TrainMetrics
+from dynarl.components.trainer.native.packing import packing_budget
 from dynarl.components.trainer.worker import TrainerWorker
 from dynarl.components.workflows import checkpoints as ckpt
 from dynarl.components.workflows.job import Groups, Job
@@ -159,7 +160,10 @@ class GRPO(Job):
     async def train(self, batch: TrainBatch, label: str, method: Any = TrainerWorker.train) -> TrainMetrics:
         async with self.busy("trainer"):  # a train step is not interruptible
             trainer = self.g.trainer
-            by_tokens = (self.cfg.trainer.engine.max_tokens_per_micro_batch or 0) > 0  # packed: balance tokens
+            engine = self.cfg.trainer.engine  # a step that packs balances its ranks' parts by tokens
+            by_tokens = (packing_budget([len(ids) for ids in batch.input_ids], engine.micro_batch_size,
+                                        engine.max_tokens_per_micro_batch) > 0
+                         if self.cfg.trainer.backend == "native" else (engine.max_tokens_per_micro_batch or 0) > 0)
             shards = [[batch.shard(*part, by_tokens=by_tokens).to_wire()]
                       for part in data_parts(trainer.world_size, self.tensor_parallel)]
             results = await held(self.ctl, trainer, self.clock, label, method.__name__,

@@ -36,6 +36,8 @@ class StandbyPool:
         """A method (a reference) every new standby runs once after it starts (imports,
         first allocations), so that its first adoption costs what later ones do."""
         self.name = f"{name}~standby"
+        self.of = name
+        """The group its ranks stand in for (they run with its torch threads)."""
         self.group: WorkerGroup | None = None
 
     def devices(self) -> list[int]:
@@ -72,7 +74,8 @@ class StandbyPool:
         if not missing:
             return
         if self.group is None or self.group.stopped:
-            self.group = await self.ctl.spawn(self.cls, name=self.name, devices=missing, init=self.init)
+            self.group = await self.ctl.spawn(self.cls, name=self.name, devices=missing, init=self.init,
+                                              threads=self.ctl.threads_of(self.of))
             new = list(range(self.group.world_size))
         else:
             await self.ctl.grow_group(self.group, missing, self.init)

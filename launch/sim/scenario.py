@@ -252,8 +252,10 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
     engines on emulated devices, the workload's batch, a streaming trainer (it starts
     on the first scored samples, as a trainer on devices of its own can; with a critic,
     workflow ppo, a trainer stepping on the whole batch after the critic's values), no warm
-    start, rewards that cost nothing (verifier none); `scheduler`: the
+    start, rewards that cost nothing (verifier none) scored by one reward rank whatever
+    the host's cores (reward.num_ranks null would follow them); `scheduler`: the
     `scheduler.dynarl` settings of an online policy (None: static)."""
+    from dynarl.components.reward.config import RewardSection
     from dynarl.components.workflows.agentic_config import AgenticSection
     from dynarl.components.workflows.config import (AlgorithmSection, DynarlSection, InferenceSection,
                                                     PlacementSection,
@@ -290,4 +292,4 @@ def train_config(scn: Scenario, placement: Placement, scheduler: dict | None = N
         algorithm=AlgorithmSection(max_staleness=scn.max_staleness),
         scheduler=SchedulerSection() if scheduler is None else SchedulerSection(
             policy="dynarl", dynarl=DynarlSection(**scheduler)),
-        task=TaskConfig(verifier="none"))
+        task=TaskConfig(verifier="none"), reward=RewardSection(num_ranks=1))

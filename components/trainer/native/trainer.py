@@ -334,12 +334,20 @@ class NativeTrainer:
         adapters come merged into its weight (model/lora.py merge_lora): the plain
         model's tensors, what the rollout engines load."""
         def full() -> Iterator[tuple[str, torch.Tensor]]:
-            pairs = fsdp.gathered(self.model, self._names)
-            for _, module in itertools.groupby(pairs, lambda n_p: n_p[0].rsplit(".", 1)[0]):
-                tensors = {n: p.detach().clone() for n, p in module}
-                merged = merge_lora(tensors, self._lora_scaling) if self._lora_scaling else tensors
-                yield from ((n, t.to(self.dtype)) for n, t in merged.items())
-        yield from bucket_by_bytes(full(), bucket_bytes)
+            by_unit = self.device.type == "cpu" and self.dtype == torch.float32
+            pairs = fsdp.gathered(self.model, self._names, by_unit)
+            try:
+                for _, module in itertools.groupby(pairs, lambda n_p: n_p[0].rsplit(".", 1)[0]):
+                    tensors = {n: p.detach().clone() for n, p in module}
+                    merged = merge_lora(tensors, self._lora_scaling) if self._lora_scaling else tensors
+                    yield from ((n, t.to(self.dtype)) for n, t in merged.items())
+            finally:
+                pairs.close()  # a sync cut off mid-way lets its gathered unit go now, not at collection
+        stream = full()
+        try:
+            yield from bucket_by_bytes(stream, bucket_bytes)
+        finally:
+            stream.close()
 
     def offload(self) -> None:
         """Move the sharded weights and optimizer state to CPU (device_lock release)."""
