@@ -157,12 +157,12 @@ from dynarl.components.inference.worker import InferenceWorker  # noqa: E402
 
 
 class DyingRewardWorker(RewardWorker):
-    """Dies holding its first chunk of step 1 (its second call)."""
+    """Rank 0 dies holding its first chunk of step 1 (its second call); the others live."""
     calls = 0
 
     async def score(self, get, put):
         type(self).calls += 1
-        if type(self).calls == 2:
+        if type(self).calls == 2 and self.rank == 0:
             _die_after_first_get(self, get)
         return await super().score(get, put)
 

@@ -180,6 +180,12 @@ class RolloutEngine(Protocol):
     what an imported request computed again."""
 
     weight_version: int
+    steps_on_loop: bool
+    """`step()` computes on the worker's event loop (the native engine's model runs in
+    it), so nothing else of the rank runs meanwhile: a round trip to the controller waits
+    for the step. A worker then takes its share of a step's prompts in one trip
+    (RolloutWorker.generate); an engine that steps elsewhere (SGLang, vLLM, the
+    emulated one in virtual time) takes them a group a trip, whichever rank asks first."""
 
     def add_request(self, request: GenerationRequest) -> None: ...
     def import_inflight(self, items: Sequence[InflightRequest]) -> None: ...

@@ -24,6 +24,8 @@ from dynarl.components.rollout.base import GenerationRequest, GenerationResult, 
 
 
 class ExternalEngine(abc.ABC):
+    steps_on_loop = False
+
     weight_version: int
 
     def __init__(self) -> None:

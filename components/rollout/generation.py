@@ -86,10 +86,15 @@ class Generation(Run):
         self.num_imported += len(items)
         self.control.arrived.set()
 
-    async def fetch(self, inbox: Any) -> None:
-        """Until END: the rank is handed no more prompts when it returns."""
+    async def fetch(self, inbox: Any, first_trip: int = 1) -> None:
+        """Until END: the rank is handed no more prompts when it returns. The first round
+        trip asks for `first_trip` groups (the rank's share of the step), each later one
+        for one: ranks that are through their share take what is left a group at a time,
+        and none takes two shares because its second trip came before another's first."""
         self.inbox = inbox
+        inbox.prefetch = first_trip
         while (group := await inbox.get()) is not END:
+            inbox.prefetch = 1
             left = 0
             for k, sample in enumerate(group.samples):
                 if sample.finish:  # partial rollout: done in an earlier step

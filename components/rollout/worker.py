@@ -347,19 +347,17 @@ class RolloutWorker(dynarl.Worker):
 
     async def generate(self, get: str, put: str, *, version: int, chunk_size: int,
                        sampling: dict[str, Any], prefetch: int = 1) -> RolloutStats:
-        """Consumes prompt groups from `get` until END, `prefetch` per round trip (the
-        workflow gives each rank its share of the step at once: a group a trip cost an
-        engine step per trip, so the last groups began 30 steps late); puts chunks of
-        finished groups (at most `chunk_size` each) on `put`. Returns its counters."""
+        """Consumes prompt groups from `get` until END: on an engine that steps on this
+        loop `prefetch` in its first round trip (the workflow gives each rank its share
+        of the step at once: a group a trip cost the native engine a step per trip, so
+        the last groups began 30 steps late), else one; one in each later trip; puts chunks of finished groups (at most `chunk_size` each) on `put`.
+        Returns its counters."""
         if self.engine.weight_version != version:
-            raise StaleWeights(f"rollout holds weights v{self.engine.weight_version}, "
-                                           f"the step needs v{version}")
+            raise StaleWeights(f"rollout holds weights v{self.engine.weight_version}, the step needs v{version}")
         run = self.run = Generation(self.engine, self.channel(put), chunk_size, sampling)
 
         async def take_prompts() -> None:
-            inbox = self.channel(get)
-            inbox.prefetch = prefetch
-            await run.fetch(inbox)
+            await run.fetch(self.channel(get), first_trip=prefetch if self.engine.steps_on_loop else 1)
             self.admitting = False  # its END came: no more prompts for this rank
         # before any await: a partial_close may wait on it as soon as `run` is set
         fetch = run.fetch_task = asyncio.ensure_future(take_prompts())  # prefetch 1: one END

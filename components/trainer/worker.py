@@ -260,10 +260,11 @@ class TrainerWorker(Residency, dynarl.Worker):
             return 0
         dtype = self.model.engine_dtype(self.device_kind)
         from dynarl.components import weight_sync
-        if isinstance(group, EmulatedGroup):
-            plan: list = []
-        elif (plan := self._sync_plans.get(dtype)) is None:
-            plan = self._sync_plans[dtype] = weight_sync.model_plan(self.model, self.bucket_bytes, dtype)
+        plan: list = []
+        if not isinstance(group, EmulatedGroup):
+            if dtype not in self._sync_plans:
+                self._sync_plans[dtype] = weight_sync.model_plan(self.model, self.bucket_bytes, dtype)
+            plan = self._sync_plans[dtype]
         return await weight_sync.send_async(group, plan, tensors, version, dtype, self.device)
 
     @on_device

@@ -55,6 +55,8 @@ class _Batch:
 
 
 class EmulatedRolloutEngine:
+    steps_on_loop = False
+
     def __init__(self, config: EmulatedRolloutConfig | None = None, weight_version: int = 0):
         self.config = config or EmulatedRolloutConfig()
         self.model = self.config.model_shape

@@ -55,6 +55,8 @@ class NativeEngineStats:
 
 
 class NativeRolloutEngine:
+    steps_on_loop = True
+
     def __init__(self, model: Qwen2ForCausalLM, config: NativeEngineConfig | None = None, weight_version: int = 0):
         self.config = config = config or NativeEngineConfig()
         self.model = model.eval()

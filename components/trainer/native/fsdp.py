@@ -3,7 +3,7 @@ layer, then the root), the whole parameters (unit by unit or one by one), and a
 parameter's local tensor (DTensor or plain)."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Generator
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -29,7 +29,8 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh, dtype: torch.dtype, offload:
     return model
 
 
-def gathered(model: torch.nn.Module, names: list[str], by_unit: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def gathered(model: torch.nn.Module, names: list[str],
+             by_unit: bool) -> Generator[tuple[str, torch.Tensor], None, None]:
     """Collective: every parameter of `names` (the model's order) whole, in fp32.
     `by_unit` (a CPU trainer without mixed precision): each FSDP unit gathered by one
     all-gather (`unshard`) when its first parameter comes and let go (`reshard`) after

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Generator, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -333,7 +333,7 @@ class NativeTrainer:
         (a parameter larger than that gets a bucket of its own). A LoRA layer's
         adapters come merged into its weight (model/lora.py merge_lora): the plain
         model's tensors, what the rollout engines load."""
-        def full() -> Iterator[tuple[str, torch.Tensor]]:
+        def full() -> Generator[tuple[str, torch.Tensor], None, None]:
             by_unit = self.device.type == "cpu" and self.dtype == torch.float32
             pairs = fsdp.gathered(self.model, self._names, by_unit)
             try:
