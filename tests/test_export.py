@@ -23,8 +23,8 @@ def dynarl(*args, cwd):
 def run(tmp_path_factory):
     """A 3-step run of the built-in task with a checkpoint after every step (2 DP ranks)."""
     folder = tmp_path_factory.mktemp("export")
-    done = dynarl("train", "run.steps=3", "run.checkpoint_every=1", "run.keep_checkpoints=5", "run.prompts_per_step=4",
-                  "trainer.warmup.steps=2", "--run-dir", str(folder / "run"), cwd=folder)
+    done = dynarl("train", "trainer.num_ranks=2", "run.steps=3", "run.checkpoint_every=1", "run.keep_checkpoints=5",
+                  "run.prompts_per_step=4", "trainer.warmup.steps=2", "--run-dir", str(folder / "run"), cwd=folder)
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
 

@@ -149,8 +149,8 @@ def test_a_judge_backend_whose_extra_is_missing_names_the_pip_command(capsys):
 
 
 @pytest.mark.parametrize("args,placed", [
-    ([], "trainer [0, 1], judge [0] (time-shared)"),
-    (["runtime.cluster.devices_per_node=3", "judge.devices=[2]"], "trainer [0, 1], judge [2] (own)"),
+    ([], "trainer [0], judge [0] (time-shared)"),
+    (["runtime.cluster.devices_per_node=3", "judge.devices=[2]"], "trainer [0], judge [2] (own)"),
     (["runtime.cluster.devices_per_node=5", "placement.mode=hybrid", "rollout.num_ranks=2",
       "inference.num_ranks=1", "trainer.num_ranks=1", "scheduler.policy=dynarl", "judge.devices=[4]"],
      "trainer [2], judge [4] (own)"),

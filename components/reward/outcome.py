@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 MAX_MESSAGE = 300
 """Characters of an error message kept (metrics.jsonl and the log line)."""
@@ -117,8 +117,15 @@ class Tally:
             total[0] += value
             total[1] += 1
 
+    @classmethod
+    def of_ranks(cls, stats: Sequence[Any]) -> "Tally":
+        """The step's tally over every reward rank's RewardStats (first error: the first rank's that had one)."""
+        return cls(errors=sum(s.errors for s in stats), timeouts=sum(s.timeouts for s in stats),
+                   first_error=next((s.first_error for s in stats if s.first_error), ""))
+
     def summary(self, samples: int) -> str | None:
-        """The one line a step logs about its failed calls, or None when none failed."""
+        """The one line a step logs about its failed calls (the workflow, over every
+        reward rank: Tally.of_ranks), or None when none failed."""
         if not (self.errors or self.timeouts):
             return None
         return (f"reward.function failed on {self.errors + self.timeouts} of {samples} samples this step "

@@ -11,7 +11,6 @@ step's RewardStats and logged in one line per step.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import dynarl
@@ -25,7 +24,6 @@ from dynarl.components.trainer.base import TrainerConfig
 from dynarl.components.stage_results import RewardStats
 from dynarl.core.config_tree import build
 
-log = logging.getLogger(__name__)
 
 
 class RewardWorker(dynarl.Worker):
@@ -67,9 +65,6 @@ class RewardWorker(dynarl.Worker):
                 group.metadata = None  # (its last reader: the stages after this one do not carry it)
             await outbox.put(chunk, weight=len(chunk), **made_of(inbox, chunk))
         await outbox.flush()
-        summary = tally.summary(num_samples)
-        if summary is not None:
-            log.warning("%s", summary)
         return RewardStats(verifier=self.backend, samples=num_samples, errors=tally.errors, timeouts=tally.timeouts,
                            first_error=tally.first_error, scores=tally.scores)
 

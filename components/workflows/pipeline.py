@@ -11,6 +11,7 @@ source composed with a trainer mode, and one ending.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from dynarl.components import experience
 from dynarl.components.experience import PromptGroup
+from dynarl.components.reward.outcome import Tally
 from dynarl.components.inference.worker import InferenceWorker
 from dynarl.components.stage_results import InferenceStats, RewardStats, RolloutStats, TrainerStats
 from dynarl.components.trainer.base import TrainBatch
@@ -33,6 +35,8 @@ from dynarl.core.worker_group import gather_or_cancel
 
 if TYPE_CHECKING:
     from dynarl.components.workflows.grpo import GRPO
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -228,6 +232,9 @@ class StepPipeline:
             devices = await sched.end(label, rollout_end=h.clock.last_end("rollout"), train_end=train_end,
                                       measured=measured, last=step + 1 == h.cfg.run.steps)
         await h.sync_weights(step + 1, label)
+        failed = Tally.of_ranks(stats.reward).summary(sum(r.samples for r in stats.reward))
+        if failed is not None:  # one line a step, over every reward rank
+            log.warning("%s", failed)
         return step_metrics(step, result.trained, result.train, stats.rollout, stats.reward,
                             h.clock.durations(label), time.perf_counter() - started, with_kl=h.cfg.with_ref,
                             inference_stats=stats.inference, rollout_backend=h.cfg.rollout.backend) \
