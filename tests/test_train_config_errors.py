@@ -21,7 +21,7 @@ from dynarl.launch.train import UsageError, prepare
     pytest.param(("placement.mode", "temporal"), "placement.mode", "now called 'colocated'", id="renamed-value"),
     pytest.param(("trainer.num_ranks", 3), "trainer.num_ranks", "3 ranks need 3 devices but the cluster has 2",
                  id="more-ranks-than-devices"),
-    pytest.param(("placement.mode", "spatial"), "placement.mode", "= 6 devices but the cluster has 2",
+    pytest.param(("placement.mode", "spatial"), "placement.mode", "= 5 devices but the cluster has 2",
                  id="placement-does-not-fit"),
     pytest.param(("trainer.engine.lr", -1), "trainer.engine.lr", "must be >= 0", id="range"),
     pytest.param(("rollout.top_p", 5), "rollout.top_p", "must be in (0, 1]", id="sampling"),
