@@ -201,7 +201,10 @@ from workload_workers import RefusingRolloutWorker  # noqa: E402
 from dynarl.core.migration.workload import workload_migrate  # noqa: E402
 from dynarl.components.experience import PromptGroup, Sample
 
-GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 40
+GROUPS, SAMPLES, NEW_TOKENS = 6, 4, 120
+"""120 tokens: rank 0's tail outlasts the poll and the migration's first calls on a
+loaded machine (at 40, with the native engine's steps ~1 ms, a 2-core host running a
+suite and simulations beside it once saw rank 0 finish first: nothing to move)."""
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": NEW_TOKENS, "stop_token_ids": []}
 
 
