@@ -60,8 +60,6 @@ class Controller:
         self.tracer = Tracer()
         self.launcher = launcher or make_launcher(self.config.launcher)
         self.groups: dict[str, WorkerGroup] = {}
-        self._threads: dict[str, int] = {}
-        """Torch threads of each group's ranks (spawn's `threads`)."""
         self.channels: dict[str, Channel] = {}
         self.process_groups = ProcessGroups(self)
         self.graph = Hypergraph()
@@ -186,11 +184,10 @@ class Controller:
         if name in self.groups:
             raise ValueError(f"a group named {name!r} already exists")
         device_ids = self.pool.place(name, num_ranks, devices)
-        group = WorkerGroup(self, name, cls, [])
+        group = WorkerGroup(self, name, cls, [], threads or self.config.worker_threads or 1)
         self.groups[name] = group
-        self._threads[name] = threads or self.config.worker_threads or 1
         try:
-            group.handles = await self._start_ranks(name, cls, device_ids, init or {}, first_rank=0)
+            group.handles = await self._start_ranks(group, device_ids, init or {}, first_rank=0)
         except BaseException:
             self.groups.pop(name, None)
             self.pool.release(name)
@@ -198,18 +195,13 @@ class Controller:
         self.graph.observe_spawn(name, cls.__name__, [h.spec.worker_id for h in group.handles], device_ids)
         return group
 
-    def threads_of(self, name: str) -> int:
-        """The torch threads of group `name`'s ranks (a group that stands in for it, a
-        standby pool or a reshard's new ranks, takes the same)."""
-        return self._threads.get(name, self.config.worker_threads or 1)
-
     async def grow_group(self, group: WorkerGroup, devices: list[int], init: dict[str, Any] | None = None) -> None:
         """Adds ranks of the group's class on `devices` (a Workload migration's
         receiving side). New ranks continue the rank numbering."""
         ids = self.pool.extend(group.name, devices)
         first = 1 + max((h.spec.rank for h in group.handles), default=-1)
         try:
-            group.handles.extend(await self._start_ranks(group.name, group.cls, ids, init or {}, first_rank=first))
+            group.handles.extend(await self._start_ranks(group, ids, init or {}, first_rank=first))
         except BaseException:
             self.pool.shrink(group.name, ids)
             raise
@@ -230,12 +222,12 @@ class Controller:
                                  group.devices)
         return freed
 
-    async def _start_ranks(self, name: str, cls: type, device_ids: list[int], init: dict,
+    async def _start_ranks(self, group: WorkerGroup, device_ids: list[int], init: dict,
                            first_rank: int) -> list[WorkerHandle]:
-        specs = await self._make_specs(name, cls, device_ids, init, first_rank)
+        name, specs = group.name, await self._make_specs(group, device_ids, init, first_rank)
         handles = [WorkerHandle(spec, self.tracer) for spec in specs]
         for h in handles:
-            h.cls = cls
+            h.cls = group.cls
         loop = asyncio.get_running_loop()
         started = loop.time()
         self._starting.update(handles)  # a setup() that blocks its loop or dies is reported
@@ -289,9 +281,9 @@ class Controller:
             if self.router is not None:
                 self.router.routes.pop(h.spec.worker_id.encode(), None)
 
-    async def _make_specs(self, name: str, cls: type, device_ids: list[int], init: dict,
-                          first_rank: int = 0) -> list[WorkerSpec]:
-        module = cls.__module__
+    async def _make_specs(self, group: WorkerGroup, device_ids: list[int], init: dict,
+                          first_rank: int) -> list[WorkerSpec]:
+        cls, module = group.cls, group.cls.__module__
         if "<locals>" in cls.__qualname__ and getattr(self.launcher, "needs_importable_classes", True):
             raise TypeError(f"{cls.__qualname__} is defined inside a function; worker processes import "
                             "classes by name, so define it at module level")
@@ -301,10 +293,10 @@ class Controller:
             main_file = getattr(__main__, "__file__", None)
         node0 = self.pool.devices[device_ids[0]].node
         port = await self.launcher.free_port(node0)
-        return rank_specs(name, f"{module}:{cls.__qualname__}", [self.pool.devices[d] for d in device_ids],
+        return rank_specs(group.name, f"{module}:{cls.__qualname__}", [self.pool.devices[d] for d in device_ids],
                           first_rank=first_rank, main_file=main_file, init=init,
                           master_addr=self.launcher.node_address(node0), master_port=port,
-                          threads=self._threads.get(name, self.config.worker_threads or 1))
+                          threads=group.threads)
 
     # --- wiring workers that connect over the router --------------------------------
     def expect(self, handle: WorkerHandle) -> None:

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 
 
 class WorkerGroup:
-    def __init__(self, ctl: "Controller", name: str, cls: type, handles: list[WorkerHandle]) -> None:
+    def __init__(self, ctl: "Controller", name: str, cls: type, handles: list[WorkerHandle], threads: int = 1) -> None:
         self._ctl = ctl
         self.name = name
         self.cls = cls
         self.handles = handles
+        self.threads = threads
+        """Each rank's torch threads, its later ranks' too (a standby or a reshard of it takes the same)."""
         self.stopped = False
 
     @property

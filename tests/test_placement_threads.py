@@ -34,4 +34,4 @@ async def test_a_groups_threads_reach_its_ranks_and_its_standby_pool():
         pool = StandbyPool(ctl, Consumer, "trainer", {})
         await pool.fill([0])
         assert [h.spec.threads for h in group.handles + pool.group.handles] == [2, 2]
-        assert [h.spec.threads for h in other.handles] == [1] and ctl.threads_of("reward") == 1
+        assert [h.spec.threads for h in other.handles] == [1] and other.threads == 1

@@ -92,7 +92,7 @@ async def p2p_migrate(ctl: "Controller", old: WorkerGroup, devices: list[int], i
             if standby is not None and standby.has(devices):
                 new = standby.adopt(devices, name)
             else:
-                new = await ctl.spawn(old.cls, name=name, devices=devices, init=init, threads=ctl.threads_of(old.name))
+                new = await ctl.spawn(old.cls, name=name, devices=devices, init=init, threads=old.threads)
             if new_dp is not None:
                 await ctl.process_group(new_dp, [new])
             await new.call(ReshardableRank.start, new_dp, **(start or {}))

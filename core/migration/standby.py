@@ -36,7 +36,7 @@ class StandbyPool:
         """A method (a reference) every new standby runs once after it starts (imports,
         first allocations), so that its first adoption costs what later ones do."""
         self.name = f"{name}~standby"
-        self.of = name
+        self.home = name
         """The group its ranks stand in for (they run with its torch threads)."""
         self.group: WorkerGroup | None = None
 
@@ -74,8 +74,9 @@ class StandbyPool:
         if not missing:
             return
         if self.group is None or self.group.stopped:
+            home = self.ctl.groups.get(self.home)
             self.group = await self.ctl.spawn(self.cls, name=self.name, devices=missing, init=self.init,
-                                              threads=self.ctl.threads_of(self.of))
+                                              threads=home.threads if home else None)
             new = list(range(self.group.world_size))
         else:
             await self.ctl.grow_group(self.group, missing, self.init)
@@ -89,7 +90,7 @@ class StandbyPool:
         assert self.group is not None
         if name in self.ctl.groups:
             raise ValueError(f"a group named {name!r} already exists")
-        group = WorkerGroup(self.ctl, name, self.cls, [])
+        group = WorkerGroup(self.ctl, name, self.cls, [], self.group.threads)
         self.ctl.groups[name] = group
         self.ctl.pool.place(name, None, [h.spec.devices[0] for h in chosen])
         _move(self.ctl, chosen, self.group, group, placed=True)
@@ -107,7 +108,7 @@ class StandbyPool:
         chosen = [group.handles[p] for p in sorted(set(positions if positions is not None
                                                        else range(group.world_size)))]
         if self.group is None or self.group.stopped:
-            self.group = WorkerGroup(self.ctl, self.name, self.cls, [])
+            self.group = WorkerGroup(self.ctl, self.name, self.cls, [], group.threads)
             self.ctl.groups[self.name] = self.group
         _move(self.ctl, chosen, group, self.group)
         if not group.handles:  # the whole group parked: it is gone as a group
