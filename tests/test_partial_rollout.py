@@ -20,7 +20,7 @@ from dynarl.components.rollout.emulated.engine import EmulatedRolloutEngine
 from dynarl.components.rollout.generation import Generation
 from dynarl.components.workflows.config import load_config
 from dynarl.components.workflows.ledger import read_entries
-from dynarl.components.workflows.partial import PromptStream, extra_groups, oldest_version, plan
+from dynarl.components.workflows.partial import PromptStream, due, extra_groups, oldest_version, plan, takes
 from dynarl.core.virtual_time import run_virtual
 from dynarl.launch.train import prepare
 from conftest import assert_reaped, kill_9_mid_run
@@ -102,6 +102,36 @@ def test_plan(carry, step, k, ready, inflight, kept, regenerated):
     assert [g.index for g in p.ready + p.inflight] == list(range(len(ready) + len(inflight)))
     for g in p.ready + p.inflight:  # nothing the step trains is staler than the bound
         assert oldest_version(g) is None or step - oldest_version(g) <= k
+
+
+@pytest.mark.parametrize("groups, step, k, keys", [
+    ([], 4, 1, set()),
+    # fresh (no token yet) and made this step: never due
+    ([group("f", ("new",)), group("n", ("partial", 3, 4))], 4, 1, set()),
+    # made by the step before: at k 1 the next step would train it 2 behind: due now
+    ([group("u", ("partial", 5, 3), ("new",))], 4, 1, {"u/0"}),
+    # a deeper bound lets it wait one more step
+    ([group("u", ("partial", 5, 3), ("new",))], 4, 2, set()),
+    ([group("u", ("partial", 5, 2), ("new",))], 4, 2, {"u/0"}),
+    # the group's oldest token counts (one sample newer, one older)
+    ([group("m", ("partial", 5, 4), ("done", 2, 3))], 4, 1, {"m/0"}),
+])
+def test_a_group_is_due_when_the_next_step_would_train_it_past_the_bound(groups, step, k, keys):
+    assert due(groups, step, k) == keys
+
+
+@pytest.mark.parametrize("is_due, taken, due_left, need, taken_", [
+    (False, 0, 0, 2, True),
+    (False, 1, 0, 2, True),
+    (False, 2, 0, 2, False),   # the batch is full
+    (False, 1, 1, 2, False),   # the last place is kept for a due group still to come
+    (False, 0, 1, 2, True),
+    (True, 1, 0, 2, True),     # a due group takes its kept place
+    (True, 1, 3, 2, True),
+    (True, 2, 1, 2, False),    # more due groups than places: carried (the next plan starts it again)
+])
+def test_the_batch_keeps_a_place_for_each_due_group(is_due, taken, due_left, need, taken_):
+    assert takes(is_due, taken, due_left, need) is taken_
 
 
 def test_the_prompt_stream_takes_steps_in_order_across_their_ends():

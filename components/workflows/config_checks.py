@@ -72,10 +72,6 @@ def check(cfg: TrainConfig) -> None:
         check_ppo(cfg)
     if cfg.rollout.oversample > 1:
         check_partial(cfg)
-    elif cfg.algorithm.max_staleness > 1:
-        raise ConfigError("algorithm.max_staleness", f"{cfg.algorithm.max_staleness}: overlapped steps are "
-                                                     "built for 1 (one step of overlap); more bounds partial "
-                                                     "rollout's carried groups (rollout.oversample > 1)")
     elif cfg.algorithm.max_staleness > 0:
         check_async(cfg)
     max_len = cfg.model.config().max_position_embeddings

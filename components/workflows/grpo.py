@@ -67,7 +67,7 @@ class GRPO(Job):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Job's arguments; the step's batch source follows the config (pipeline.py):
         rollout.oversample > 1, partial rollout (partial.py); algorithm.dynamic_sampling,
-        refilled (refill.py); algorithm.max_staleness 1, made a step ahead (overlap.py);
+        refilled (refill.py); algorithm.max_staleness k, made up to k steps ahead (overlap.py);
         else fresh."""
         super().__init__(*args, **kwargs)
         cfg, r = self.cfg, self.cfg.rollout
@@ -80,7 +80,7 @@ class GRPO(Job):
                                     prompts_per_step=cfg.run.prompts_per_step, max_refills=cfg.algorithm.refills(cfg.run.prompts_per_step))
         elif cfg.algorithm.max_staleness > 0:
             self.batches = MadeAhead(self.ctl, self.prompts, self.start_rollout, cfg.run.steps,
-                                     lambda: self.g.inference.world_size)
+                                     lambda: self.g.inference.world_size, depth=cfg.algorithm.max_staleness)
         else:
             self.batches = Fresh(self.prompts, self.start_rollout)
         self.pipeline = StepPipeline(self, self.batches)

@@ -12,13 +12,15 @@ into the next steps, their tokens so far kept.
 
 So no step waits for its longest samples: they continue in the next steps, on newer
 weights. Every run of a sample's tokens records the version that made it
-(Sample.segments); a sample's version is its oldest, and a sample whose oldest token
-would be more than algorithm.max_staleness versions behind the trainer that takes
-it is generated again from its prompt (counted: regenerated_groups and _tokens, the
-tokens dropped), so nothing is trained staler than the bound and nothing is dropped
-unseen. (A tight bound has a price: a sample that needs more than about k + 1 steps'
-rollout to decode is started again each time and never trained; the counters show
-it.) A group is trained once (the ledger checks it). The rollout emits each finished
+(Sample.segments); a sample's version is its oldest. A group in flight whose oldest
+token would be more than algorithm.max_staleness versions behind the next step's
+trainer is due: the step's batch keeps a place for each due group and closes only
+once they are all in (so a long sample is waited for, never started again). Only
+where the due groups outnumber the batch, or a checkpoint carried a group already
+past the bound, is a sample generated again from its prompt (counted:
+regenerated_groups and _tokens, the tokens dropped), so nothing is trained staler
+than the bound and nothing is dropped unseen. A group is trained once (the ledger
+checks it). The rollout emits each finished
 group at once (chunks of one), so the batch closes on the N-th group to finish. The rollout's own
 log-probs go into the batch, and the loss corrects for the older policies
 (decoupled PPO, trainer/native/losses.py), as with overlapped steps.
@@ -97,6 +99,28 @@ def resume_refused(checkpoint: str, source: str | None) -> str | None:
 
 def complete(group: PromptGroup) -> bool:
     return all(s.finish for s in group.samples)
+
+
+def group_key(group: PromptGroup) -> str:
+    """A group's identity across processes: its first sample's id."""
+    return group.samples[0].id
+
+
+def due(groups: list[PromptGroup], step: int, max_staleness: int) -> set[str]:
+    """Pure: the keys of the groups that step `step` must train: carried on to step
+    + 1, their oldest token would be more than `max_staleness` versions behind."""
+    return {group_key(g) for g in groups
+            if (v := oldest_version(g)) is not None and step + 1 - v > max_staleness}
+
+
+def takes(is_due: bool, taken: int, due_left: int, need: int) -> bool:
+    """Pure: whether the batch takes a scored group, holding `taken` of the `need`
+    groups it closes on, with `due_left` due groups (not this one) still to come: a
+    due group while there is room; another only where it leaves a place for each due
+    group still to come."""
+    if is_due:
+        return taken < need
+    return taken + due_left < need
 
 
 @dataclass(slots=True)
@@ -208,20 +232,24 @@ class Partial(Fresh):
 
     async def _close(self, step: int, p: StepGroups, need: int) -> None:
         """The batch to "ahead" for inference, as it forms: the whole carried groups,
-        then the first `need` groups scored; at the `need`-th the rollout stops and its
-        unfinished groups, with every group scored after, are carried."""
+        then the first `need` groups scored, a place kept for each due group (due);
+        at the `need`-th the rollout stops and its unfinished groups, with every group
+        scored after, are carried."""
         batch, carried = self.batch, self.carried
         ahead = self.ctl.channel(AHEAD)
         for group in p.ready:
             batch.append(group)
             await ahead.put([group])
         scored = self.ctl.channel("scored")
+        waiting = due(p.inflight, step, self.max_staleness)  # places kept in the batch for these
         emitted: int | None = None  # groups the rollout emits in all: known once it stopped
         seen = 0
         while emitted is None or seen < emitted:
             for group in await scored.get():
                 seen += 1
-                if len(batch) - len(p.ready) < need:
+                is_due = group_key(group) in waiting
+                waiting.discard(group_key(group))
+                if takes(is_due, len(batch) - len(p.ready), len(waiting), need):
                     batch.append(group)
                     await ahead.put([group])
                 else:

@@ -148,13 +148,15 @@ class AlgorithmSection:
     three batches' worth)."""
     max_staleness: int = 0
     """How many policy versions behind the trainer a sample's generating weights may
-    be. 0: on-policy (each step generates its batch, then trains on it). 1: the
-    rollout of step s + 1 runs on the weights of step s while step s trains, so the
+    be. 0: on-policy (each step generates its batch, then trains on it). k >= 1: the
+    rollout runs up to k steps ahead: while step s trains, the batches of the steps
+    after it up to s + k not yet made are made on the weights of step s, so the
     rollout and the trainer work at once; the loss corrects for the older policy
     (decoupled PPO, trainer.engine.behav_weight_cap). Needs the rollout on devices of
     its own (placement spatial, or hybrid with rollout in a pool alone). With partial
     rollout (rollout.oversample > 1) steps do not overlap, and k >= 1 bounds how many
-    versions behind a carried group's oldest token may be when it is trained."""
+    versions behind a carried group's oldest token may be when it is trained: a
+    group that would pass it is waited for, not started again."""
     rollout_correction: RolloutCorrection = "none"
     """Weigh each token's policy term by w = exp(old - rollout log-prob), the trainer's
     probability of the token over the rollout engine's (trainer/native/rollout_correction.py).

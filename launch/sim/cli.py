@@ -132,6 +132,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fail", default=None, metavar="COMPONENT@SECONDS[,...]",
                    help="lose the component's first rank (rollout, reward, inference) at that run second; each "
                         "policy runs with the losses and without, side by side (static policies only)")
+    p.add_argument("--max-staleness", type=positive_int, default=None, metavar="K",
+                   help="algorithm.max_staleness of every asynchronous policy (async, partial, dynarl-async) "
+                        "alike, in place of each one's own (async 1, partial unbounded, dynarl-async 1)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="policies (or --sweep rows) run at once, each in a process of its own; the output "
                         "is the same (default: one per core, at most one per run)")
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [build_scenario(SimConfig(
             workload=args.workload or "math-7b", devices=devices, policies=tuple(names), seed=args.seed,
             iterations=args.iterations, warmup=args.warmup, prompts=args.prompts, trace=args.trace,
-            device=args.device, failures=failures)) for devices in args.devices]
+            device=args.device, failures=failures, max_staleness=args.max_staleness)) for devices in args.devices]
     except (PolicyUnavailable, TraceError, ValueError, OSError) as exc:
         print(f"dynarl sim: {exc}", file=sys.stderr)
         return 2

@@ -95,11 +95,13 @@ def policy_metrics(run: PolicyRun, scn: Scenario, *, timings: bool) -> dict[str,
 
 def measured_window(cfg: Any) -> slice:
     """The iterations every policy of the run is measured on: after the warm-up, and
-    when a policy overlaps each step with the next one's rollout (max_staleness), not
-    the last either (that step has no next rollout to make), for all of them alike."""
+    when a policy overlaps each step with the next k steps' rollout (max_staleness k),
+    not the last k either (they have fewer or no later rollouts to make), for all of
+    them alike."""
     from dynarl.components.placement.policy import make_policy, overlaps
-    overlapped = any(overlaps(make_policy(name)) for name in cfg.policies)
-    return slice(cfg.warmup, cfg.iterations - 1 if overlapped else cfg.iterations)
+    from dynarl.launch.sim.scenario import staleness_of
+    depth = max((staleness_of(p, cfg) for p in map(make_policy, cfg.policies) if overlaps(p)), default=0)
+    return slice(cfg.warmup, cfg.iterations - depth)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -53,6 +53,9 @@ class SimConfig:
     """Groups per channel item between stages (the elastic-pipelining granularity)."""
     failures: tuple["Failure", ...] = ()
     """Ranks lost during the run (`--fail`): each policy runs with them and without."""
+    max_staleness: int | None = None
+    """`--max-staleness`: algorithm.max_staleness of every asynchronous policy (staleness_of),
+    in place of its own; None: each its own."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -67,6 +70,9 @@ class SimConfig:
             raise ValueError(f"launcher must be 'inproc' or 'local', got {self.launcher!r}")
         if self.launcher == "inproc" and self.time_scale != 1.0:
             raise ValueError("the inproc launcher runs in virtual time: time_scale must be 1")
+        if self.max_staleness is not None and self.max_staleness < 1:
+            raise ValueError(f"--max-staleness bounds the asynchronous policies: it must be >= 1, got "
+                             f"{self.max_staleness}")
         if self.chunk_size < 1 or self.micro_batches < 1:
             raise ValueError("chunk_size and micro_batches must be >= 1")
         cm.get_device(self.device)
@@ -195,6 +201,19 @@ def _check_failing(config: SimConfig) -> None:
                              "(choose static policies: colocated, spatial, hybrid, rlinf-auto)")
 
 
+def asynchronous(policy: object) -> bool:
+    """The policy trains samples made by older weights (overlapped steps or partial rollout)."""
+    return getattr(policy, "max_staleness", 0) > 0 or getattr(policy, "oversample", 1.0) > 1.0
+
+
+def staleness_of(policy: object, config: SimConfig) -> int:
+    """algorithm.max_staleness as `policy` runs under `config`: --max-staleness for every
+    asynchronous policy alike, else the policy's own."""
+    if config.max_staleness is not None and asynchronous(policy):
+        return config.max_staleness
+    return int(getattr(policy, "max_staleness", 0))
+
+
 def for_policy(scn: Scenario, policy: object) -> Scenario:
     """The scenario as `policy` runs it: whether a moved request takes its KV along
     (rollout.move_kv: dynarl-kv), and on agentic workloads its queue order and turn
@@ -204,12 +223,13 @@ def for_policy(scn: Scenario, policy: object) -> Scenario:
     if scn.workload.kind == "agentic":
         mode = agentic_mode(policy)
         rollout.update(queue=mode.queue, affinity=mode.affinity)
-    staleness = int(getattr(policy, "max_staleness", 0))
+    staleness = staleness_of(policy, scn.config)
     oversample = float(getattr(policy, "oversample", 1.0))
-    if staleness and oversample == 1.0 and scn.config.iterations < scn.config.warmup + 2:
-        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} overlaps each step with the next one's "
-                         f"rollout: it needs --iterations >= warmup + 2 ({scn.config.warmup + 2}), so that a "
-                         "measured step is neither the first (nothing made ahead) nor the last (nothing to make)")
+    if staleness and oversample == 1.0 and scn.config.iterations < scn.config.warmup + 1 + staleness:
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} overlaps each step with the next "
+                         f"{staleness} steps' rollout: it needs --iterations >= warmup + 1 + max_staleness "
+                         f"({scn.config.warmup + 1 + staleness}), so that a measured step is neither the first "
+                         "(nothing made ahead) nor one of the last (nothing to make)")
     return dataclasses.replace(scn, engines=dict(scn.engines, rollout=rollout), max_staleness=staleness,
                                oversample=oversample)
 
