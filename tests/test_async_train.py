@@ -39,10 +39,32 @@ def test_the_ppo_workflow_and_the_dynarl_scheduler_are_refused_with_async():
     with pytest.raises(ConfigError, match="on-policy") as info:
         load_config(None, overrides(*ASYNC, "workflow=ppo"))
     assert info.value.path == "algorithm.max_staleness"
-    with pytest.raises(ConfigError, match="does not plan with an overlapped rollout") as info:
+    with pytest.raises(ConfigError, match="runs asynchronous steps as partial rollout") as info:
         load_config(None, overrides("runtime.cluster.devices_per_node=4", "rollout.num_ranks=2",
-                                    "placement.mode=spatial", "scheduler.policy=dynarl", "algorithm.max_staleness=1"))
+                                    "placement.mode=spatial", "scheduler.policy=dynarl", "algorithm.max_staleness=1",
+                                    "rollout.oversample=1"))
     assert info.value.path == "algorithm.max_staleness"
+
+
+@pytest.mark.parametrize("merged, oversample", [
+    ({"scheduler": {"policy": "static"}, "algorithm": {"max_staleness": 0}}, 1.0),
+    ({"scheduler": {"policy": "static"}, "algorithm": {"max_staleness": 2}}, 1.0),   # overlapped steps
+    ({"scheduler": {"policy": "dynarl"}, "algorithm": {"max_staleness": 0}}, 1.0),   # on-policy
+    ({"scheduler": {"policy": "dynarl"}, "algorithm": {"max_staleness": 2}}, 1.5),   # its async steps
+    ({"scheduler": {"policy": "dynarl"}, "algorithm": {"max_staleness": "2"}}, 1.0),  # (left to the field's check)
+    ({"scheduler": "dynarl", "algorithm": None}, 1.0),
+])
+def test_oversample_left_out_follows_the_scheduler(merged, oversample):
+    from dynarl.components.workflows.config import default_oversample
+    assert default_oversample(merged) == oversample
+
+
+def test_the_dynarl_scheduler_at_k_2_runs_partial_rollout_unless_oversample_is_given():
+    job = ("runtime.cluster.devices_per_node=4", "placement.mode=hybrid", "rollout.num_ranks=3",
+           "scheduler.policy=dynarl", "algorithm.max_staleness=2")
+    assert load_config(None, overrides(*job)).rollout.oversample == 1.5
+    assert load_config(None, overrides(*job, "rollout.oversample=2")).rollout.oversample == 2.0
+    assert load_config(None, overrides("algorithm.max_staleness=2", "placement.mode=spatial")).rollout.oversample == 1.0
 
 
 def test_an_overlapped_run_trains_every_sample_once_one_version_behind(tmp_path):

@@ -121,16 +121,31 @@ def load_config(data: dict[str, Any] | None = None, overrides: list[tuple[str, A
     Raises ConfigError naming the field path."""
     merged = to_dict(TrainConfig())
     merged["trainer"]["warmup"]["steps"] = None  # its default depends on the model (WarmupSection)
+    merged["rollout"]["oversample"] = None  # its default depends on the scheduler (default_oversample)
     if data is not None:
         if not isinstance(data, dict):
             raise ConfigError("", f"a config file must hold a mapping, got {type(data).__name__}")
         _merge(merged, data, "")
     for key, value in overrides:
         apply_override(merged, key, value)
+    if isinstance(merged.get("rollout"), dict) and merged["rollout"].get("oversample") is None:
+        merged["rollout"]["oversample"] = default_oversample(merged)
     placement = merged.get("placement")
     if isinstance(placement, dict) and placement.get("mode") == "temporal":
         raise ConfigError("placement.mode", "'temporal' is now called 'colocated': set placement.mode colocated")
     return build(TrainConfig, merged)
+
+
+def default_oversample(merged: dict[str, Any]) -> float:
+    """rollout.oversample where the config leaves it out: 1.5 under the dynarl scheduler
+    with algorithm.max_staleness >= 1 (its asynchronous steps are partial rollout: the
+    tail is carried into the next steps while its devices go to the trainer), else 1
+    (off). Reads the merged mapping before validation: a value of the wrong type is
+    left to the fields' own checks."""
+    policy = (merged.get("scheduler") or {}).get("policy") if isinstance(merged.get("scheduler"), dict) else None
+    k = (merged.get("algorithm") or {}).get("max_staleness") if isinstance(merged.get("algorithm"), dict) else None
+    asynchronous = isinstance(k, int) and not isinstance(k, bool) and k >= 1
+    return 1.5 if policy == "dynarl" and asynchronous else 1.0
 
 
 def _merge(base: dict, update: dict, path: str) -> None:

@@ -245,8 +245,10 @@ def check_async(cfg: TrainConfig) -> None:
     whole when generated, and a fixed placement."""
     field_ = "algorithm.max_staleness"  # (ppo and embodied refuse it in their own checks)
     if cfg.scheduler.policy != "static":
-        raise ConfigError(field_, f"scheduler.policy {cfg.scheduler.policy!r} does not plan with an "
-                                  "overlapped rollout yet; use static or max_staleness 0")
+        raise ConfigError(field_, f"scheduler.policy {cfg.scheduler.policy!r} runs asynchronous steps as "
+                                  "partial rollout (the tail carried into the next steps while its devices "
+                                  "train): leave rollout.oversample out (1.5) or set it > 1, or use "
+                                  "scheduler.policy static for overlapped steps")
     if cfg.placement.mode == "auto":
         raise ConfigError(field_, "placement.mode auto plans for on-policy steps; choose spatial or hybrid")
     _one_temperature(cfg, field_)

@@ -43,7 +43,9 @@ class RolloutSection:
     """Partial rollout when > 1: N x oversample prompt groups generate at once (N =
     run.prompts_per_step); a step trains the first N to finish and carries the others,
     their tokens so far kept, into the next steps (components/workflows/partial.py;
-    algorithm.max_staleness bounds how old a carried token may be). 1: off."""
+    algorithm.max_staleness bounds how old a carried token may be). 1: off. Left out
+    of a config: 1.5 under scheduler.policy dynarl with algorithm.max_staleness >= 1
+    (the dynarl scheduler's asynchronous steps), else 1."""
     engine: NativeEngineConfig = field(default_factory=lambda: NativeEngineConfig(num_blocks=2048, max_num_seqs=256))
     backend: Literal["native", "emulated", "sglang", "vllm"] = "native"
     """The engine behind the rollout workers; sglang needs `pip install 'dynarl[sglang]'`;
