@@ -217,8 +217,32 @@ def test_the_async_policy_overlaps_each_step_with_the_next_rollout():
     assert spatial["placement"] == overlapped["placement"]
     assert spatial["staleness_max"] == 0 and overlapped["staleness_max"] == 1
     assert runs["async"].staleness == [0, 1, 1] and runs["spatial"].staleness == [0, 0, 0]
-    with pytest.raises(ValueError, match="--iterations >= warmup \\+ 2"):
+    with pytest.raises(ValueError, match="--iterations >= warmup \\+ 1 \\+ max_staleness \\(3\\)"):
         run_policy(build_scenario(SimConfig(**{**SMALL, "policies": ("async",)})), "async")
+
+
+def test_max_staleness_bounds_every_asynchronous_policy_alike():
+    """--max-staleness 2: async runs two steps ahead, the partial policies carry groups up
+    to two versions and start none again; the on-policy ones are untouched; the measured
+    window leaves out the last two steps for all."""
+    scn = build_scenario(SimConfig(**{**SMALL, "iterations": 4, "max_staleness": 2,
+                                      "policies": ("colocated", "async", "partial", "dynarl-async")}))
+    result, runs = simulate(scn)
+    assert runs["async"].staleness == [0, 1, 2, 2] and result["measured_iterations"] == 1
+    for name in ("partial", "dynarl-async"):
+        assert max(runs[name].staleness) <= 2 and result["policies"][name]["regenerated_groups"] == 0
+    assert runs["colocated"].staleness == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="--max-staleness bounds the asynchronous policies"):
+        SimConfig(**{**SMALL, "max_staleness": 0})
+
+
+@pytest.mark.parametrize("name, k, expected", [
+    ("colocated", 3, 0), ("dynarl", 3, 0), ("async", None, 1), ("async", 3, 3),
+    ("partial", None, 1 << 20), ("partial", 2, 2), ("dynarl-async", None, 1), ("dynarl-async", 2, 2),
+])
+def test_staleness_of(name, k, expected):
+    from dynarl.launch.sim.scenario import staleness_of
+    assert staleness_of(policies.make_policy(name), SimConfig(**{**SMALL, "max_staleness": k})) == expected
 
 
 def test_the_partial_policies_carry_groups_and_draw_prompts_past_the_runs_batches():
