@@ -132,14 +132,28 @@ class DynarlKV(Dynarl):
     move_kv = True
 
 
+class DynarlAsyncSplit(Dynarl):
+    """dynarl-async started on the work-proportional split (spatial's) instead of the
+    lending placement: the streaming trainer and inference hold their share of the
+    devices while the rollout runs, and the scheduler moves the rollout's devices to
+    them at the batch's close."""
+    name = "dynarl-async-split"
+    oversample = 1.5
+    max_staleness = 1
+
+    def place(self, ctx: PlanContext) -> Placement:
+        from dynarl.components.placement.split import proportional_split
+        return plans.spatial(proportional_split(ctx.work, ctx.num_devices, ctx.granularity))
+
+
 class DynarlAsync(Dynarl):
     """dynarl with partial rollout at staleness 1 (rollout.oversample 1.5,
     algorithm.max_staleness 1, components/workflows/partial.py): N x 1.5 groups
     generate on the whole cluster (lending), the step trains the first N to finish and
     carries the rest, tokens kept, into the next step; at the batch's close the
     rollout is over for the step and its engines give their devices to inference and
-    the trainer. A carried group whose oldest token would be trained two versions late
-    is generated again (counted)."""
+    the trainer. A group that would be trained two versions late is waited for (due),
+    not generated again."""
     name = "dynarl-async"
     oversample = 1.5
     max_staleness = 1
