@@ -19,7 +19,10 @@ max_bonus_s = 0 is FIFO.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MAX_TURN_INDEX = 16
+"""Tool counts from here on are one class for the learned per-turn lengths."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +67,17 @@ class TurnLengths:
     shorter (DynaRL's observation 3). Where they are not (over `min_samples` first turns
     and as many later ones, a later turn is on average longer than a first one), the
     key falls back to FIFO (components/rollout/queue_keys.py), so on such a workload the
-    priority costs at most what it does before it has seen that many turns."""
+    priority costs at most what it does before it has seen that many turns. Learned per
+    turn index too (`by_turn`, `turn_keeps_bonus`): where later turns are shorter on
+    average but the turns of some index are longer than first turns, those turns are
+    keyed FIFO and the others keep the priority."""
     min_samples: int = 16
     first_turns: int = 0
     first_tokens: int = 0
     later_turns: int = 0
     later_tokens: int = 0
+    by_turn: dict[int, list[int]] = field(default_factory=dict)
+    """tool_count (capped at MAX_TURN_INDEX) -> [turns finished, their output tokens]."""
 
     def observe(self, tool_count: int, output_tokens: int) -> None:
         if tool_count <= 0:
@@ -78,6 +86,29 @@ class TurnLengths:
         else:
             self.later_turns += 1
             self.later_tokens += output_tokens
+        seen = self.by_turn.setdefault(min(max(tool_count, 0), MAX_TURN_INDEX), [0, 0])
+        seen[0] += 1
+        seen[1] += output_tokens
+
+    def mean(self, tool_count: int) -> float | None:
+        """Mean output tokens of the turns finished with this tool count (capped at
+        MAX_TURN_INDEX); None below `min_samples` of them."""
+        n, tokens = self.by_turn.get(min(max(tool_count, 0), MAX_TURN_INDEX), (0, 0))
+        return tokens / n if n >= self.min_samples else None
+
+    def turn_keeps_bonus(self, tool_count: int) -> bool:
+        """Whether a turn with this tool count keeps the priority's bonus (else its key is
+        its arrival time, FIFO). Per turn index where both it and first turns have
+        `min_samples` finished: the bonus stays while that index's mean output is not
+        longer than a first turn's (a bimodal workload can have later turns shorter on
+        average and some turn index longer: that index alone loses it). Below that, the
+        pooled check (later_turns_shorter): off once later turns are longer on average."""
+        if self.later_turns_shorter() is False:
+            return False
+        if tool_count <= 0:
+            return True
+        first, this = self.mean(0), self.mean(tool_count)
+        return first is None or this is None or this <= first
 
     def later_turns_shorter(self) -> bool | None:
         """None until both kinds have `min_samples` turns."""

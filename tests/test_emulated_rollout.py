@@ -642,3 +642,44 @@ def test_on_turns_that_grow_the_learned_priority_does_not_lose_to_fifo():
         agreeing.observe(0, 300)
         agreeing.observe(2, 20)
     assert mean_completion(make_queue_key("priority", config, lengths=agreeing)) == static
+
+
+def test_on_bimodal_turns_the_priority_learned_per_turn_index_does_not_lose_to_fifo():
+    """Later turns shorter on average (the pooled check keeps the priority on) but the
+    third turns long: the static key serves those first; learned per turn index
+    (TurnLengths.turn_keeps_bonus) they are keyed FIFO while the short second turns keep
+    their bonus: better than the static key and than FIFO."""
+    from dynarl.components.rollout.queue_keys import make_queue_key
+    from dynarl.core.priority import PriorityConfig, TurnLengths
+
+    def turns():
+        out = []
+        for i in range(6):
+            out.append(request(f"first{i}", prompt_of(64, i), 100, seed=i, tool_count=0, arrival_time=0.0))
+            out.append(request(f"third{i}", prompt_of(64, 100 + i), 300, seed=i, tool_count=2, arrival_time=0.0))
+            out.append(request(f"second{i}", prompt_of(64, 200 + i), 20, seed=i, tool_count=1, arrival_time=0.0))
+        return out
+
+    def mean_completion(key) -> float:
+        async def main():
+            eng = engine(max_num_seqs=2, coalesce_steps=False)
+            eng.set_queue_key(key)
+            for r in turns():
+                eng.add_request(r)
+            return [t for _, t in (await drive(eng)).values()]
+        times = run_virtual(main())
+        return sum(times) / len(times)
+
+    config = PriorityConfig(max_bonus_s=30.0)
+    learned = TurnLengths()
+    for _ in range(16):  # an earlier step's turns: first 100, second 20 (three times as many), third 300
+        learned.observe(0, 100)
+        learned.observe(2, 300)
+        for _ in range(3):
+            learned.observe(1, 20)
+    assert learned.later_turns_shorter() is True  # pooled: (3 * 20 + 300) / 4 = 90 < 100
+    fifo = mean_completion(None)
+    static = mean_completion(make_queue_key("priority", config))
+    per_index = mean_completion(make_queue_key("priority", config, lengths=learned))
+    assert static > fifo
+    assert per_index < fifo < static

@@ -112,3 +112,47 @@ def test_a_refuted_assumption_turns_the_queue_key_fifo():
     for n in (300, 300):
         lengths.observe(2, n)
     assert key(early, 0) == 10.0 and key(late, 0) == 12.0  # FIFO from now on
+
+
+# --- learned per turn index (TurnLengths.turn_keeps_bonus) --------------------------------
+
+def _learned(turns: dict[int, list[int]], min_samples: int = 16):
+    from dynarl.core.priority import TurnLengths
+    lengths = TurnLengths(min_samples=min_samples)
+    for tool_count, outputs in turns.items():
+        for n in outputs:
+            lengths.observe(tool_count, n)
+    return lengths
+
+
+@pytest.mark.parametrize("turns, tool_count, expected", [
+    pytest.param({}, 3, True, id="nothing-seen-keeps-the-priority"),
+    pytest.param({0: [100] * 16, 1: [50] * 16}, 1, True, id="shorter-index-keeps-it"),
+    pytest.param({0: [100] * 16, 1: [100] * 16}, 1, True, id="equal-keeps-it"),
+    pytest.param({0: [100] * 16, 1: [50] * 16, 2: [150] * 16}, 2, False, id="longer-index-loses-it"),
+    pytest.param({0: [100] * 16, 1: [50] * 16, 2: [150] * 16}, 1, True, id="the-other-indices-keep-it"),
+    pytest.param({0: [100] * 16, 1: [50] * 16, 2: [150] * 16}, 0, True, id="first-turns-keep-their-prefix-term"),
+    pytest.param({0: [100] * 16, 1: [20] * 40, 2: [300] * 15}, 2, True, id="too-few-at-the-index-pooled-says-shorter"),
+    pytest.param({0: [100] * 16, 1: [20] * 40, 2: [300] * 15}, 5, True, id="unseen-index-pooled-says-shorter"),
+    pytest.param({0: [100] * 16, 1: [150] * 16}, 0, False, id="pooled-refuted-all-fifo"),
+    pytest.param({0: [100] * 16, 1: [150] * 16}, 4, False, id="pooled-refuted-unseen-index-fifo"),
+    pytest.param({0: [100] * 15, 1: [50] * 16, 2: [150] * 16}, 2, True, id="too-few-first-turns"),
+    pytest.param({0: [100] * 16, 16: [50] * 8, 20: [50] * 8}, 30, True, id="indices-past-the-cap-pool"),
+    pytest.param({0: [100] * 16, 1: [10] * 40, 16: [150] * 8, 20: [150] * 8}, 17, False, id="capped-class-longer"),
+])
+def test_turn_keeps_bonus_per_turn_index(turns, tool_count, expected):
+    assert _learned(turns).turn_keeps_bonus(tool_count) is expected
+
+
+def test_the_learned_key_keys_fifo_only_the_refuted_index():
+    from dynarl.components.rollout.base import GenerationRequest, SamplingParams
+    from dynarl.components.rollout.queue_keys import make_queue_key
+    lengths = _learned({0: [100] * 2, 1: [20] * 6, 2: [300] * 2}, min_samples=2)
+    assert lengths.later_turns_shorter() is True  # pooled: (6*20 + 2*300) / 8 = 90 < 100
+    key = make_queue_key("priority", PriorityConfig(max_bonus_s=30.0), lengths=lengths)
+
+    def at(tools, arrival):
+        return key(GenerationRequest("r", [1], SamplingParams(), tool_count=tools, arrival_time=arrival), 0)
+    assert at(2, 12.0) == 12.0                                   # long turn index: FIFO
+    assert at(1, 12.0) == priority_key(12.0, 1, 0, PriorityConfig(max_bonus_s=30.0))
+    assert at(1, 11.0) < at(0, 10.0) < at(2, 11.0)  # index 1 overtakes an older first turn; index 2 does not

@@ -71,6 +71,40 @@ def test_round_zero_is_the_longest_turn_on_average():
     assert np.mean(first) > 1.5 * np.mean(third)
 
 
+def test_adversarial_traces_break_the_priority_assumption():
+    """agentic-rstar-grow: every later turn longer on average; agentic-rstar-bimodal: a
+    quarter of the episodes grow and the rest shrink, so that a later turn is shorter on
+    average and yet the turn index does not tell a long later turn from a short one."""
+    def by_turn(name):
+        eps = [s for g in generate(get_workload(name), 0, 0) for s in g.samples if len(s.turns) > 2]
+        return eps, [np.mean([s.turns[k].gen_tokens for s in eps]) for k in range(3)]
+    _, grow = by_turn("agentic-rstar-grow-32b")
+    assert grow[0] < grow[1] < grow[2]
+    _, bimodal = by_turn("agentic-rstar-bimodal")
+    assert bimodal[1] < bimodal[0]
+    import dataclasses
+    w = get_workload("agentic-rstar-bimodal")
+    plain = generate(dataclasses.replace(w, long_fraction=0.0), 0, 0)
+    both = [(s, t) for g, h in zip(generate(w, 0, 0), plain) for s, t in zip(g.samples, h.samples) if min(len(s.turns), len(t.turns)) > 2]
+    ratio = np.array([s.turns[2].gen_tokens / t.turns[2].gen_tokens for s, t in both])
+    grown = ratio > 2  # the same draw x1.8^2 = 3.24 instead of x0.5^2 = 0.25 (or cut by the budget)
+    assert 0.15 < grown.mean() < 0.35
+
+
+def test_a_bimodal_draw_leaves_the_other_draws_alone():
+    """long_fraction draws after everything else: turn counts, observations and tool
+    latencies are those of the same workload without it, and so are the short episodes."""
+    import dataclasses
+    bimodal = get_workload("agentic-rstar-bimodal")
+    plain = dataclasses.replace(bimodal, long_fraction=0.0)
+    for a, b in zip(generate(bimodal, 2, 1), generate(plain, 2, 1)):
+        assert a.prompt_tokens == b.prompt_tokens
+        for x, y in zip(a.samples, b.samples):
+            assert [t.obs_tokens for t in x.turns][:-1] == [t.obs_tokens for t in y.turns][:-1] or \
+                len(x.turns) != len(y.turns)  # the token budget may cut a grown episode short
+            assert x.turns[0].gen_tokens == y.turns[0].gen_tokens
+
+
 @pytest.mark.parametrize("devices, expected", [(64, 512), (128, 512), (256, 512), (1024, 2048), (4096, 8192)])
 def test_batch_scales_past_256_devices(devices, expected):
     assert prompts_for(get_workload("math-7b"), devices) == expected

@@ -13,7 +13,8 @@ spatial, rlinf-auto) use FIFO without affinity, as do the frameworks they stand 
 ablation the paper reports as "without priority" (1.06-1.38x over RLinf, against
 1.27-1.64x with it). `dynarl-fifo` keeps the affinity and drops only the priority:
 the order the priority must not lose to (on `agentic-rstar-grow`, whose later turns
-grow, the priority's assumption fails and core/priority.py TurnLengths turns it FIFO).
+grow, the priority's assumption fails and core/priority.py TurnLengths turns it FIFO;
+on `agentic-rstar-bimodal` it keys FIFO only the turn indices whose turns it found longer).
 """
 from __future__ import annotations
 

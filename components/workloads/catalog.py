@@ -8,6 +8,9 @@ Tags as in docs/COSTMODEL.md: [P] primary source, [S] secondary, [E] estimate ma
     math-{size}-longcot         long chain-of-thought: most answers in the thousands
     ppo-{size}                  math-{size} trained with PPO: a critic of the policy's size
     agentic-rstar[-{size}]      rStar2-Agent-style code-tool episodes (the paper's agentic run)
+    agentic-rstar-grow[-{size}], agentic-rstar-bimodal[-{size}]
+                                adversarial traces for the priority: later turns that grow;
+                                episodes whose later turns grow or shrink (bimodal)
     agentic-search[-{size}]     Search-R1-style retrieval episodes
     embodied                    RLinf's ManiSkill recipe: a 7B VLA policy acting on rendered
                                 frames, PPO with a value head (workflow embodied)
@@ -117,12 +120,28 @@ def _build() -> dict[str, Workload]:
         out[f"ppo-{size}"] = dataclasses.replace(ppo, name=f"ppo-{size}", critic=True,
                                                  source=ppo.source + "; critic the policy's size [S: ORZ, RL2]")
     out["agentic-rstar"] = dataclasses.replace(out["agentic-rstar-7b"], name="agentic-rstar")
-    # Adversarial for the (tool_count, cached_prefix) priority: later turns grow instead of
-    # shrinking (first turn median 300 tokens, x1.4 per turn), the rest as agentic-rstar [E].
-    out["agentic-rstar-grow"] = dataclasses.replace(
-        out["agentic-rstar-7b"], name="agentic-rstar-grow", turn_decay=1.4,
-        first_turn_tokens=LogNormal(median=300, sigma=0.8, cap=4096),
-        source="agentic-rstar with turns that grow (x1.4 per turn): an adversarial trace for the priority [E]")
+    # Adversarial for the (tool_count, cached_prefix) priority (issue 23, issue 48):
+    # agentic-rstar-grow[-{size}]     later turns grow instead of shrinking (first turn
+    #                                 median 300 tokens, x1.4 per turn), the rest as agentic-rstar [E];
+    # agentic-rstar-bimodal[-{size}]  a quarter of the episodes grow (x1.8 per turn) and
+    #                                 the rest shrink (x0.5), drawn per episode, so that the turn index
+    #                                 alone does not tell whether a later turn is long; on average a
+    #                                 later turn is still shorter than a first one [E].
+    # The 7B ones (no suffix) form no queue at 16-64 devices (docs/benchmarks.md); at 32B an
+    # engine holds 0.8 M tokens of KV (TP 4) and the order acts.
+    for size in SIZES:
+        rstar = out[f"agentic-rstar-{size}"]
+        out[f"agentic-rstar-grow-{size}"] = dataclasses.replace(
+            rstar, name=f"agentic-rstar-grow-{size}", turn_decay=1.4,
+            first_turn_tokens=LogNormal(median=300, sigma=0.8, cap=4096),
+            source="agentic-rstar with turns that grow (x1.4 per turn): an adversarial trace for the priority [E]")
+        out[f"agentic-rstar-bimodal-{size}"] = dataclasses.replace(
+            rstar, name=f"agentic-rstar-bimodal-{size}", turn_decay=0.5, long_fraction=0.25,
+            long_turn_decay=1.8, first_turn_tokens=LogNormal(median=400, sigma=0.8, cap=4096),
+            source="agentic-rstar with bimodal episodes (25% grow x1.8 per turn, the rest x0.5): "
+                   "an adversarial trace for the priority [E]")
+    out["agentic-rstar-grow"] = dataclasses.replace(out["agentic-rstar-grow-7b"], name="agentic-rstar-grow")
+    out["agentic-rstar-bimodal"] = dataclasses.replace(out["agentic-rstar-bimodal-7b"], name="agentic-rstar-bimodal")
     out["agentic-search"] = dataclasses.replace(out["agentic-search-7b"], name="agentic-search")
     out["embodied"] = _embodied()
     return out

@@ -49,13 +49,17 @@ def _math(w: MathWorkload, rng: np.random.Generator, ids: list[str], prompt_lens
 def _agentic(w: AgenticWorkload, rng: np.random.Generator, ids: list[str], prompt_lens: np.ndarray) -> list[Group]:
     shape = (len(ids), w.samples)
     turns = np.minimum(rng.geometric(1.0 / w.mean_turns, shape), w.max_turns)
-    gen = draw(rng, w.first_turn_tokens, shape + (w.max_turns,))
+    first = draw(rng, w.first_turn_tokens, shape + (w.max_turns,))
     decay = w.turn_decay ** np.arange(w.max_turns)
-    gen = np.clip(np.rint(gen * decay), 1, None).astype(np.int64)
+    gen = np.clip(np.rint(first * decay), 1, None).astype(np.int64)
     obs = draw(rng, w.obs_tokens, shape + (w.max_turns,))
     latency = np.exp(math.log(w.tool_latency_s.median) + w.tool_latency_s.sigma * rng.standard_normal(
         shape + (w.max_turns,)))
     latency = np.clip(latency, w.tool_latency_s.floor, w.tool_latency_s.cap)
+    if w.long_fraction > 0:  # drawn after the rest, so that the other draws stay those of long_fraction 0
+        long = rng.random(shape) < w.long_fraction
+        grown = np.clip(np.rint(first * w.long_turn_decay ** np.arange(w.max_turns)), 1, None).astype(np.int64)
+        gen = np.where(long[..., None], grown, gen)
     groups = []
     for p, pid in enumerate(ids):
         samples = []

@@ -70,6 +70,11 @@ class AgenticWorkload:
     turn_decay: float = 1.0
     """Below 1 later turns are shorter (DynaRL's observation 3, what its priority assumes);
     above 1 they grow (an adversarial trace for that assumption)."""
+    long_fraction: float = 0.0
+    """Bimodal episodes: this fraction of them (drawn per episode) takes
+    `long_turn_decay` instead of `turn_decay`, so their later turns grow while the
+    others' shrink (an adversarial trace: turn index alone does not tell a turn's length)."""
+    long_turn_decay: float = 1.0
     max_response_tokens: int = 1 << 30
     """Generated tokens per episode; turns past it are cut."""
     obs_tokens: LogNormal
@@ -84,6 +89,10 @@ class AgenticWorkload:
             raise ValueError(f"need 1 <= mean_turns <= max_turns, got {self.mean_turns}, {self.max_turns}")
         if not 0 < self.turn_decay <= 2:
             raise ValueError(f"turn_decay must be in (0, 2], got {self.turn_decay}")
+        if not 0 <= self.long_fraction <= 1:
+            raise ValueError(f"long_fraction must be in [0, 1], got {self.long_fraction}")
+        if not 0 < self.long_turn_decay <= 2:
+            raise ValueError(f"long_turn_decay must be in (0, 2], got {self.long_turn_decay}")
         if self.max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {self.max_response_tokens}")
 
