@@ -132,20 +132,6 @@ class DynarlKV(Dynarl):
     move_kv = True
 
 
-class DynarlAsyncSplit(Dynarl):
-    """dynarl-async started on the work-proportional split (spatial's) instead of the
-    lending placement: the streaming trainer and inference hold their share of the
-    devices while the rollout runs, and the scheduler moves the rollout's devices to
-    them at the batch's close."""
-    name = "dynarl-async-split"
-    oversample = 1.5
-    max_staleness = 1
-
-    def place(self, ctx: PlanContext) -> Placement:
-        from dynarl.components.placement.split import proportional_split
-        return plans.spatial(proportional_split(ctx.work, ctx.num_devices, ctx.granularity))
-
-
 class DynarlAsync(Dynarl):
     """dynarl with partial rollout at staleness 1 (rollout.oversample 1.5,
     algorithm.max_staleness 1, components/workflows/partial.py): N x 1.5 groups

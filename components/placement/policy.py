@@ -32,8 +32,8 @@ from dynarl.components.placement import plan as plans
 from dynarl.components.placement.agentic import DynarlFifo, DynarlNoPrio
 from dynarl.components.placement.context import Decision, PlanContext, Policy, Replan, Snapshot
 from dynarl.components.placement.drift import DEFAULT_THRESHOLD, drifted
-from dynarl.components.placement.dynarl import (Dynarl, DynarlAsync, DynarlAsyncSplit, DynarlConsolidate,
-                                                DynarlCostAware, DynarlKV, DynarlTailTP)
+from dynarl.components.placement.dynarl import (Dynarl, DynarlAsync, DynarlConsolidate, DynarlCostAware, DynarlKV,
+                                                DynarlTailTP)
 from dynarl.components.placement.plan import Placement
 from dynarl.components.placement.planner import plan as rlinf_plan
 from dynarl.components.placement.profile import StageProfile
@@ -152,7 +152,6 @@ REGISTRY: dict[str, PolicyFactory] = {
     "rlinf-auto": RlinfAuto,
     "dynarl": Dynarl,
     "dynarl-async": DynarlAsync,
-    "dynarl-async-split": DynarlAsyncSplit,
     "dynarl-costaware": DynarlCostAware,
     "dynarl-consolidate": DynarlConsolidate,
     "dynarl-tailtp": DynarlTailTP,
