@@ -19,6 +19,8 @@ class ThroughputModel:
     """Measured / predicted, smoothed: the online regression's state."""
     smoothing: float = 0.3
     observations: int = 0
+    _xs: tuple[list[tuple[int, float]], list[int]] | None = field(default=None, repr=False, compare=False)
+    """(points, their device counts): rate()'s abscissae, kept while `points` is the same list."""
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -31,7 +33,10 @@ class ThroughputModel:
         """Interpolated between points; proportional beyond them (linear scaling)."""
         if devices <= 0:
             return 0.0
-        xs = [d for d, _ in self.points]
+        cached = self._xs
+        if cached is None or cached[0] is not self.points:
+            cached = self._xs = (self.points, [d for d, _ in self.points])
+        xs = cached[1]
         i = bisect_left(xs, devices)
         if i < len(xs) and xs[i] == devices:
             base = self.points[i][1]

@@ -21,8 +21,10 @@ since the run began: loop time / time_scale.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections import Counter
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import dynarl
 from dynarl.components import costmodel as cm
@@ -103,8 +105,33 @@ def run_policy(scn: Scenario, name: str, profiles: dict | None = None, policy=No
             await ctl.stop_group(group)
 
     config = train_config(scn, placement, scheduler)
-    dynarl.run(workflow, config.runtime, virtual_time=cfg.launcher == "inproc")
+    with few_collections():
+        dynarl.run(workflow, config.runtime, virtual_time=cfg.launcher == "inproc")
     return run
+
+
+GC_THRESHOLD = (50_000, 20, 100)
+"""The collector's thresholds during a simulated run (Python's default: 700, 10, 10)."""
+
+
+@contextmanager
+def few_collections() -> Iterator[None]:
+    """The run with the objects that exist before it frozen out of the collector
+    (gc.freeze) and young generations collected every GC_THRESHOLD allocations instead
+    of every 700: at scale a run holds millions of long-lived objects (requests,
+    results, tasks), and the default thresholds spent a third of math-7b/256's CPU in
+    collections (17 of 50 s, 12 of them in 34 full ones). Collections free only
+    reference cycles here and nothing a run observes waits on them (the figures are
+    byte-identical), so this changes the wall time only. Restored after the run."""
+    previous = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
+        gc.unfreeze()
 
 
 async def lose_rank(ctl: Controller, current: list, failure: Any, at: float, run: PolicyRun, now: Any) -> None:
