@@ -600,6 +600,19 @@ def test_coalesced_steps_are_indistinguishable_from_single_steps(seed, capacity,
         assert coalesced[rid][-1] == pytest.approx(at, rel=1e-9, abs=1e-12), rid
 
 
+def mean_completion(turns, key) -> float:
+    """Mean virtual completion time of `turns()` all queued at once on an engine running
+    two at a time, its queue ordered by `key` (None: FIFO)."""
+    async def main():
+        eng = engine(max_num_seqs=2, coalesce_steps=False)
+        eng.set_queue_key(key)
+        for r in turns():
+            eng.add_request(r)
+        return [t for _, t in (await drive(eng)).values()]
+    times = run_virtual(main())
+    return sum(times) / len(times)
+
+
 def test_on_turns_that_grow_the_learned_priority_does_not_lose_to_fifo():
     """An adversarial queue for DynaRL's priority: later turns (tool calls made) are long,
     first turns short, all waiting at once on an engine that runs two at a time. The
@@ -616,24 +629,14 @@ def test_on_turns_that_grow_the_learned_priority_does_not_lose_to_fifo():
             out.append(request(f"later{i}", prompt_of(64, 100 + i), 300, seed=i, tool_count=3, arrival_time=0.0))
         return out
 
-    def mean_completion(key) -> float:
-        async def main():
-            eng = engine(max_num_seqs=2, coalesce_steps=False)
-            eng.set_queue_key(key)
-            for r in turns():
-                eng.add_request(r)
-            return [t for _, t in (await drive(eng)).values()]
-        times = run_virtual(main())
-        return sum(times) / len(times)
-
     config = PriorityConfig(max_bonus_s=30.0)
     learned = TurnLengths()
     for _ in range(16):  # what the engine saw in an earlier step: first turns short, later ones long
         learned.observe(0, 20)
         learned.observe(2, 300)
-    fifo = mean_completion(None)
-    static = mean_completion(make_queue_key("priority", config))
-    adaptive = mean_completion(make_queue_key("priority", config, lengths=learned))
+    fifo = mean_completion(turns, None)
+    static = mean_completion(turns, make_queue_key("priority", config))
+    adaptive = mean_completion(turns, make_queue_key("priority", config, lengths=learned))
     assert static > 1.3 * fifo  # the assumption fails: serving the long turns first costs the short ones
     assert adaptive == fifo
     # and where later turns are shorter, the learned key keeps the priority's order
@@ -641,7 +644,7 @@ def test_on_turns_that_grow_the_learned_priority_does_not_lose_to_fifo():
     for _ in range(16):
         agreeing.observe(0, 300)
         agreeing.observe(2, 20)
-    assert mean_completion(make_queue_key("priority", config, lengths=agreeing)) == static
+    assert mean_completion(turns, make_queue_key("priority", config, lengths=agreeing)) == static
 
 
 def test_on_bimodal_turns_the_priority_learned_per_turn_index_does_not_lose_to_fifo():
@@ -660,16 +663,6 @@ def test_on_bimodal_turns_the_priority_learned_per_turn_index_does_not_lose_to_f
             out.append(request(f"second{i}", prompt_of(64, 200 + i), 20, seed=i, tool_count=1, arrival_time=0.0))
         return out
 
-    def mean_completion(key) -> float:
-        async def main():
-            eng = engine(max_num_seqs=2, coalesce_steps=False)
-            eng.set_queue_key(key)
-            for r in turns():
-                eng.add_request(r)
-            return [t for _, t in (await drive(eng)).values()]
-        times = run_virtual(main())
-        return sum(times) / len(times)
-
     config = PriorityConfig(max_bonus_s=30.0)
     learned = TurnLengths()
     for _ in range(16):  # an earlier step's turns: first 100, second 20 (three times as many), third 300
@@ -678,8 +671,8 @@ def test_on_bimodal_turns_the_priority_learned_per_turn_index_does_not_lose_to_f
         for _ in range(3):
             learned.observe(1, 20)
     assert learned.later_turns_shorter() is True  # pooled: (3 * 20 + 300) / 4 = 90 < 100
-    fifo = mean_completion(None)
-    static = mean_completion(make_queue_key("priority", config))
-    per_index = mean_completion(make_queue_key("priority", config, lengths=learned))
+    fifo = mean_completion(turns, None)
+    static = mean_completion(turns, make_queue_key("priority", config))
+    per_index = mean_completion(turns, make_queue_key("priority", config, lengths=learned))
     assert static > fifo
     assert per_index < fifo < static
