@@ -1,4 +1,4 @@
-"""decide_dynarl's greedy (policy._Greedy: memoized times, candidates replaying one
+"""decide_dynarl's greedy (greedy.Greedy: memoized times, candidates replaying one
 path) against the plain loop it replaced, kept here as the reference: equal Plans,
 bit for bit, over a table of views and a seeded sweep of random ones."""
 from __future__ import annotations
@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from dynarl.core.scheduler.greedy import KvPrefix
 from dynarl.core.scheduler.policy import (ClusterView, ComponentView, DynarlConfig, Plan, _give_to_bottlenecks,
-                                          _KvPrefix, _release_options, at_barrier, decide_barrier, decide_dynarl,
+                                          _release_options, at_barrier, decide_barrier, decide_dynarl,
                                           demand_engines, is_donor, moved_requests_s, predicted_time)
 from dynarl.core.scheduler.predictor import Predictor, ThroughputModel
 
@@ -121,11 +122,21 @@ def test_give_equals_the_plain_loop_one_release_at_a_time():
             reference_give(comps, current, comps[0], release, list(comps[1:]), predictor)
 
 
+def reference_moved_requests_s(donor, release):
+    """The plain formula KvPrefix replaced: the emptiest engines' KV summed per call."""
+    gone = release // donor.devices_per_engine
+    kept = len(donor.engine_kv) - gone
+    if donor.moved_token_s <= 0 or gone <= 0 or kept <= 0:
+        return 0.0
+    return sum(sorted(donor.engine_kv)[:gone]) * donor.moved_token_s / kept
+
+
 def test_kv_prefix_equals_moved_requests_s():
     donor = view_of(50).components[0]
-    kv = _KvPrefix(donor)
+    kv = KvPrefix(donor)
     for release in range(0, 102, 2):
-        assert kv.moved_requests_s(release) == moved_requests_s(donor, release)
+        assert kv.moved_requests_s(release) == moved_requests_s(donor, release) == \
+            reference_moved_requests_s(donor, release)
 
 
 def test_random_views_equal_the_plain_loop():
