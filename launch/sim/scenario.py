@@ -194,8 +194,7 @@ def _check_failing(config: SimConfig) -> None:
         raise ValueError("--fail runs in virtual time only (not with --fidelity)")
     for name in config.policies:
         policy = make_policy(name)
-        if policy.scheduler(config.devices) is not None or getattr(policy, "max_staleness", 0) \
-                or getattr(policy, "oversample", 1.0) != 1.0:
+        if policy.scheduler(config.devices) is not None or asynchronous(policy):
             raise ValueError(f"--fail: policy {name!r} moves devices or carries work across steps; a rank lost "
                              "there restarts the job from its checkpoint, which the simulator does not model "
                              "(choose static policies: colocated, spatial, hybrid, rlinf-auto)")
