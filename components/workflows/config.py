@@ -142,8 +142,9 @@ def default_oversample(merged: dict[str, Any]) -> float:
     tail is carried into the next steps while its devices go to the trainer), else 1
     (off). Reads the merged mapping before validation: a value of the wrong type is
     left to the fields' own checks."""
-    policy = (merged.get("scheduler") or {}).get("policy") if isinstance(merged.get("scheduler"), dict) else None
-    k = (merged.get("algorithm") or {}).get("max_staleness") if isinstance(merged.get("algorithm"), dict) else None
+    scheduler, algorithm = merged.get("scheduler"), merged.get("algorithm")
+    policy = scheduler.get("policy") if isinstance(scheduler, dict) else None
+    k = algorithm.get("max_staleness") if isinstance(algorithm, dict) else None
     asynchronous = isinstance(k, int) and not isinstance(k, bool) and k >= 1
     return 1.5 if policy == "dynarl" and asynchronous else 1.0
 

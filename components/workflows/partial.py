@@ -247,8 +247,9 @@ class Partial(Fresh):
         while emitted is None or seen < emitted:
             for group in await scored.get():
                 seen += 1
-                is_due = group_key(group) in waiting
-                waiting.discard(group_key(group))
+                key = group_key(group)
+                is_due = key in waiting
+                waiting.discard(key)
                 if takes(is_due, len(batch) - len(p.ready), len(waiting), need):
                     batch.append(group)
                     await ahead.put([group])
